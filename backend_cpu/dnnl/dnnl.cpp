@@ -1,0 +1,15 @@
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/kernel_families.hpp"
+
+namespace popart::backend_cpu {
+
+void registerDnnlKernels(KernelRegistry &r) {
+  registerDnnlElementwiseKernels(r);
+  registerDnnlMatMulKernels(r);
+  registerDnnlConvPoolKernels(r);
+  registerDnnlNormKernels(r);
+  registerDnnlSoftmaxKernels(r);
+  registerDnnlReduceKernels(r);
+}
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,32 @@
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+
+namespace popart::backend_cpu::dnnl_util {
+
+dnnl::engine &engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::stream &stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+dnnl::memory::dims toDims(const Shape &shape) {
+  if (shape.empty()) return {1};
+  return dnnl::memory::dims(shape.begin(), shape.end());
+}
+
+dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims) {
+  dnnl::memory::dims s(dims.size(), 1);
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  return s;
+}
+
+dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type) {
+  dnnl::memory::dims dims = toDims(shape);
+  while (dims.size() < rank) dims.insert(dims.begin(), 1);
+  return dnnl::memory::desc(dims, type, plainStrides(dims));
+}
+
+} // namespace popart::backend_cpu::dnnl_util

@@ -1,0 +1,20 @@
+#pragma once
+// Shared oneDNN engine and stream, and helpers to describe tensors to oneDNN.
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <popart/tensorinfo.hpp>
+
+namespace popart::backend_cpu::dnnl_util {
+
+/// The CPU engine, created once.
+dnnl::engine &engine();
+/// The stream all primitives run on; thread-local so concurrent sessions do not share it.
+dnnl::stream &stream();
+/// oneDNN dims of \p shape (a scalar becomes {1}).
+dnnl::memory::dims toDims(const Shape &shape);
+/// Plain row-major strides for \p dims.
+dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims);
+/// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
+dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+
+} // namespace popart::backend_cpu::dnnl_util

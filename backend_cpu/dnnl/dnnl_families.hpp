@@ -1,0 +1,15 @@
+#pragma once
+// Registration functions of the oneDNN kernel families.
+
+#include "backend_cpu/kernel.hpp"
+
+namespace popart::backend_cpu {
+
+void registerDnnlElementwiseKernels(KernelRegistry &registry);
+void registerDnnlMatMulKernels(KernelRegistry &registry);
+void registerDnnlConvPoolKernels(KernelRegistry &registry);
+void registerDnnlNormKernels(KernelRegistry &registry);
+void registerDnnlSoftmaxKernels(KernelRegistry &registry);
+void registerDnnlReduceKernels(KernelRegistry &registry);
+
+} // namespace popart::backend_cpu

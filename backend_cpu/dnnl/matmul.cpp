@@ -1,0 +1,116 @@
+// oneDNN MatMul and Gemm, f32.
+
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using namespace dnnl;
+
+bool supportsMatMul(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT) return false;
+  if (op.outInfo(0).elementCount() == 0) return false;
+  size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
+  return ra >= 1 && rb >= 1 && std::max(ra, rb) <= 12;
+}
+
+class MatMulKernel : public Kernel {
+public:
+  explicit MatMulKernel(const ir::Op &op) {
+    Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
+    if (a.size() == 1) a.insert(a.begin(), 1);
+    if (b.size() == 1) b.push_back(1);
+    size_t rank = std::max(a.size(), b.size());
+    while (a.size() < rank) a.insert(a.begin(), 1);
+    while (b.size() < rank) b.insert(b.begin(), 1);
+    Shape y(rank);
+    for (size_t i = 0; i + 2 < rank; ++i) y[i] = std::max(a[i], b[i]);
+    y[rank - 2] = a[rank - 2];
+    y[rank - 1] = b[rank - 1];
+    auto mdA = dnnl_util::plainDesc(a, rank), mdB = dnnl_util::plainDesc(b, rank), mdY = dnnl_util::plainDesc(y, rank);
+    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
+    prim_ = matmul(pd);
+    a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    a_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    b_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    y_.set_data_handle(args.outputs[0]);
+    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+    dnnl_util::stream().wait();
+  }
+
+private:
+  primitive prim_;
+  memory a_, b_, y_;
+};
+
+bool supportsGemm(const ir::Op &op) {
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).
+  if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return false;
+  return op.outInfo(0).elementCount() > 0;
+}
+
+/// Y = alpha * op(A) op(B) + beta * C: transposes are strides, C is a broadcast binary post-op.
+class GemmKernel : public Kernel {
+public:
+  explicit GemmKernel(const ir::Op &op) {
+    bool ta = op.attrs.getInt("transA", 0) != 0, tb = op.attrs.getInt("transB", 0) != 0;
+    float alpha = op.attrs.getFloat("alpha", 1.f), beta = op.attrs.getFloat("beta", 1.f);
+    int64_t m = op.outInfo(0).dim(0), n = op.outInfo(0).dim(1);
+    int64_t k = ta ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
+    memory::desc mdA({m, k}, memory::data_type::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
+    memory::desc mdB({k, n}, memory::data_type::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
+    memory::desc mdY({m, n}, memory::data_type::f32, memory::dims{n, 1});
+    primitive_attr attr;
+    post_ops po;
+    hasC_ = op.hasInput(2) && beta != 0.f;
+    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
+    if (hasC_) {
+      mdC_ = dnnl_util::plainDesc(op.inInfo(2).shape(), 2);
+      po.append_binary(algorithm::binary_add, mdC_);
+      attr.set_post_ops(po);
+    }
+    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), attr, dnnl_util::engine());
+    prim_ = matmul(pd);
+    a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    if (hasC_) c_ = memory(mdC_, dnnl_util::engine(), DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    a_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    b_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    y_.set_data_handle(args.outputs[0]);
+    if (hasC_) {
+      c_.set_data_handle(const_cast<void *>(args.inputs[2]));
+      prim_.execute(dnnl_util::stream(),
+                    {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_},
+                     {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
+    } else {
+      prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+    }
+    dnnl_util::stream().wait();
+  }
+
+private:
+  bool hasC_ = false;
+  memory::desc mdC_;
+  primitive prim_;
+  memory a_, b_, y_, c_;
+};
+
+} // namespace
+
+void registerDnnlMatMulKernels(KernelRegistry &r) {
+  r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, makeKernel<MatMulKernel>});
+  r.add({"ai.onnx", "Gemm", KernelProvider::Dnnl, supportsGemm, makeKernel<GemmKernel>});
+}
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,68 @@
+#pragma once
+// A kernel runs one op on host buffers; kernels are chosen through a registry keyed by op
+// type, with a capability check, oneDNN first and the reference kernel as fallback.
+
+#include "ir/op.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace popart::backend_cpu {
+
+/// Buffers of one op for one run; null where an optional input or output is omitted.
+struct KernelArgs {
+  const void *const *inputs = nullptr;
+  size_t inputCount = 0;
+  void *const *outputs = nullptr;
+  size_t outputCount = 0;
+
+  template <typename T> const T *in(size_t i) const { return static_cast<const T *>(inputs[i]); }
+  template <typename T> T *out(size_t i) const { return static_cast<T *>(outputs[i]); }
+  bool hasInput(size_t i) const { return i < inputCount && inputs[i] != nullptr; }
+  bool hasOutput(size_t i) const { return i < outputCount && outputs[i] != nullptr; }
+};
+
+/// One op compiled for fixed shapes. Everything is set up at creation; run() allocates nothing.
+class Kernel {
+public:
+  virtual ~Kernel() = default;
+  virtual void run(const KernelArgs &args) = 0;
+};
+
+/// Which kernel implementations may be chosen.
+enum class KernelProvider { Any, Reference, Dnnl };
+
+/// One way to run an op type.
+struct KernelEntry {
+  std::string domain; ///< canonical domain, "ai.onnx" by default
+  std::string type;
+  KernelProvider provider = KernelProvider::Reference;
+  /// True if this implementation handles \p op (dtype, attributes, shapes); null means always.
+  bool (*supports)(const ir::Op &op) = nullptr;
+  std::unique_ptr<Kernel> (*create)(const ir::Op &op) = nullptr;
+};
+
+/// All kernels, filled once by registerBuiltinKernels().
+class KernelRegistry {
+public:
+  static KernelRegistry &instance();
+  void add(KernelEntry entry);
+  /// The best entry for \p op allowed by \p provider: oneDNN before reference. Null if none.
+  const KernelEntry *find(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
+  const std::vector<KernelEntry> &all() const { return entries_; }
+
+private:
+  std::vector<KernelEntry> entries_;
+};
+
+/// Registers the reference and oneDNN kernels; safe to call more than once.
+void registerBuiltinKernels();
+
+/// Creates the kernel for \p op; throws naming the op if no implementation supports it.
+std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider = KernelProvider::Any);
+
+/// Helper for kernels whose create() is "new K(op)".
+template <typename K> std::unique_ptr<Kernel> makeKernel(const ir::Op &op) { return std::make_unique<K>(op); }
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,22 @@
+#pragma once
+// One registration function per kernel family (backend_cpu/reference/*.cpp, backend_cpu/dnnl/*.cpp).
+
+#include "backend_cpu/kernel.hpp"
+
+namespace popart::backend_cpu {
+
+void registerReferenceKernels(KernelRegistry &registry);
+void registerDnnlKernels(KernelRegistry &registry);
+
+void registerReferenceElementwiseKernels(KernelRegistry &registry);
+void registerReferenceMatMulKernels(KernelRegistry &registry);
+void registerReferenceShapeKernels(KernelRegistry &registry);
+void registerReferenceReduceKernels(KernelRegistry &registry);
+void registerReferenceConvPoolKernels(KernelRegistry &registry);
+void registerReferenceNormKernels(KernelRegistry &registry);
+void registerReferenceSoftmaxKernels(KernelRegistry &registry);
+void registerReferenceGatherScatterKernels(KernelRegistry &registry);
+void registerReferenceLossKernels(KernelRegistry &registry);
+void registerReferenceMiscKernels(KernelRegistry &registry);
+
+} // namespace popart::backend_cpu

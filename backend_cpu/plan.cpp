@@ -1,0 +1,144 @@
+#include "backend_cpu/plan.hpp"
+#include "core/log.hpp"
+#include <popart/error.hpp>
+
+#include <algorithm>
+#include <set>
+
+namespace popart::backend_cpu {
+
+namespace {
+constexpr int64_t kAlignment = 64;
+int64_t alignUp(int64_t v) { return (v + kAlignment - 1) / kAlignment * kAlignment; }
+bool planned(const ir::Tensor &t) { return t.kind() == ir::TensorKind::Stream || t.kind() == ir::TensorKind::ActGrad; }
+} // namespace
+
+MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                      const ir::Graph &graph) {
+  struct Interval {
+    TensorId id;
+    int64_t bytes;
+    size_t first, last;
+  };
+  std::map<TensorId, Interval> live;
+  size_t end = schedule.size();
+  auto touch = [&](const ir::Tensor &t, size_t step) {
+    if (!planned(t)) return;
+    auto [it, inserted] = live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
+    it->second.first = std::min(it->second.first, step);
+    it->second.last = std::max(it->second.last, step);
+  };
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    for (const ir::Tensor *t : schedule[s]->inputs)
+      if (t) touch(*t, s);
+    for (const ir::Tensor *t : schedule[s]->outputs)
+      if (t) touch(*t, s);
+  }
+  for (const auto &id : pinned) {
+    const ir::Tensor &t = graph.tensor(id);
+    if (!planned(t)) continue;
+    touch(t, 0);
+    touch(t, end);
+    live.at(id).first = 0;
+  }
+  std::vector<Interval> order;
+  for (auto &[id, iv] : live) order.push_back(iv);
+  std::sort(order.begin(), order.end(), [](const Interval &a, const Interval &b) {
+    return a.bytes != b.bytes ? a.bytes > b.bytes : a.id < b.id;
+  });
+  MemoryPlan plan;
+  std::vector<std::pair<Interval, int64_t>> placed;
+  for (const Interval &iv : order) {
+    plan.unsharedBytes += iv.bytes;
+    // Blocks of tensors alive at the same time, sorted by offset; take the first gap that fits.
+    std::vector<std::pair<int64_t, int64_t>> busy;
+    for (const auto &[other, offset] : placed)
+      if (!(other.last < iv.first || iv.last < other.first)) busy.emplace_back(offset, offset + other.bytes);
+    std::sort(busy.begin(), busy.end());
+    int64_t offset = 0;
+    for (const auto &[b, e] : busy) {
+      if (offset + iv.bytes <= b) break;
+      offset = std::max(offset, e);
+    }
+    placed.emplace_back(iv, offset);
+    plan.offsets[iv.id] = offset;
+    plan.arenaBytes = std::max(plan.arenaBytes, offset + iv.bytes);
+  }
+  return plan;
+}
+
+ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options)
+    : arena_(alignedBytes(1)) {
+  std::vector<ir::Op *> schedule = graph.schedule();
+  std::vector<TensorId> pinned = graph.inputs();
+  pinned.insert(pinned.end(), graph.outputs().begin(), graph.outputs().end());
+  memoryPlan_ = planMemory(schedule, pinned, graph);
+  arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
+  for (const auto &[id, t] : graph.tensors()) {
+    if (planned(*t)) {
+      auto it = memoryPlan_.offsets.find(id);
+      if (it != memoryPlan_.offsets.end()) addresses_[id] = arena_.get() + it->second;
+    } else if (t->data()) {
+      addresses_[id] = t->data()->data();
+      keepAlive_.push_back(t->data());
+    }
+    infos_[id] = t->info();
+  }
+  for (const ir::Op *op : schedule) {
+    Step step;
+    step.kernel = createKernel(*op, options.provider);
+    for (const ir::Tensor *t : op->inputs) step.inputs.push_back(t ? address(t->id()) : nullptr);
+    for (const ir::Tensor *t : op->outputs) step.outputs.push_back(t ? address(t->id()) : nullptr);
+    stepNames_.push_back(op->debugName());
+    steps_.push_back(std::move(step));
+  }
+  for (Step &s : steps_) s.args = {s.inputs.data(), s.inputs.size(), s.outputs.data(), s.outputs.size()};
+  logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing)", steps_.size(), memoryPlan_.arenaBytes,
+                          memoryPlan_.unsharedBytes);
+}
+
+void *ExecutionPlan::address(const TensorId &id) const {
+  auto it = addresses_.find(id);
+  if (it == addresses_.end()) throw error("tensor '", id, "' has no buffer in the execution plan");
+  return it->second;
+}
+
+const TensorInfo &ExecutionPlan::info(const TensorId &id) const {
+  auto it = infos_.find(id);
+  if (it == infos_.end()) throw error("tensor '", id, "' is not in the execution plan");
+  return it->second;
+}
+
+void ExecutionPlan::run() {
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    try {
+      steps_[i].kernel->run(steps_[i].args);
+    } catch (const error &e) {
+      throw error(stepNames_[i], ": ", e.what());
+    }
+  }
+}
+
+bool ReferenceEvaluator::canEvaluate(const ir::Op &op) const {
+  registerBuiltinKernels();
+  for (const ir::Tensor *t : op.outputs)
+    if (t && (!t->info().isKnown() || t->info().dataType() == DataType::STRING)) return false;
+  return KernelRegistry::instance().find(op, KernelProvider::Reference) != nullptr;
+}
+
+std::vector<TensorData> ReferenceEvaluator::evaluate(const ir::Op &op) const {
+  auto kernel = createKernel(op, KernelProvider::Reference);
+  std::vector<const void *> in;
+  for (const ir::Tensor *t : op.inputs) in.push_back(t ? t->data()->data() : nullptr);
+  std::vector<TensorData> outs;
+  outs.reserve(op.outputs.size());
+  std::vector<void *> out;
+  for (const ir::Tensor *t : op.outputs) {
+    outs.emplace_back(t ? TensorData(t->info()) : TensorData());
+    out.push_back(t ? outs.back().data() : nullptr);
+  }
+  kernel->run({in.data(), in.size(), out.data(), out.size()});
+  return outs;
+}
+
+} // namespace popart::backend_cpu

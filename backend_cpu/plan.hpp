@@ -1,0 +1,72 @@
+#pragma once
+// A scheduled graph compiled once into kernels and one buffer plan, then run many times.
+
+#include "backend_cpu/kernel.hpp"
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace popart::backend_cpu {
+
+/// Offsets of the tensors that share the arena, from liveness over the schedule.
+struct MemoryPlan {
+  std::map<TensorId, int64_t> offsets;
+  int64_t arenaBytes = 0;
+  /// Sum of the sizes of all planned tensors, as if none shared memory.
+  int64_t unsharedBytes = 0;
+};
+
+/// Plans \p schedule: tensors whose lifetimes do not overlap share bytes. Tensors in
+/// \p pinned (graph inputs and outputs) stay live for the whole run.
+MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                      const ir::Graph &graph);
+
+struct CompileOptions {
+  KernelProvider provider = KernelProvider::Any;
+};
+
+/// The compiled form of a graph: kernels in schedule order with their buffer addresses.
+class ExecutionPlan {
+public:
+  /// Compiles \p graph, whose infos must all be known. Const and Variable tensors are not
+  /// copied: the plan keeps references to their data.
+  ExecutionPlan(const ir::Graph &graph, const CompileOptions &options);
+
+  /// Address of tensor \p id's bytes (arena, constant or variable storage).
+  void *address(const TensorId &id) const;
+  const TensorInfo &info(const TensorId &id) const;
+  /// Runs every kernel once; allocates nothing.
+  void run();
+  const MemoryPlan &memoryPlan() const { return memoryPlan_; }
+  size_t stepCount() const { return steps_.size(); }
+  /// Kernel provider chosen per op, for tests and the profiler.
+  const std::vector<std::string> &stepNames() const { return stepNames_; }
+
+private:
+  struct Step {
+    std::unique_ptr<Kernel> kernel;
+    std::vector<const void *> inputs;
+    std::vector<void *> outputs;
+    KernelArgs args;
+  };
+  std::unique_ptr<uint8_t, void (*)(uint8_t *)> arena_;
+  std::vector<Step> steps_;
+  std::vector<std::string> stepNames_;
+  std::map<TensorId, void *> addresses_;
+  std::map<TensorId, TensorInfo> infos_;
+  std::vector<std::shared_ptr<TensorData>> keepAlive_;
+  MemoryPlan memoryPlan_;
+};
+
+/// Evaluates constant ops with the reference kernels, for ir::inferShapes.
+class ReferenceEvaluator : public ir::ConstEvaluator {
+public:
+  bool canEvaluate(const ir::Op &op) const override;
+  std::vector<TensorData> evaluate(const ir::Op &op) const override;
+};
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,409 @@
+// Reference kernels for the elementwise family: plain loops, every dtype the op allows.
+
+#include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/broadcast.hpp"
+#include "core/dispatch.hpp"
+
+#include <cmath>
+#include <functional>
+#include <cstring>
+#include <limits>
+#include <set>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using Loop = std::function<void(const KernelArgs &)>;
+
+/// A kernel that is one loop chosen at creation.
+class LoopKernel : public Kernel {
+public:
+  explicit LoopKernel(Loop loop) : loop_(std::move(loop)) {}
+  void run(const KernelArgs &args) override { loop_(args); }
+
+private:
+  Loop loop_;
+};
+
+// Unary ops on the compute type C of element type T.
+template <typename C> C unaryValue(const std::string &type, C x, const ir::Attributes &a) {
+  if constexpr (std::is_floating_point_v<C>) {
+    if (type == "Abs") return std::fabs(x);
+    if (type == "Neg") return -x;
+    if (type == "Sign") return static_cast<C>((x > 0) - (x < 0));
+    if (type == "Identity") return x;
+    if (type == "Reciprocal") return C(1) / x;
+    if (type == "Floor") return std::floor(x);
+    if (type == "Ceil") return std::ceil(x);
+    if (type == "Sqrt") return std::sqrt(x);
+    if (type == "Relu") return x > 0 ? x : C(0);
+    if (type == "Exp") return std::exp(x);
+    if (type == "Log") return std::log(x);
+    if (type == "Tanh") return std::tanh(x);
+    if (type == "Sigmoid") return x >= 0 ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
+    if (type == "Erf") return std::erf(x);
+    if (type == "Sin") return std::sin(x);
+    if (type == "Cos") return std::cos(x);
+    if (type == "Tan") return std::tan(x);
+    if (type == "Asin") return std::asin(x);
+    if (type == "Acos") return std::acos(x);
+    if (type == "Atan") return std::atan(x);
+    if (type == "Sinh") return std::sinh(x);
+    if (type == "Cosh") return std::cosh(x);
+    if (type == "Asinh") return std::asinh(x);
+    if (type == "Acosh") return std::acosh(x);
+    if (type == "Atanh") return std::atanh(x);
+    if (type == "Round") return std::nearbyint(x); // current rounding mode: half to even
+    if (type == "Softsign") return x / (C(1) + std::fabs(x));
+    if (type == "Softplus") return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+    if (type == "Elu") {
+      C alpha = a.getFloat("alpha", 1.f);
+      return x >= 0 ? x : alpha * (std::exp(x) - C(1));
+    }
+    if (type == "Celu") {
+      C alpha = a.getFloat("alpha", 1.f);
+      return std::max(C(0), x) + std::min(C(0), alpha * (std::exp(x / alpha) - C(1)));
+    }
+    if (type == "Selu") {
+      C alpha = a.getFloat("alpha", 1.67326319217681884765625f);
+      C gamma = a.getFloat("gamma", 1.05070102214813232421875f);
+      return x > 0 ? gamma * x : gamma * (alpha * std::exp(x) - alpha);
+    }
+    if (type == "LeakyRelu") {
+      C alpha = a.getFloat("alpha", 0.01f);
+      return x >= 0 ? x : alpha * x;
+    }
+    if (type == "ThresholdedRelu") {
+      C alpha = a.getFloat("alpha", 1.f);
+      return x > alpha ? x : C(0);
+    }
+    if (type == "HardSigmoid") {
+      C alpha = a.getFloat("alpha", 0.2f), beta = a.getFloat("beta", 0.5f);
+      return std::max(C(0), std::min(C(1), alpha * x + beta));
+    }
+    if (type == "HardSwish") return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));
+  } else {
+    if (type == "Abs") {
+      if constexpr (std::is_signed_v<C>) return x < 0 ? static_cast<C>(-x) : x;
+      else return x;
+    }
+    if (type == "Neg") return static_cast<C>(-x);
+    if (type == "Sign") return static_cast<C>((x > 0) - (x < C(0)));
+    if (type == "Identity") return x;
+    if (type == "Relu") return x > 0 ? x : C(0);
+  }
+  if (type == "Shrink") {
+    double bias = a.getFloat("bias", 0.f), lambd = a.getFloat("lambd", 0.5f);
+    double v = static_cast<double>(x);
+    return static_cast<C>(v < -lambd ? v + bias : v > lambd ? v - bias : 0.0);
+  }
+  throw error("reference kernel: unary op ", type, " is not implemented for this type");
+}
+
+bool supportsUnary(const ir::Op &op) {
+  DataType t = op.inInfo(0).dataType();
+  if (t == DataType::STRING || t == DataType::BOOL) return op.type == "Identity";
+  if (!isFloatingPoint(t)) {
+    static const std::set<std::string> intOk{"Abs", "Neg", "Sign", "Identity", "Relu", "Shrink"};
+    return intOk.count(op.type) != 0;
+  }
+  return true;
+}
+
+std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
+  int64_t n = op.inInfo(0).elementCount();
+  DataType t = op.inInfo(0).dataType();
+  if (t == DataType::BOOL || t == DataType::STRING) {
+    int64_t bytes = op.inInfo(0).byteCount();
+    return std::make_unique<LoopKernel>([bytes](const KernelArgs &a) { std::memcpy(a.outputs[0], a.inputs[0], bytes); });
+  }
+  std::string type = op.type;
+  ir::Attributes attrs = op.attrs;
+  unaryValue<double>(type, 0.0, attrs); // validate early: throws for an unknown op
+  return dispatchNumeric(t, op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *x = a.in<T>(0);
+      T *y = a.out<T>(0);
+      for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(unaryValue<C>(type, static_cast<C>(x[i]), attrs));
+    });
+  });
+}
+
+template <typename C> C binaryValue(const std::string &type, C x, C y, bool fmod) {
+  if (type == "Add" || type == "Sum") return x + y;
+  if (type == "Sub") return x - y;
+  if (type == "Mul") return x * y;
+  if (type == "Div") {
+    if constexpr (std::is_integral_v<C>) {
+      if (y == 0) throw error("Div: integer division by zero");
+    }
+    return x / y;
+  }
+  if (type == "Max") {
+    if constexpr (std::is_floating_point_v<C>)
+      if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
+    return x > y ? x : y;
+  }
+  if (type == "Min") {
+    if constexpr (std::is_floating_point_v<C>)
+      if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
+    return x < y ? x : y;
+  }
+  if (type == "Mod") {
+    if constexpr (std::is_floating_point_v<C>) {
+      if (fmod) return std::fmod(x, y);
+      C r = std::fmod(x, y);
+      if (r != 0 && ((r < 0) != (y < 0))) r += y;
+      return r;
+    } else {
+      if (y == 0) throw error("Mod: integer division by zero");
+      C r = static_cast<C>(x % y);
+      if (!fmod && r != 0 && ((r < 0) != (y < 0))) r = static_cast<C>(r + y);
+      return r;
+    }
+  }
+  throw error("reference kernel: binary op ", type, " is not implemented");
+}
+
+/// Add/Sub/Mul/Div/Max/Min/Mod/Sum/Mean with numpy broadcasting over any number of inputs.
+std::unique_ptr<Kernel> createBinary(const ir::Op &op) {
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < op.inputCount(); ++i) shapes.push_back(op.inInfo(i).shape());
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  std::string type = op.type == "Mean" ? "Sum" : op.type;
+  bool mean = op.type == "Mean";
+  bool fmod = op.attrs.getInt("fmod", 0) != 0;
+  size_t count = op.inputCount();
+  return dispatchNumeric(op.outInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      T *y = a.out<T>(0);
+      BroadcastWalker w(out, shapes);
+      for (int64_t i = 0; i < n; ++i, w.next()) {
+        C acc = static_cast<C>(a.in<T>(0)[w.offset(0)]);
+        for (size_t k = 1; k < count; ++k) acc = binaryValue<C>(type, acc, static_cast<C>(a.in<T>(k)[w.offset(k)]), fmod);
+        if (mean) acc = static_cast<C>(acc / static_cast<C>(count));
+        y[i] = static_cast<T>(acc);
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createPow(const ir::Op &op) {
+  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  DataType yt = op.inInfo(1).dataType();
+  return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      T *z = a.out<T>(0);
+      const T *x = a.in<T>(0);
+      BroadcastWalker w(out, shapes);
+      dispatchNumeric(yt, "Pow exponent", [&](auto ytag) {
+        using Y = typename decltype(ytag)::type;
+        const Y *e = a.in<Y>(1);
+        for (int64_t i = 0; i < n; ++i, w.next()) {
+          double v = std::pow(static_cast<double>(static_cast<compute_t<T>>(x[w.offset(0)])),
+                              static_cast<double>(static_cast<compute_t<Y>>(e[w.offset(1)])));
+          z[i] = static_cast<T>(static_cast<compute_t<T>>(v));
+        }
+      });
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createCompare(const ir::Op &op) {
+  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  std::string type = op.type;
+  return dispatchAll(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      bool *z = a.out<bool>(0);
+      BroadcastWalker w(out, shapes);
+      for (int64_t i = 0; i < n; ++i, w.next()) {
+        C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), y = static_cast<C>(a.in<T>(1)[w.offset(1)]);
+        bool r;
+        if (type == "Equal") r = x == y;
+        else if (type == "Less") r = x < y;
+        else if (type == "Greater") r = x > y;
+        else if (type == "LessOrEqual") r = x <= y;
+        else if (type == "GreaterOrEqual") r = x >= y;
+        else if (type == "And") r = x && y;
+        else if (type == "Or") r = x || y;
+        else r = (x != 0) != (y != 0); // Xor
+        z[i] = r;
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createBitShift(const ir::Op &op) {
+  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  bool left = op.attrs.getString("direction") == "LEFT";
+  return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
+      return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+        BroadcastWalker w(out, shapes);
+        for (int64_t i = 0; i < n; ++i, w.next()) {
+          T x = a.in<T>(0)[w.offset(0)], s = a.in<T>(1)[w.offset(1)];
+          a.out<T>(0)[i] = s >= sizeof(T) * 8 ? T(0) : static_cast<T>(left ? x << s : x >> s);
+        }
+      });
+    } else {
+      throw error("BitShift: only unsigned integer types are allowed");
+    }
+  });
+}
+
+std::unique_ptr<Kernel> createNot(const ir::Op &op) {
+  int64_t n = op.inInfo(0).elementCount();
+  return std::make_unique<LoopKernel>([n](const KernelArgs &a) {
+    for (int64_t i = 0; i < n; ++i) a.out<bool>(0)[i] = !a.in<bool>(0)[i];
+  });
+}
+
+std::unique_ptr<Kernel> createIsNanInf(const ir::Op &op) {
+  int64_t n = op.inInfo(0).elementCount();
+  bool isNan = op.type == "IsNaN";
+  bool detectPos = op.attrs.getInt("detect_positive", 1) != 0, detectNeg = op.attrs.getInt("detect_negative", 1) != 0;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      for (int64_t i = 0; i < n; ++i) {
+        double x = static_cast<double>(static_cast<compute_t<T>>(a.in<T>(0)[i]));
+        a.out<bool>(0)[i] = isNan ? std::isnan(x) : std::isinf(x) && ((x > 0 && detectPos) || (x < 0 && detectNeg));
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createPRelu(const ir::Op &op) {
+  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      BroadcastWalker w(out, shapes);
+      for (int64_t i = 0; i < n; ++i, w.next()) {
+        C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), s = static_cast<C>(a.in<T>(1)[w.offset(1)]);
+        a.out<T>(0)[i] = static_cast<T>(x < 0 ? s * x : x);
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createWhere(const ir::Op &op) {
+  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape(), op.inInfo(2).shape()};
+  Shape out = op.outInfo(0).shape();
+  int64_t n = op.outInfo(0).elementCount();
+  size_t size = dataTypeSize(op.outInfo(0).dataType());
+  return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+    BroadcastWalker w(out, shapes);
+    const bool *c = a.in<bool>(0);
+    const auto *x = static_cast<const uint8_t *>(a.inputs[1]);
+    const auto *y = static_cast<const uint8_t *>(a.inputs[2]);
+    auto *z = static_cast<uint8_t *>(a.outputs[0]);
+    for (int64_t i = 0; i < n; ++i, w.next())
+      std::memcpy(z + i * size, c[w.offset(0)] ? x + w.offset(1) * size : y + w.offset(2) * size, size);
+  });
+}
+
+std::unique_ptr<Kernel> createClip(const ir::Op &op) {
+  int64_t n = op.inInfo(0).elementCount();
+  bool hasMin = op.hasInput(1), hasMax = op.hasInput(2);
+  DataType minType = hasMin ? op.inInfo(1).dataType() : DataType::FLOAT;
+  DataType maxType = hasMax ? op.inInfo(2).dataType() : DataType::FLOAT;
+  return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      auto scalar = [&](size_t i, DataType t) {
+        return dispatchNumeric(t, "Clip bound", [&](auto st) {
+          using S = typename decltype(st)::type;
+          return static_cast<C>(static_cast<compute_t<S>>(a.in<S>(i)[0]));
+        });
+      };
+      C lo = a.hasInput(1) ? scalar(1, minType) : std::numeric_limits<C>::lowest();
+      C hi = a.hasInput(2) ? scalar(2, maxType) : std::numeric_limits<C>::max();
+      for (int64_t i = 0; i < n; ++i) {
+        C x = static_cast<C>(a.in<T>(0)[i]);
+        a.out<T>(0)[i] = static_cast<T>(x < lo ? lo : (x > hi ? hi : x));
+      }
+    });
+  });
+  (void)hasMin;
+  (void)hasMax;
+}
+
+std::unique_ptr<Kernel> createCast(const ir::Op &op) {
+  int64_t n = op.inInfo(0).elementCount();
+  DataType from = op.inInfo(0).dataType(), to = op.outInfo(0).dataType();
+  if (from == DataType::STRING || to == DataType::STRING) throw error(op.debugName(), ": casts to or from STRING are not supported");
+  return dispatchAll(from, op.debugName().c_str(), [&](auto ftag) -> std::unique_ptr<Kernel> {
+    using F = typename decltype(ftag)::type;
+    return dispatchAll(to, "Cast target", [&](auto ttag) -> std::unique_ptr<Kernel> {
+      using T = typename decltype(ttag)::type;
+      return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+        const F *x = a.in<F>(0);
+        T *y = a.out<T>(0);
+        for (int64_t i = 0; i < n; ++i) {
+          if constexpr (std::is_same_v<F, Half> || std::is_same_v<F, BFloat16>) {
+            y[i] = static_cast<T>(static_cast<compute_t<T>>(static_cast<float>(x[i])));
+          } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+            y[i] = T(static_cast<float>(x[i]));
+          } else {
+            y[i] = static_cast<T>(x[i]);
+          }
+        }
+      });
+    });
+  });
+}
+
+bool notString(const ir::Op &op) {
+  for (const auto *t : op.inputs)
+    if (t && t->info().dataType() == DataType::STRING) return false;
+  return true;
+}
+
+} // namespace
+
+void registerReferenceElementwiseKernels(KernelRegistry &r) {
+  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &), bool (*supports)(const ir::Op &)) {
+    r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
+  };
+  for (const char *t : {"Abs", "Neg", "Sign", "Identity", "Reciprocal", "Floor", "Ceil", "Sqrt", "Relu", "Exp", "Log",
+                        "Tanh", "Sigmoid", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
+                        "Acosh", "Atanh", "Round", "Softsign", "Softplus", "Elu", "Selu", "LeakyRelu", "HardSigmoid",
+                        "HardSwish", "ThresholdedRelu", "Celu", "Shrink"})
+    add(t, createUnary, supportsUnary);
+  for (const char *t : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Mod"}) add(t, createBinary, notString);
+  add("Pow", createPow, notString);
+  for (const char *t : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"})
+    add(t, createCompare, notString);
+  add("BitShift", createBitShift, nullptr);
+  add("Not", createNot, nullptr);
+  add("IsNaN", createIsNanInf, nullptr);
+  add("IsInf", createIsNanInf, nullptr);
+  add("PRelu", createPRelu, nullptr);
+  add("Where", createWhere, notString);
+  add("Clip", createClip, nullptr);
+  add("Cast", createCast, nullptr);
+  add("CastLike", createCast, nullptr);
+}
+
+} // namespace popart::backend_cpu

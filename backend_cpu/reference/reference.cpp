@@ -1,0 +1,18 @@
+#include "backend_cpu/kernel_families.hpp"
+
+namespace popart::backend_cpu {
+
+void registerReferenceKernels(KernelRegistry &r) {
+  registerReferenceElementwiseKernels(r);
+  registerReferenceMatMulKernels(r);
+  registerReferenceShapeKernels(r);
+  registerReferenceReduceKernels(r);
+  registerReferenceConvPoolKernels(r);
+  registerReferenceNormKernels(r);
+  registerReferenceSoftmaxKernels(r);
+  registerReferenceGatherScatterKernels(r);
+  registerReferenceLossKernels(r);
+  registerReferenceMiscKernels(r);
+}
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,275 @@
+// popart-run: run an ONNX model from the shell.
+
+#include "core/dispatch.hpp"
+#include "onnx_import/onnx_import.hpp"
+#include "session/npy.hpp"
+#include <popart/error.hpp>
+#include <popart/logging.hpp>
+#include <popart/session.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <random>
+
+namespace fs = std::filesystem;
+using namespace popart;
+
+namespace {
+
+struct Options {
+  std::string model;
+  std::vector<std::string> inputs;
+  std::string dataDir;
+  std::string saveOutputs;
+  int iterations = 0;
+  int threads = 0;
+  int64_t batch = 0;
+  bool dumpIr = false;
+  double rtol = 1e-3;
+  double atol = 1e-7;
+  unsigned seed = 0;
+  std::string kernels = "any";
+};
+
+TensorData loadTensorFile(const std::string &path) {
+  std::string ext = fs::path(path).extension().string();
+  if (ext == ".npy") return npy::read(path);
+  if (ext == ".pb") return onnx_import::readTensorProtoFile(path);
+  throw error("input file '", path, "' must be .npy or a serialized TensorProto .pb");
+}
+
+TensorData randomTensor(const TensorInfo &info, std::mt19937 &rng) {
+  TensorData t(info);
+  std::uniform_real_distribution<double> real(-1.0, 1.0);
+  std::uniform_int_distribution<int> small(0, 3);
+  dispatchAll(info.dataType(), "random input", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t i = 0; i < info.elementCount(); ++i) {
+      if constexpr (std::is_same_v<T, bool>) t.as<T>()[i] = small(rng) & 1;
+      else if constexpr (std::is_integral_v<T>) t.as<T>()[i] = static_cast<T>(small(rng));
+      else t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(real(rng)));
+    }
+  });
+  return t;
+}
+
+std::string firstValues(const TensorData &t, int64_t count = 8) {
+  std::string s = "[";
+  int64_t n = std::min(count, t.info().elementCount());
+  for (int64_t i = 0; i < n; ++i) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", t.valueAsDouble(i));
+    s += (i ? ", " : "") + std::string(buf);
+  }
+  if (t.info().elementCount() > n) s += ", ...";
+  return s + "]";
+}
+
+struct Comparison {
+  double worstAbs = 0, worstRel = 0;
+  int64_t mismatches = 0;
+};
+
+Comparison compare(const TensorData &got, const TensorData &want, double rtol, double atol) {
+  Comparison c;
+  for (int64_t i = 0; i < want.info().elementCount(); ++i) {
+    double g = got.valueAsDouble(i), w = want.valueAsDouble(i);
+    if (std::isnan(w) && std::isnan(g)) continue;
+    if (std::isinf(w) && g == w) continue;
+    double diff = std::fabs(g - w);
+    if (std::isnan(diff)) diff = INFINITY;
+    c.worstAbs = std::max(c.worstAbs, diff);
+    if (w != 0) c.worstRel = std::max(c.worstRel, diff / std::fabs(w));
+    if (!(diff <= atol + rtol * std::fabs(w))) ++c.mismatches;
+  }
+  return c;
+}
+
+/// Runs the model once on \p feeds and returns every graph output.
+std::map<TensorId, TensorData> runOnce(InferenceSession &session, std::map<TensorId, TensorData> &feeds) {
+  std::vector<std::unique_ptr<RawArray>> arrays;
+  std::map<TensorId, IArray &> in, out;
+  for (auto &[id, t] : feeds) {
+    arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+    in.emplace(id, *arrays.back());
+  }
+  // Shapes are known after the first run: run once with no outputs to compile.
+  StepIO probe(in, {});
+  session.run(probe);
+  std::map<TensorId, TensorData> results;
+  for (const auto &id : session.getOutputIds()) results.emplace(id, TensorData(session.getInfo(id)));
+  for (auto &[id, t] : results) {
+    arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+    out.emplace(id, *arrays.back());
+  }
+  StepIO io(in, out);
+  session.run(io);
+  return results;
+}
+
+int runDataSet(InferenceSession &session, const fs::path &dir, const Options &opt) {
+  std::map<TensorId, TensorData> feeds;
+  auto inputs = session.getInputIds();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    fs::path p = dir / ("input_" + std::to_string(i) + ".pb");
+    if (!fs::exists(p)) throw error("test data folder '", dir.string(), "' has no ", p.filename().string(), " for input '", inputs[i], "'");
+    TensorData t = onnx_import::readTensorProtoFile(p.string());
+    // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
+    if (t.info().dataType() == DataType::UINT16 && session.getInfo(inputs[i]).dataType() == DataType::BFLOAT16)
+      t.reinterpretAs(DataType::BFLOAT16);
+    feeds.emplace(inputs[i], std::move(t));
+  }
+  auto results = runOnce(session, feeds);
+  auto outputs = session.getOutputIds();
+  int status = 0;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const TensorData &got = results.at(outputs[i]);
+    std::cout << outputs[i] << ": " << got.info().toString() << " " << firstValues(got) << "\n";
+    fs::path p = dir / ("output_" + std::to_string(i) + ".pb");
+    if (!fs::exists(p)) continue;
+    TensorData want = onnx_import::readTensorProtoFile(p.string());
+    if (want.info().dataType() == DataType::UINT16 && got.info().dataType() == DataType::BFLOAT16)
+      want.reinterpretAs(DataType::BFLOAT16);
+    if (want.info() != got.info()) {
+      std::cout << "  MISMATCH: expected " << want.info().toString() << ", got " << got.info().toString() << "\n";
+      status = 1;
+      continue;
+    }
+    Comparison c = compare(got, want, opt.rtol, opt.atol);
+    std::cout << "  worst abs error " << c.worstAbs << ", worst rel error " << c.worstRel;
+    if (c.mismatches) {
+      std::cout << "  MISMATCH in " << c.mismatches << " of " << want.info().elementCount() << " elements (rtol "
+                << opt.rtol << ", atol " << opt.atol << ")\n";
+      status = 1;
+    } else {
+      std::cout << "  ok\n";
+    }
+  }
+  return status;
+}
+
+int run(const Options &opt) {
+  SessionOptions so;
+  so.numThreads = opt.threads;
+  so.batchSize = opt.batch;
+  so.kernels = opt.kernels;
+  auto probe = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, std::vector<TensorId>{}), so);
+  auto session = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, probe->getOutputIds()), so);
+  if (!opt.dataDir.empty()) {
+    fs::path dir(opt.dataDir);
+    if (!fs::is_directory(dir)) throw error("--data-dir '", opt.dataDir, "' is not a folder");
+    std::vector<fs::path> sets;
+    if (fs::exists(dir / "input_0.pb") || session->getInputIds().empty()) sets.push_back(dir);
+    else
+      for (const auto &e : fs::directory_iterator(dir))
+        if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+    std::sort(sets.begin(), sets.end());
+    if (sets.empty()) throw error("--data-dir '", opt.dataDir, "' has neither input_0.pb nor test_data_set_* folders");
+    int status = 0;
+    for (const auto &s : sets) {
+      std::cout << "data set " << s.string() << "\n";
+      status |= runDataSet(*session, s, opt);
+    }
+    if (opt.dumpIr) std::cout << session->dumpIr();
+    std::cout << (status ? "FAILED: outputs differ from the expected values\n" : "PASSED\n");
+    return status;
+  }
+  std::map<TensorId, TensorData> feeds;
+  for (const auto &spec : opt.inputs) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE");
+    std::string name = spec.substr(0, eq);
+    auto ids = session->getInputIds();
+    if (std::find(ids.begin(), ids.end(), name) == ids.end()) throw error("--input names '", name, "', which is not an input of the model");
+    feeds.emplace(name, loadTensorFile(spec.substr(eq + 1)));
+  }
+  std::mt19937 rng(opt.seed);
+  for (const auto &id : session->getInputIds()) {
+    if (feeds.count(id)) continue;
+    TensorInfo info = session->getInfo(id);
+    if (!info.isKnown())
+      throw error("input '", id, "' has symbolic shape ", toString(info.shape()), ": give it with --input or set --batch");
+    feeds.emplace(id, randomTensor(info, rng));
+  }
+  auto results = runOnce(*session, feeds);
+  if (opt.dumpIr) std::cout << session->dumpIr();
+  for (const auto &id : session->getOutputIds()) {
+    const TensorData &t = results.at(id);
+    std::cout << id << ": " << toString(t.info().dataType()) << " " << toString(t.info().shape()) << " " << firstValues(t) << "\n";
+    if (!opt.saveOutputs.empty()) {
+      fs::create_directories(opt.saveOutputs);
+      std::string safe = id;
+      std::replace_if(safe.begin(), safe.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.'; }, '_');
+      npy::write((fs::path(opt.saveOutputs) / (safe + ".npy")).string(), t);
+    }
+  }
+  if (opt.iterations > 0) {
+    std::vector<std::unique_ptr<RawArray>> arrays;
+    std::map<TensorId, IArray &> in, out;
+    for (auto &[id, t] : feeds) {
+      arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+      in.emplace(id, *arrays.back());
+    }
+    for (auto &[id, t] : results) {
+      arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+      out.emplace(id, *arrays.back());
+    }
+    StepIO io(in, out);
+    std::vector<double> ms;
+    for (int i = 0; i < opt.iterations; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      session->run(io);
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    double median = ms[ms.size() / 2];
+    int64_t batch = 1;
+    if (!session->getInputIds().empty()) {
+      const Shape &s = feeds.at(session->getInputIds().front()).info().shape();
+      if (!s.empty()) batch = s[0];
+    }
+    std::printf("latency: median %.3f ms, min %.3f ms, max %.3f ms over %d iterations\n", median, ms.front(), ms.back(),
+                opt.iterations);
+    std::printf("throughput: %.1f samples/s\n", batch * 1000.0 / median);
+  }
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  CLI::App app{"popart-run: run an ONNX model on the CPU (oneDNN)"};
+  Options opt;
+  app.add_option("model", opt.model, "ONNX model file")->required();
+  app.add_option("--input", opt.inputs, "NAME=FILE (.npy or TensorProto .pb); repeat for each input");
+  app.add_option("--data-dir", opt.dataDir, "ONNX test-data folder: input_<i>.pb in, output_<i>.pb compared");
+  app.add_option("--save-outputs", opt.saveOutputs, "write each output as DIR/<name>.npy");
+  app.add_option("--iterations", opt.iterations, "run N more times and report latency and throughput")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", opt.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", opt.batch, "value for symbolic leading (batch) dimensions")->check(CLI::NonNegativeNumber);
+  app.add_flag("--dump-ir", opt.dumpIr, "print the IR after compilation");
+  app.add_option("--rtol", opt.rtol, "relative tolerance for --data-dir (default 1e-3)");
+  app.add_option("--atol", opt.atol, "absolute tolerance for --data-dir (default 1e-7)");
+  app.add_option("--seed", opt.seed, "seed for random inputs");
+  app.add_option("--kernels", opt.kernels, "any | reference | dnnl")->check(CLI::IsMember({"any", "reference", "dnnl"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  try {
+    return run(opt);
+  } catch (const std::exception &e) {
+    std::string msg = e.what();
+    std::replace(msg.begin(), msg.end(), '\n', ' ');
+    std::cerr << "error: " << msg << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,103 @@
+#include "core/tensordata.hpp"
+#include "core/dispatch.hpp"
+
+#include <cstdlib>
+
+namespace popart {
+
+void TensorData::Free::operator()(void *p) const { std::free(p); }
+
+static uint8_t *allocateAligned(size_t bytes) {
+  size_t rounded = ((bytes == 0 ? 1 : bytes) + 63) / 64 * 64;
+  void *p = std::aligned_alloc(64, rounded);
+  if (!p) throw error("out of memory allocating ", bytes, " bytes");
+  std::memset(p, 0, rounded);
+  return static_cast<uint8_t *>(p);
+}
+
+std::unique_ptr<uint8_t, void (*)(uint8_t *)> alignedBytes(size_t bytes) {
+  return {allocateAligned(bytes), [](uint8_t *p) { std::free(p); }};
+}
+
+TensorData::TensorData(const TensorInfo &info) : info_(info) {
+  if (info.elementCount() < 0) throw error("cannot allocate tensor of unknown shape ", info.toString());
+  bytes_.reset(allocateAligned(static_cast<size_t>(info.byteCount())));
+  if (info.dataType() == DataType::STRING) strings_.resize(static_cast<size_t>(info.elementCount()));
+}
+
+TensorData::TensorData(const TensorInfo &info, const void *bytes) : TensorData(info) {
+  if (info.byteCount() > 0) std::memcpy(bytes_.get(), bytes, static_cast<size_t>(info.byteCount()));
+}
+
+TensorData::TensorData(const TensorData &other) : TensorData(other.info_, other.data()) {
+  strings_ = other.strings_;
+}
+
+TensorData &TensorData::operator=(const TensorData &other) {
+  if (this != &other) {
+    TensorData copy(other);
+    *this = std::move(copy);
+  }
+  return *this;
+}
+
+double TensorData::valueAsDouble(int64_t i) const {
+  return dispatchAll(info_.dataType(), "TensorData::valueAsDouble", [&](auto tag) -> double {
+    using T = typename decltype(tag)::type;
+    return static_cast<double>(static_cast<compute_t<T>>(as<T>()[i]));
+  });
+}
+
+std::vector<int64_t> TensorData::toInt64Vector() const {
+  std::vector<int64_t> out(static_cast<size_t>(info_.elementCount()));
+  dispatchAll(info_.dataType(), "TensorData::toInt64Vector", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(static_cast<compute_t<T>>(as<T>()[i]));
+  });
+  return out;
+}
+
+std::vector<double> TensorData::toDoubleVector() const {
+  std::vector<double> out(static_cast<size_t>(info_.elementCount()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = valueAsDouble(static_cast<int64_t>(i));
+  return out;
+}
+
+void TensorData::reinterpretAs(DataType type) {
+  if (dataTypeSize(type) != dataTypeSize(info_.dataType()))
+    throw error("cannot reinterpret ", info_.toString(), " as ", toString(type), ": element sizes differ");
+  info_.setDataType(type);
+}
+
+void TensorData::reshape(const Shape &shape) {
+  if (shapeElementCount(shape) != info_.elementCount())
+    throw error("cannot reshape ", info_.toString(), " to ", toString(shape));
+  info_.setShape(shape);
+}
+
+TensorData TensorData::fromDoubles(DataType type, const Shape &shape, const std::vector<double> &values) {
+  TensorData t(TensorInfo(type, shape));
+  if (static_cast<int64_t>(values.size()) != t.info().elementCount())
+    throw error("fromDoubles: ", values.size(), " values for shape ", toString(shape));
+  dispatchAll(type, "TensorData::fromDoubles", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (size_t i = 0; i < values.size(); ++i) t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(values[i]));
+  });
+  return t;
+}
+
+TensorData TensorData::fromInt64(const Shape &shape, const std::vector<int64_t> &values) {
+  TensorData t(TensorInfo(DataType::INT64, shape));
+  if (static_cast<int64_t>(values.size()) != t.info().elementCount())
+    throw error("fromInt64: ", values.size(), " values for shape ", toString(shape));
+  std::memcpy(t.data(), values.data(), values.size() * sizeof(int64_t));
+  return t;
+}
+
+TensorData TensorData::scalarFloat(float value) {
+  TensorData t(TensorInfo(DataType::FLOAT, {}));
+  *t.as<float>() = value;
+  return t;
+}
+
+} // namespace popart

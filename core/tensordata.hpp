@@ -1,0 +1,65 @@
+#pragma once
+// Owned, 64-byte aligned host storage for one tensor's elements.
+
+#include <popart/tensorinfo.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace popart {
+
+/// Aligned bytes with the TensorInfo that describes them. STRING tensors keep their
+/// elements in strings() instead of bytes.
+class TensorData {
+public:
+  TensorData() = default;
+  /// Zero-filled storage for \p info.
+  explicit TensorData(const TensorInfo &info);
+  /// Copies \p bytes (which must hold info.byteCount() bytes).
+  TensorData(const TensorInfo &info, const void *bytes);
+  TensorData(const TensorData &other);
+  TensorData &operator=(const TensorData &other);
+  TensorData(TensorData &&) noexcept = default;
+  TensorData &operator=(TensorData &&) noexcept = default;
+
+  const TensorInfo &info() const { return info_; }
+  void *data() { return bytes_.get(); }
+  const void *data() const { return bytes_.get(); }
+  template <typename T> T *as() { return static_cast<T *>(data()); }
+  template <typename T> const T *as() const { return static_cast<const T *>(data()); }
+  int64_t byteCount() const { return info_.byteCount(); }
+  std::vector<std::string> &strings() { return strings_; }
+  const std::vector<std::string> &strings() const { return strings_; }
+
+  /// Element \p i converted to double, whatever the type (for shape values, comparisons).
+  double valueAsDouble(int64_t i) const;
+  /// All elements of an integer tensor as int64 (shape inputs: axes, sizes, pads).
+  std::vector<int64_t> toInt64Vector() const;
+  /// All elements as double.
+  std::vector<double> toDoubleVector() const;
+  /// Relabels the element type; the element size must match (bfloat16 test data stored as UINT16).
+  void reinterpretAs(DataType type);
+  /// Changes the shape without touching the bytes; the element count must match.
+  void reshape(const Shape &shape);
+
+  /// A tensor of \p type holding \p values converted element by element.
+  static TensorData fromDoubles(DataType type, const Shape &shape, const std::vector<double> &values);
+  static TensorData fromInt64(const Shape &shape, const std::vector<int64_t> &values);
+  static TensorData scalarFloat(float value);
+
+private:
+  struct Free {
+    void operator()(void *p) const;
+  };
+  TensorInfo info_;
+  std::unique_ptr<uint8_t, Free> bytes_;
+  std::vector<std::string> strings_;
+};
+
+/// \returns 64-byte aligned storage of \p bytes bytes (at least one), zero-filled.
+std::unique_ptr<uint8_t, void (*)(uint8_t *)> alignedBytes(size_t bytes);
+
+} // namespace popart

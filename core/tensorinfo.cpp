@@ -1,0 +1,40 @@
+#include <popart/error.hpp>
+#include <popart/tensorinfo.hpp>
+
+#include <ostream>
+
+namespace popart {
+
+int64_t shapeElementCount(const Shape &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string toString(const Shape &shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += shape[i] < 0 ? std::string("?") : std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+bool isShapeKnown(const Shape &shape) {
+  for (int64_t d : shape)
+    if (d < 0) return false;
+  return true;
+}
+
+int64_t TensorInfo::dim(int64_t i) const {
+  int64_t r = rank();
+  if (i < -r || i >= r) throw error("dimension ", i, " is out of range for ", toString());
+  return shape_[static_cast<size_t>(i < 0 ? i + r : i)];
+}
+
+std::string TensorInfo::toString() const { return popart::toString(dataType_) + popart::toString(shape_); }
+
+std::ostream &operator<<(std::ostream &os, const TensorInfo &info) { return os << info.toString(); }
+std::ostream &operator<<(std::ostream &os, DataType type) { return os << toString(type); }
+
+} // namespace popart

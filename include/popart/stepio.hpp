@@ -1,0 +1,81 @@
+#pragma once
+/// \file Host buffers for one step: inputs read and anchors written by Session::run.
+
+#include <popart/datatype.hpp>
+#include <popart/error.hpp>
+#include <popart/tensorinfo.hpp>
+
+#include <cstdint>
+#include <map>
+#include <type_traits>
+
+namespace popart {
+
+/// A typed view of host memory (not owned).
+class IArray {
+public:
+  virtual ~IArray() = default;
+  virtual void *data() = 0;
+  virtual DataType dataType() const = 0;
+  virtual const Shape &shape() const = 0;
+  int64_t nelms() const { return shapeElementCount(shape()); }
+};
+
+namespace detail {
+template <typename T> constexpr DataType hostDataType() {
+  if constexpr (std::is_same_v<T, float>) return DataType::FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return DataType::DOUBLE;
+  else if constexpr (std::is_same_v<T, int8_t>) return DataType::INT8;
+  else if constexpr (std::is_same_v<T, int16_t>) return DataType::INT16;
+  else if constexpr (std::is_same_v<T, int32_t>) return DataType::INT32;
+  else if constexpr (std::is_same_v<T, int64_t>) return DataType::INT64;
+  else if constexpr (std::is_same_v<T, uint8_t>) return DataType::UINT8;
+  else if constexpr (std::is_same_v<T, uint16_t>) return DataType::UINT16;
+  else if constexpr (std::is_same_v<T, uint32_t>) return DataType::UINT32;
+  else if constexpr (std::is_same_v<T, uint64_t>) return DataType::UINT64;
+  else if constexpr (std::is_same_v<T, bool>) return DataType::BOOL;
+  else static_assert(sizeof(T) == 0, "unsupported element type");
+}
+} // namespace detail
+
+/// An IArray over a typed pointer, as PopART's NDArrayWrapper.
+template <typename T> class NDArrayWrapper : public IArray {
+public:
+  NDArrayWrapper(T *data, Shape shape) : data_(data), shape_(std::move(shape)) {}
+  void *data() override { return data_; }
+  DataType dataType() const override { return detail::hostDataType<T>(); }
+  const Shape &shape() const override { return shape_; }
+
+private:
+  T *data_;
+  Shape shape_;
+};
+
+/// An IArray over untyped bytes with an explicit type (fp16 data, data read from files).
+class RawArray : public IArray {
+public:
+  RawArray(void *data, DataType type, Shape shape) : data_(data), type_(type), shape_(std::move(shape)) {}
+  void *data() override { return data_; }
+  DataType dataType() const override { return type_; }
+  const Shape &shape() const override { return shape_; }
+
+private:
+  void *data_;
+  DataType type_;
+  Shape shape_;
+};
+
+/// The host buffers of one run: inputs by tensor id, and the anchors' output buffers.
+class StepIO {
+public:
+  StepIO(std::map<TensorId, IArray &> inputs, std::map<TensorId, IArray &> outputs)
+      : inputs_(std::move(inputs)), outputs_(std::move(outputs)) {}
+  const std::map<TensorId, IArray &> &inputs() const { return inputs_; }
+  const std::map<TensorId, IArray &> &outputs() const { return outputs_; }
+
+private:
+  std::map<TensorId, IArray &> inputs_;
+  std::map<TensorId, IArray &> outputs_;
+};
+
+} // namespace popart

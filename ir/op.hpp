@@ -1,0 +1,98 @@
+#pragma once
+// An op of the IR: a generic node whose meaning comes from its registered OpDef.
+
+#include "ir/attributes.hpp"
+#include "ir/tensor.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace popart::ir {
+
+struct OpDef;
+class Graph;
+
+/// Where an op runs, for the later replication / pipelining work; the CPU backend ignores it.
+struct Placement {
+  std::optional<int64_t> virtualGraph;
+  std::optional<int64_t> pipelineStage;
+  bool recompute = false;
+};
+
+/// One node of a Graph.
+class Op {
+public:
+  int64_t id = 0;
+  std::string type;     ///< ONNX op type, e.g. "Conv"
+  std::string domain;   ///< "ai.onnx" for the default domain
+  int version = 0;      ///< opset version of the domain in the model
+  std::string name;     ///< node name from the model (may be empty)
+  Attributes attrs;
+  std::vector<Tensor *> inputs;  ///< null where an optional input is omitted
+  std::vector<Tensor *> outputs; ///< null where an optional output is omitted
+  const OpDef *def = nullptr;
+  Placement placement;
+  Graph *graph = nullptr;
+
+  /// "Conv 'conv1'" (or "Conv #3" for an unnamed node), for error messages.
+  std::string debugName() const;
+  size_t inputCount() const { return inputs.size(); }
+  size_t outputCount() const { return outputs.size(); }
+  bool hasInput(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
+  bool hasOutput(size_t i) const { return i < outputs.size() && outputs[i] != nullptr; }
+  /// Input \p i; throws naming the op if it is absent.
+  Tensor &input(size_t i) const;
+  Tensor &output(size_t i) const;
+  const TensorInfo &inInfo(size_t i) const { return input(i).info(); }
+  const TensorInfo &outInfo(size_t i) const { return output(i).info(); }
+  /// Sets the info of output \p i if that output is present.
+  void setOutInfo(size_t i, const TensorInfo &info);
+  /// The value of input \p i, which must be a constant (shape inputs); throws naming the op otherwise.
+  const TensorData &constInput(size_t i, const char *role) const;
+  /// Like constInput, but null when input \p i is absent.
+  const TensorData *optionalConstInput(size_t i, const char *role) const;
+};
+
+/// Semantics of one op type over a range of opset versions.
+struct OpDef {
+  std::string domain; ///< "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "ai.graphcore"
+  std::string type;
+  int minVersion = 1;
+  int maxVersion = 1000;
+  /// Sets the infos of the outputs from the inputs (shape inference).
+  void (*setup)(Op &op) = nullptr;
+  /// Inputs whose values (not only shapes) decide the output shapes: they must be constant
+  /// when setup runs, which the session arranges by specialising on fed values.
+  std::vector<int> valueInputs;
+  /// False for ops that must not be evaluated at compile time (random ops).
+  bool foldable = true;
+  /// Rewrites an old-opset form into the current one (attributes that became inputs...).
+  void (*canonicalize)(Op &op, Graph &graph) = nullptr;
+  /// True when every input value decides the output shape (NonZero, Unique, Range...).
+  bool allInputsAreValueInputs = false;
+};
+
+/// All op definitions, filled once at start-up by registerBuiltinOps().
+class OpRegistry {
+public:
+  static OpRegistry &instance();
+  void add(OpDef def);
+  /// The definition of \p type in \p domain valid at \p version; null if none.
+  const OpDef *find(const std::string &domain, const std::string &type, int version) const;
+  /// True if some version of \p type in \p domain is registered.
+  bool knowsType(const std::string &domain, const std::string &type) const;
+  const std::vector<OpDef> &all() const { return defs_; }
+
+private:
+  std::vector<OpDef> defs_;
+};
+
+/// Registers every op family; safe to call more than once.
+void registerBuiltinOps();
+
+/// "" and "ai.onnx" are the same domain; returns the canonical spelling.
+std::string canonicalDomain(const std::string &domain);
+
+} // namespace popart::ir

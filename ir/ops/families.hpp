@@ -1,0 +1,19 @@
+#pragma once
+// One registration function per op family (ir/ops/<family>.cpp).
+
+#include "ir/op.hpp"
+
+namespace popart::ir {
+
+void registerElementwiseOps(OpRegistry &registry);
+void registerMatMulOps(OpRegistry &registry);
+void registerShapeOps(OpRegistry &registry);
+void registerReduceOps(OpRegistry &registry);
+void registerConvPoolOps(OpRegistry &registry);
+void registerNormOps(OpRegistry &registry);
+void registerSoftmaxOps(OpRegistry &registry);
+void registerGatherScatterOps(OpRegistry &registry);
+void registerLossOps(OpRegistry &registry);
+void registerMiscOps(OpRegistry &registry);
+
+} // namespace popart::ir

@@ -1,0 +1,10 @@
+// GatherScatter ops.
+
+#include "ir/ops/families.hpp"
+#include "ir/ops/helpers.hpp"
+
+namespace popart::ir {
+
+void registerGatherScatterOps(OpRegistry &) {}
+
+} // namespace popart::ir

@@ -1,0 +1,24 @@
+#include "ir/ops/families.hpp"
+
+#include <mutex>
+
+namespace popart::ir {
+
+void registerBuiltinOps() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    OpRegistry &r = OpRegistry::instance();
+    registerElementwiseOps(r);
+    registerMatMulOps(r);
+    registerShapeOps(r);
+    registerReduceOps(r);
+    registerConvPoolOps(r);
+    registerNormOps(r);
+    registerSoftmaxOps(r);
+    registerGatherScatterOps(r);
+    registerLossOps(r);
+    registerMiscOps(r);
+  });
+}
+
+} // namespace popart::ir

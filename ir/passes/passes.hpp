@@ -1,0 +1,30 @@
+#pragma once
+// Graph passes: shape inference with constant folding, dead-code elimination.
+
+#include "ir/graph.hpp"
+
+#include <vector>
+
+namespace popart::ir {
+
+/// Computes the outputs of an op whose inputs are all constant. The IR cannot run kernels,
+/// so the backend provides this (with its reference kernels) and the session passes it in.
+class ConstEvaluator {
+public:
+  virtual ~ConstEvaluator() = default;
+  /// True if \p op can be evaluated on the host.
+  virtual bool canEvaluate(const Op &op) const = 0;
+  /// Output values of \p op, one per output (empty TensorData for an omitted output).
+  virtual std::vector<TensorData> evaluate(const Op &op) const = 0;
+};
+
+/// Runs every op's setup() in schedule order. When \p folder is given, an op whose inputs
+/// are all constant is evaluated and replaced by constants, so that shape inputs computed
+/// from shapes (Shape → Gather → Reshape) become known. Graph input infos must be known.
+void inferShapes(Graph &graph, const ConstEvaluator *folder);
+
+/// Removes ops none of whose outputs lead to one of \p keep (graph outputs by default), and
+/// tensors left with neither producer nor consumer that are not graph inputs or outputs.
+void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep = {});
+
+} // namespace popart::ir

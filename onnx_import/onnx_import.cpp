@@ -1,0 +1,297 @@
+#include "onnx_import/onnx_import.hpp"
+#include "core/log.hpp"
+#include <popart/error.hpp>
+
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace popart::onnx_import {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string readFile(const std::string &path, const char *what) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw error(what, " '", path, "' does not exist");
+  if (fs::is_directory(path, ec)) throw error(what, " '", path, "' is a directory, expected a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error("cannot open ", what, " '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool parseProto(google::protobuf::MessageLite &message, const std::string &bytes) {
+  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+  google::protobuf::io::CodedInputStream coded(&raw);
+  coded.SetTotalBytesLimit(std::numeric_limits<int>::max());
+  return message.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
+}
+
+/// Reads the bytes of an external-data tensor, refusing paths that leave the model folder.
+std::string readExternalData(const onnx::TensorProto &t, const std::string &baseDir) {
+  std::string location;
+  int64_t offset = 0, length = -1;
+  for (const auto &kv : t.external_data()) {
+    if (kv.key() == "location") location = kv.value();
+    else if (kv.key() == "offset") offset = std::stoll(kv.value());
+    else if (kv.key() == "length") length = std::stoll(kv.value());
+  }
+  if (location.empty()) throw error("tensor '", t.name(), "': external data has no location");
+  fs::path rel(location);
+  if (rel.is_absolute())
+    throw error("tensor '", t.name(), "': external data location '", location,
+                "' is an absolute path; only paths relative to the model's folder are allowed");
+  for (const auto &part : rel)
+    if (part == "..")
+      throw error("tensor '", t.name(), "': external data location '", location,
+                  "' leaves the model's folder ('..' is not allowed)");
+  fs::path full = fs::path(baseDir) / rel;
+  std::ifstream in(full, std::ios::binary);
+  if (!in) throw error("tensor '", t.name(), "': cannot open external data file '", full.string(), "'");
+  in.seekg(0, std::ios::end);
+  int64_t size = in.tellg();
+  if (length < 0) length = size - offset;
+  if (offset < 0 || offset + length > size)
+    throw error("tensor '", t.name(), "': external data range [", offset, ", ", offset + length, ") is outside file '",
+                full.string(), "' of ", size, " bytes");
+  std::string bytes(static_cast<size_t>(length), '\0');
+  in.seekg(offset);
+  in.read(bytes.data(), length);
+  return bytes;
+}
+
+Shape shapeFromDims(const google::protobuf::RepeatedField<int64_t> &dims) { return Shape(dims.begin(), dims.end()); }
+
+TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDir) {
+  DataType type = dataTypeFromOnnx(t.data_type());
+  if (type == DataType::UNDEFINED) throw error("tensor '", t.name(), "' has no data type");
+  if (type == DataType::COMPLEX64 || type == DataType::COMPLEX128)
+    throw error("tensor '", t.name(), "': complex tensors are not supported");
+  TensorInfo info(type, shapeFromDims(t.dims()));
+  for (int64_t d : info.shape())
+    if (d < 0) throw error("tensor '", t.name(), "' has a negative dimension in ", toString(info.shape()));
+  TensorData data(info);
+  int64_t n = info.elementCount();
+  if (type == DataType::STRING) {
+    if (t.string_data_size() != n)
+      throw error("tensor '", t.name(), "': ", t.string_data_size(), " strings for shape ", toString(info.shape()));
+    for (int64_t i = 0; i < n; ++i) data.strings()[i] = t.string_data(static_cast<int>(i));
+    return data;
+  }
+  auto expectCount = [&](int64_t have, const char *field) {
+    if (have != n)
+      throw error("tensor '", t.name(), "': ", field, " holds ", have, " values but shape ", toString(info.shape()),
+                  " needs ", n);
+  };
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string bytes = readExternalData(t, baseDir);
+    if (static_cast<int64_t>(bytes.size()) != info.byteCount())
+      throw error("tensor '", t.name(), "': external data has ", bytes.size(), " bytes, expected ", info.byteCount());
+    std::memcpy(data.data(), bytes.data(), bytes.size());
+  } else if (t.has_raw_data()) {
+    if (static_cast<int64_t>(t.raw_data().size()) != info.byteCount())
+      throw error("tensor '", t.name(), "': raw_data has ", t.raw_data().size(), " bytes, expected ", info.byteCount(),
+                  " for ", info.toString());
+    std::memcpy(data.data(), t.raw_data().data(), t.raw_data().size());
+  } else {
+    switch (type) {
+    case DataType::FLOAT:
+      expectCount(t.float_data_size(), "float_data");
+      std::copy(t.float_data().begin(), t.float_data().end(), data.as<float>());
+      break;
+    case DataType::DOUBLE:
+      expectCount(t.double_data_size(), "double_data");
+      std::copy(t.double_data().begin(), t.double_data().end(), data.as<double>());
+      break;
+    case DataType::INT64:
+      expectCount(t.int64_data_size(), "int64_data");
+      std::copy(t.int64_data().begin(), t.int64_data().end(), data.as<int64_t>());
+      break;
+    case DataType::UINT32:
+    case DataType::UINT64:
+      expectCount(t.uint64_data_size(), "uint64_data");
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t v = t.uint64_data(static_cast<int>(i));
+        if (type == DataType::UINT32) data.as<uint32_t>()[i] = static_cast<uint32_t>(v);
+        else data.as<uint64_t>()[i] = v;
+      }
+      break;
+    default: { // int32_data carries INT32, INT16, INT8, UINT16, UINT8, BOOL, FLOAT16 and BFLOAT16
+      expectCount(t.int32_data_size(), "int32_data");
+      size_t size = dataTypeSize(type);
+      auto *out = static_cast<uint8_t *>(data.data());
+      for (int64_t i = 0; i < n; ++i) {
+        int32_t v = t.int32_data(static_cast<int>(i));
+        std::memcpy(out + i * size, &v, size); // little-endian: the low bytes
+      }
+    }
+    }
+  }
+  return data;
+}
+
+ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string &baseDir) {
+  ir::Attributes attrs;
+  for (const auto &a : node.attribute()) {
+    switch (a.type()) {
+    case onnx::AttributeProto::FLOAT: attrs.set(a.name(), a.f()); break;
+    case onnx::AttributeProto::INT: attrs.set(a.name(), static_cast<int64_t>(a.i())); break;
+    case onnx::AttributeProto::STRING: attrs.set(a.name(), a.s()); break;
+    case onnx::AttributeProto::FLOATS: attrs.set(a.name(), std::vector<float>(a.floats().begin(), a.floats().end())); break;
+    case onnx::AttributeProto::INTS: attrs.set(a.name(), std::vector<int64_t>(a.ints().begin(), a.ints().end())); break;
+    case onnx::AttributeProto::STRINGS:
+      attrs.set(a.name(), std::vector<std::string>(a.strings().begin(), a.strings().end()));
+      break;
+    case onnx::AttributeProto::TENSOR: attrs.set(a.name(), std::make_shared<TensorData>(tensorFromProto(a.t(), baseDir))); break;
+    case onnx::AttributeProto::GRAPH:
+    case onnx::AttributeProto::GRAPHS:
+      throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(),
+                  "' is a subgraph; control flow (If, Loop, Scan) is not supported");
+    default:
+      throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(), "' has unsupported type ",
+                  static_cast<int>(a.type()));
+    }
+  }
+  return attrs;
+}
+
+/// Constant's value_float, value_ints, ... all become one tensor attribute "value".
+void canonicalizeConstant(ir::Attributes &attrs, const std::string &nodeName) {
+  if (attrs.has("value")) return;
+  std::shared_ptr<TensorData> t;
+  if (attrs.has("value_float")) t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {}, {attrs.getFloat("value_float")}));
+  else if (attrs.has("value_int")) t = std::make_shared<TensorData>(TensorData::fromInt64({}, {attrs.getInt("value_int")}));
+  else if (attrs.has("value_floats")) {
+    auto v = attrs.getFloats("value_floats");
+    t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {static_cast<int64_t>(v.size())}, std::vector<double>(v.begin(), v.end())));
+  } else if (attrs.has("value_ints")) {
+    auto v = attrs.getInts("value_ints");
+    t = std::make_shared<TensorData>(TensorData::fromInt64({static_cast<int64_t>(v.size())}, v));
+  } else {
+    throw error("Constant '", nodeName, "': no supported value attribute (value, value_float(s), value_int(s))");
+  }
+  for (const char *k : {"value_float", "value_int", "value_floats", "value_ints"}) attrs.erase(k);
+  attrs.set("value", t);
+}
+
+TensorInfo infoFromValueInfo(const onnx::ValueInfoProto &vi) {
+  if (!vi.type().has_tensor_type())
+    throw error("graph input '", vi.name(), "' is not a tensor (sequences, maps and optionals are not supported)");
+  const auto &tt = vi.type().tensor_type();
+  Shape shape;
+  if (tt.has_shape())
+    for (const auto &d : tt.shape().dim()) shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+  return TensorInfo(dataTypeFromOnnx(tt.elem_type()), shape);
+}
+
+} // namespace
+
+std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std::string &baseDir,
+                                            const ImportOptions &options, const std::string &sourceName) {
+  ir::registerBuiltinOps();
+  onnx::ModelProto model;
+  if (bytes.empty()) throw error("model '", sourceName, "' is empty");
+  if (!parseProto(model, bytes))
+    throw error("model '", sourceName, "' is not a valid ONNX ModelProto (truncated or malformed protobuf)");
+  if (!model.has_graph()) throw error("model '", sourceName, "' has no graph");
+  if (options.check) {
+    try {
+      onnx::checker::check_model(model);
+    } catch (const std::exception &e) {
+      std::string msg = e.what();
+      // The checker insists on its own external-data rules; ours are checked when loading.
+      if (msg.find("external") == std::string::npos && msg.find("Data of TensorProto") == std::string::npos)
+        throw error("model '", sourceName, "' fails the ONNX checker: ", msg);
+    }
+  }
+  try {
+    onnx::shape_inference::InferShapes(model);
+  } catch (const std::exception &e) {
+    logging::logger().info("ONNX shape inference failed on '{}': {}", sourceName, e.what());
+  }
+
+  auto graph = std::make_unique<ir::Graph>();
+  for (const auto &opset : model.opset_import()) graph->opsets()[ir::canonicalDomain(opset.domain())] = static_cast<int>(opset.version());
+  if (!graph->opsets().count("ai.onnx")) throw error("model '", sourceName, "' does not import the default ONNX opset");
+  int defaultOpset = graph->opsets().at("ai.onnx");
+  if (defaultOpset < 6 || defaultOpset > 17)
+    throw error("model '", sourceName, "' uses ONNX opset ", defaultOpset, "; supported opsets are 7 to 17 (and 6)");
+
+  const auto &g = model.graph();
+  ir::TensorKind initKind = options.initializersAsVariables ? ir::TensorKind::Variable : ir::TensorKind::Const;
+  for (const auto &init : g.initializer()) {
+    TensorData data = tensorFromProto(init, baseDir);
+    ir::Tensor &t = graph->addTensor(init.name(), initKind, data.info());
+    t.setData(std::make_shared<TensorData>(std::move(data)));
+  }
+  for (const auto &input : g.input()) {
+    if (graph->hasTensor(input.name())) continue; // an initializer listed as input (IR version < 4)
+    graph->addTensor(input.name(), ir::TensorKind::Stream, infoFromValueInfo(input));
+    graph->addInput(input.name());
+  }
+  for (const auto &node : g.node()) {
+    std::string domain = ir::canonicalDomain(node.domain());
+    auto it = graph->opsets().find(domain);
+    if (it == graph->opsets().end())
+      throw error("node '", node.name(), "' (", node.op_type(), ") uses domain '", domain, "', which the model does not import");
+    ir::Attributes attrs = convertAttributes(node, baseDir);
+    if (node.op_type() == "Constant" && domain == "ai.onnx") canonicalizeConstant(attrs, node.name());
+    std::vector<TensorId> ins(node.input().begin(), node.input().end());
+    std::vector<TensorId> outs(node.output().begin(), node.output().end());
+    graph->addOp(node.op_type(), domain, it->second, node.name(), std::move(attrs), ins, outs);
+  }
+  for (const auto &output : g.output()) {
+    if (!graph->hasTensor(output.name())) throw error("graph output '", output.name(), "' is not produced by any node");
+    graph->addOutput(output.name());
+  }
+  graph->checkConnected();
+  graph->schedule(); // rejects cycles now, with the tensor named
+  return graph;
+}
+
+std::unique_ptr<ir::Graph> importModelFile(const std::string &path, const ImportOptions &options) {
+  std::string bytes = readFile(path, "model file");
+  std::string dir = fs::path(path).parent_path().string();
+  return importModelBytes(bytes, dir.empty() ? "." : dir, options, path);
+}
+
+TensorData readTensorProtoFile(const std::string &path) {
+  std::string bytes = readFile(path, "tensor file");
+  onnx::TensorProto t;
+  if (!parseProto(t, bytes)) throw error("tensor file '", path, "' is not a valid serialized TensorProto");
+  try {
+    return tensorFromProto(t, fs::path(path).parent_path().string());
+  } catch (const error &e) {
+    throw error("tensor file '", path, "': ", e.what());
+  }
+}
+
+std::string serializeTensorProto(const TensorData &data, const std::string &name) {
+  onnx::TensorProto t;
+  t.set_name(name);
+  t.set_data_type(static_cast<int>(data.info().dataType()));
+  for (int64_t d : data.info().shape()) t.add_dims(d);
+  if (data.info().dataType() == DataType::STRING) {
+    for (const auto &s : data.strings()) t.add_string_data(s);
+  } else {
+    t.set_raw_data(data.data(), static_cast<size_t>(data.byteCount()));
+  }
+  return t.SerializeAsString();
+}
+
+bool looksLikeModelProto(const std::string &bytes) {
+  onnx::ModelProto m;
+  return parseProto(m, bytes) && m.has_graph();
+}
+
+} // namespace popart::onnx_import

@@ -1,0 +1,32 @@
+#pragma once
+// ONNX ModelProto → ir::Graph. This header includes no onnx or protobuf header.
+
+#include "core/tensordata.hpp"
+#include "ir/graph.hpp"
+
+#include <memory>
+#include <string>
+
+namespace popart::onnx_import {
+
+struct ImportOptions {
+  /// Initializers become Variable tensors (weights that training updates) instead of Const.
+  bool initializersAsVariables = false;
+  /// Run onnx::checker on the model.
+  bool check = true;
+};
+
+/// Loads the model in file \p path; external data is resolved relative to its folder.
+std::unique_ptr<ir::Graph> importModelFile(const std::string &path, const ImportOptions &options = {});
+/// Loads a serialized ModelProto; external data is resolved relative to \p baseDir.
+std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std::string &baseDir,
+                                            const ImportOptions &options = {},
+                                            const std::string &sourceName = "<bytes>");
+/// Reads a serialized TensorProto file (the ONNX test-data input_<i>.pb format).
+TensorData readTensorProtoFile(const std::string &path);
+/// Serializes \p data as a TensorProto named \p name.
+std::string serializeTensorProto(const TensorData &data, const std::string &name);
+/// True if \p bytes parse as a ModelProto (to tell a model from a file name).
+bool looksLikeModelProto(const std::string &bytes);
+
+} // namespace popart::onnx_import

@@ -1,0 +1,259 @@
+#include "backend_cpu/plan.hpp"
+#include "core/dispatch.hpp"
+#include "core/log.hpp"
+#include "ir/passes/passes.hpp"
+#include "onnx_import/onnx_import.hpp"
+#include "session/threads.hpp"
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace popart {
+
+namespace fs = std::filesystem;
+
+struct InferenceSession::Impl {
+  std::string modelBytes;
+  std::string baseDir;
+  std::string sourceName;
+  DataFlow dataFlow;
+  SessionOptions options;
+  InputShapeInfo inputShapes;
+
+  std::unique_ptr<ir::Graph> declared; ///< the model as imported, never specialised
+  std::vector<TensorId> inputIds, outputIds;
+  std::set<TensorId> valueInputs; ///< stream inputs whose values decide shapes
+
+  std::unique_ptr<ir::Graph> graph; ///< specialised for the current input shapes
+  std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+  std::map<TensorId, TensorInfo> compiledInfos;
+  std::map<TensorId, TensorData> compiledValues;
+
+  std::unique_ptr<ir::Graph> import() const {
+    onnx_import::ImportOptions io;
+    io.check = options.checkModel;
+    return onnx_import::importModelBytes(modelBytes, baseDir, io, sourceName);
+  }
+
+  /// The shape an input will have: explicit shape, else the declared one with the batch size set.
+  TensorInfo resolvedInfo(const TensorId &id) const {
+    if (inputShapes.has(id)) return inputShapes.get(id);
+    TensorInfo info = declared->tensor(id).info();
+    Shape s = info.shape();
+    if (options.batchSize > 0 && !s.empty() && s[0] < 0) s[0] = options.batchSize;
+    info.setShape(s);
+    return info;
+  }
+
+  void compile(const std::map<TensorId, TensorInfo> &infos, const std::map<TensorId, const IArray *> &values) {
+    auto g = import();
+    for (const auto &id : inputIds) {
+      ir::Tensor &t = g->tensor(id);
+      t.setInfo(infos.at(id));
+      if (valueInputs.count(id)) {
+        const IArray *arr = values.at(id);
+        TensorData data(infos.at(id), const_cast<IArray *>(arr)->data());
+        t.setKind(ir::TensorKind::Const);
+        t.setData(std::make_shared<TensorData>(std::move(data)));
+      }
+    }
+    backend_cpu::ReferenceEvaluator evaluator;
+    ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+    std::vector<TensorId> keep = outputIds;
+    for (const auto &a : dataFlow.anchors())
+      if (std::find(keep.begin(), keep.end(), a) == keep.end()) {
+        if (!g->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of the model");
+        keep.push_back(a);
+      }
+    ir::removeDeadCode(*g, keep);
+    backend_cpu::CompileOptions co;
+    if (options.kernels == "reference") co.provider = backend_cpu::KernelProvider::Reference;
+    else if (options.kernels == "dnnl") co.provider = backend_cpu::KernelProvider::Dnnl;
+    else if (options.kernels != "any") throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, co);
+    graph = std::move(g);
+    compiledInfos = infos;
+    compiledValues.clear();
+    for (const auto &id : valueInputs) compiledValues.emplace(id, *graph->tensor(id).data());
+  }
+
+  bool matchesCompiled(const std::map<TensorId, TensorInfo> &infos, const std::map<TensorId, const IArray *> &values) const {
+    if (!plan || infos != compiledInfos) return false;
+    for (const auto &[id, data] : compiledValues)
+      if (std::memcmp(data.data(), const_cast<IArray *>(values.at(id))->data(), static_cast<size_t>(data.byteCount())) != 0)
+        return false;
+    return true;
+  }
+};
+
+InferenceSession::InferenceSession() : impl_(std::make_unique<Impl>()) {}
+InferenceSession::~InferenceSession() = default;
+
+std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model, const DataFlow &dataFlow,
+                                                                        const SessionOptions &options) {
+  return createFromOnnxModel(model, dataFlow, InputShapeInfo(), options);
+}
+
+std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model, const DataFlow &dataFlow,
+                                                                        const InputShapeInfo &inputShapes,
+                                                                        const SessionOptions &options) {
+  std::unique_ptr<InferenceSession> s(new InferenceSession());
+  Impl &m = *s->impl_;
+  m.dataFlow = dataFlow;
+  m.options = options;
+  m.inputShapes = inputShapes;
+  setThreadCount(options.numThreads);
+  std::error_code ec;
+  bool isPath = model.size() < 4096 && model.find('\0') == std::string::npos && fs::is_regular_file(model, ec);
+  if (isPath) {
+    std::ifstream in(model, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    m.modelBytes = ss.str();
+    m.sourceName = model;
+    std::string dir = fs::path(model).parent_path().string();
+    m.baseDir = dir.empty() ? "." : dir;
+  } else {
+    if (model.size() < 4096 && (model.size() > 5 && model.substr(model.size() - 5) == ".onnx"))
+      throw error("model file '", model, "' does not exist");
+    m.modelBytes = model;
+    m.sourceName = "<model bytes>";
+    m.baseDir = ".";
+  }
+  m.declared = m.import();
+  m.inputIds = m.declared->inputs();
+  m.outputIds = m.declared->outputs();
+  for (const auto &[id, info] : inputShapes.getAll())
+    if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
+      throw error("InputShapeInfo names '", id, "', which is not an input of the model");
+  for (const auto &op : m.declared->ops()) {
+    std::vector<int> idx = op->def->valueInputs;
+    if (op->def->allInputsAreValueInputs)
+      for (size_t i = 0; i < op->inputCount(); ++i) idx.push_back(static_cast<int>(i));
+    for (int i : idx)
+      if (op->hasInput(static_cast<size_t>(i)) && op->input(static_cast<size_t>(i)).kind() == ir::TensorKind::Stream)
+        m.valueInputs.insert(op->input(static_cast<size_t>(i)).id());
+  }
+  for (const auto &a : dataFlow.anchors())
+    if (!m.declared->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of model '", m.sourceName, "'");
+  return s;
+}
+
+void InferenceSession::prepareDevice() {
+  Impl &m = *impl_;
+  if (!m.valueInputs.empty()) return; // needs the fed values: compiled by the first run
+  std::map<TensorId, TensorInfo> infos;
+  for (const auto &id : m.inputIds) {
+    TensorInfo info = m.resolvedInfo(id);
+    if (!info.isKnown()) return; // symbolic dimensions: compiled by the first run
+    infos[id] = info;
+  }
+  m.compile(infos, {});
+}
+
+void InferenceSession::run(StepIO &stepio) {
+  Impl &m = *impl_;
+  int bps = m.dataFlow.batchesPerStep();
+  std::map<TensorId, TensorInfo> infos;
+  std::map<TensorId, const IArray *> arrays;
+  for (const auto &[id, arr] : stepio.inputs())
+    if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
+      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", [&] {
+        std::string s;
+        for (const auto &i : m.inputIds) s += (s.empty() ? "" : ", ") + i;
+        return s;
+      }(), ")");
+  for (const auto &id : m.inputIds) {
+    auto it = stepio.inputs().find(id);
+    if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
+    IArray &arr = it->second;
+    TensorInfo declared = m.resolvedInfo(id);
+    Shape fed = arr.shape();
+    if (bps > 1) {
+      if (fed.empty() || fed[0] != bps)
+        throw error("input '", id, "': with batchesPerStep ", bps, " the array needs a leading dimension of ", bps,
+                    ", got shape ", toString(fed));
+      fed.erase(fed.begin());
+    }
+    if (arr.dataType() != declared.dataType())
+      throw error("input '", id, "' has type ", toString(arr.dataType()), " but the model expects ", toString(declared.dataType()));
+    bool ok = fed.size() == declared.shape().size();
+    for (size_t i = 0; ok && i < fed.size(); ++i) ok = declared.shape()[i] < 0 || declared.shape()[i] == fed[i];
+    if (!ok) throw error("input '", id, "' has shape ", toString(fed), " but the model expects ", toString(declared.shape()));
+    infos[id] = TensorInfo(arr.dataType(), fed);
+    arrays[id] = &arr;
+  }
+  if (bps > 1 && !m.valueInputs.empty())
+    throw error("inputs whose values decide shapes (", *m.valueInputs.begin(), ") need batchesPerStep 1");
+  if (!m.matchesCompiled(infos, arrays)) {
+    if (m.plan) logging::logger().info("input shapes or shape values changed: recompiling");
+    m.compile(infos, arrays);
+  }
+  for (const auto &[id, arr] : stepio.outputs()) {
+    if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
+    const TensorInfo &info = m.plan->info(id);
+    Shape expected = info.shape();
+    int count = m.dataFlow.returnedCount(id);
+    if (count > 1 || (bps > 1 && m.dataFlow.art(id).id() != AnchorReturnTypeId::Final && m.dataFlow.art(id).id() != AnchorReturnTypeId::Sum))
+      expected.insert(expected.begin(), count);
+    if (arr.dataType() != info.dataType())
+      throw error("output buffer for anchor '", id, "' has type ", toString(arr.dataType()), ", expected ", toString(info.dataType()));
+    if (arr.nelms() != shapeElementCount(expected))
+      throw error("output buffer for anchor '", id, "' has shape ", toString(arr.shape()), ", expected ", toString(expected));
+  }
+  for (int b = 0; b < bps; ++b) {
+    for (const auto &id : m.inputIds) {
+      if (m.valueInputs.count(id)) continue;
+      IArray &arr = stepio.inputs().at(id);
+      int64_t bytes = m.plan->info(id).byteCount();
+      std::memcpy(m.plan->address(id), static_cast<uint8_t *>(arr.data()) + b * bytes, static_cast<size_t>(bytes));
+    }
+    m.plan->run();
+    for (const auto &[id, arr] : stepio.outputs()) {
+      const AnchorReturnType &art = m.dataFlow.art(id);
+      const TensorInfo &info = m.plan->info(id);
+      int64_t bytes = info.byteCount();
+      auto *dst = static_cast<uint8_t *>(arr.data());
+      const void *src = m.plan->address(id);
+      switch (art.id()) {
+      case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
+      case AnchorReturnTypeId::Final:
+        if (b == bps - 1) std::memcpy(dst, src, static_cast<size_t>(bytes));
+        break;
+      case AnchorReturnTypeId::EveryN:
+        if ((b + 1) % art.rp() == 0) std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
+        break;
+      case AnchorReturnTypeId::Sum:
+        if (b == 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+        else
+          dispatchNumeric(info.dataType(), "SUM anchor", [&](auto tag) {
+            using T = typename decltype(tag)::type;
+            auto *d = reinterpret_cast<T *>(dst);
+            const auto *s = static_cast<const T *>(src);
+            for (int64_t i = 0; i < info.elementCount(); ++i)
+              d[i] = static_cast<T>(static_cast<compute_t<T>>(d[i]) + static_cast<compute_t<T>>(s[i]));
+          });
+        break;
+      }
+    }
+  }
+}
+
+std::vector<TensorId> InferenceSession::getInputIds() const { return impl_->inputIds; }
+std::vector<TensorId> InferenceSession::getOutputIds() const { return impl_->outputIds; }
+
+TensorInfo InferenceSession::getInfo(const TensorId &id) const {
+  if (impl_->plan) return impl_->plan->info(id);
+  if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end()) return impl_->resolvedInfo(id);
+  return impl_->declared->tensor(id).info();
+}
+
+std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
+
+int64_t InferenceSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+} // namespace popart

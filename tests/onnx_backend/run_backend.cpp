@@ -1,0 +1,158 @@
+// Runs the ONNX backend test suite (Debian's libonnx-testdata) through InferenceSession.
+// Usage: run_backend DATA_ROOT EXPECTED_PASS_FILE [--write-expected FILE] [--filter SUBSTRING] [--verbose]
+// Prints "ONNX backend: P passed, F failed, U unsupported" and fails if a test listed in
+// EXPECTED_PASS_FILE does not pass.
+
+#include "onnx_import/onnx_import.hpp"
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+namespace fs = std::filesystem;
+using namespace popart;
+
+namespace {
+
+enum class Outcome { Pass, Fail, Unsupported };
+
+bool isUnsupportedMessage(const std::string &m) {
+  for (const char *k : {"unsupported op", "not supported", "no CPU kernel", "is not a tensor", "control flow",
+                        "must be known before running"})
+    if (m.find(k) != std::string::npos) return true;
+  return false;
+}
+
+Outcome runTest(const fs::path &dir, std::string &detail) {
+  try {
+    SessionOptions so;
+    so.numThreads = 1;
+    auto probe = InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, std::vector<TensorId>{}), so);
+    auto outputsIds = probe->getOutputIds();
+    auto session = InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, outputsIds), so);
+    std::vector<fs::path> sets;
+    for (const auto &e : fs::directory_iterator(dir))
+      if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+    std::sort(sets.begin(), sets.end());
+    for (const auto &set : sets) {
+      auto inputIds = session->getInputIds();
+      std::vector<TensorData> inputs;
+      for (size_t i = 0; i < inputIds.size(); ++i) inputs.push_back(onnx_import::readTensorProtoFile((set / ("input_" + std::to_string(i) + ".pb")).string()));
+      std::vector<std::unique_ptr<RawArray>> arrays;
+      std::map<TensorId, IArray &> in, out;
+      for (size_t i = 0; i < inputIds.size(); ++i) {
+        // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
+        if (inputs[i].info().dataType() == DataType::UINT16 && session->getInfo(inputIds[i]).dataType() == DataType::BFLOAT16)
+          inputs[i].reinterpretAs(DataType::BFLOAT16);
+        arrays.push_back(std::make_unique<RawArray>(inputs[i].data(), inputs[i].info().dataType(), inputs[i].info().shape()));
+        in.emplace(inputIds[i], *arrays.back());
+      }
+      StepIO compileOnly(in, {});
+      session->run(compileOnly);
+      std::vector<TensorData> got;
+      for (const auto &id : outputsIds) got.emplace_back(session->getInfo(id));
+      for (size_t i = 0; i < outputsIds.size(); ++i) {
+        arrays.push_back(std::make_unique<RawArray>(got[i].data(), got[i].info().dataType(), got[i].info().shape()));
+        out.emplace(outputsIds[i], *arrays.back());
+      }
+      StepIO io(in, out);
+      session->run(io);
+      for (size_t i = 0; i < outputsIds.size(); ++i) {
+        fs::path p = set / ("output_" + std::to_string(i) + ".pb");
+        if (!fs::exists(p)) continue;
+        TensorData want = onnx_import::readTensorProtoFile(p.string());
+        if (want.info().dataType() == DataType::UINT16 && got[i].info().dataType() == DataType::BFLOAT16)
+          want.reinterpretAs(DataType::BFLOAT16);
+        if (want.info() != got[i].info()) {
+          detail = "output " + outputsIds[i] + ": expected " + want.info().toString() + ", got " + got[i].info().toString();
+          return Outcome::Fail;
+        }
+        if (want.info().dataType() == DataType::STRING) {
+          if (want.strings() != got[i].strings()) {
+            detail = "output " + outputsIds[i] + ": strings differ";
+            return Outcome::Fail;
+          }
+          continue;
+        }
+        for (int64_t k = 0; k < want.info().elementCount(); ++k) {
+          double w = want.valueAsDouble(k), g = got[i].valueAsDouble(k);
+          if (std::isnan(w) && std::isnan(g)) continue;
+          if (std::isinf(w) && w == g) continue;
+          if (!(std::fabs(g - w) <= 1e-7 + 1e-3 * std::fabs(w))) {
+            detail = "output " + outputsIds[i] + "[" + std::to_string(k) + "]: expected " + std::to_string(w) + ", got " + std::to_string(g);
+            return Outcome::Fail;
+          }
+        }
+      }
+    }
+    return Outcome::Pass;
+  } catch (const std::exception &e) {
+    detail = e.what();
+    return isUnsupportedMessage(detail) ? Outcome::Unsupported : Outcome::Fail;
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    std::cerr << "usage: run_backend DATA_ROOT EXPECTED_PASS_FILE [--write-expected FILE] [--filter S] [--verbose]\n";
+    return 2;
+  }
+  fs::path root = argv[1];
+  std::string expectedFile = argv[2], writeExpected, filter;
+  bool verbose = false;
+  for (int i = 3; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--write-expected" && i + 1 < argc) writeExpected = argv[++i];
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
+    else if (a == "--verbose") verbose = true;
+  }
+  std::set<std::string> expected;
+  {
+    std::ifstream in(expectedFile);
+    std::string line;
+    while (std::getline(in, line))
+      if (!line.empty() && line[0] != '#') expected.insert(line);
+  }
+  std::vector<std::string> names;
+  for (const char *group : {"node", "simple", "pytorch-converted", "pytorch-operator"}) {
+    if (!fs::is_directory(root / group)) {
+      std::cerr << "missing test folder " << (root / group).string() << " (install libonnx-testdata)\n";
+      return 2;
+    }
+    for (const auto &e : fs::directory_iterator(root / group))
+      if (e.is_directory()) names.push_back(std::string(group) + "/" + e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  int passed = 0, failed = 0, unsupported = 0;
+  std::vector<std::string> regressions, passing;
+  for (const auto &name : names) {
+    if (!filter.empty() && name.find(filter) == std::string::npos) continue;
+    std::string detail;
+    Outcome o = runTest(root / name, detail);
+    std::replace(detail.begin(), detail.end(), '\n', ' ');
+    if (detail.size() > 300) detail = detail.substr(0, 300) + "...";
+    switch (o) {
+    case Outcome::Pass: ++passed; passing.push_back(name); break;
+    case Outcome::Fail: ++failed; break;
+    case Outcome::Unsupported: ++unsupported; break;
+    }
+    if (o != Outcome::Pass && expected.count(name)) regressions.push_back(name + ": " + detail);
+    if (verbose) std::cout << (o == Outcome::Pass ? "PASS " : o == Outcome::Fail ? "FAIL " : "UNSUPPORTED ") << name
+                           << (detail.empty() ? "" : "  -- " + detail) << "\n";
+  }
+  std::cout << "ONNX backend: " << passed << " passed, " << failed << " failed, " << unsupported << " unsupported\n";
+  if (!writeExpected.empty()) {
+    std::ofstream out(writeExpected);
+    out << "# ONNX backend tests that pass; regenerate with run_backend --write-expected after a fix.\n";
+    for (const auto &n : passing) out << n << "\n";
+  }
+  for (const auto &r : regressions) std::cout << "REGRESSION " << r << "\n";
+  return regressions.empty() ? 0 : 1;
+}
