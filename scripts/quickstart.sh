@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh Release
 echo "== popart-run examples/mlp.onnx =="
-build/popart-run examples/mlp.onnx --iterations 20
+build/popart-run examples/mlp.onnx --batch 32 --iterations 20
