@@ -224,8 +224,10 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
   for (const auto &opset : model.opset_import()) graph->opsets()[ir::canonicalDomain(opset.domain())] = static_cast<int>(opset.version());
   if (!graph->opsets().count("ai.onnx")) throw error("model '", sourceName, "' does not import the default ONNX opset");
   int defaultOpset = graph->opsets().at("ai.onnx");
-  if (defaultOpset < 6 || defaultOpset > 17)
-    throw error("model '", sourceName, "' uses ONNX opset ", defaultOpset, "; supported opsets are 7 to 17 (and 6)");
+  // Opsets 7-17 are the supported range; older models load as long as each op they use is
+  // registered for their version (ops unchanged since opset 1 are).
+  if (defaultOpset < 1 || defaultOpset > 17)
+    throw error("model '", sourceName, "' uses ONNX opset ", defaultOpset, "; supported opsets are 7 to 17");
 
   const auto &g = model.graph();
   ir::TensorKind initKind = options.initializersAsVariables ? ir::TensorKind::Variable : ir::TensorKind::Const;

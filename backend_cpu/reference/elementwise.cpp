@@ -290,7 +290,9 @@ std::unique_ptr<Kernel> createIsNanInf(const ir::Op &op) {
 }
 
 std::unique_ptr<Kernel> createPRelu(const ir::Op &op) {
-  std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
+  Shape slope = op.inInfo(1).shape();
+  if (op.attrs.getInt("channel_slope", 0)) slope.resize(op.inInfo(0).shape().size() - 1, 1);
+  std::vector<Shape> shapes{op.inInfo(0).shape(), slope};
   Shape out = op.outInfo(0).shape();
   int64_t n = op.outInfo(0).elementCount();
   return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {

@@ -57,6 +57,13 @@ void setupIsNanInf(Op &op) {
 
 void setupPRelu(Op &op) {
   requireInputCount(op, 2, 2);
+  const Shape &x = op.inInfo(0).shape(), &slope = op.inInfo(1).shape();
+  // Before opset 7 a 1-D slope of size C applies along the channel axis (PyTorch's exports).
+  if (op.version < 7 && slope.size() == 1 && x.size() >= 2 && slope[0] == x[1] && x.size() > 2) {
+    op.attrs.set("channel_slope", int64_t{1});
+    setupSameAsInput0(op);
+    return;
+  }
   Shape s = broadcastShapes(op.inInfo(0).shape(), op.inInfo(1).shape(), op);
   if (s != op.inInfo(0).shape())
     throw error(op.debugName(), ": slope shape ", toString(op.inInfo(1).shape()), " does not broadcast to input shape ",
