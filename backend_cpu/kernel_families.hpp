@@ -18,5 +18,6 @@ void registerReferenceSoftmaxKernels(KernelRegistry &registry);
 void registerReferenceGatherScatterKernels(KernelRegistry &registry);
 void registerReferenceLossKernels(KernelRegistry &registry);
 void registerReferenceMiscKernels(KernelRegistry &registry);
+void registerReferenceResizeKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -13,6 +13,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceGatherScatterKernels(r);
   registerReferenceLossKernels(r);
   registerReferenceMiscKernels(r);
+  registerReferenceResizeKernels(r);
 }
 
 } // namespace popart::backend_cpu

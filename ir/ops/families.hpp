@@ -15,5 +15,6 @@ void registerSoftmaxOps(OpRegistry &registry);
 void registerGatherScatterOps(OpRegistry &registry);
 void registerLossOps(OpRegistry &registry);
 void registerMiscOps(OpRegistry &registry);
+void registerResizeOps(OpRegistry &registry);
 
 } // namespace popart::ir

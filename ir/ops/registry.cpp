@@ -18,6 +18,7 @@ void registerBuiltinOps() {
     registerGatherScatterOps(r);
     registerLossOps(r);
     registerMiscOps(r);
+    registerResizeOps(r);
   });
 }
 
