@@ -19,5 +19,7 @@ void registerReferenceGatherScatterKernels(KernelRegistry &registry);
 void registerReferenceLossKernels(KernelRegistry &registry);
 void registerReferenceMiscKernels(KernelRegistry &registry);
 void registerReferenceResizeKernels(KernelRegistry &registry);
+void registerReferenceSignalKernels(KernelRegistry &registry);
+void registerReferenceRnnKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

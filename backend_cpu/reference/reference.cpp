@@ -14,6 +14,8 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceLossKernels(r);
   registerReferenceMiscKernels(r);
   registerReferenceResizeKernels(r);
+  registerReferenceSignalKernels(r);
+  registerReferenceRnnKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -16,5 +16,7 @@ void registerGatherScatterOps(OpRegistry &registry);
 void registerLossOps(OpRegistry &registry);
 void registerMiscOps(OpRegistry &registry);
 void registerResizeOps(OpRegistry &registry);
+void registerSignalOps(OpRegistry &registry);
+void registerRnnOps(OpRegistry &registry);
 
 } // namespace popart::ir

@@ -19,6 +19,8 @@ void registerBuiltinOps() {
     registerLossOps(r);
     registerMiscOps(r);
     registerResizeOps(r);
+    registerSignalOps(r);
+    registerRnnOps(r);
   });
 }
 
