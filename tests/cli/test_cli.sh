@@ -39,6 +39,14 @@ expect 0 "PASSED" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "x=$DATA/n
 mkdir -p "$TMP/wrong" && cp "$DATA/node/test_relu/test_data_set_0/input_0.pb" "$TMP/wrong/input_0.pb"
 cp "$DATA/node/test_abs/test_data_set_0/output_0.pb" "$TMP/wrong/output_0.pb"
 expect 1 "MISMATCH" -- "$RUN" "$DATA/node/test_relu/model.onnx" --data-dir "$TMP/wrong"
+# The IR dump shows the op with its inferred output shape.
+expect 0 "ai.onnx::Relu-.* -> \(y : FLOAT\[3,4,5\]\)" -- "$RUN" "$DATA/node/test_relu/model.onnx" --dump-ir
+expect 0 "\| ai.onnx \| Relu \|" -- "$RUN" --list-ops
+# Symbolic batch: --batch fixes it.
+expect 0 "probs: FLOAT \[3,10\]" -- "$RUN" "$SRC/examples/mlp.onnx" --batch 3
+expect 2 "error: input 'image' has symbolic shape \[\?,784\]: give it with --input or set --batch" -- "$RUN" "$SRC/examples/mlp.onnx"
+# Log level from the environment.
+expect 0 "\[popart\] \[debug\] compiled" -- env POPART_LOG_LEVEL=debug "$RUN" "$DATA/node/test_relu/model.onnx"
 # Bad input: one line on stderr, status 2.
 expect 2 "error: model file '.*missing.onnx' does not exist" -- "$RUN" "$TMP/missing.onnx"
 head -c 20 "$DATA/node/test_relu/model.onnx" >"$TMP/truncated.onnx"
@@ -46,7 +54,7 @@ expect 2 "error: model '.*truncated.onnx' is not a valid ONNX ModelProto" -- "$R
 echo "garbage" >"$TMP/garbage.onnx"
 expect 2 "error: model '.*garbage.onnx' is not a valid ONNX ModelProto" -- "$RUN" "$TMP/garbage.onnx"
 expect 2 "error: --input names 'nope'" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "nope=$TMP/out/y.npy"
-expect 2 "error: input 'x' has shape" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "x=$DATA/node/test_abs/test_data_set_0/input_0.pb"
+expect 2 "error: input 'x' has shape" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "x=$DATA/node/test_matmul_2d/test_data_set_0/input_0.pb"
 expect 2 "error: .*must be NAME=FILE" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "noequals"
 expect 2 "error: cannot open .npy file" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "x=$TMP/none.npy"
 expect 2 "--iterations" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations -3

@@ -8,11 +8,17 @@
 #include <popart/session.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <set>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using namespace popart;
@@ -97,6 +103,53 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
   }
 }
 
+/// Runs one test in a child process so that a crash or a hang fails that test only.
+Outcome runIsolated(const fs::path &dir, std::string &detail, int timeoutSeconds) {
+  int fds[2];
+  if (pipe(fds) != 0) return runTest(dir, detail);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    std::string d;
+    Outcome o = runTest(dir, d);
+    std::string msg = std::to_string(static_cast<int>(o)) + d;
+    ssize_t written = write(fds[1], msg.data(), msg.size());
+    (void)written;
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string msg;
+  char buf[4096];
+  pollfd pfd{fds[0], POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSeconds);
+  bool timedOut = false;
+  while (true) {
+    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (left <= 0) {
+      timedOut = true;
+      break;
+    }
+    if (poll(&pfd, 1, left) <= 0) continue;
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    msg.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  if (timedOut) kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (timedOut) {
+    detail = "timed out after " + std::to_string(timeoutSeconds) + " s";
+    return Outcome::Fail;
+  }
+  if (msg.empty()) {
+    detail = WIFSIGNALED(status) ? "crashed with signal " + std::to_string(WTERMSIG(status)) : "child exited without a result";
+    return Outcome::Fail;
+  }
+  detail = msg.substr(1);
+  return static_cast<Outcome>(msg[0] - '0');
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -135,7 +188,7 @@ int main(int argc, char **argv) {
   for (const auto &name : names) {
     if (!filter.empty() && name.find(filter) == std::string::npos) continue;
     std::string detail;
-    Outcome o = runTest(root / name, detail);
+    Outcome o = runIsolated(root / name, detail, 120);
     std::replace(detail.begin(), detail.end(), '\n', ' ');
     if (detail.size() > 300) detail = detail.substr(0, 300) + "...";
     switch (o) {
