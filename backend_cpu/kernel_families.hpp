@@ -21,5 +21,6 @@ void registerReferenceMiscKernels(KernelRegistry &registry);
 void registerReferenceResizeKernels(KernelRegistry &registry);
 void registerReferenceSignalKernels(KernelRegistry &registry);
 void registerReferenceRnnKernels(KernelRegistry &registry);
+void registerReferenceDetectionKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

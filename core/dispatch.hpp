@@ -66,8 +66,21 @@ template <typename F> decltype(auto) dispatchAll(DataType type, const char *what
 
 /// Like dispatchAll without bool: for arithmetic.
 template <typename F> decltype(auto) dispatchNumeric(DataType type, const char *what, F &&f) {
-  if (type == DataType::BOOL) throw error(what, ": data type BOOL is not supported");
-  return dispatchAll(type, what, std::forward<F>(f));
+  switch (type) {
+  case DataType::FLOAT: return f(TypeTag<float>{});
+  case DataType::DOUBLE: return f(TypeTag<double>{});
+  case DataType::FLOAT16: return f(TypeTag<Half>{});
+  case DataType::BFLOAT16: return f(TypeTag<BFloat16>{});
+  case DataType::INT8: return f(TypeTag<int8_t>{});
+  case DataType::INT16: return f(TypeTag<int16_t>{});
+  case DataType::INT32: return f(TypeTag<int32_t>{});
+  case DataType::INT64: return f(TypeTag<int64_t>{});
+  case DataType::UINT8: return f(TypeTag<uint8_t>{});
+  case DataType::UINT16: return f(TypeTag<uint16_t>{});
+  case DataType::UINT32: return f(TypeTag<uint32_t>{});
+  case DataType::UINT64: return f(TypeTag<uint64_t>{});
+  default: throw error(what, ": data type ", toString(type), " is not supported");
+  }
 }
 
 /// Only the floating-point types.

@@ -16,6 +16,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceResizeKernels(r);
   registerReferenceSignalKernels(r);
   registerReferenceRnnKernels(r);
+  registerReferenceDetectionKernels(r);
 }
 
 } // namespace popart::backend_cpu

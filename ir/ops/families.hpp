@@ -18,5 +18,6 @@ void registerMiscOps(OpRegistry &registry);
 void registerResizeOps(OpRegistry &registry);
 void registerSignalOps(OpRegistry &registry);
 void registerRnnOps(OpRegistry &registry);
+void registerDetectionOps(OpRegistry &registry);
 
 } // namespace popart::ir

@@ -21,6 +21,7 @@ void registerBuiltinOps() {
     registerResizeOps(r);
     registerSignalOps(r);
     registerRnnOps(r);
+    registerDetectionOps(r);
   });
 }
 

@@ -1,0 +1,88 @@
+// NonMaxSuppression.
+
+#include "ir/ops/detection.hpp"
+#include "ir/ops/families.hpp"
+#include "ir/ops/helpers.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace popart::ir {
+
+std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, const TensorData &scores,
+                                                      const TensorData *maxPerClass, const TensorData *iouThreshold,
+                                                      const TensorData *scoreThreshold, bool centerPointBox) {
+  const Shape &bs = boxes.info().shape(), &ss = scores.info().shape();
+  if (bs.size() != 3 || bs[2] != 4 || ss.size() != 3 || ss[0] != bs[0] || ss[2] != bs[1])
+    throw error("NonMaxSuppression: boxes ", toString(bs), " and scores ", toString(ss),
+                " must be [B,N,4] and [B,C,N]");
+  int64_t batches = bs[0], count = bs[1], classes = ss[1];
+  int64_t maxOut = maxPerClass && maxPerClass->info().elementCount() ? static_cast<int64_t>(maxPerClass->valueAsDouble(0)) : 0;
+  double iouMax = iouThreshold && iouThreshold->info().elementCount() ? iouThreshold->valueAsDouble(0) : 0.0;
+  bool useScore = scoreThreshold && scoreThreshold->info().elementCount();
+  double scoreMin = useScore ? scoreThreshold->valueAsDouble(0) : 0.0;
+  std::vector<std::array<int64_t, 3>> selected;
+  if (maxOut <= 0) return selected;
+  auto corners = [&](int64_t b, int64_t i) {
+    std::array<double, 4> v;
+    for (int k = 0; k < 4; ++k) v[static_cast<size_t>(k)] = boxes.valueAsDouble((b * count + i) * 4 + k);
+    if (centerPointBox) {
+      double xc = v[0], yc = v[1], w = v[2], h = v[3];
+      return std::array<double, 4>{yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2};
+    }
+    // [y1, x1, y2, x2] with either corner order.
+    return std::array<double, 4>{std::min(v[0], v[2]), std::min(v[1], v[3]), std::max(v[0], v[2]), std::max(v[1], v[3])};
+  };
+  auto iou = [](const std::array<double, 4> &a, const std::array<double, 4> &b) {
+    double h = std::max(0.0, std::min(a[2], b[2]) - std::max(a[0], b[0]));
+    double w = std::max(0.0, std::min(a[3], b[3]) - std::max(a[1], b[1]));
+    double inter = h * w;
+    double uni = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter;
+    return uni > 0 ? inter / uni : 0.0;
+  };
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t c = 0; c < classes; ++c) {
+      std::vector<int64_t> order;
+      for (int64_t i = 0; i < count; ++i)
+        if (!useScore || scores.valueAsDouble((b * classes + c) * count + i) > scoreMin) order.push_back(i);
+      std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+        return scores.valueAsDouble((b * classes + c) * count + x) > scores.valueAsDouble((b * classes + c) * count + y);
+      });
+      std::vector<int64_t> kept;
+      for (int64_t i : order) {
+        if (static_cast<int64_t>(kept.size()) >= maxOut) break;
+        bool suppressed = false;
+        for (int64_t k : kept)
+          if (iou(corners(b, i), corners(b, k)) > iouMax) {
+            suppressed = true;
+            break;
+          }
+        if (!suppressed) {
+          kept.push_back(i);
+          selected.push_back({b, c, i});
+        }
+      }
+    }
+  return selected;
+}
+
+namespace {
+
+void setupNms(Op &op) {
+  requireInputCount(op, 2, 5);
+  auto selected = nonMaxSuppression(op.constInput(0, "boxes"), op.constInput(1, "scores"),
+                                    op.optionalConstInput(2, "max_output_boxes_per_class"),
+                                    op.optionalConstInput(3, "iou_threshold"), op.optionalConstInput(4, "score_threshold"),
+                                    op.attrs.getInt("center_point_box", 0) != 0);
+  op.setOutInfo(0, TensorInfo(DataType::INT64, {static_cast<int64_t>(selected.size()), 3}));
+}
+
+} // namespace
+
+void registerDetectionOps(OpRegistry &r) {
+  OpDef nms = makeDef("NonMaxSuppression", 10, 1000, setupNms);
+  nms.allInputsAreValueInputs = true;
+  r.add(nms);
+}
+
+} // namespace popart::ir
