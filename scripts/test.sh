@@ -4,6 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
 scripts/build.sh Release
+# The unit tests also run under AddressSanitizer and UndefinedBehaviorSanitizer.
+echo "== unit tests under POPART_SANITIZE=address,undefined =="
+CCACHE_BASEDIR="$PWD" cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPOPART_SANITIZE=address,undefined >/dev/null
+cmake --build build-asan -j2 --target unit_tests
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/tests/unit_tests --gtest_brief=1
 cd build
 set +e
 ctest --output-on-failure -j2 --timeout 1800 >ctest.log 2>&1
