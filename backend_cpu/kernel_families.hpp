@@ -22,5 +22,6 @@ void registerReferenceResizeKernels(KernelRegistry &registry);
 void registerReferenceSignalKernels(KernelRegistry &registry);
 void registerReferenceRnnKernels(KernelRegistry &registry);
 void registerReferenceDetectionKernels(KernelRegistry &registry);
+void registerReferenceStringKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

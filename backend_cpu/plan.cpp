@@ -81,10 +81,14 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     } else if (t->data()) {
       addresses_[id] = t->data()->data();
       keepAlive_.push_back(t->data());
+      constData_[id] = t->data().get();
     }
     infos_[id] = t->info();
   }
   for (const ir::Op *op : schedule) {
+    for (const ir::Tensor *t : op->outputs)
+      if (t && t->info().dataType() == DataType::STRING)
+        throw error(op->debugName(), ": STRING tensors are supported only where they can be computed at compile time");
     Step step;
     step.kernel = createKernel(*op, options.provider);
     for (const ir::Tensor *t : op->inputs) step.inputs.push_back(t ? address(t->id()) : nullptr);
@@ -109,6 +113,11 @@ const TensorInfo &ExecutionPlan::info(const TensorId &id) const {
   return it->second;
 }
 
+const TensorData *ExecutionPlan::constData(const TensorId &id) const {
+  auto it = constData_.find(id);
+  return it == constData_.end() ? nullptr : it->second;
+}
+
 void ExecutionPlan::run() {
   for (size_t i = 0; i < steps_.size(); ++i) {
     try {
@@ -122,20 +131,26 @@ void ExecutionPlan::run() {
 bool ReferenceEvaluator::canEvaluate(const ir::Op &op) const {
   registerBuiltinKernels();
   for (const ir::Tensor *t : op.outputs)
-    if (t && (!t->info().isKnown() || t->info().dataType() == DataType::STRING)) return false;
+    if (t && !t->info().isKnown()) return false;
   return KernelRegistry::instance().find(op, KernelProvider::Reference) != nullptr;
 }
 
 std::vector<TensorData> ReferenceEvaluator::evaluate(const ir::Op &op) const {
   auto kernel = createKernel(op, KernelProvider::Reference);
   std::vector<const void *> in;
-  for (const ir::Tensor *t : op.inputs) in.push_back(t ? t->data()->data() : nullptr);
+  // STRING tensors reach kernels as arrays of std::string.
+  for (const ir::Tensor *t : op.inputs)
+    in.push_back(!t ? nullptr
+                    : t->info().dataType() == DataType::STRING ? static_cast<const void *>(t->data()->strings().data())
+                                                               : t->data()->data());
   std::vector<TensorData> outs;
   outs.reserve(op.outputs.size());
   std::vector<void *> out;
   for (const ir::Tensor *t : op.outputs) {
     outs.emplace_back(t ? TensorData(t->info()) : TensorData());
-    out.push_back(t ? outs.back().data() : nullptr);
+    out.push_back(!t ? nullptr
+                     : t->info().dataType() == DataType::STRING ? static_cast<void *>(outs.back().strings().data())
+                                                                : outs.back().data());
   }
   kernel->run({in.data(), in.size(), out.data(), out.size()});
   return outs;

@@ -39,6 +39,8 @@ public:
   /// Address of tensor \p id's bytes (arena, constant or variable storage).
   void *address(const TensorId &id) const;
   const TensorInfo &info(const TensorId &id) const;
+  /// The value of a Const or Variable tensor (STRING outputs are only ever constants); null otherwise.
+  const TensorData *constData(const TensorId &id) const;
   /// Runs every kernel once; allocates nothing.
   void run();
   const MemoryPlan &memoryPlan() const { return memoryPlan_; }
@@ -59,6 +61,7 @@ private:
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;
+  std::map<TensorId, const TensorData *> constData_;
   MemoryPlan memoryPlan_;
 };
 

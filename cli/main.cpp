@@ -64,6 +64,10 @@ TensorData randomTensor(const TensorInfo &info, std::mt19937 &rng) {
 std::string firstValues(const TensorData &t, int64_t count = 8) {
   std::string s = "[";
   int64_t n = std::min(count, t.info().elementCount());
+  if (t.info().dataType() == DataType::STRING) {
+    for (int64_t i = 0; i < n; ++i) s += (i ? ", \"" : "\"") + t.strings()[static_cast<size_t>(i)] + "\"";
+    return s + (t.info().elementCount() > n ? ", ...]" : "]");
+  }
   for (int64_t i = 0; i < n; ++i) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", t.valueAsDouble(i));
@@ -93,12 +97,17 @@ Comparison compare(const TensorData &got, const TensorData &want, double rtol, d
   return c;
 }
 
+/// Where an IArray over \p t points: its bytes, or its std::string array for STRING tensors.
+void *hostData(TensorData &t) {
+  return t.info().dataType() == DataType::STRING ? static_cast<void *>(t.strings().data()) : t.data();
+}
+
 /// Runs the model once on \p feeds and returns every graph output.
 std::map<TensorId, TensorData> runOnce(InferenceSession &session, std::map<TensorId, TensorData> &feeds) {
   std::vector<std::unique_ptr<RawArray>> arrays;
   std::map<TensorId, IArray &> in, out;
   for (auto &[id, t] : feeds) {
-    arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+    arrays.push_back(std::make_unique<RawArray>(hostData(t), t.info().dataType(), t.info().shape()));
     in.emplace(id, *arrays.back());
   }
   // Shapes are known after the first run: run once with no outputs to compile.
@@ -107,7 +116,7 @@ std::map<TensorId, TensorData> runOnce(InferenceSession &session, std::map<Tenso
   std::map<TensorId, TensorData> results;
   for (const auto &id : session.getOutputIds()) results.emplace(id, TensorData(session.getInfo(id)));
   for (auto &[id, t] : results) {
-    arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+    arrays.push_back(std::make_unique<RawArray>(hostData(t), t.info().dataType(), t.info().shape()));
     out.emplace(id, *arrays.back());
   }
   StepIO io(in, out);
@@ -215,11 +224,11 @@ int run(const Options &opt) {
     std::vector<std::unique_ptr<RawArray>> arrays;
     std::map<TensorId, IArray &> in, out;
     for (auto &[id, t] : feeds) {
-      arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+      arrays.push_back(std::make_unique<RawArray>(hostData(t), t.info().dataType(), t.info().shape()));
       in.emplace(id, *arrays.back());
     }
     for (auto &[id, t] : results) {
-      arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+      arrays.push_back(std::make_unique<RawArray>(hostData(t), t.info().dataType(), t.info().shape()));
       out.emplace(id, *arrays.back());
     }
     StepIO io(in, out);

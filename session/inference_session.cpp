@@ -57,6 +57,10 @@ struct InferenceSession::Impl {
       if (valueInputs.count(id)) {
         const IArray *arr = values.at(id);
         TensorData data(infos.at(id), const_cast<IArray *>(arr)->data());
+        if (infos.at(id).dataType() == DataType::STRING) {
+          const auto *s = static_cast<const std::string *>(const_cast<IArray *>(arr)->data());
+          std::copy(s, s + infos.at(id).elementCount(), data.strings().begin());
+        }
         t.setKind(ir::TensorKind::Const);
         t.setData(std::make_shared<TensorData>(std::move(data)));
       }
@@ -83,9 +87,15 @@ struct InferenceSession::Impl {
 
   bool matchesCompiled(const std::map<TensorId, TensorInfo> &infos, const std::map<TensorId, const IArray *> &values) const {
     if (!plan || infos != compiledInfos) return false;
-    for (const auto &[id, data] : compiledValues)
+    for (const auto &[id, data] : compiledValues) {
+      if (data.info().dataType() == DataType::STRING) {
+        const auto *s = static_cast<const std::string *>(const_cast<IArray *>(values.at(id))->data());
+        if (!std::equal(data.strings().begin(), data.strings().end(), s)) return false;
+        continue;
+      }
       if (std::memcmp(data.data(), const_cast<IArray *>(values.at(id))->data(), static_cast<size_t>(data.byteCount())) != 0)
         return false;
+    }
     return true;
   }
 };
@@ -219,6 +229,12 @@ void InferenceSession::run(StepIO &stepio) {
       int64_t bytes = info.byteCount();
       auto *dst = static_cast<uint8_t *>(arr.data());
       const void *src = m.plan->address(id);
+      if (info.dataType() == DataType::STRING) {
+        const TensorData *c = m.plan->constData(id);
+        if (!c) throw error("anchor '", id, "': STRING tensors must be constant");
+        std::copy(c->strings().begin(), c->strings().end(), static_cast<std::string *>(arr.data()));
+        continue;
+      }
       switch (art.id()) {
       case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
       case AnchorReturnTypeId::Final:

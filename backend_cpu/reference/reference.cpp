@@ -17,6 +17,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceSignalKernels(r);
   registerReferenceRnnKernels(r);
   registerReferenceDetectionKernels(r);
+  registerReferenceStringKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -19,5 +19,6 @@ void registerResizeOps(OpRegistry &registry);
 void registerSignalOps(OpRegistry &registry);
 void registerRnnOps(OpRegistry &registry);
 void registerDetectionOps(OpRegistry &registry);
+void registerStringOps(OpRegistry &registry);
 
 } // namespace popart::ir

@@ -22,6 +22,7 @@ void registerBuiltinOps() {
     registerSignalOps(r);
     registerRnnOps(r);
     registerDetectionOps(r);
+    registerStringOps(r);
   });
 }
 

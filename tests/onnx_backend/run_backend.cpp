@@ -55,7 +55,8 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
         // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
         if (inputs[i].info().dataType() == DataType::UINT16 && session->getInfo(inputIds[i]).dataType() == DataType::BFLOAT16)
           inputs[i].reinterpretAs(DataType::BFLOAT16);
-        arrays.push_back(std::make_unique<RawArray>(inputs[i].data(), inputs[i].info().dataType(), inputs[i].info().shape()));
+        void *data = inputs[i].info().dataType() == DataType::STRING ? static_cast<void *>(inputs[i].strings().data()) : inputs[i].data();
+        arrays.push_back(std::make_unique<RawArray>(data, inputs[i].info().dataType(), inputs[i].info().shape()));
         in.emplace(inputIds[i], *arrays.back());
       }
       StepIO compileOnly(in, {});
@@ -63,7 +64,8 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
       std::vector<TensorData> got;
       for (const auto &id : outputsIds) got.emplace_back(session->getInfo(id));
       for (size_t i = 0; i < outputsIds.size(); ++i) {
-        arrays.push_back(std::make_unique<RawArray>(got[i].data(), got[i].info().dataType(), got[i].info().shape()));
+        void *data = got[i].info().dataType() == DataType::STRING ? static_cast<void *>(got[i].strings().data()) : got[i].data();
+        arrays.push_back(std::make_unique<RawArray>(data, got[i].info().dataType(), got[i].info().shape()));
         out.emplace(outputsIds[i], *arrays.back());
       }
       StepIO io(in, out);
