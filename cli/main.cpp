@@ -152,6 +152,12 @@ int runDataSet(InferenceSession &session, const fs::path &dir, const Options &op
       status = 1;
       continue;
     }
+    if (want.info().dataType() == DataType::STRING) {
+      bool same = want.strings() == got.strings();
+      std::cout << (same ? "  strings equal  ok\n" : "  MISMATCH: strings differ\n");
+      status |= same ? 0 : 1;
+      continue;
+    }
     Comparison c = compare(got, want, opt.rtol, opt.atol);
     std::cout << "  worst abs error " << c.worstAbs << ", worst rel error " << c.worstRel;
     if (c.mismatches) {
