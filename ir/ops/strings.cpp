@@ -16,6 +16,8 @@ std::string changeCase(std::string s, bool upper) {
 }
 } // namespace
 
+void registerTfIdfOps(OpRegistry &r);
+
 std::vector<std::string> normalizeStrings(const std::vector<std::string> &in, const Attributes &attrs) {
   std::string action = attrs.getString("case_change_action", "NONE");
   if (action != "NONE" && action != "LOWER" && action != "UPPER")
@@ -49,6 +51,27 @@ void setupStringNormalizer(Op &op) {
 void registerStringOps(OpRegistry &r) {
   OpDef d = makeDef("StringNormalizer", 10, 1000, setupStringNormalizer);
   d.allInputsAreValueInputs = true;
+  r.add(d);
+  registerTfIdfOps(r);
+}
+
+namespace {
+void setupTfIdf(Op &op) {
+  requireInputCount(op, 1, 1);
+  requireType(op, 0, {DataType::INT32, DataType::INT64, DataType::STRING});
+  const Shape &s = op.inInfo(0).shape();
+  if (s.empty() || s.size() > 2) throw error(op.debugName(), ": input must be [C] or [N,C], got ", toString(s));
+  std::vector<int64_t> indexes = op.attrs.getInts("ngram_indexes");
+  if (indexes.empty()) throw error(op.debugName(), ": ngram_indexes is empty");
+  int64_t width = *std::max_element(indexes.begin(), indexes.end()) + 1;
+  std::string mode = op.attrs.getString("mode");
+  if (mode != "TF" && mode != "IDF" && mode != "TFIDF") throw error(op.debugName(), ": mode '", mode, "' is not TF, IDF or TFIDF");
+  op.setOutInfo(0, TensorInfo(DataType::FLOAT, s.size() == 1 ? Shape{width} : Shape{s[0], width}));
+}
+} // namespace
+
+void registerTfIdfOps(OpRegistry &r) {
+  OpDef d = makeDef("TfIdfVectorizer", 9, 1000, setupTfIdf);
   r.add(d);
 }
 
