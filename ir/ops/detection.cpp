@@ -9,6 +9,8 @@
 
 namespace popart::ir {
 
+void registerMaxUnpoolOps(OpRegistry &r);
+
 std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, const TensorData &scores,
                                                       const TensorData *maxPerClass, const TensorData *iouThreshold,
                                                       const TensorData *scoreThreshold, bool centerPointBox) {
@@ -83,6 +85,38 @@ void registerDetectionOps(OpRegistry &r) {
   OpDef nms = makeDef("NonMaxSuppression", 10, 1000, setupNms);
   nms.allInputsAreValueInputs = true;
   r.add(nms);
+  registerMaxUnpoolOps(r);
+}
+
+} // namespace popart::ir
+
+namespace popart::ir {
+
+namespace {
+void setupMaxUnpool(Op &op) {
+  requireInputCount(op, 2, 3);
+  const Shape &x = op.inInfo(0).shape();
+  if (op.inInfo(1).shape() != x) throw error(op.debugName(), ": indices shape ", toString(op.inInfo(1).shape()), " differs from X ", toString(x));
+  Shape out = x;
+  if (const TensorData *s = op.optionalConstInput(2, "output_shape")) {
+    out = s->toInt64Vector();
+    if (out.size() != x.size()) throw error(op.debugName(), ": output_shape has rank ", out.size(), ", expected ", x.size());
+  } else {
+    std::vector<int64_t> kernel = op.attrs.getInts("kernel_shape");
+    size_t spatial = x.size() - 2;
+    if (kernel.size() != spatial) throw error(op.debugName(), ": kernel_shape needs ", spatial, " values");
+    std::vector<int64_t> strides = op.attrs.getInts("strides", std::vector<int64_t>(spatial, 1));
+    std::vector<int64_t> pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * spatial, 0));
+    for (size_t i = 0; i < spatial; ++i) out[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
+  }
+  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
+}
+} // namespace
+
+void registerMaxUnpoolOps(OpRegistry &r) {
+  OpDef d = makeDef("MaxUnpool", 9, 1000, setupMaxUnpool);
+  d.valueInputs = {2};
+  r.add(d);
 }
 
 } // namespace popart::ir
