@@ -1,10 +1,95 @@
-// oneDNN kernels: Reduce family.
+// oneDNN kernels: Reduce family, f32, through dnnl::reduction for the reductions it computes
+// exactly (LogSum and LogSumExp have no oneDNN algorithm and stay on the reference kernel).
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 
+#include <map>
+
 namespace popart::backend_cpu {
 
-void registerDnnlReduceKernels(KernelRegistry &) {}
+namespace {
+
+using namespace dnnl;
+
+struct ReductionSpec {
+  algorithm alg;
+  float p;
+};
+
+const std::map<std::string, ReductionSpec> &reductionSpecs() {
+  // Lp algorithms with eps = 0: norm_lp_sum is (sum |x|^p)^(1/p), norm_lp_power_p_sum is sum |x|^p.
+  static const std::map<std::string, ReductionSpec> specs{
+      {"ReduceSum", {algorithm::reduction_sum, 0.f}},
+      {"ReduceMean", {algorithm::reduction_mean, 0.f}},
+      {"ReduceMax", {algorithm::reduction_max, 0.f}},
+      {"ReduceMin", {algorithm::reduction_min, 0.f}},
+      {"ReduceProd", {algorithm::reduction_mul, 0.f}},
+      {"ReduceL1", {algorithm::reduction_norm_lp_sum, 1.f}},
+      {"ReduceL2", {algorithm::reduction_norm_lp_sum, 2.f}},
+      {"ReduceSumSquare", {algorithm::reduction_norm_lp_power_p_sum, 2.f}},
+  };
+  return specs;
+}
+
+/// The output dims with the input's rank (1 along reduced axes); empty if the op reduces
+/// nothing (noop_with_empty_axes). Mirrors the op's setup().
+memory::dims keptDims(const ir::Op &op) {
+  const Shape &s = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(s.size());
+  std::vector<int64_t> axes;
+  if (const TensorData *a = op.optionalConstInput(1, "axes")) axes = a->toInt64Vector();
+  if (axes.empty() && op.attrs.getInt("noop_with_empty_axes", 0) != 0) return {};
+  memory::dims dims(s.begin(), s.end());
+  if (axes.empty())
+    for (auto &d : dims) d = 1;
+  for (int64_t a : axes) dims[static_cast<size_t>(a < 0 ? a + rank : a)] = 1;
+  return dims;
+}
+
+bool supportsReduction(const ir::Op &op) {
+  const TensorInfo &in = op.inInfo(0);
+  if (in.dataType() != DataType::FLOAT || in.rank() == 0 || in.rank() > DNNL_MAX_NDIMS) return false;
+  if (in.elementCount() == 0) return false;
+  if (op.hasInput(1) && !op.input(1).isConst()) return false;
+  if (!reductionSpecs().count(op.type)) return false;
+  memory::dims dims = keptDims(op);
+  // oneDNN wants a real reduction: src and dst dims must differ.
+  if (dims.empty() || memory::dims(in.shape().begin(), in.shape().end()) == dims) return false;
+  return true;
+}
+
+class ReductionKernel : public Kernel {
+public:
+  explicit ReductionKernel(const ir::Op &op) {
+    const ReductionSpec &spec = reductionSpecs().at(op.type);
+    memory::dims srcDims(op.inInfo(0).shape().begin(), op.inInfo(0).shape().end());
+    memory::dims dstDims = keptDims(op);
+    memory::desc srcMd(srcDims, memory::data_type::f32, dnnl_util::plainStrides(srcDims));
+    // keepdims = 0 only drops size-1 dims, so the plain layout of the output is the same.
+    memory::desc dstMd(dstDims, memory::data_type::f32, dnnl_util::plainStrides(dstDims));
+    auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine());
+    prim_ = reduction(pd);
+    src_ = memory(srcMd, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    dst_ = memory(dstMd, dnnl_util::engine(), DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    src_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    dst_.set_data_handle(args.outputs[0]);
+    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
+    dnnl_util::stream().wait();
+  }
+
+private:
+  primitive prim_;
+  memory src_, dst_;
+};
+
+} // namespace
+
+void registerDnnlReduceKernels(KernelRegistry &r) {
+  for (const auto &[type, spec] : reductionSpecs())
+    r.add({"ai.onnx", type, KernelProvider::Dnnl, supportsReduction, makeKernel<ReductionKernel>});
+}
 
 } // namespace popart::backend_cpu

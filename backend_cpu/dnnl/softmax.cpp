@@ -1,10 +1,66 @@
-// oneDNN kernels: Softmax family.
+// oneDNN kernels: Softmax and LogSoftmax (f32) through softmax_v2 on an [outer, n, inner] view,
+// which expresses both the single-axis form (opset >= 13) and the 2-D coercion (opset < 13).
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 
 namespace popart::backend_cpu {
 
-void registerDnnlSoftmaxKernels(KernelRegistry &) {}
+namespace {
+
+using namespace dnnl;
+
+/// The [outer, n, inner] dims the op normalises over (n is the middle one).
+memory::dims softmaxDims(const ir::Op &op) {
+  const Shape &s = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(s.size());
+  int64_t axis = op.attrs.getInt("axis", op.version < 13 ? 1 : -1);
+  if (axis < 0) axis += rank;
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
+  if (op.version < 13) {
+    for (int64_t d = axis; d < rank; ++d) n *= s[static_cast<size_t>(d)];
+  } else {
+    n = s[static_cast<size_t>(axis)];
+    for (int64_t d = axis + 1; d < rank; ++d) inner *= s[static_cast<size_t>(d)];
+  }
+  return {outer, n, inner};
+}
+
+bool supportsSoftmax(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() == 0) return false;
+  return op.inInfo(0).elementCount() > 0;
+}
+
+class SoftmaxKernel : public Kernel {
+public:
+  explicit SoftmaxKernel(const ir::Op &op) {
+    memory::dims dims = softmaxDims(op);
+    memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+    algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+    auto pd = softmax_v2_forward::primitive_desc(
+        softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1), dnnl_util::engine());
+    prim_ = softmax_v2_forward(pd);
+    src_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    dst_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    src_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    dst_.set_data_handle(args.outputs[0]);
+    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
+    dnnl_util::stream().wait();
+  }
+
+private:
+  primitive prim_;
+  memory src_, dst_;
+};
+
+} // namespace
+
+void registerDnnlSoftmaxKernels(KernelRegistry &r) {
+  for (const char *t : {"Softmax", "LogSoftmax"})
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsSoftmax, makeKernel<SoftmaxKernel>});
+}
 
 } // namespace popart::backend_cpu
