@@ -1,10 +1,221 @@
-// oneDNN kernels: ConvPool family.
+// oneDNN kernels, f32 and plain layouts: Conv (convolution_forward), ConvTranspose
+// (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward).
+// Each supports() builds the primitive descriptor once and declines if oneDNN refuses it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include <popart/error.hpp>
+
+#include <algorithm>
 
 namespace popart::backend_cpu {
 
-void registerDnnlConvPoolKernels(KernelRegistry &) {}
+namespace {
+
+using namespace dnnl;
+
+/// The window parameters of one op for oneDNN: padding resolved as ONNX defines it.
+struct Window {
+  memory::dims kernel, strides, dilates, padL, padR;
+};
+
+/// \p transposed: ConvTranspose's rules for output_shape / auto_pad. padR is the ONNX end
+/// padding; callers adapt it to oneDNN's size formula.
+Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel, bool transposed) {
+  size_t nsp = x.size() - 2;
+  Window w;
+  auto strides = op.attrs.getInts("strides", std::vector<int64_t>(nsp, 1));
+  auto dil = op.attrs.getInts("dilations", std::vector<int64_t>(nsp, 1));
+  auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * nsp, 0));
+  auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(nsp, 0));
+  std::string ap = op.attrs.getString("auto_pad", "NOTSET");
+  bool same = ap == "SAME_UPPER" || ap == "SAME_LOWER";
+  for (size_t i = 0; i < nsp; ++i) {
+    int64_t in = x[i + 2], out = y[i + 2], dk = (kernel[i] - 1) * dil[i] + 1, pb, pe;
+    if (ap == "VALID") {
+      pb = pe = 0;
+    } else if (!transposed && same) {
+      int64_t total = std::max<int64_t>(0, (out - 1) * strides[i] + dk - in);
+      pb = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pe = total - pb;
+    } else if (transposed && (same || op.attrs.has("output_shape"))) {
+      int64_t total = strides[i] * (in - 1) + outPad[i] + dk - out;
+      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      pb = ap == "SAME_UPPER" ? half : total - half;
+      pe = total - pb;
+    } else {
+      pb = pads[i];
+      pe = pads[i + nsp];
+    }
+    w.kernel.push_back(kernel[i]);
+    w.strides.push_back(strides[i]);
+    w.dilates.push_back(dil[i] - 1); // oneDNN counts the gaps between taps
+    w.padL.push_back(pb);
+    w.padR.push_back(pe);
+  }
+  return w;
+}
+
+bool allFloat(const ir::Op &op) {
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  return op.outInfo(0).dataType() == DataType::FLOAT;
+}
+
+bool spatialRankOk(const ir::Op &op) {
+  int64_t r = op.inInfo(0).rank();
+  return r >= 3 && r <= 5 && op.outInfo(0).elementCount() > 0 && op.inInfo(0).elementCount() > 0;
+}
+
+/// Weights of Conv / ConvTranspose as oneDNN's (g, oc, ic, spatial...) over ONNX's buffer.
+memory::desc weightsDesc(const ir::Op &op, bool transposed) {
+  const Shape &w = op.inInfo(1).shape();
+  int64_t group = op.attrs.getInt("group", 1);
+  int64_t k = 1;
+  for (size_t i = 2; i < w.size(); ++i) k *= w[i];
+  memory::dims spatial(w.begin() + 2, w.end());
+  memory::dims spatialStrides = dnnl_util::plainStrides(spatial);
+  memory::dims dims, strides;
+  if (!transposed) {
+    // ONNX (M, C/g, k...) is already (g, M/g, C/g, k...) row-major.
+    int64_t oc = w[0] / group, ic = w[1];
+    if (group > 1) dims = {group, oc, ic}, strides = {oc * ic * k, ic * k, k};
+    else dims = {oc, ic}, strides = {ic * k, k};
+  } else {
+    // ONNX (C, M/g, k...) is (g, C/g, M/g, k...): oneDNN's oc and ic axes are swapped.
+    int64_t ic = w[0] / group, oc = w[1];
+    if (group > 1) dims = {group, oc, ic}, strides = {oc * ic * k, k, oc * k};
+    else dims = {oc, ic}, strides = {k, oc * k};
+  }
+  dims.insert(dims.end(), spatial.begin(), spatial.end());
+  strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
+  return memory::desc(dims, memory::data_type::f32, strides);
+}
+
+class ConvKernel : public Kernel {
+public:
+  explicit ConvKernel(const ir::Op &op) {
+    bool transposed = op.type == "ConvTranspose";
+    const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape(), &ws = op.inInfo(1).shape();
+    Window w = makeWindow(op, x, y, std::vector<int64_t>(ws.begin() + 2, ws.end()), transposed);
+    if (transposed) {
+      // oneDNN's deconvolution has no output_padding: it is less end padding.
+      auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(x.size() - 2, 0));
+      for (size_t i = 0; i < w.padR.size(); ++i) w.padR[i] -= outPad[i];
+    }
+    for (size_t i = 0; i < w.padR.size(); ++i)
+      if (w.padL[i] < 0 || w.padR[i] < 0) throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
+    auto mdW = weightsDesc(op, transposed);
+    hasBias_ = op.hasInput(2);
+    memory::desc mdB = hasBias_ ? memory::desc({y[1]}, memory::data_type::f32, memory::dims{1}) : memory::desc();
+    auto &eng = dnnl_util::engine();
+    if (transposed) {
+      deconvolution_forward::desc d(prop_kind::forward_inference, algorithm::deconvolution_direct, mdX, mdW, mdB, mdY,
+                                    w.strides, w.dilates, w.padL, w.padR);
+      prim_ = deconvolution_forward(deconvolution_forward::primitive_desc(d, eng));
+    } else {
+      convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, mdX, mdW, mdB, mdY,
+                                  w.strides, w.dilates, w.padL, w.padR);
+      prim_ = convolution_forward(convolution_forward::primitive_desc(d, eng));
+    }
+    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
+    y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+    if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    w_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    y_.set_data_handle(args.outputs[0]);
+    if (hasBias_) {
+      b_.set_data_handle(const_cast<void *>(args.inputs[2]));
+      prim_.execute(dnnl_util::stream(),
+                    {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y_}});
+    } else {
+      prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+    }
+    dnnl_util::stream().wait();
+  }
+
+private:
+  bool hasBias_ = false;
+  primitive prim_;
+  memory x_, w_, b_, y_;
+};
+
+class PoolKernel : public Kernel {
+public:
+  explicit PoolKernel(const ir::Op &op) {
+    const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
+    Window w = makeWindow(op, x, y, op.attrs.getInts("kernel_shape"), false);
+    bool isMax = op.type == "MaxPool";
+    bool includePad = !isMax && op.attrs.getInt("count_include_pad", 0) != 0;
+    for (size_t i = 0; i < w.padR.size(); ++i) {
+      int64_t in = x[i + 2], out = y[i + 2], dk = (w.kernel[i] - 1) * (w.dilates[i] + 1) + 1;
+      if ((in + w.padL[i] + w.padR[i] - dk) / w.strides[i] + 1 == out) continue;
+      // ceil_mode: extend the end padding so oneDNN's floor formula yields the ceil size. The
+      // extension is ignored by max and excluded averaging, but would be counted when padding is.
+      int64_t needed = (out - 1) * w.strides[i] + dk - in - w.padL[i];
+      if (includePad && needed > w.padR[i])
+        throw ::popart::error(op.debugName(), ": ceil_mode with count_include_pad is left to the reference kernel");
+      w.padR[i] = needed;
+    }
+    for (size_t i = 0; i < w.padR.size(); ++i)
+      if (w.padL[i] < 0 || w.padR[i] < 0) throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+    algorithm alg = isMax ? algorithm::pooling_max
+                          : includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
+    auto &eng = dnnl_util::engine();
+    pooling_v2_forward::desc d(prop_kind::forward_inference, alg, mdX, mdY, w.strides, w.kernel, w.dilates, w.padL,
+                               w.padR);
+    prim_ = pooling_v2_forward(pooling_v2_forward::primitive_desc(d, eng));
+    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    y_.set_data_handle(args.outputs[0]);
+    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+    dnnl_util::stream().wait();
+  }
+
+private:
+  primitive prim_;
+  memory x_, y_;
+};
+
+/// True if \p K can be built for \p op; oneDNN's refusal (or ours) means "use the reference".
+template <typename K> bool buildable(const ir::Op &op) {
+  try {
+    K k(op);
+    return true;
+  } catch (const std::exception &) { // dnnl::error or our own refusal
+    return false;
+  }
+}
+
+bool supportsConv(const ir::Op &op) { return allFloat(op) && spatialRankOk(op) && buildable<ConvKernel>(op); }
+
+bool supportsPool(const ir::Op &op) {
+  if (!allFloat(op) || !spatialRankOk(op)) return false;
+  if (op.type == "MaxPool" && op.hasOutput(1)) return false; // no Indices from oneDNN
+  // A dilated window can lie wholly in the padding, where ONNX and oneDNN disagree.
+  const Shape &x = op.inInfo(0).shape();
+  auto k = op.attrs.getInts("kernel_shape");
+  auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * k.size(), 0));
+  for (size_t i = 0; i < k.size(); ++i)
+    if (pads[i] >= k[i] || pads[i + k.size()] >= k[i] || x[i + 2] < 1) return false;
+  return buildable<PoolKernel>(op);
+}
+
+} // namespace
+
+void registerDnnlConvPoolKernels(KernelRegistry &r) {
+  r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});
+  r.add({"ai.onnx", "ConvTranspose", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});
+  r.add({"ai.onnx", "MaxPool", KernelProvider::Dnnl, supportsPool, makeKernel<PoolKernel>});
+  r.add({"ai.onnx", "AveragePool", KernelProvider::Dnnl, supportsPool, makeKernel<PoolKernel>});
+}
 
 } // namespace popart::backend_cpu

@@ -1,10 +1,274 @@
-// Reference kernels: Norm family.
+// Reference kernels: BatchNormalization, LayerNormalization, InstanceNormalization, LRN and
+// MeanVarianceNormalization. Statistics are accumulated in double.
 
 #include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
 
+#include <cmath>
+#include <functional>
+#include <vector>
+
 namespace popart::backend_cpu {
 
-void registerReferenceNormKernels(KernelRegistry &) {}
+namespace {
+
+using Loop = std::function<void(const KernelArgs &)>;
+
+class LoopKernel : public Kernel {
+public:
+  explicit LoopKernel(Loop loop) : loop_(std::move(loop)) {}
+  void run(const KernelArgs &args) override { loop_(args); }
+
+private:
+  Loop loop_;
+};
+
+/// Stores \p v into element \p i of a floating-point buffer of type \p t.
+void storeFloat(void *buf, DataType t, int64_t i, double v) {
+  dispatchFloat(t, "normalisation statistics", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    static_cast<T *>(buf)[i] = static_cast<T>(static_cast<compute_t<T>>(v));
+  });
+}
+
+std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t n = x[0], c = x[1], s = 1;
+  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  bool perPosition = op.attrs.getInt("spatial", 1) == 0;
+  double eps = op.attrs.getFloat("epsilon", 1e-5f);
+  double momentum = op.attrs.getFloat("momentum", 0.9f);
+  bool training = op.version >= 14 ? op.attrs.getInt("training_mode", 0) != 0
+                                   : (op.hasOutput(1) || op.hasOutput(2) || op.hasOutput(3) || op.hasOutput(4));
+  if (training && perPosition)
+    throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
+  int64_t params = perPosition ? c * s : c;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    auto scratch = std::make_shared<std::vector<double>>(2 * c);
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0), *scale = a.in<T>(1), *B = a.in<T>(2), *mean = a.in<T>(3), *var = a.in<T>(4);
+      T *Y = a.out<T>(0);
+      double *bm = scratch->data(), *bv = scratch->data() + c;
+      if (training) {
+        double count = static_cast<double>(n * s);
+        for (int64_t ch = 0; ch < c; ++ch) {
+          double sum = 0, sq = 0;
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t i = 0; i < s; ++i) {
+              double v = static_cast<double>(X[(b * c + ch) * s + i]);
+              sum += v;
+              sq += v * v;
+            }
+          bm[ch] = count > 0 ? sum / count : 0.0;
+          bv[ch] = count > 0 ? sq / count - bm[ch] * bm[ch] : 0.0;
+        }
+      }
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t i = 0; i < s; ++i) {
+            int64_t p = perPosition ? ch * s + i : ch;
+            double m = training ? bm[ch] : static_cast<double>(mean[p]);
+            double v = training ? bv[ch] : static_cast<double>(var[p]);
+            int64_t e = (b * c + ch) * s + i;
+            double r = (static_cast<double>(X[e]) - m) / std::sqrt(v + eps) * static_cast<double>(scale[p]) +
+                       static_cast<double>(B[p]);
+            Y[e] = static_cast<T>(static_cast<compute_t<T>>(r));
+          }
+      if (!training) return;
+      for (int64_t ch = 0; ch < params; ++ch) {
+        double rm = static_cast<double>(mean[ch]) * momentum + bm[ch] * (1 - momentum);
+        double rv = static_cast<double>(var[ch]) * momentum + bv[ch] * (1 - momentum);
+        if (a.hasOutput(1)) a.out<T>(1)[ch] = static_cast<T>(static_cast<compute_t<T>>(rm));
+        if (a.hasOutput(2)) a.out<T>(2)[ch] = static_cast<T>(static_cast<compute_t<T>>(rv));
+        if (a.hasOutput(3)) a.out<T>(3)[ch] = static_cast<T>(static_cast<compute_t<T>>(bm[ch]));
+        if (a.hasOutput(4)) a.out<T>(4)[ch] = static_cast<T>(static_cast<compute_t<T>>(bv[ch]));
+      }
+    });
+  });
+}
+
+/// For each position of \p norm (row-major), the offset into a tensor of shape \p param
+/// broadcast to it.
+std::vector<int64_t> broadcastIndex(const Shape &norm, const Shape &param) {
+  size_t r = norm.size();
+  std::vector<int64_t> strides(r, 0);
+  int64_t st = 1;
+  for (size_t k = 0; k < param.size(); ++k) {
+    size_t pi = param.size() - 1 - k, ni = r - 1 - k;
+    strides[ni] = param[pi] == 1 ? 0 : st;
+    st *= param[pi];
+  }
+  int64_t total = shapeElementCount(norm);
+  std::vector<int64_t> idx(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) {
+    int64_t rem = i, off = 0;
+    for (size_t d = r; d-- > 0;) {
+      off += (rem % norm[d]) * strides[d];
+      rem /= norm[d];
+    }
+    idx[static_cast<size_t>(i)] = off;
+  }
+  return idx;
+}
+
+std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = op.attrs.getInt("axis", -1);
+  if (axis < 0) axis += rank;
+  Shape norm(x.begin() + axis, x.end());
+  int64_t inner = shapeElementCount(norm), outer = shapeElementCount(Shape(x.begin(), x.begin() + axis));
+  double eps = op.attrs.getFloat("epsilon", 1e-5f);
+  bool hasB = op.hasInput(2);
+  auto scaleIdx = std::make_shared<std::vector<int64_t>>(broadcastIndex(norm, op.inInfo(1).shape()));
+  auto biasIdx = std::make_shared<std::vector<int64_t>>(hasB ? broadcastIndex(norm, op.inInfo(2).shape())
+                                                              : std::vector<int64_t>{});
+  DataType statType = op.hasOutput(1) ? op.outInfo(1).dataType() : op.hasOutput(2) ? op.outInfo(2).dataType()
+                                                                                   : DataType::FLOAT;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0), *S = a.in<T>(1), *B = hasB ? a.in<T>(2) : nullptr;
+      T *Y = a.out<T>(0);
+      for (int64_t o = 0; o < outer; ++o) {
+        const T *xr = X + o * inner;
+        double sum = 0, sq = 0;
+        for (int64_t i = 0; i < inner; ++i) sum += static_cast<double>(xr[i]);
+        double mean = inner > 0 ? sum / static_cast<double>(inner) : 0.0;
+        for (int64_t i = 0; i < inner; ++i) {
+          double d = static_cast<double>(xr[i]) - mean;
+          sq += d * d;
+        }
+        double inv = 1.0 / std::sqrt((inner > 0 ? sq / static_cast<double>(inner) : 0.0) + eps);
+        for (int64_t i = 0; i < inner; ++i) {
+          double r = (static_cast<double>(xr[i]) - mean) * inv * static_cast<double>(S[(*scaleIdx)[i]]);
+          if (B) r += static_cast<double>(B[(*biasIdx)[i]]);
+          Y[o * inner + i] = static_cast<T>(static_cast<compute_t<T>>(r));
+        }
+        if (a.hasOutput(1)) storeFloat(a.outputs[1], statType, o, mean);
+        if (a.hasOutput(2)) storeFloat(a.outputs[2], statType, o, inv);
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t c = x[1], planes = x[0] * x[1], s = 1;
+  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  double eps = op.attrs.getFloat("epsilon", 1e-5f);
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0), *S = a.in<T>(1), *B = a.in<T>(2);
+      T *Y = a.out<T>(0);
+      for (int64_t p = 0; p < planes; ++p) {
+        const T *xp = X + p * s;
+        double sum = 0, sq = 0;
+        for (int64_t i = 0; i < s; ++i) sum += static_cast<double>(xp[i]);
+        double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
+        for (int64_t i = 0; i < s; ++i) {
+          double d = static_cast<double>(xp[i]) - mean;
+          sq += d * d;
+        }
+        double inv = 1.0 / std::sqrt((s > 0 ? sq / static_cast<double>(s) : 0.0) + eps);
+        double sc = static_cast<double>(S[p % c]), b = static_cast<double>(B[p % c]);
+        for (int64_t i = 0; i < s; ++i)
+          Y[p * s + i] = static_cast<T>(static_cast<compute_t<T>>((static_cast<double>(xp[i]) - mean) * inv * sc + b));
+      }
+    });
+  });
+}
+
+std::unique_ptr<Kernel> createLRN(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t n = x[0], c = x[1], s = 1;
+  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  int64_t size = op.attrs.getInt("size");
+  double alpha = op.attrs.getFloat("alpha", 1e-4f), beta = op.attrs.getFloat("beta", 0.75f),
+         bias = op.attrs.getFloat("bias", 1.f);
+  int64_t before = (size - 1) / 2, after = size - 1 - before;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0);
+      T *Y = a.out<T>(0);
+      for (int64_t b = 0; b < n; ++b)
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t i = 0; i < s; ++i) {
+            double sq = 0;
+            for (int64_t k = std::max<int64_t>(0, ch - before); k <= std::min(c - 1, ch + after); ++k) {
+              double v = static_cast<double>(X[(b * c + k) * s + i]);
+              sq += v * v;
+            }
+            int64_t e = (b * c + ch) * s + i;
+            double r = static_cast<double>(X[e]) / std::pow(bias + alpha / static_cast<double>(size) * sq, beta);
+            Y[e] = static_cast<T>(static_cast<compute_t<T>>(r));
+          }
+    });
+  });
+}
+
+/// (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9) over the given axes, as ONNX's function body.
+std::unique_ptr<Kernel> createMVN(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(x.size());
+  std::vector<int64_t> axes = op.attrs.getInts("axes", {0, 2, 3});
+  std::vector<bool> reduced(static_cast<size_t>(rank), false);
+  for (int64_t ax : axes) reduced[static_cast<size_t>(ax < 0 ? ax + rank : ax)] = true;
+  // Strides of each dim in the group index (0 for reduced dims).
+  std::vector<int64_t> groupStride(static_cast<size_t>(rank), 0);
+  int64_t groups = 1, count = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    if (reduced[static_cast<size_t>(d)]) count *= x[static_cast<size_t>(d)];
+    else {
+      groupStride[static_cast<size_t>(d)] = groups;
+      groups *= x[static_cast<size_t>(d)];
+    }
+  }
+  int64_t total = shapeElementCount(x);
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    auto scratch = std::make_shared<std::vector<double>>(2 * groups);
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0);
+      T *Y = a.out<T>(0);
+      double *sum = scratch->data(), *sq = scratch->data() + groups;
+      std::fill(scratch->begin(), scratch->end(), 0.0);
+      auto groupOf = [&](int64_t i) {
+        int64_t g = 0;
+        for (int64_t d = rank - 1; d >= 0; --d) {
+          g += (i % x[static_cast<size_t>(d)]) * groupStride[static_cast<size_t>(d)];
+          i /= x[static_cast<size_t>(d)];
+        }
+        return g;
+      };
+      for (int64_t i = 0; i < total; ++i) {
+        double v = static_cast<double>(X[i]);
+        int64_t g = groupOf(i);
+        sum[g] += v;
+        sq[g] += v * v;
+      }
+      for (int64_t i = 0; i < total; ++i) {
+        int64_t g = groupOf(i);
+        double mean = sum[g] / static_cast<double>(count);
+        double var = sq[g] / static_cast<double>(count) - mean * mean;
+        double r = (static_cast<double>(X[i]) - mean) / (std::sqrt(std::max(var, 0.0)) + 1e-9);
+        Y[i] = static_cast<T>(static_cast<compute_t<T>>(r));
+      }
+    });
+  });
+}
+
+} // namespace
+
+void registerReferenceNormKernels(KernelRegistry &r) {
+  r.add({"ai.onnx", "BatchNormalization", KernelProvider::Reference, nullptr, createBatchNorm});
+  r.add({"ai.onnx", "LayerNormalization", KernelProvider::Reference, nullptr, createLayerNorm});
+  r.add({"ai.onnx", "InstanceNormalization", KernelProvider::Reference, nullptr, createInstanceNorm});
+  r.add({"ai.onnx", "LRN", KernelProvider::Reference, nullptr, createLRN});
+  r.add({"ai.onnx", "MeanVarianceNormalization", KernelProvider::Reference, nullptr, createMVN});
+}
 
 } // namespace popart::backend_cpu
