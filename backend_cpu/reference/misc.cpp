@@ -23,9 +23,8 @@ public:
       : type_(op.inInfo(0).dataType()), maskType_(op.hasOutput(1) ? op.outInfo(1).dataType() : DataType::BOOL),
         n_(op.inInfo(0).elementCount()), ratio_(op.attrs.getFloat("ratio", 0.5f)),
         ratioType_(op.hasInput(1) ? op.inInfo(1).dataType() : DataType::FLOAT),
-        // Before opset 7, is_test=0 meant training; from 7 to 11 the op is inference-only.
-        training_(op.version < 7 && op.attrs.getInt("is_test", 0) == 0 && false),
-        rng_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0x5eed))) {}
+        seeded_(op.attrs.has("seed")), seed_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0))),
+        rng_(seeded_ ? seed_ : std::random_device{}()) {}
 
   void run(const KernelArgs &a) override {
     float ratio = ratio_;
@@ -34,17 +33,26 @@ public:
         using R = typename std::decay_t<decltype(tag)>::type;
         return static_cast<float>(a.in<R>(1)[0]);
       });
-    bool training = training_ || (a.hasInput(2) && a.in<bool>(2)[0]);
+    // Before opset 12 there is no training_mode input: an inference session treats the op as
+    // identity even where opset 1-6's is_test=0 asked for training, like other runtimes do.
+    bool training = a.hasInput(2) && a.in<bool>(2)[0];
     if (training && (ratio < 0 || ratio >= 1)) throw error("Dropout: ratio ", ratio, " must be in [0, 1)");
     if (!training) ratio = 0;
-    std::uniform_real_distribution<float> uniform(0.f, 1.f);
+    // With a seed attribute the mask is a function of the seed alone, as in the ONNX reference
+    // (numpy's legacy MT19937 seeding equals std::mt19937's, and random_sample() takes 53 bits
+    // from two draws); without one, the generator runs on across steps.
+    if (seeded_) rng_.seed(seed_);
+    auto uniform = [this] {
+      double hi = static_cast<double>(rng_() >> 5), lo = static_cast<double>(rng_() >> 6);
+      return (hi * 67108864.0 + lo) / 9007199254740992.0;
+    };
     float scale = 1.f / (1.f - ratio);
     dispatchFloat(type_, "Dropout", [&](auto tag) {
       using T = typename std::decay_t<decltype(tag)>::type;
       const T *x = a.in<T>(0);
       T *y = a.out<T>(0);
       for (int64_t i = 0; i < n_; ++i) {
-        bool keep = ratio == 0 || uniform(rng_) >= ratio;
+        bool keep = ratio == 0 || uniform() >= static_cast<double>(ratio);
         y[i] = keep ? (ratio == 0 ? x[i] : static_cast<T>(static_cast<compute_t<T>>(x[i]) * scale)) : static_cast<T>(0.f);
         if (a.hasOutput(1)) {
           if (maskType_ == DataType::BOOL) a.out<bool>(1)[i] = keep;
@@ -59,7 +67,8 @@ private:
   int64_t n_;
   float ratio_;
   DataType ratioType_;
-  bool training_;
+  bool seeded_;
+  std::mt19937::result_type seed_;
   std::mt19937 rng_;
 };
 
