@@ -416,6 +416,111 @@ private:
   std::vector<double> lu_;
 };
 
+/// Samples (N, C, H, W) at grid locations with PyTorch's grid_sample conventions, which the
+/// ONNX spec follows.
+class GridSampleKernel : public Kernel {
+public:
+  explicit GridSampleKernel(const ir::Op &op)
+      : type_(op.inInfo(0).dataType()), gridType_(op.inInfo(1).dataType()),
+        alignCorners_(op.attrs.getInt("align_corners", 0) != 0) {
+    const Shape &x = op.inInfo(0).shape(), &g = op.inInfo(1).shape();
+    n_ = x[0];
+    c_ = x[1];
+    h_ = x[2];
+    w_ = x[3];
+    ho_ = g[1];
+    wo_ = g[2];
+    std::string mode = op.attrs.getString("mode", "bilinear"), pad = op.attrs.getString("padding_mode", "zeros");
+    mode_ = mode == "nearest" ? 0 : (mode == "bicubic" || mode == "cubic") ? 2 : 1;
+    padding_ = pad == "zeros" ? 0 : pad == "border" ? 1 : 2;
+  }
+
+  void run(const KernelArgs &a) override {
+    dispatchFloat(type_, "GridSample", [&](auto tag) {
+      using T = typename std::decay_t<decltype(tag)>::type;
+      dispatchFloat(gridType_, "GridSample grid", [&](auto gtag) {
+        using G = typename std::decay_t<decltype(gtag)>::type;
+        const T *x = a.in<T>(0);
+        const G *grid = a.in<G>(1);
+        T *y = a.out<T>(0);
+        for (int64_t n = 0; n < n_; ++n)
+          for (int64_t i = 0; i < ho_; ++i)
+            for (int64_t j = 0; j < wo_; ++j) {
+              const G *g = grid + ((n * ho_ + i) * wo_ + j) * 2;
+              double gx = unnormalize(toDouble(g[0]), w_), gy = unnormalize(toDouble(g[1]), h_);
+              for (int64_t c = 0; c < c_; ++c) {
+                const T *plane = x + (n * c_ + c) * h_ * w_;
+                y[((n * c_ + c) * ho_ + i) * wo_ + j] = fromDouble<T>(sample(plane, gx, gy));
+              }
+            }
+      });
+    });
+  }
+
+private:
+  double unnormalize(double v, int64_t size) const {
+    return alignCorners_ ? (v + 1) / 2 * static_cast<double>(size - 1) : ((v + 1) * static_cast<double>(size) - 1) / 2;
+  }
+  static double reflect(double v, double twiceLow, double twiceHigh) {
+    if (twiceLow == twiceHigh) return 0;
+    double lo = twiceLow / 2, span = (twiceHigh - twiceLow) / 2;
+    v = std::fabs(v - lo);
+    double extra = std::fmod(v, span);
+    auto flips = static_cast<int64_t>(std::floor(v / span));
+    return flips % 2 == 0 ? extra + lo : span - extra + lo;
+  }
+  /// Border and reflection padding move a coordinate inside [0, size - 1].
+  double pad(double v, int64_t size) const {
+    double hi = static_cast<double>(size - 1);
+    if (padding_ == 1) return std::clamp(v, 0.0, hi);
+    if (padding_ == 2) {
+      v = alignCorners_ ? reflect(v, 0, 2 * hi) : reflect(v, -1, 2 * hi + 1);
+      return std::clamp(v, 0.0, hi);
+    }
+    return v;
+  }
+  template <typename T> double at(const T *plane, int64_t yi, int64_t xi) const {
+    if (yi < 0 || yi >= h_ || xi < 0 || xi >= w_) return 0;
+    return toDouble(plane[yi * w_ + xi]);
+  }
+  /// A tap coordinate as an index; far-away (or NaN) coordinates map to a value that is
+  /// out of bounds but safe to convert.
+  static int64_t index(double v, int64_t size) {
+    if (!(v >= -4)) return -4;
+    return v > static_cast<double>(size + 4) ? size + 4 : static_cast<int64_t>(v);
+  }
+  static double cubic1(double t) { return ((-0.75 + 2) * t - (-0.75 + 3)) * t * t + 1; }
+  static double cubic2(double t) { return ((-0.75 * t + 5 * 0.75) * t - 8 * 0.75) * t + 4 * 0.75; }
+
+  template <typename T> double sample(const T *plane, double gx, double gy) const {
+    if (mode_ == 2) {
+      // Bicubic pads each of the 4x4 taps rather than the sample point.
+      double fx = std::floor(gx), fy = std::floor(gy), tx = gx - fx, ty = gy - fy;
+      double wx[4] = {cubic2(tx + 1), cubic1(tx), cubic1(1 - tx), cubic2(2 - tx)};
+      double wy[4] = {cubic2(ty + 1), cubic1(ty), cubic1(1 - ty), cubic2(2 - ty)};
+      double acc = 0;
+      for (int p = 0; p < 4; ++p)
+        for (int q = 0; q < 4; ++q) {
+          double yy = pad(fy - 1 + p, h_), xx = pad(fx - 1 + q, w_);
+          acc += wy[p] * wx[q] * at(plane, index(yy, h_), index(xx, w_));
+        }
+      return acc;
+    }
+    gx = pad(gx, w_);
+    gy = pad(gy, h_);
+    if (mode_ == 0) return at(plane, index(std::nearbyint(gy), h_), index(std::nearbyint(gx), w_));
+    double fx = std::floor(gx), fy = std::floor(gy), tx = gx - fx, ty = gy - fy;
+    int64_t x0 = index(fx, w_), y0 = index(fy, h_);
+    return (1 - ty) * ((1 - tx) * at(plane, y0, x0) + tx * at(plane, y0, x0 + 1)) +
+           ty * ((1 - tx) * at(plane, y0 + 1, x0) + tx * at(plane, y0 + 1, x0 + 1));
+  }
+
+  DataType type_, gridType_;
+  bool alignCorners_;
+  int64_t n_, c_, h_, w_, ho_, wo_;
+  int mode_, padding_;
+};
+
 } // namespace
 
 void registerReferenceMiscKernels(KernelRegistry &r) {
@@ -429,6 +534,7 @@ void registerReferenceMiscKernels(KernelRegistry &r) {
   add("DequantizeLinear", makeKernel<DequantizeLinearKernel>);
   add("DynamicQuantizeLinear", makeKernel<DynamicQuantizeLinearKernel>);
   add("Det", makeKernel<DetKernel>);
+  add("GridSample", makeKernel<GridSampleKernel>);
 }
 
 } // namespace popart::backend_cpu

@@ -198,6 +198,21 @@ void setupDet(Op &op) {
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), Shape(s.begin(), s.end() - 2)));
 }
 
+void setupGridSample(Op &op) {
+  requireInputCount(op, 2, 2);
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16});
+  const Shape &x = op.inInfo(0).shape(), &grid = op.inInfo(1).shape();
+  if (x.size() != 4) throw error(op.debugName(), ": only 4-D (N, C, H, W) inputs are supported, got ", toString(x));
+  if (grid.size() != 4 || grid[0] != x[0] || grid[3] != 2)
+    throw error(op.debugName(), ": grid must be [N, H_out, W_out, 2] with N = ", x[0], ", got ", toString(grid));
+  std::string mode = op.attrs.getString("mode", "bilinear"), pad = op.attrs.getString("padding_mode", "zeros");
+  if (mode != "bilinear" && mode != "linear" && mode != "nearest" && mode != "bicubic" && mode != "cubic")
+    throw error(op.debugName(), ": mode '", mode, "' is not one of bilinear, nearest, bicubic");
+  if (pad != "zeros" && pad != "border" && pad != "reflection")
+    throw error(op.debugName(), ": padding_mode '", pad, "' is not one of zeros, border, reflection");
+  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {x[0], x[1], grid[1], grid[2]}));
+}
+
 } // namespace
 
 void registerMiscOps(OpRegistry &r) {
@@ -212,6 +227,7 @@ void registerMiscOps(OpRegistry &r) {
   r.add(makeDef("DequantizeLinear", 10, 1000, setupDequantizeLinear));
   r.add(makeDef("DynamicQuantizeLinear", 11, 1000, setupDynamicQuantizeLinear));
   r.add(makeDef("Det", 11, 1000, setupDet));
+  r.add(makeDef("GridSample", 16, 1000, setupGridSample));
 }
 
 } // namespace popart::ir
