@@ -1,10 +1,43 @@
-// Loss ops.
+// Loss ops: SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss (opset 12+).
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 
 namespace popart::ir {
 
-void registerLossOps(OpRegistry &) {}
+namespace {
+
+/// Both losses take scores/log-probabilities [N, C, D1..Dk], labels [N, D1..Dk] and optional weights [C].
+void setupLoss(Op &op) {
+  requireInputCount(op, 2, 3);
+  const TensorInfo &x = op.inInfo(0);
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16});
+  requireType(op, 1, {DataType::INT32, DataType::INT64});
+  if (x.rank() < 2) throw error(op.debugName(), ": input 0 must have rank >= 2 (N, C, ...), got ", toString(x.shape()));
+  Shape labels = x.shape();
+  labels.erase(labels.begin() + 1);
+  if (op.inInfo(1).shape() != labels)
+    throw error(op.debugName(), ": labels have shape ", toString(op.inInfo(1).shape()), ", expected ", toString(labels),
+                " for input of shape ", toString(x.shape()));
+  if (op.hasInput(2)) {
+    if (op.inInfo(2).shape() != Shape{x.dim(1)})
+      throw error(op.debugName(), ": weights have shape ", toString(op.inInfo(2).shape()), ", expected [", x.dim(1), "]");
+    if (op.inInfo(2).dataType() != x.dataType())
+      throw error(op.debugName(), ": weights have type ", toString(op.inInfo(2).dataType()), ", expected ",
+                  toString(x.dataType()));
+  }
+  std::string reduction = op.attrs.getString("reduction", "mean");
+  if (reduction != "none" && reduction != "sum" && reduction != "mean")
+    throw error(op.debugName(), ": reduction '", reduction, "' is not one of none, sum, mean");
+  op.setOutInfo(0, TensorInfo(x.dataType(), reduction == "none" ? labels : Shape{}));
+  if (op.type == "SoftmaxCrossEntropyLoss") op.setOutInfo(1, x);
+}
+
+} // namespace
+
+void registerLossOps(OpRegistry &r) {
+  r.add(makeDef("SoftmaxCrossEntropyLoss", 12, 1000, setupLoss));
+  r.add(makeDef("NegativeLogLikelihoodLoss", 12, 1000, setupLoss));
+}
 
 } // namespace popart::ir
