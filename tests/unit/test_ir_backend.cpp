@@ -47,6 +47,7 @@ double maxRelDiff(const TensorData &a, const TensorData &b) {
 void compareProviders(const std::string &type, const std::vector<Shape> &shapes, Attributes attrs, unsigned seed,
                       double tol = 1e-5) {
   registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
   std::mt19937 rng(seed);
   Graph g;
   std::vector<TensorId> ids;
