@@ -104,7 +104,8 @@ public:
       for (size_t i = 0; i < w.padR.size(); ++i) w.padR[i] -= outPad[i];
     }
     for (size_t i = 0; i < w.padR.size(); ++i)
-      if (w.padL[i] < 0 || w.padR[i] < 0) throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+      if (w.padL[i] < 0 || (!transposed && w.padR[i] < 0))
+        throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
     auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
     auto mdW = weightsDesc(op, transposed);
     hasBias_ = op.hasInput(2);

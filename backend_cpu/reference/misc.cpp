@@ -214,12 +214,26 @@ private:
   int64_t total_;
 };
 
+/// MatMulInteger (int32 output) and QLinearMatMul (requantised output) on 8-bit inputs.
 class MatMulIntegerKernel : public Kernel {
 public:
-  explicit MatMulIntegerKernel(const ir::Op &op)
-      : aType_(op.inInfo(0).dataType()), bType_(op.inInfo(1).dataType()), aZeroCount_(op.hasInput(2) ? op.inInfo(2).elementCount() : 0),
-        bZeroCount_(op.hasInput(3) ? op.inInfo(3).elementCount() : 0) {
-    Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
+  explicit MatMulIntegerKernel(const ir::Op &op) : qlinear_(op.type == "QLinearMatMul") {
+    // Input positions: MatMulInteger (A, B, a_zp, b_zp); QLinearMatMul (A, a_scale, a_zp, B,
+    // b_scale, b_zp, y_scale, y_zp).
+    a_ = 0;
+    b_ = qlinear_ ? 3 : 1;
+    aZero_ = 2;
+    bZero_ = qlinear_ ? 5 : 3;
+    aType_ = op.inInfo(a_).dataType();
+    bType_ = op.inInfo(b_).dataType();
+    aZeroCount_ = op.hasInput(aZero_) ? op.inInfo(aZero_).elementCount() : 0;
+    bZeroCount_ = op.hasInput(bZero_) ? op.inInfo(bZero_).elementCount() : 0;
+    if (qlinear_) {
+      aScaleCount_ = op.inInfo(1).elementCount();
+      bScaleCount_ = op.inInfo(4).elementCount();
+      outType_ = op.outInfo(0).dataType();
+    }
+    Shape a = op.inInfo(a_).shape(), b = op.inInfo(b_).shape();
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     m_ = a[a.size() - 2];
@@ -245,21 +259,37 @@ public:
     };
     for (size_t bi = 0; bi < offsetA_.size(); ++bi)
       for (int64_t i = 0; i < m_; ++i) {
-        int32_t za = aZeroCount_ ? value(aType_, a.inputs[2], aZeroCount_ == 1 ? 0 : i) : 0;
+        int32_t za = aZeroCount_ ? value(aType_, a.inputs[aZero_], aZeroCount_ == 1 ? 0 : i) : 0;
         for (int64_t j = 0; j < n_; ++j) {
-          int32_t zb = bZeroCount_ ? value(bType_, a.inputs[3], bZeroCount_ == 1 ? 0 : j) : 0;
+          int32_t zb = bZeroCount_ ? value(bType_, a.inputs[bZero_], bZeroCount_ == 1 ? 0 : j) : 0;
           int32_t acc = 0;
           for (int64_t p = 0; p < k_; ++p)
-            acc += (value(aType_, a.inputs[0], offsetA_[bi] + i * k_ + p) - za) *
-                   (value(bType_, a.inputs[1], offsetB_[bi] + p * n_ + j) - zb);
-          a.out<int32_t>(0)[static_cast<int64_t>(bi) * m_ * n_ + i * n_ + j] = acc;
+            acc += (value(aType_, a.inputs[a_], offsetA_[bi] + i * k_ + p) - za) *
+                   (value(bType_, a.inputs[b_], offsetB_[bi] + p * n_ + j) - zb);
+          int64_t o = static_cast<int64_t>(bi) * m_ * n_ + i * n_ + j;
+          if (!qlinear_) {
+            a.out<int32_t>(0)[o] = acc;
+            continue;
+          }
+          double scale = static_cast<double>(a.in<float>(1)[aScaleCount_ == 1 ? 0 : i]) *
+                         static_cast<double>(a.in<float>(4)[bScaleCount_ == 1 ? 0 : j]) / static_cast<double>(a.in<float>(6)[0]);
+          double q = std::nearbyint(static_cast<double>(acc) * scale) + value(outType_, a.inputs[7], 0);
+          if (outType_ == DataType::UINT8) a.out<uint8_t>(0)[o] = saturate<uint8_t>(q);
+          else a.out<int8_t>(0)[o] = saturate<int8_t>(q);
         }
       }
   }
 
 private:
-  DataType aType_, bType_;
-  int64_t aZeroCount_, bZeroCount_;
+  template <typename Q> static Q saturate(double v) {
+    double lo = static_cast<double>(std::numeric_limits<Q>::min()), hi = static_cast<double>(std::numeric_limits<Q>::max());
+    return static_cast<Q>(std::min(hi, std::max(lo, v)));
+  }
+
+  bool qlinear_;
+  size_t a_, b_, aZero_, bZero_;
+  DataType aType_, bType_, outType_ = DataType::INT32;
+  int64_t aZeroCount_, bZeroCount_, aScaleCount_ = 1, bScaleCount_ = 1;
   int64_t m_, k_, n_;
   std::vector<int64_t> offsetA_, offsetB_;
 };
@@ -530,6 +560,7 @@ void registerReferenceMiscKernels(KernelRegistry &r) {
   add("Dropout", makeKernel<DropoutKernel>);
   add("Einsum", makeKernel<EinsumKernel>);
   add("MatMulInteger", makeKernel<MatMulIntegerKernel>);
+  add("QLinearMatMul", makeKernel<MatMulIntegerKernel>);
   add("QuantizeLinear", makeKernel<QuantizeLinearKernel>);
   add("DequantizeLinear", makeKernel<DequantizeLinearKernel>);
   add("DynamicQuantizeLinear", makeKernel<DynamicQuantizeLinearKernel>);

@@ -145,6 +145,32 @@ void setupMatMulInteger(Op &op) {
   op.setOutInfo(0, TensorInfo(DataType::INT32, out));
 }
 
+void setupQLinearMatMul(Op &op) {
+  requireInputCount(op, 8, 8);
+  for (size_t i : {0, 2, 3, 5, 7}) requireType(op, i, {DataType::UINT8, DataType::INT8});
+  for (size_t i : {1, 4, 6}) requireType(op, i, {DataType::FLOAT});
+  if (op.inInfo(6).elementCount() != 1 || op.inInfo(7).elementCount() != 1)
+    throw error(op.debugName(), ": y_scale and y_zero_point must be scalars");
+  Shape a = op.inInfo(0).shape(), b = op.inInfo(3).shape();
+  if (a.empty() || b.empty()) throw error(op.debugName(), ": inputs must have rank >= 1");
+  bool aVec = a.size() == 1, bVec = b.size() == 1;
+  if (aVec) a.insert(a.begin(), 1);
+  if (bVec) b.push_back(1);
+  if (a.back() != b[b.size() - 2])
+    throw error(op.debugName(), ": inner dimensions differ: ", toString(op.inInfo(0).shape()), " x ", toString(op.inInfo(3).shape()));
+  int64_t m = a[a.size() - 2], n = b.back();
+  for (size_t i : {1, 2})
+    if (op.inInfo(i).elementCount() != 1 && op.inInfo(i).elementCount() != m)
+      throw error(op.debugName(), ": input ", i, " must be a scalar or have M = ", m, " elements");
+  for (size_t i : {4, 5})
+    if (op.inInfo(i).elementCount() != 1 && op.inInfo(i).elementCount() != n)
+      throw error(op.debugName(), ": input ", i, " must be a scalar or have N = ", n, " elements");
+  Shape out = broadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2), op);
+  if (!aVec) out.push_back(m);
+  if (!bVec) out.push_back(n);
+  op.setOutInfo(0, TensorInfo(op.inInfo(7).dataType(), out));
+}
+
 /// Scale (and zero point) must be scalars or 1-D along `axis`.
 void checkQuantParams(const Op &op) {
   int64_t rank = op.inInfo(0).rank();
@@ -223,6 +249,7 @@ void registerMiscOps(OpRegistry &r) {
   r.add(dropout);
   r.add(makeDef("Einsum", 12, 1000, setupEinsum));
   r.add(makeDef("MatMulInteger", 10, 1000, setupMatMulInteger));
+  r.add(makeDef("QLinearMatMul", 10, 1000, setupQLinearMatMul));
   r.add(makeDef("QuantizeLinear", 10, 1000, setupQuantizeLinear));
   r.add(makeDef("DequantizeLinear", 10, 1000, setupDequantizeLinear));
   r.add(makeDef("DynamicQuantizeLinear", 11, 1000, setupDynamicQuantizeLinear));
