@@ -70,6 +70,7 @@ constexpr int64_t kPad = std::numeric_limits<int64_t>::min();
 struct IndexMap {
   Shape outShape;
   std::vector<std::vector<int64_t>> tables;
+  bool innerContiguous = false; ///< the last table is t0, t0+1, ...: rows are copied whole
 };
 
 /// A view of \p view (row-major) permuted by \p perm: output dim d walks view dim perm[d].
@@ -109,6 +110,8 @@ template <typename E> void walkMap(const IndexMap &m, const uint8_t *inBytes, ui
     }
     if (padRow) {
       for (int64_t o = 0; o < n; ++o) out[o] = pad;
+    } else if (m.innerContiguous) {
+      std::copy(in + base + inner[0], in + base + inner[0] + n, out);
     } else {
       for (int64_t o = 0; o < n; ++o) {
         int64_t t = inner[static_cast<size_t>(o)];
@@ -135,6 +138,11 @@ class IndexMapKernel : public Kernel {
 public:
   IndexMapKernel(const ir::Op &op, IndexMap map) : map_(std::move(map)), elem_(elemSize(op)), outType_(op.outInfo(0).dataType()) {
     if (map_.outShape.size() > 17) throw error(op.debugName(), ": rank ", map_.outShape.size(), " is too large");
+    if (!map_.tables.empty()) {
+      const std::vector<int64_t> &t = map_.tables.back();
+      map_.innerContiguous = !t.empty() && t[0] != kPad;
+      for (size_t o = 1; o < t.size() && map_.innerContiguous; ++o) map_.innerContiguous = t[o] == t[0] + static_cast<int64_t>(o);
+    }
     if (op.type == "Pad" && op.hasInput(2)) padType_ = op.inInfo(2).dataType();
   }
 
@@ -188,7 +196,7 @@ std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
     int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
     int64_t dim = in[static_cast<size_t>(a)];
     int64_t s = starts[i] < 0 ? starts[i] + dim : starts[i];
-    s = steps[i] > 0 ? std::clamp<int64_t>(s, 0, dim) : std::clamp<int64_t>(s, 0, dim - 1);
+    s = steps[i] > 0 || dim == 0 ? std::clamp<int64_t>(s, 0, dim) : std::clamp<int64_t>(s, 0, dim - 1);
     first[static_cast<size_t>(a)] = s;
     step[static_cast<size_t>(a)] = steps[i];
   }

@@ -248,6 +248,8 @@ void setupSlice(Op &op) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
       count = e > s ? (e - s + step - 1) / step : 0;
+    } else if (dim == 0) {
+      count = 0;
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
