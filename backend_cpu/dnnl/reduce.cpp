@@ -1,5 +1,6 @@
 // oneDNN kernels: Reduce family, f32, through dnnl::reduction for the reductions it computes
-// exactly (LogSum and LogSumExp have no oneDNN algorithm and stay on the reference kernel).
+// exactly. LogSum and LogSumExp have no oneDNN algorithm; ReduceMax/ReduceMin are left out because
+// oneDNN's reduction_max/min drop NaN where ONNX (numpy) propagates it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -22,8 +23,6 @@ const std::map<std::string, ReductionSpec> &reductionSpecs() {
   static const std::map<std::string, ReductionSpec> specs{
       {"ReduceSum", {algorithm::reduction_sum, 0.f}},
       {"ReduceMean", {algorithm::reduction_mean, 0.f}},
-      {"ReduceMax", {algorithm::reduction_max, 0.f}},
-      {"ReduceMin", {algorithm::reduction_min, 0.f}},
       {"ReduceProd", {algorithm::reduction_mul, 0.f}},
       {"ReduceL1", {algorithm::reduction_norm_lp_sum, 1.f}},
       {"ReduceL2", {algorithm::reduction_norm_lp_sum, 2.f}},
