@@ -144,9 +144,20 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
     std::vector<int> idx = op->def->valueInputs;
     if (op->def->allInputsAreValueInputs)
       for (size_t i = 0; i < op->inputCount(); ++i) idx.push_back(static_cast<int>(i));
+    // A value input computed from fed inputs (Cast, Add, ...) needs those fed inputs' values.
+    std::vector<const ir::Tensor *> stack;
     for (int i : idx)
-      if (op->hasInput(static_cast<size_t>(i)) && op->input(static_cast<size_t>(i)).kind() == ir::TensorKind::Stream)
-        m.valueInputs.insert(op->input(static_cast<size_t>(i)).id());
+      if (op->hasInput(static_cast<size_t>(i))) stack.push_back(&op->input(static_cast<size_t>(i)));
+    std::set<const ir::Tensor *> seen;
+    while (!stack.empty()) {
+      const ir::Tensor *t = stack.back();
+      stack.pop_back();
+      if (!seen.insert(t).second) continue;
+      if (t->kind() == ir::TensorKind::Stream) m.valueInputs.insert(t->id());
+      if (const ir::Op *p = t->producer(); p && p->type != "Shape" && p->type != "Size")
+        for (const ir::Tensor *in : p->inputs)
+          if (in) stack.push_back(in);
+    }
   }
   for (const auto &a : dataFlow.anchors())
     if (!m.declared->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of model '", m.sourceName, "'");

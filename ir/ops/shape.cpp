@@ -337,10 +337,9 @@ void canonicalizePad(Op &op, Graph &graph) {
   if (op.attrs.has("value")) moveFloatAttributeToInput(op, graph, "value", 2, type);
 }
 
-/// Shape and Size depend only on the input's shape, which is known when setup runs, but constant
-/// folding only folds ops whose inputs are constant. Making the output a constant here lets the
-/// consumers (Reshape's shape, ConstantOfShape...) read it; the op itself still runs and writes
-/// the same value.
+/// Shape and Size depend only on the input's shape, which is known when setup runs, although
+/// the input's values are not. Setup publishes the output as a constant so that consumers
+/// (Reshape's shape, ConstantOfShape...) can read it; inferShapes then drops the op.
 void publishKnownValue(Op &op, TensorData value) {
   op.setOutInfo(0, value.info());
   if (!op.hasOutput(0)) return;

@@ -37,6 +37,14 @@ void inferShapes(Graph &graph, const ConstEvaluator *folder) {
       if (msg.find(op->debugName()) == std::string::npos) throw error(op->debugName(), ": ", msg);
       throw;
     }
+    bool outputsConst = true;
+    for (const Tensor *t : op->outputs)
+      if (t && !t->isConst()) outputsConst = false;
+    if (outputsConst && !op->outputs.empty()) {
+      // setup() computed the values itself (Shape, Size): the op has nothing left to do.
+      graph.removeOp(*op);
+      continue;
+    }
     if (folder && op->def->foldable && allInputsConst(*op) && folder->canEvaluate(*op)) {
       logging::logger().trace("folding {}", op->debugName());
       fold(graph, *op, *folder);
