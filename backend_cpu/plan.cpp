@@ -90,7 +90,10 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       if (t && t->info().dataType() == DataType::STRING)
         throw error(op->debugName(), ": STRING tensors are supported only where they can be computed at compile time");
     Step step;
+    registerBuiltinKernels();
+    const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
     step.kernel = createKernel(*op, options.provider);
+    stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
     for (const ir::Tensor *t : op->inputs) step.inputs.push_back(t ? address(t->id()) : nullptr);
     for (const ir::Tensor *t : op->outputs) step.outputs.push_back(t ? address(t->id()) : nullptr);
     stepNames_.push_back(op->debugName());
@@ -116,6 +119,14 @@ const TensorInfo &ExecutionPlan::info(const TensorId &id) const {
 const TensorData *ExecutionPlan::constData(const TensorId &id) const {
   auto it = constData_.find(id);
   return it == constData_.end() ? nullptr : it->second;
+}
+
+void ExecutionPlan::runStep(size_t i) {
+  try {
+    steps_.at(i).kernel->run(steps_[i].args);
+  } catch (const error &e) {
+    throw error(stepNames_[i], ": ", e.what());
+  }
 }
 
 void ExecutionPlan::run() {

@@ -43,10 +43,14 @@ public:
   const TensorData *constData(const TensorId &id) const;
   /// Runs every kernel once; allocates nothing.
   void run();
+  /// Runs kernel \p index alone (for profiling and tests).
+  void runStep(size_t index);
   const MemoryPlan &memoryPlan() const { return memoryPlan_; }
   size_t stepCount() const { return steps_.size(); }
-  /// Kernel provider chosen per op, for tests and the profiler.
+  /// The op of each step ("Conv 'conv1'"), for errors, tests and the profiler.
   const std::vector<std::string> &stepNames() const { return stepNames_; }
+  /// The provider of each step's kernel.
+  const std::vector<KernelProvider> &stepProviders() const { return stepProviders_; }
 
 private:
   struct Step {
@@ -58,6 +62,7 @@ private:
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> arena_;
   std::vector<Step> steps_;
   std::vector<std::string> stepNames_;
+  std::vector<KernelProvider> stepProviders_;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;

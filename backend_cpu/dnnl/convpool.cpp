@@ -131,17 +131,17 @@ public:
     y_.set_data_handle(args.outputs[0]);
     if (hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      prim_.execute(dnnl_util::stream(),
+      dnnl_util::execute(prim_, args_,
                     {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y_}});
     } else {
-      prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
     }
-    dnnl_util::stream().wait();
   }
 
 private:
   bool hasBias_ = false;
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory x_, w_, b_, y_;
 };
 
@@ -177,12 +177,12 @@ public:
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     y_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
-    dnnl_util::stream().wait();
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
   }
 
 private:
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory x_, y_;
 };
 

@@ -12,6 +12,15 @@ dnnl::stream &stream() {
   return s;
 }
 
+void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
+             std::initializer_list<std::pair<int, dnnl::memory>> args) {
+  if (cache.empty())
+    for (const auto &[arg, mem] : args) cache.push_back({arg, mem.get()});
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), stream().get(), static_cast<int>(cache.size()), cache.data()),
+                          "could not execute a primitive");
+  stream().wait();
+}
+
 dnnl::memory::dims toDims(const Shape &shape) {
   if (shape.empty()) return {1};
   return dnnl::memory::dims(shape.begin(), shape.end());

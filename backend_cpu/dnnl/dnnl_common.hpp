@@ -4,6 +4,10 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <popart/tensorinfo.hpp>
 
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
 namespace popart::backend_cpu::dnnl_util {
 
 /// The CPU engine, created once.
@@ -14,6 +18,11 @@ dnnl::stream &stream();
 dnnl::memory::dims toDims(const Shape &shape);
 /// Plain row-major strides for \p dims.
 dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims);
+/// Executes \p prim with \p args. The C++ API builds an argument vector on every call; this
+/// builds it into \p cache on the first call only (the memories are handles whose data
+/// pointers kernels update), so later runs allocate nothing.
+void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
+             std::initializer_list<std::pair<int, dnnl::memory>> args);
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 

@@ -55,12 +55,12 @@ public:
   void run(const KernelArgs &args) override {
     src_.set_data_handle(const_cast<void *>(args.inputs[0]));
     dst_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-    dnnl_util::stream().wait();
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
   }
 
 private:
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory src_, dst_;
 };
 
@@ -104,13 +104,13 @@ public:
     a_.set_data_handle(const_cast<void *>(args.inputs[swapped_ ? 1 : 0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[swapped_ ? 0 : 1]));
     y_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC_0, a_}, {DNNL_ARG_SRC_1, b_}, {DNNL_ARG_DST, y_}});
-    dnnl_util::stream().wait();
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC_0, a_}, {DNNL_ARG_SRC_1, b_}, {DNNL_ARG_DST, y_}});
   }
 
 private:
   bool swapped_ = false;
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory a_, b_, y_;
 };
 

@@ -40,12 +40,12 @@ public:
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
-    dnnl_util::stream().wait();
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
   }
 
 private:
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory a_, b_, y_;
 };
 
@@ -90,19 +90,19 @@ public:
     y_.set_data_handle(args.outputs[0]);
     if (hasC_) {
       c_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      prim_.execute(dnnl_util::stream(),
+      dnnl_util::execute(prim_, args_,
                     {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_},
                      {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
     } else {
-      prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
     }
-    dnnl_util::stream().wait();
   }
 
 private:
   bool hasC_ = false;
   memory::desc mdC_;
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory a_, b_, y_, c_;
 };
 

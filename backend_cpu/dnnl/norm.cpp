@@ -48,17 +48,17 @@ public:
     mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
     var_.set_data_handle(const_cast<void *>(args.inputs[4]));
     y_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_},
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_},
                                         {DNNL_ARG_SCALE, scale_},
                                         {DNNL_ARG_SHIFT, shift_},
                                         {DNNL_ARG_MEAN, mean_},
                                         {DNNL_ARG_VARIANCE, var_},
                                         {DNNL_ARG_DST, y_}});
-    dnnl_util::stream().wait();
   }
 
 private:
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory x_, y_, scale_, shift_, mean_, var_;
 };
 
@@ -106,17 +106,17 @@ public:
     y_.set_data_handle(args.outputs[0]);
     if (hasShift_) {
       shift_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      prim_.execute(dnnl_util::stream(),
+      dnnl_util::execute(prim_, args_,
                     {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_DST, y_}});
     } else {
-      prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_DST, y_}});
     }
-    dnnl_util::stream().wait();
   }
 
 private:
   bool hasShift_ = false;
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory x_, y_, scale_, shift_;
 };
 

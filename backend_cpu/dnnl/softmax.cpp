@@ -47,12 +47,12 @@ public:
   void run(const KernelArgs &args) override {
     src_.set_data_handle(const_cast<void *>(args.inputs[0]));
     dst_.set_data_handle(args.outputs[0]);
-    prim_.execute(dnnl_util::stream(), {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-    dnnl_util::stream().wait();
+    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
   }
 
 private:
   primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
   memory src_, dst_;
 };
 

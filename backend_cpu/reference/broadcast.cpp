@@ -1,5 +1,7 @@
 #include "backend_cpu/reference/broadcast.hpp"
 
+#include <algorithm>
+
 namespace popart::backend_cpu {
 
 std::vector<int64_t> rowMajorStrides(const Shape &shape) {
@@ -19,6 +21,11 @@ std::vector<int64_t> broadcastStrides(const Shape &in, const Shape &out) {
 BroadcastWalker::BroadcastWalker(const Shape &out, const std::vector<Shape> &ins)
     : out_(out), index_(out.size(), 0), offsets_(ins.size(), 0) {
   for (const auto &in : ins) strides_.push_back(broadcastStrides(in, out));
+}
+
+void BroadcastWalker::reset() {
+  std::fill(index_.begin(), index_.end(), 0);
+  std::fill(offsets_.begin(), offsets_.end(), 0);
 }
 
 void BroadcastWalker::next() {

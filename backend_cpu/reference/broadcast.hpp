@@ -20,6 +20,8 @@ public:
   int64_t offset(size_t i) const { return offsets_[i]; }
   /// Moves to the next output element.
   void next();
+  /// Back to the first output element (no allocation).
+  void reset();
 
 private:
   Shape out_;

@@ -181,9 +181,9 @@ std::unique_ptr<Kernel> createBinary(const ir::Op &op) {
   return dispatchNumeric(op.outInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+    return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
       T *y = a.out<T>(0);
-      BroadcastWalker w(out, shapes);
+      w.reset();
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C acc = static_cast<C>(a.in<T>(0)[w.offset(0)]);
         for (size_t k = 1; k < count; ++k) acc = binaryValue<C>(type, acc, static_cast<C>(a.in<T>(k)[w.offset(k)]), fmod);
@@ -201,10 +201,10 @@ std::unique_ptr<Kernel> createPow(const ir::Op &op) {
   DataType yt = op.inInfo(1).dataType();
   return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+    return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
       T *z = a.out<T>(0);
       const T *x = a.in<T>(0);
-      BroadcastWalker w(out, shapes);
+      w.reset();
       dispatchNumeric(yt, "Pow exponent", [&](auto ytag) {
         using Y = typename decltype(ytag)::type;
         const Y *e = a.in<Y>(1);
@@ -226,9 +226,9 @@ std::unique_ptr<Kernel> createCompare(const ir::Op &op) {
   return dispatchAll(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+    return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
       bool *z = a.out<bool>(0);
-      BroadcastWalker w(out, shapes);
+      w.reset();
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), y = static_cast<C>(a.in<T>(1)[w.offset(1)]);
         bool r;
@@ -254,8 +254,8 @@ std::unique_ptr<Kernel> createBitShift(const ir::Op &op) {
   return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) {
-      return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-        BroadcastWalker w(out, shapes);
+      return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
+        w.reset();
         for (int64_t i = 0; i < n; ++i, w.next()) {
           T x = a.in<T>(0)[w.offset(0)], s = a.in<T>(1)[w.offset(1)];
           a.out<T>(0)[i] = s >= sizeof(T) * 8 ? T(0) : static_cast<T>(left ? x << s : x >> s);
@@ -298,8 +298,8 @@ std::unique_ptr<Kernel> createPRelu(const ir::Op &op) {
   return dispatchNumeric(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      BroadcastWalker w(out, shapes);
+    return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
+      w.reset();
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), s = static_cast<C>(a.in<T>(1)[w.offset(1)]);
         a.out<T>(0)[i] = static_cast<T>(x < 0 ? s * x : x);
@@ -313,8 +313,8 @@ std::unique_ptr<Kernel> createWhere(const ir::Op &op) {
   Shape out = op.outInfo(0).shape();
   int64_t n = op.outInfo(0).elementCount();
   size_t size = dataTypeSize(op.outInfo(0).dataType());
-  return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-    BroadcastWalker w(out, shapes);
+  return std::make_unique<LoopKernel>([=, w = BroadcastWalker(out, shapes)](const KernelArgs &a) mutable {
+    w.reset();
     const bool *c = a.in<bool>(0);
     const auto *x = static_cast<const uint8_t *>(a.inputs[1]);
     const auto *y = static_cast<const uint8_t *>(a.inputs[2]);

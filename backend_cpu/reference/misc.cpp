@@ -158,6 +158,7 @@ public:
     pos_.resize(labels.size());
     offsets_.resize(operands_);
     total_ = shapeElementCount(dims_);
+    outCount_ = shapeElementCount(Shape(dims_.begin(), dims_.begin() + static_cast<int64_t>(outLabels_)));
   }
 
   void run(const KernelArgs &a) override {
@@ -165,7 +166,7 @@ public:
       using T = typename std::decay_t<decltype(tag)>::type;
       using C = std::conditional_t<std::is_floating_point_v<compute_t<T>>, double, int64_t>;
       T *y = a.out<T>(0);
-      int64_t outCount = shapeElementCount(Shape(dims_.begin(), dims_.begin() + static_cast<int64_t>(outLabels_)));
+      int64_t outCount = outCount_;
       int64_t inner = outCount == 0 ? 0 : total_ / outCount;
       std::fill(pos_.begin(), pos_.end(), 0);
       std::fill(offsets_.begin(), offsets_.end(), 0);
@@ -212,6 +213,7 @@ private:
   std::vector<std::vector<int64_t>> strides_;
   std::vector<int64_t> pos_, offsets_;
   int64_t total_;
+  int64_t outCount_ = 0;
 };
 
 /// MatMulInteger (int32 output) and QLinearMatMul (requantised output) on 8-bit inputs.
