@@ -21,6 +21,15 @@ void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
   stream().wait();
 }
 
+SrcDstKernel::SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst)
+    : prim_(std::move(prim)), src_(src, engine(), DNNL_MEMORY_NONE), dst_(dst, engine(), DNNL_MEMORY_NONE) {}
+
+void SrcDstKernel::run(const KernelArgs &args) {
+  src_.set_data_handle(const_cast<void *>(args.inputs[0]));
+  dst_.set_data_handle(args.outputs[0]);
+  execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
+}
+
 dnnl::memory::dims toDims(const Shape &shape) {
   if (shape.empty()) return {1};
   return dnnl::memory::dims(shape.begin(), shape.end());

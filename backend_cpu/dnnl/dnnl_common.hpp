@@ -1,6 +1,8 @@
 #pragma once
 // Shared oneDNN engine and stream, and helpers to describe tensors to oneDNN.
 
+#include "backend_cpu/kernel.hpp"
+
 #include <oneapi/dnnl/dnnl.hpp>
 #include <popart/tensorinfo.hpp>
 
@@ -25,5 +27,18 @@ void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
              std::initializer_list<std::pair<int, dnnl::memory>> args);
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+
+/// A kernel that runs one primitive from input 0 (SRC) to output 0 (DST): eltwise, softmax,
+/// reduction, pooling without indices...
+class SrcDstKernel : public Kernel {
+public:
+  SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst);
+  void run(const KernelArgs &args) override;
+
+private:
+  dnnl::primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
+  dnnl::memory src_, dst_;
+};
 
 } // namespace popart::backend_cpu::dnnl_util

@@ -40,29 +40,14 @@ bool supportsEltwise(const ir::Op &op) {
   return op.inInfo(0).dataType() == DataType::FLOAT && op.inInfo(0).elementCount() > 0 && eltwiseSpec(op, spec);
 }
 
-class EltwiseKernel : public Kernel {
-public:
-  explicit EltwiseKernel(const ir::Op &op) {
+std::unique_ptr<Kernel> createEltwise(const ir::Op &op) {
     EltwiseSpec spec{};
     eltwiseSpec(op, spec);
     auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
     auto pd = eltwise_forward::primitive_desc(
         eltwise_forward::desc(prop_kind::forward_inference, spec.alg, md, spec.alpha, spec.beta), dnnl_util::engine());
-    prim_ = eltwise_forward(pd);
-    src_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    dst_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
-  }
-  void run(const KernelArgs &args) override {
-    src_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    dst_.set_data_handle(args.outputs[0]);
-    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-  }
-
-private:
-  primitive prim_;
-  std::vector<dnnl_exec_arg_t> args_;
-  memory src_, dst_;
-};
+    return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
+}
 
 algorithm binaryAlgorithm(const std::string &type) {
   if (type == "Add") return algorithm::binary_add;
@@ -126,7 +111,7 @@ bool supportsBinaryKernel(const ir::Op &op) {
 void registerDnnlElementwiseKernels(KernelRegistry &r) {
   for (const char *t : {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu",
                         "Softplus", "Neg"})
-    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, makeKernel<EltwiseKernel>});
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, createEltwise});
   for (const char *t : {"Add", "Sub", "Mul", "Div"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBinaryKernel, makeKernel<BinaryKernel>});
 }

@@ -58,9 +58,7 @@ bool supportsReduction(const ir::Op &op) {
   return true;
 }
 
-class ReductionKernel : public Kernel {
-public:
-  explicit ReductionKernel(const ir::Op &op) {
+std::unique_ptr<Kernel> createReduction(const ir::Op &op) {
     const ReductionSpec &spec = reductionSpecs().at(op.type);
     memory::dims srcDims(op.inInfo(0).shape().begin(), op.inInfo(0).shape().end());
     memory::dims dstDims = keptDims(op);
@@ -68,27 +66,14 @@ public:
     // keepdims = 0 only drops size-1 dims, so the plain layout of the output is the same.
     memory::desc dstMd(dstDims, memory::data_type::f32, dnnl_util::plainStrides(dstDims));
     auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine());
-    prim_ = reduction(pd);
-    src_ = memory(srcMd, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    dst_ = memory(dstMd, dnnl_util::engine(), DNNL_MEMORY_NONE);
-  }
-  void run(const KernelArgs &args) override {
-    src_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    dst_.set_data_handle(args.outputs[0]);
-    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-  }
-
-private:
-  primitive prim_;
-  std::vector<dnnl_exec_arg_t> args_;
-  memory src_, dst_;
-};
+    return std::make_unique<dnnl_util::SrcDstKernel>(reduction(pd), srcMd, dstMd);
+}
 
 } // namespace
 
 void registerDnnlReduceKernels(KernelRegistry &r) {
   for (const auto &[type, spec] : reductionSpecs())
-    r.add({"ai.onnx", type, KernelProvider::Dnnl, supportsReduction, makeKernel<ReductionKernel>});
+    r.add({"ai.onnx", type, KernelProvider::Dnnl, supportsReduction, createReduction});
 }
 
 } // namespace popart::backend_cpu

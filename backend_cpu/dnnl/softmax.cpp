@@ -32,35 +32,20 @@ bool supportsSoftmax(const ir::Op &op) {
   return op.inInfo(0).elementCount() > 0;
 }
 
-class SoftmaxKernel : public Kernel {
-public:
-  explicit SoftmaxKernel(const ir::Op &op) {
+std::unique_ptr<Kernel> createSoftmax(const ir::Op &op) {
     memory::dims dims = softmaxDims(op);
     memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
     algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
     auto pd = softmax_v2_forward::primitive_desc(
         softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1), dnnl_util::engine());
-    prim_ = softmax_v2_forward(pd);
-    src_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    dst_ = memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE);
-  }
-  void run(const KernelArgs &args) override {
-    src_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    dst_.set_data_handle(args.outputs[0]);
-    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, src_}, {DNNL_ARG_DST, dst_}});
-  }
-
-private:
-  primitive prim_;
-  std::vector<dnnl_exec_arg_t> args_;
-  memory src_, dst_;
-};
+    return std::make_unique<dnnl_util::SrcDstKernel>(softmax_v2_forward(pd), md, md);
+}
 
 } // namespace
 
 void registerDnnlSoftmaxKernels(KernelRegistry &r) {
   for (const char *t : {"Softmax", "LogSoftmax"})
-    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsSoftmax, makeKernel<SoftmaxKernel>});
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsSoftmax, createSoftmax});
 }
 
 } // namespace popart::backend_cpu

@@ -1,6 +1,7 @@
 // Reference kernels: Conv, ConvTranspose and the pools, as plain loops over N-D windows.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loop_kernel.hpp"
 #include "core/dispatch.hpp"
 
 #include <array>
@@ -12,16 +13,6 @@ namespace popart::backend_cpu {
 
 namespace {
 
-using Loop = std::function<void(const KernelArgs &)>;
-
-class LoopKernel : public Kernel {
-public:
-  explicit LoopKernel(Loop loop) : loop_(std::move(loop)) {}
-  void run(const KernelArgs &args) override { loop_(args); }
-
-private:
-  Loop loop_;
-};
 
 constexpr int kMaxSpatial = 8;
 using Dims = std::array<int64_t, kMaxSpatial>;

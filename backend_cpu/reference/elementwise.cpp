@@ -1,6 +1,7 @@
 // Reference kernels for the elementwise family: plain loops, every dtype the op allows.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loop_kernel.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
 
@@ -14,17 +15,6 @@ namespace popart::backend_cpu {
 
 namespace {
 
-using Loop = std::function<void(const KernelArgs &)>;
-
-/// A kernel that is one loop chosen at creation.
-class LoopKernel : public Kernel {
-public:
-  explicit LoopKernel(Loop loop) : loop_(std::move(loop)) {}
-  void run(const KernelArgs &args) override { loop_(args); }
-
-private:
-  Loop loop_;
-};
 
 // Unary ops on the compute type C of element type T.
 template <typename C> C unaryValue(const std::string &type, C x, const ir::Attributes &a) {

@@ -2,6 +2,7 @@
 // MeanVarianceNormalization. Statistics are accumulated in double.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loop_kernel.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -12,16 +13,6 @@ namespace popart::backend_cpu {
 
 namespace {
 
-using Loop = std::function<void(const KernelArgs &)>;
-
-class LoopKernel : public Kernel {
-public:
-  explicit LoopKernel(Loop loop) : loop_(std::move(loop)) {}
-  void run(const KernelArgs &args) override { loop_(args); }
-
-private:
-  Loop loop_;
-};
 
 /// Stores \p v into element \p i of a floating-point buffer of type \p t.
 void storeFloat(void *buf, DataType t, int64_t i, double v) {
