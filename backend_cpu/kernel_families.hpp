@@ -23,5 +23,6 @@ void registerReferenceSignalKernels(KernelRegistry &registry);
 void registerReferenceRnnKernels(KernelRegistry &registry);
 void registerReferenceDetectionKernels(KernelRegistry &registry);
 void registerReferenceStringKernels(KernelRegistry &registry);
+void registerReferenceTrainingKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

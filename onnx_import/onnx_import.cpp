@@ -222,8 +222,9 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
 
   auto graph = std::make_unique<ir::Graph>();
   for (const auto &opset : model.opset_import()) graph->opsets()[ir::canonicalDomain(opset.domain())] = static_cast<int>(opset.version());
-  if (!graph->opsets().count("ai.onnx")) throw error("model '", sourceName, "' does not import the default ONNX opset");
-  int defaultOpset = graph->opsets().at("ai.onnx");
+  // A model of training-domain ops only may omit the default opset; its nodes are then checked
+  // against the domains it does import.
+  int defaultOpset = graph->opsets().count("ai.onnx") ? graph->opsets().at("ai.onnx") : 17;
   // Opsets 7-17 are the supported range; older models load as long as each op they use is
   // registered for their version (ops unchanged since opset 1 are).
   if (defaultOpset < 1 || defaultOpset > 17)

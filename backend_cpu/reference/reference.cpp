@@ -18,6 +18,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceRnnKernels(r);
   registerReferenceDetectionKernels(r);
   registerReferenceStringKernels(r);
+  registerReferenceTrainingKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -20,5 +20,6 @@ void registerSignalOps(OpRegistry &registry);
 void registerRnnOps(OpRegistry &registry);
 void registerDetectionOps(OpRegistry &registry);
 void registerStringOps(OpRegistry &registry);
+void registerTrainingOps(OpRegistry &registry);
 
 } // namespace popart::ir

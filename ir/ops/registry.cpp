@@ -23,6 +23,7 @@ void registerBuiltinOps() {
     registerRnnOps(r);
     registerDetectionOps(r);
     registerStringOps(r);
+    registerTrainingOps(r);
   });
 }
 
