@@ -90,7 +90,7 @@ TensorData TensorData::fromInt64(const Shape &shape, const std::vector<int64_t> 
   TensorData t(TensorInfo(DataType::INT64, shape));
   if (static_cast<int64_t>(values.size()) != t.info().elementCount())
     throw error("fromInt64: ", values.size(), " values for shape ", toString(shape));
-  std::memcpy(t.data(), values.data(), values.size() * sizeof(int64_t));
+  if (!values.empty()) std::memcpy(t.data(), values.data(), values.size() * sizeof(int64_t));
   return t;
 }
 

@@ -231,6 +231,7 @@ void InferenceSession::run(StepIO &stepio) {
       if (m.valueInputs.count(id)) continue;
       IArray &arr = stepio.inputs().at(id);
       int64_t bytes = m.plan->info(id).byteCount();
+      if (bytes == 0) continue;
       std::memcpy(m.plan->address(id), static_cast<uint8_t *>(arr.data()) + b * bytes, static_cast<size_t>(bytes));
     }
     m.plan->run();
@@ -246,6 +247,7 @@ void InferenceSession::run(StepIO &stepio) {
         std::copy(c->strings().begin(), c->strings().end(), static_cast<std::string *>(arr.data()));
         continue;
       }
+      if (bytes == 0) continue; // empty anchors: the user's buffer may be null
       switch (art.id()) {
       case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
       case AnchorReturnTypeId::Final:
