@@ -72,6 +72,8 @@ struct OpDef {
   void (*canonicalize)(Op &op, Graph &graph) = nullptr;
   /// True when every input value decides the output shape (NonZero, Unique, Range...).
   bool allInputsAreValueInputs = false;
+  /// True for ops that a graph transform replaces before lowering (Gradient): no kernel.
+  bool expandedBeforeLowering = false;
 };
 
 /// All op definitions, filled once at start-up by registerBuiltinOps().

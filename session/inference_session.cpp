@@ -1,3 +1,4 @@
+#include "autodiff/autodiff.hpp"
 #include "backend_cpu/plan.hpp"
 #include "core/dispatch.hpp"
 #include "core/log.hpp"
@@ -67,6 +68,12 @@ struct InferenceSession::Impl {
     }
     backend_cpu::ReferenceEvaluator evaluator;
     ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+    bool hasGradientOps = false;
+    for (const auto &op : g->ops()) hasGradientOps = hasGradientOps || op->def->expandedBeforeLowering;
+    if (hasGradientOps) {
+      autodiff::expandGradientOps(*g);
+      ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+    }
     std::vector<TensorId> keep = outputIds;
     for (const auto &a : dataFlow.anchors())
       if (std::find(keep.begin(), keep.end(), a) == keep.end()) {

@@ -30,9 +30,23 @@ void setupOptimizerOp(Op &op) {
   }
 }
 
+/// Gradient's outputs are the gradients of y with respect to each of xs: shaped like them.
+void setupGradient(Op &op) {
+  std::vector<std::string> xs = op.attrs.getStrings("xs");
+  if (!op.attrs.has("y")) throw error(op.debugName(), ": attribute y is required");
+  if (xs.size() != op.outputCount())
+    throw error(op.debugName(), ": ", xs.size(), " names in xs but ", op.outputCount(), " outputs");
+  for (size_t i = 0; i < xs.size(); ++i) op.setOutInfo(i, op.graph->tensor(xs[i]).info());
+}
+
 } // namespace
 
 void registerTrainingOps(OpRegistry &r) {
+  OpDef gradient = makeDef("Gradient", 1, 1000, setupGradient);
+  gradient.domain = "ai.onnx.preview.training";
+  gradient.foldable = false;
+  gradient.expandedBeforeLowering = true;
+  r.add(gradient);
   for (const char *t : {"Adagrad", "Momentum", "Adam"}) {
     OpDef d = makeDef(t, 1, 1000, setupOptimizerOp);
     d.domain = "ai.onnx.preview.training";

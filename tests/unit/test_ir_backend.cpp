@@ -187,6 +187,7 @@ TEST(Registry, EveryRegisteredOpHasAReferenceKernel) {
   backend_cpu::registerBuiltinKernels();
   std::vector<std::string> missing;
   for (const auto &def : OpRegistry::instance().all()) {
+    if (def.expandedBeforeLowering) continue;
     bool found = false;
     for (const auto &k : backend_cpu::KernelRegistry::instance().all())
       if (k.type == def.type && k.domain == def.domain && k.provider == KernelProvider::Reference) found = true;
