@@ -1,6 +1,7 @@
 // Reference kernels: Dropout, Einsum, MatMulInteger, (De)QuantizeLinear, DynamicQuantizeLinear, Det.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "ir/ops/einsum.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
 
@@ -72,68 +73,13 @@ private:
   std::mt19937 rng_;
 };
 
-/// Labels of each operand's dimensions and of the output; see parseEinsum in ir/ops/misc.cpp,
-/// which validated the equation already.
-void parseEinsum(const ir::Op &op, std::vector<std::vector<int>> &inputs, std::vector<int> &output) {
-  std::string eq;
-  for (char c : op.attrs.getString("equation"))
-    if (c != ' ') eq += c;
-  size_t arrow = eq.find("->");
-  std::string lhs = eq.substr(0, arrow);
-  std::vector<std::string> terms;
-  for (size_t start = 0;;) {
-    size_t comma = lhs.find(',', start);
-    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  auto letter = [](char c) { return c >= 'a' && c <= 'z' ? c - 'a' : 26 + (c - 'A'); };
-  int64_t ellipsisDims = 0;
-  std::vector<int64_t> termEllipsis;
-  for (size_t t = 0; t < terms.size(); ++t) {
-    bool dots = terms[t].find("...") != std::string::npos;
-    int64_t e = dots ? op.inInfo(t).rank() - static_cast<int64_t>(terms[t].size() - 3) : 0;
-    termEllipsis.push_back(e);
-    ellipsisDims = std::max(ellipsisDims, e);
-  }
-  std::map<int, int> count;
-  for (size_t t = 0; t < terms.size(); ++t) {
-    std::vector<int> labels;
-    for (size_t i = 0; i < terms[t].size(); ++i) {
-      if (terms[t].compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < termEllipsis[t]; ++k) labels.push_back(static_cast<int>(52 + ellipsisDims - termEllipsis[t] + k));
-        i += 2;
-      } else {
-        labels.push_back(letter(terms[t][i]));
-        ++count[labels.back()];
-      }
-    }
-    inputs.push_back(labels);
-  }
-  if (arrow != std::string::npos) {
-    std::string rhs = eq.substr(arrow + 2);
-    for (size_t i = 0; i < rhs.size(); ++i) {
-      if (rhs.compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < ellipsisDims; ++k) output.push_back(static_cast<int>(52 + k));
-        i += 2;
-      } else {
-        output.push_back(letter(rhs[i]));
-      }
-    }
-  } else {
-    for (int64_t k = 0; k < ellipsisDims; ++k) output.push_back(static_cast<int>(52 + k));
-    for (auto [l, n] : count)
-      if (n == 1) output.push_back(l);
-  }
-}
-
 /// Sums the product of the operands over every label missing from the output.
 class EinsumKernel : public Kernel {
 public:
   explicit EinsumKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()), operands_(op.inputCount()) {
-    std::vector<std::vector<int>> inputs;
-    std::vector<int> output;
-    parseEinsum(op, inputs, output);
+    ir::EinsumSpec spec = ir::parseEinsum(op);
+    const std::vector<std::vector<int>> &inputs = spec.inputs;
+    const std::vector<int> &output = spec.output;
     std::map<int, int64_t> sizes;
     for (size_t t = 0; t < inputs.size(); ++t)
       for (size_t d = 0; d < inputs[t].size(); ++d) {

@@ -1,6 +1,7 @@
 // Misc ops: Dropout, Einsum, MatMulInteger, QuantizeLinear, DequantizeLinear,
 // DynamicQuantizeLinear, Det.
 
+#include "ir/ops/einsum.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 
@@ -21,86 +22,6 @@ void setupDropout(Op &op) {
   if (op.hasInput(2)) requireType(op, 2, {DataType::BOOL});
   setupSameAsInput0(op);
   op.setOutInfo(1, TensorInfo(op.version >= 10 ? DataType::BOOL : op.inInfo(0).dataType(), op.inInfo(0).shape()));
-}
-
-/// Label of each dimension of each operand and of the output, after expanding "..."; labels
-/// 0..51 are letters, 52+ are the dimensions covered by the ellipsis (right-aligned).
-struct EinsumSpec {
-  std::vector<std::vector<int>> inputs;
-  std::vector<int> output;
-};
-
-int einsumLetter(char c, const Op &op) {
-  if (c >= 'a' && c <= 'z') return c - 'a';
-  if (c >= 'A' && c <= 'Z') return 26 + (c - 'A');
-  throw error(op.debugName(), ": invalid character '", c, "' in equation");
-}
-
-EinsumSpec parseEinsum(const Op &op) {
-  std::string eq;
-  for (char c : op.attrs.getString("equation"))
-    if (c != ' ') eq += c;
-  size_t arrow = eq.find("->");
-  std::string lhs = eq.substr(0, arrow);
-  std::vector<std::string> terms;
-  for (size_t start = 0;;) {
-    size_t comma = lhs.find(',', start);
-    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  if (terms.size() != op.inputCount())
-    throw error(op.debugName(), ": equation '", eq, "' has ", terms.size(), " operands but the op has ", op.inputCount(), " inputs");
-  EinsumSpec spec;
-  int64_t ellipsisDims = 0;
-  std::vector<int64_t> termEllipsis;
-  for (size_t t = 0; t < terms.size(); ++t) {
-    std::string term = terms[t];
-    size_t dots = term.find("...");
-    int64_t rank = op.inInfo(t).rank();
-    int64_t letters = static_cast<int64_t>(term.size()) - (dots == std::string::npos ? 0 : 3);
-    int64_t e = dots == std::string::npos ? 0 : rank - letters;
-    if (e < 0 || (dots == std::string::npos && letters != rank))
-      throw error(op.debugName(), ": term '", term, "' does not match input ", t, " of rank ", rank);
-    termEllipsis.push_back(e);
-    ellipsisDims = std::max(ellipsisDims, e);
-  }
-  std::map<int, int> letterCount;
-  for (size_t t = 0; t < terms.size(); ++t) {
-    std::vector<int> labels;
-    const std::string &term = terms[t];
-    for (size_t i = 0; i < term.size(); ++i) {
-      if (term.compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < termEllipsis[t]; ++k) labels.push_back(static_cast<int>(52 + ellipsisDims - termEllipsis[t] + k));
-        i += 2;
-      } else {
-        int l = einsumLetter(term[i], op);
-        labels.push_back(l);
-        ++letterCount[l];
-      }
-    }
-    spec.inputs.push_back(labels);
-  }
-  if (arrow != std::string::npos) {
-    std::string rhs = eq.substr(arrow + 2);
-    for (size_t i = 0; i < rhs.size(); ++i) {
-      if (rhs.compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
-        i += 2;
-      } else {
-        int l = einsumLetter(rhs[i], op);
-        if (!letterCount.count(l)) throw error(op.debugName(), ": output label '", rhs[i], "' is not in any input");
-        if (std::find(spec.output.begin(), spec.output.end(), l) != spec.output.end())
-          throw error(op.debugName(), ": output label '", rhs[i], "' is repeated");
-        spec.output.push_back(l);
-      }
-    }
-  } else {
-    for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
-    for (auto [l, n] : letterCount)
-      if (n == 1) spec.output.push_back(l);
-  }
-  return spec;
 }
 
 void setupEinsum(Op &op) {
@@ -240,6 +161,84 @@ void setupGridSample(Op &op) {
 }
 
 } // namespace
+
+namespace {
+int einsumLetter(char c, const Op &op) {
+  if (c >= 'a' && c <= 'z') return c - 'a';
+  if (c >= 'A' && c <= 'Z') return 26 + (c - 'A');
+  throw error(op.debugName(), ": invalid character '", c, "' in equation");
+}
+
+} // namespace
+
+EinsumSpec parseEinsum(const Op &op) {
+  std::string eq;
+  for (char c : op.attrs.getString("equation"))
+    if (c != ' ') eq += c;
+  size_t arrow = eq.find("->");
+  std::string lhs = eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  for (size_t start = 0;;) {
+    size_t comma = lhs.find(',', start);
+    terms.push_back(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (terms.size() != op.inputCount())
+    throw error(op.debugName(), ": equation '", eq, "' has ", terms.size(), " operands but the op has ", op.inputCount(), " inputs");
+  EinsumSpec spec;
+  int64_t ellipsisDims = 0;
+  std::vector<int64_t> termEllipsis;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    std::string term = terms[t];
+    size_t dots = term.find("...");
+    int64_t rank = op.inInfo(t).rank();
+    int64_t letters = static_cast<int64_t>(term.size()) - (dots == std::string::npos ? 0 : 3);
+    int64_t e = dots == std::string::npos ? 0 : rank - letters;
+    if (e < 0 || (dots == std::string::npos && letters != rank))
+      throw error(op.debugName(), ": term '", term, "' does not match input ", t, " of rank ", rank);
+    termEllipsis.push_back(e);
+    ellipsisDims = std::max(ellipsisDims, e);
+  }
+  std::map<int, int> letterCount;
+  for (size_t t = 0; t < terms.size(); ++t) {
+    std::vector<int> labels;
+    const std::string &term = terms[t];
+    for (size_t i = 0; i < term.size(); ++i) {
+      if (term.compare(i, 3, "...") == 0) {
+        for (int64_t k = 0; k < termEllipsis[t]; ++k) labels.push_back(static_cast<int>(52 + ellipsisDims - termEllipsis[t] + k));
+        i += 2;
+      } else {
+        int l = einsumLetter(term[i], op);
+        labels.push_back(l);
+        ++letterCount[l];
+      }
+    }
+    spec.inputs.push_back(labels);
+  }
+  if (arrow != std::string::npos) {
+    std::string rhs = eq.substr(arrow + 2);
+    for (size_t i = 0; i < rhs.size(); ++i) {
+      if (rhs.compare(i, 3, "...") == 0) {
+        for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
+        i += 2;
+      } else {
+        int l = einsumLetter(rhs[i], op);
+        if (!letterCount.count(l)) throw error(op.debugName(), ": output label '", rhs[i], "' is not in any input");
+        if (std::find(spec.output.begin(), spec.output.end(), l) != spec.output.end())
+          throw error(op.debugName(), ": output label '", rhs[i], "' is repeated");
+        spec.output.push_back(l);
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
+    for (auto [l, n] : letterCount)
+      if (n == 1) spec.output.push_back(l);
+  }
+  return spec;
+}
+
+
 
 void registerMiscOps(OpRegistry &r) {
   r.add(makeDef("Dropout", 1, 11, setupDropout));
