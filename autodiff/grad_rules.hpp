@@ -1,0 +1,80 @@
+#pragma once
+// Gradient rules: per op type, how to compute the input gradients from the output gradients
+// with ordinary IR ops. One file per op family (autodiff/rules_<family>.cpp) registers its rules.
+
+#include "ir/graph.hpp"
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace popart::autodiff {
+
+/// What a gradient rule sees: the forward op, its output gradients, and ways to add ops.
+class GradContext {
+public:
+  GradContext(ir::Graph &graph, const ir::Op &op, std::vector<TensorId> outGrads)
+      : graph_(graph), op_(op), outGrads_(std::move(outGrads)), inGrads_(op.inputCount()) {}
+
+  const ir::Op &op() const { return op_; }
+  /// Forward input \p i, output \p i, and the gradient arriving at output \p i ("" if none).
+  TensorId in(size_t i) const { return op_.input(i).id(); }
+  TensorId out(size_t i) const { return op_.output(i).id(); }
+  TensorId outGrad(size_t i) const { return i < outGrads_.size() ? outGrads_[i] : ""; }
+  const Shape &inShape(size_t i) const { return op_.inInfo(i).shape(); }
+  /// Sets the gradient of input \p i, summed back over broadcast dimensions to its shape.
+  void setInGrad(size_t i, const TensorId &grad) { inGrads_[i] = unbroadcast(grad, inShape(i)); }
+  const std::vector<TensorId> &inGrads() const { return inGrads_; }
+
+  /// Adds a default-domain op with one output and returns that output; its info is set now.
+  TensorId add(const std::string &type, const std::vector<TensorId> &inputs, ir::Attributes attrs = {}) {
+    TensorId out = graph_.uniqueId(op_.outputs.empty() || !op_.outputs[0] ? type : op_.outputs[0]->id() + "_grad_" + type);
+    int version = graph_.opsets().count("ai.onnx") ? graph_.opsets().at("ai.onnx") : 17;
+    ir::Op &added = graph_.addOp(type, "ai.onnx", version, "", std::move(attrs), inputs, {out});
+    added.def->setup(added);
+    return out;
+  }
+  TensorId constant(TensorData data) {
+    TensorId id = graph_.uniqueId("grad_const");
+    graph_.addConst(id, std::move(data));
+    return id;
+  }
+  /// A scalar of input 0's type.
+  TensorId scalar(double v) { return constant(TensorData::fromDoubles(op_.inInfo(0).dataType(), {}, {v})); }
+
+  /// Sums \p grad over the dimensions broadcast to reach its shape from \p target.
+  TensorId unbroadcast(const TensorId &grad, const Shape &target) {
+    const Shape &shape = graph_.tensor(grad).info().shape();
+    if (shape == target) return grad;
+    std::vector<int64_t> axes;
+    size_t offset = shape.size() - target.size();
+    for (size_t d = 0; d < shape.size(); ++d)
+      if (d < offset || (target[d - offset] == 1 && shape[d] != 1)) axes.push_back(static_cast<int64_t>(d));
+    TensorId summed = add("ReduceSum", {grad, constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes))},
+                          [] {
+                            ir::Attributes a;
+                            a.set("keepdims", int64_t{1});
+                            return a;
+                          }());
+    return add("Reshape", {summed, constant(TensorData::fromInt64({static_cast<int64_t>(target.size())}, target))});
+  }
+
+private:
+  ir::Graph &graph_;
+  const ir::Op &op_;
+  std::vector<TensorId> outGrads_;
+  std::vector<TensorId> inGrads_;
+};
+
+using GradRule = std::function<void(GradContext &)>;
+
+/// All gradient rules by op type (default domain), filled once by registerBuiltinRules().
+std::map<std::string, GradRule> &gradRules();
+void registerBuiltinRules();
+
+void registerElementwiseRules(std::map<std::string, GradRule> &rules);
+void registerMatMulReduceRules(std::map<std::string, GradRule> &rules);
+void registerShapeRules(std::map<std::string, GradRule> &rules);
+
+} // namespace popart::autodiff
