@@ -42,7 +42,8 @@ std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider) 
   const KernelEntry *e = KernelRegistry::instance().find(op, provider);
   if (!e) {
     std::string types;
-    for (const auto *t : op.inputs) types += (types.empty() ? "" : ", ") + (t ? t->info().toString() : std::string("-"));
+    for (const auto *t : op.inputs)
+      types += (types.empty() ? "" : ", ") + (t ? t->info().toString() : std::string("-"));
     throw error(op.debugName(), ": no CPU kernel supports this op with inputs (", types, ")");
   }
   return e->create(op);

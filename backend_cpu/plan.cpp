@@ -24,7 +24,8 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   size_t end = schedule.size();
   auto touch = [&](const ir::Tensor &t, size_t step) {
     if (!planned(t)) return;
-    auto [it, inserted] = live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
+    auto [it, inserted] =
+        live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
     it->second.first = std::min(it->second.first, step);
     it->second.last = std::max(it->second.last, step);
   };
@@ -42,10 +43,10 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
     live.at(id).first = 0;
   }
   std::vector<Interval> order;
-  for (auto &[id, iv] : live) order.push_back(iv);
-  std::sort(order.begin(), order.end(), [](const Interval &a, const Interval &b) {
-    return a.bytes != b.bytes ? a.bytes > b.bytes : a.id < b.id;
-  });
+  for (auto &[id, iv] : live)
+    order.push_back(iv);
+  std::sort(order.begin(), order.end(),
+            [](const Interval &a, const Interval &b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.id < b.id; });
   MemoryPlan plan;
   std::vector<std::pair<Interval, int64_t>> placed;
   for (const Interval &iv : order) {
@@ -67,8 +68,7 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   return plan;
 }
 
-ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options)
-    : arena_(alignedBytes(1)) {
+ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options) : arena_(alignedBytes(1)) {
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
   pinned.insert(pinned.end(), graph.outputs().begin(), graph.outputs().end());
@@ -94,12 +94,15 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
     step.kernel = createKernel(*op, options.provider);
     stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
-    for (const ir::Tensor *t : op->inputs) step.inputs.push_back(t ? address(t->id()) : nullptr);
-    for (const ir::Tensor *t : op->outputs) step.outputs.push_back(t ? address(t->id()) : nullptr);
+    for (const ir::Tensor *t : op->inputs)
+      step.inputs.push_back(t ? address(t->id()) : nullptr);
+    for (const ir::Tensor *t : op->outputs)
+      step.outputs.push_back(t ? address(t->id()) : nullptr);
     stepNames_.push_back(op->debugName());
     steps_.push_back(std::move(step));
   }
-  for (Step &s : steps_) s.args = {s.inputs.data(), s.inputs.size(), s.outputs.data(), s.outputs.size()};
+  for (Step &s : steps_)
+    s.args = {s.inputs.data(), s.inputs.size(), s.outputs.data(), s.outputs.size()};
   logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing)", steps_.size(), memoryPlan_.arenaBytes,
                           memoryPlan_.unsharedBytes);
 }
@@ -151,17 +154,17 @@ std::vector<TensorData> ReferenceEvaluator::evaluate(const ir::Op &op) const {
   std::vector<const void *> in;
   // STRING tensors reach kernels as arrays of std::string.
   for (const ir::Tensor *t : op.inputs)
-    in.push_back(!t ? nullptr
-                    : t->info().dataType() == DataType::STRING ? static_cast<const void *>(t->data()->strings().data())
-                                                               : t->data()->data());
+    in.push_back(!t                                         ? nullptr
+                 : t->info().dataType() == DataType::STRING ? static_cast<const void *>(t->data()->strings().data())
+                                                            : t->data()->data());
   std::vector<TensorData> outs;
   outs.reserve(op.outputs.size());
   std::vector<void *> out;
   for (const ir::Tensor *t : op.outputs) {
     outs.emplace_back(t ? TensorData(t->info()) : TensorData());
-    out.push_back(!t ? nullptr
-                     : t->info().dataType() == DataType::STRING ? static_cast<void *>(outs.back().strings().data())
-                                                                : outs.back().data());
+    out.push_back(!t                                         ? nullptr
+                  : t->info().dataType() == DataType::STRING ? static_cast<void *>(outs.back().strings().data())
+                                                             : outs.back().data());
   }
   kernel->run({in.data(), in.size(), out.data(), out.size()});
   return outs;

@@ -53,9 +53,12 @@ TensorData randomTensor(const TensorInfo &info, std::mt19937 &rng) {
   dispatchAll(info.dataType(), "random input", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for (int64_t i = 0; i < info.elementCount(); ++i) {
-      if constexpr (std::is_same_v<T, bool>) t.as<T>()[i] = small(rng) & 1;
-      else if constexpr (std::is_integral_v<T>) t.as<T>()[i] = static_cast<T>(small(rng));
-      else t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(real(rng)));
+      if constexpr (std::is_same_v<T, bool>)
+        t.as<T>()[i] = small(rng) & 1;
+      else if constexpr (std::is_integral_v<T>)
+        t.as<T>()[i] = static_cast<T>(small(rng));
+      else
+        t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(real(rng)));
     }
   });
   return t;
@@ -65,7 +68,8 @@ std::string firstValues(const TensorData &t, int64_t count = 8) {
   std::string s = "[";
   int64_t n = std::min(count, t.info().elementCount());
   if (t.info().dataType() == DataType::STRING) {
-    for (int64_t i = 0; i < n; ++i) s += (i ? ", \"" : "\"") + t.strings()[static_cast<size_t>(i)] + "\"";
+    for (int64_t i = 0; i < n; ++i)
+      s += (i ? ", \"" : "\"") + t.strings()[static_cast<size_t>(i)] + "\"";
     return s + (t.info().elementCount() > n ? ", ...]" : "]");
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -114,7 +118,8 @@ std::map<TensorId, TensorData> runOnce(InferenceSession &session, std::map<Tenso
   StepIO probe(in, {});
   session.run(probe);
   std::map<TensorId, TensorData> results;
-  for (const auto &id : session.getOutputIds()) results.emplace(id, TensorData(session.getInfo(id)));
+  for (const auto &id : session.getOutputIds())
+    results.emplace(id, TensorData(session.getInfo(id)));
   for (auto &[id, t] : results) {
     arrays.push_back(std::make_unique<RawArray>(hostData(t), t.info().dataType(), t.info().shape()));
     out.emplace(id, *arrays.back());
@@ -129,7 +134,9 @@ int runDataSet(InferenceSession &session, const fs::path &dir, const Options &op
   auto inputs = session.getInputIds();
   for (size_t i = 0; i < inputs.size(); ++i) {
     fs::path p = dir / ("input_" + std::to_string(i) + ".pb");
-    if (!fs::exists(p)) throw error("test data folder '", dir.string(), "' has no ", p.filename().string(), " for input '", inputs[i], "'");
+    if (!fs::exists(p))
+      throw error("test data folder '", dir.string(), "' has no ", p.filename().string(), " for input '", inputs[i],
+                  "'");
     TensorData t = onnx_import::readTensorProtoFile(p.string());
     // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
     if (t.info().dataType() == DataType::UINT16 && session.getInfo(inputs[i]).dataType() == DataType::BFLOAT16)
@@ -182,7 +189,8 @@ int run(const Options &opt) {
     fs::path dir(opt.dataDir);
     if (!fs::is_directory(dir)) throw error("--data-dir '", opt.dataDir, "' is not a folder");
     std::vector<fs::path> sets;
-    if (fs::exists(dir / "input_0.pb") || session->getInputIds().empty()) sets.push_back(dir);
+    if (fs::exists(dir / "input_0.pb") || session->getInputIds().empty())
+      sets.push_back(dir);
     else
       for (const auto &e : fs::directory_iterator(dir))
         if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
@@ -203,7 +211,8 @@ int run(const Options &opt) {
     if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE");
     std::string name = spec.substr(0, eq);
     auto ids = session->getInputIds();
-    if (std::find(ids.begin(), ids.end(), name) == ids.end()) throw error("--input names '", name, "', which is not an input of the model");
+    if (std::find(ids.begin(), ids.end(), name) == ids.end())
+      throw error("--input names '", name, "', which is not an input of the model");
     feeds.emplace(name, loadTensorFile(spec.substr(eq + 1)));
   }
   std::mt19937 rng(opt.seed);
@@ -211,18 +220,22 @@ int run(const Options &opt) {
     if (feeds.count(id)) continue;
     TensorInfo info = session->getInfo(id);
     if (!info.isKnown())
-      throw error("input '", id, "' has symbolic shape ", toString(info.shape()), ": give it with --input or set --batch");
+      throw error("input '", id, "' has symbolic shape ", toString(info.shape()),
+                  ": give it with --input or set --batch");
     feeds.emplace(id, randomTensor(info, rng));
   }
   auto results = runOnce(*session, feeds);
   if (opt.dumpIr) std::cout << session->dumpIr();
   for (const auto &id : session->getOutputIds()) {
     const TensorData &t = results.at(id);
-    std::cout << id << ": " << toString(t.info().dataType()) << " " << toString(t.info().shape()) << " " << firstValues(t) << "\n";
+    std::cout << id << ": " << toString(t.info().dataType()) << " " << toString(t.info().shape()) << " "
+              << firstValues(t) << "\n";
     if (!opt.saveOutputs.empty()) {
       fs::create_directories(opt.saveOutputs);
       std::string safe = id;
-      std::replace_if(safe.begin(), safe.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.'; }, '_');
+      std::replace_if(
+          safe.begin(), safe.end(),
+          [](char c) { return !std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.'; }, '_');
       npy::write((fs::path(opt.saveOutputs) / (safe + ".npy")).string(), t);
     }
   }
@@ -263,21 +276,24 @@ void printOps() {
   ir::registerBuiltinOps();
   backend_cpu::registerBuiltinKernels();
   std::map<std::pair<std::string, std::string>, std::vector<const ir::OpDef *>> byType;
-  for (const auto &d : ir::OpRegistry::instance().all()) byType[{d.domain, d.type}].push_back(&d);
+  for (const auto &d : ir::OpRegistry::instance().all())
+    byType[{d.domain, d.type}].push_back(&d);
   std::cout << "# Supported ops\n\nGenerated by `popart-run --list-ops` from the op and kernel registries; "
                "the `ops_doc` test fails when this file is out of date.\n\n"
                "| domain | op | opsets | kernels |\n| --- | --- | --- | --- |\n";
   for (const auto &[key, defs] : byType) {
     std::string ranges;
     for (const auto *d : defs)
-      ranges += (ranges.empty() ? "" : ", ") + std::to_string(d->minVersion) + (d->maxVersion >= 1000 ? "+" : "-" + std::to_string(d->maxVersion));
+      ranges += (ranges.empty() ? "" : ", ") + std::to_string(d->minVersion) +
+                (d->maxVersion >= 1000 ? "+" : "-" + std::to_string(d->maxVersion));
     bool dnnl = false, reference = false;
     for (const auto &k : backend_cpu::KernelRegistry::instance().all())
       if (k.domain == key.first && k.type == key.second) {
         dnnl = dnnl || k.provider == backend_cpu::KernelProvider::Dnnl;
         reference = reference || k.provider == backend_cpu::KernelProvider::Reference;
       }
-    std::string kernels = std::string(dnnl ? "oneDNN" : "") + (dnnl && reference ? ", " : "") + (reference ? "reference" : "");
+    std::string kernels =
+        std::string(dnnl ? "oneDNN" : "") + (dnnl && reference ? ", " : "") + (reference ? "reference" : "");
     std::cout << "| " << key.first << " | " << key.second << " | " << ranges << " | " << kernels << " |\n";
   }
 }
@@ -293,14 +309,16 @@ int main(int argc, char **argv) {
   app.add_option("--input", opt.inputs, "NAME=FILE (.npy or TensorProto .pb); repeat for each input");
   app.add_option("--data-dir", opt.dataDir, "ONNX test-data folder: input_<i>.pb in, output_<i>.pb compared");
   app.add_option("--save-outputs", opt.saveOutputs, "write each output as DIR/<name>.npy");
-  app.add_option("--iterations", opt.iterations, "run N more times and report latency and throughput")->check(CLI::NonNegativeNumber);
+  app.add_option("--iterations", opt.iterations, "run N more times and report latency and throughput")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", opt.threads, "threads (default: all cores)")->check(CLI::NonNegativeNumber);
   app.add_option("--batch", opt.batch, "value for symbolic leading (batch) dimensions")->check(CLI::NonNegativeNumber);
   app.add_flag("--dump-ir", opt.dumpIr, "print the IR after compilation");
   app.add_option("--rtol", opt.rtol, "relative tolerance for --data-dir (default 1e-3)");
   app.add_option("--atol", opt.atol, "absolute tolerance for --data-dir (default 1e-7)");
   app.add_option("--seed", opt.seed, "seed for random inputs");
-  app.add_option("--kernels", opt.kernels, "any | reference | dnnl")->check(CLI::IsMember({"any", "reference", "dnnl"}));
+  app.add_option("--kernels", opt.kernels, "any | reference | dnnl")
+      ->check(CLI::IsMember({"any", "reference", "dnnl"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {

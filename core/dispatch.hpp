@@ -9,9 +9,7 @@
 
 namespace popart {
 
-template <typename T> struct TypeTag {
-  using type = T;
-};
+template <typename T> struct TypeTag { using type = T; };
 
 /// C++ type of each DataType (bool is stored as one byte).
 template <DataType D> struct CppType;

@@ -29,9 +29,7 @@ TensorData::TensorData(const TensorInfo &info, const void *bytes) : TensorData(i
   if (info.byteCount() > 0) std::memcpy(bytes_.get(), bytes, static_cast<size_t>(info.byteCount()));
 }
 
-TensorData::TensorData(const TensorData &other) : TensorData(other.info_, other.data()) {
-  strings_ = other.strings_;
-}
+TensorData::TensorData(const TensorData &other) : TensorData(other.info_, other.data()) { strings_ = other.strings_; }
 
 TensorData &TensorData::operator=(const TensorData &other) {
   if (this != &other) {
@@ -52,14 +50,16 @@ std::vector<int64_t> TensorData::toInt64Vector() const {
   std::vector<int64_t> out(static_cast<size_t>(info_.elementCount()));
   dispatchAll(info_.dataType(), "TensorData::toInt64Vector", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<int64_t>(static_cast<compute_t<T>>(as<T>()[i]));
+    for (size_t i = 0; i < out.size(); ++i)
+      out[i] = static_cast<int64_t>(static_cast<compute_t<T>>(as<T>()[i]));
   });
   return out;
 }
 
 std::vector<double> TensorData::toDoubleVector() const {
   std::vector<double> out(static_cast<size_t>(info_.elementCount()));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = valueAsDouble(static_cast<int64_t>(i));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = valueAsDouble(static_cast<int64_t>(i));
   return out;
 }
 
@@ -81,7 +81,8 @@ TensorData TensorData::fromDoubles(DataType type, const Shape &shape, const std:
     throw error("fromDoubles: ", values.size(), " values for shape ", toString(shape));
   dispatchAll(type, "TensorData::fromDoubles", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for (size_t i = 0; i < values.size(); ++i) t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(values[i]));
+    for (size_t i = 0; i < values.size(); ++i)
+      t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(values[i]));
   });
   return t;
 }

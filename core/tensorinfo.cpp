@@ -7,7 +7,8 @@ namespace popart {
 
 int64_t shapeElementCount(const Shape &shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    n *= d;
   return n;
 }
 

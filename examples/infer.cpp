@@ -18,7 +18,8 @@ int main(int argc, char **argv) try {
   popart::StepIO stepio({{"image", in}}, {{"probs", out}});
   session->run(stepio);
 
-  for (int c = 0; c < 10; ++c) std::cout << probs[c] << (c < 9 ? " " : "\n");
+  for (int c = 0; c < 10; ++c)
+    std::cout << probs[c] << (c < 9 ? " " : "\n");
   return 0;
 } catch (const popart::error &e) {
   std::cerr << "error: " << e.what() << "\n";

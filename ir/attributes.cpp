@@ -85,7 +85,8 @@ std::string Attributes::toString() const {
             os << "tensor " << (v ? v->info().toString() : "null");
           } else {
             os << "[";
-            for (size_t i = 0; i < v.size(); ++i) os << (i ? "," : "") << v[i];
+            for (size_t i = 0; i < v.size(); ++i)
+              os << (i ? "," : "") << v[i];
             os << "]";
           }
         },

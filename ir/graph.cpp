@@ -34,8 +34,7 @@ Tensor *Graph::findTensor(const TensorId &id) const {
 
 void Graph::removeTensor(const TensorId &id) {
   Tensor &t = tensor(id);
-  if (t.producer() || !t.consumers().empty())
-    throw error("cannot remove tensor '", id, "': it is still connected");
+  if (t.producer() || !t.consumers().empty()) throw error("cannot remove tensor '", id, "': it is still connected");
   tensors_.erase(id);
 }
 
@@ -72,11 +71,14 @@ Op &Graph::addOp(const std::string &type, const std::string &domain, int version
       continue;
     }
     Tensor *t = findTensor(id);
-    if (!t) throw error(op->debugName(), ": input tensor '", id, "' is not defined by any earlier node, initializer or graph input");
+    if (!t)
+      throw error(op->debugName(), ": input tensor '", id,
+                  "' is not defined by any earlier node, initializer or graph input");
     op->inputs.push_back(t);
   }
   // Trailing omitted inputs carry no meaning; dropping them keeps inputCount() honest.
-  while (!op->inputs.empty() && op->inputs.back() == nullptr) op->inputs.pop_back();
+  while (!op->inputs.empty() && op->inputs.back() == nullptr)
+    op->inputs.pop_back();
   for (const auto &id : outputs) {
     if (id.empty()) {
       op->outputs.push_back(nullptr);
@@ -84,7 +86,8 @@ Op &Graph::addOp(const std::string &type, const std::string &domain, int version
     }
     Tensor *existing = findTensor(id);
     if (existing && existing->producer())
-      throw error(op->debugName(), ": output tensor '", id, "' is already produced by ", existing->producer()->debugName());
+      throw error(op->debugName(), ": output tensor '", id, "' is already produced by ",
+                  existing->producer()->debugName());
     if (existing && (existing->kind() == TensorKind::Const || existing->kind() == TensorKind::Variable ||
                      std::find(inputs_.begin(), inputs_.end(), id) != inputs_.end()))
       throw error(op->debugName(), ": output tensor '", id, "' is also a graph input or initializer");
@@ -164,7 +167,8 @@ void Graph::checkConnected() const {
   for (const auto &op : ops_)
     for (Tensor *t : op->inputs)
       if (t && !t->producer() && t->kind() == TensorKind::ActGrad && !graphInputs.count(t->id()))
-        throw error(op->debugName(), ": input tensor '", t->id(), "' is dangling: no op produces it and it is not a graph input or initializer");
+        throw error(op->debugName(), ": input tensor '", t->id(),
+                    "' is dangling: no op produces it and it is not a graph input or initializer");
   for (const auto &id : outputs_) {
     Tensor *t = findTensor(id);
     if (!t) throw error("graph output '", id, "' is not produced by any node");
@@ -176,29 +180,36 @@ void Graph::checkConnected() const {
 std::string Graph::dump() const {
   std::ostringstream os;
   os << "graph (opsets:";
-  for (const auto &[d, v] : opsets_) os << " " << d << "=" << v;
+  for (const auto &[d, v] : opsets_)
+    os << " " << d << "=" << v;
   os << ")\n";
-  for (const auto &id : inputs_) os << "  input  " << id << " : " << tensor(id).info() << "\n";
+  for (const auto &id : inputs_)
+    os << "  input  " << id << " : " << tensor(id).info() << "\n";
   for (const auto &[id, t] : tensors_)
     if (t->kind() == TensorKind::Variable || t->kind() == TensorKind::Const)
-      if (!t->consumers().empty()) os << "  " << (t->kind() == TensorKind::Const ? "const  " : "weight ") << id << " : " << t->info() << "\n";
+      if (!t->consumers().empty())
+        os << "  " << (t->kind() == TensorKind::Const ? "const  " : "weight ") << id << " : " << t->info() << "\n";
   for (const Op *op : schedule()) {
     os << "  %" << op->id << " " << op->domain << "::" << op->type << "-" << op->version;
     if (!op->name.empty()) os << " '" << op->name << "'";
     os << " (";
-    for (size_t i = 0; i < op->inputs.size(); ++i) os << (i ? ", " : "") << (op->inputs[i] ? op->inputs[i]->id() : "-");
+    for (size_t i = 0; i < op->inputs.size(); ++i)
+      os << (i ? ", " : "") << (op->inputs[i] ? op->inputs[i]->id() : "-");
     os << ") -> (";
     for (size_t i = 0; i < op->outputs.size(); ++i) {
       os << (i ? ", " : "");
-      if (op->outputs[i]) os << op->outputs[i]->id() << " : " << op->outputs[i]->info();
-      else os << "-";
+      if (op->outputs[i])
+        os << op->outputs[i]->id() << " : " << op->outputs[i]->info();
+      else
+        os << "-";
     }
     os << ")";
     std::string attrs = op->attrs.toString();
     if (!attrs.empty()) os << " {" << attrs << "}";
     os << "\n";
   }
-  for (const auto &id : outputs_) os << "  output " << id << " : " << tensor(id).info() << "\n";
+  for (const auto &id : outputs_)
+    os << "  output " << id << " : " << tensor(id).info() << "\n";
   return os.str();
 }
 

@@ -32,8 +32,8 @@ public:
   /// Adds an op whose inputs exist ("" for an omitted optional input) and whose outputs are
   /// new ActGrad tensors of unknown info ("" for an omitted optional output). The OpDef is
   /// looked up in the registry; throws if the type or version is unsupported.
-  Op &addOp(const std::string &type, const std::string &domain, int version, const std::string &name,
-            Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs);
+  Op &addOp(const std::string &type, const std::string &domain, int version, const std::string &name, Attributes attrs,
+            const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs);
   /// Removes \p op and disconnects it (its outputs stay, without producer).
   void removeOp(Op &op);
   /// Replaces input \p index of \p op by \p tensor (may be null).

@@ -25,10 +25,10 @@ struct Placement {
 class Op {
 public:
   int64_t id = 0;
-  std::string type;     ///< ONNX op type, e.g. "Conv"
-  std::string domain;   ///< "ai.onnx" for the default domain
-  int version = 0;      ///< opset version of the domain in the model
-  std::string name;     ///< node name from the model (may be empty)
+  std::string type;   ///< ONNX op type, e.g. "Conv"
+  std::string domain; ///< "ai.onnx" for the default domain
+  int version = 0;    ///< opset version of the domain in the model
+  std::string name;   ///< node name from the model (may be empty)
   Attributes attrs;
   std::vector<Tensor *> inputs;  ///< null where an optional input is omitted
   std::vector<Tensor *> outputs; ///< null where an optional output is omitted

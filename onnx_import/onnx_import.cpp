@@ -42,9 +42,12 @@ std::string readExternalData(const onnx::TensorProto &t, const std::string &base
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto &kv : t.external_data()) {
-    if (kv.key() == "location") location = kv.value();
-    else if (kv.key() == "offset") offset = std::stoll(kv.value());
-    else if (kv.key() == "length") length = std::stoll(kv.value());
+    if (kv.key() == "location")
+      location = kv.value();
+    else if (kv.key() == "offset")
+      offset = std::stoll(kv.value());
+    else if (kv.key() == "length")
+      length = std::stoll(kv.value());
   }
   if (location.empty()) throw error("tensor '", t.name(), "': external data has no location");
   fs::path rel(location);
@@ -85,7 +88,8 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   if (type == DataType::STRING) {
     if (t.string_data_size() != n)
       throw error("tensor '", t.name(), "': ", t.string_data_size(), " strings for shape ", toString(info.shape()));
-    for (int64_t i = 0; i < n; ++i) data.strings()[i] = t.string_data(static_cast<int>(i));
+    for (int64_t i = 0; i < n; ++i)
+      data.strings()[i] = t.string_data(static_cast<int>(i));
     return data;
   }
   auto expectCount = [&](int64_t have, const char *field) {
@@ -122,8 +126,10 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
       expectCount(t.uint64_data_size(), "uint64_data");
       for (int64_t i = 0; i < n; ++i) {
         uint64_t v = t.uint64_data(static_cast<int>(i));
-        if (type == DataType::UINT32) data.as<uint32_t>()[i] = static_cast<uint32_t>(v);
-        else data.as<uint64_t>()[i] = v;
+        if (type == DataType::UINT32)
+          data.as<uint32_t>()[i] = static_cast<uint32_t>(v);
+        else
+          data.as<uint64_t>()[i] = v;
       }
       break;
     default: { // int32_data carries INT32, INT16, INT8, UINT16, UINT8, BOOL, FLOAT16 and BFLOAT16
@@ -147,12 +153,16 @@ ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string 
     case onnx::AttributeProto::FLOAT: attrs.set(a.name(), a.f()); break;
     case onnx::AttributeProto::INT: attrs.set(a.name(), static_cast<int64_t>(a.i())); break;
     case onnx::AttributeProto::STRING: attrs.set(a.name(), a.s()); break;
-    case onnx::AttributeProto::FLOATS: attrs.set(a.name(), std::vector<float>(a.floats().begin(), a.floats().end())); break;
+    case onnx::AttributeProto::FLOATS:
+      attrs.set(a.name(), std::vector<float>(a.floats().begin(), a.floats().end()));
+      break;
     case onnx::AttributeProto::INTS: attrs.set(a.name(), std::vector<int64_t>(a.ints().begin(), a.ints().end())); break;
     case onnx::AttributeProto::STRINGS:
       attrs.set(a.name(), std::vector<std::string>(a.strings().begin(), a.strings().end()));
       break;
-    case onnx::AttributeProto::TENSOR: attrs.set(a.name(), std::make_shared<TensorData>(tensorFromProto(a.t(), baseDir))); break;
+    case onnx::AttributeProto::TENSOR:
+      attrs.set(a.name(), std::make_shared<TensorData>(tensorFromProto(a.t(), baseDir)));
+      break;
     case onnx::AttributeProto::GRAPH:
     case onnx::AttributeProto::GRAPHS:
       throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(),
@@ -169,18 +179,22 @@ ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string 
 void canonicalizeConstant(ir::Attributes &attrs, const std::string &nodeName) {
   if (attrs.has("value")) return;
   std::shared_ptr<TensorData> t;
-  if (attrs.has("value_float")) t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {}, {attrs.getFloat("value_float")}));
-  else if (attrs.has("value_int")) t = std::make_shared<TensorData>(TensorData::fromInt64({}, {attrs.getInt("value_int")}));
+  if (attrs.has("value_float"))
+    t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {}, {attrs.getFloat("value_float")}));
+  else if (attrs.has("value_int"))
+    t = std::make_shared<TensorData>(TensorData::fromInt64({}, {attrs.getInt("value_int")}));
   else if (attrs.has("value_floats")) {
     auto v = attrs.getFloats("value_floats");
-    t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {static_cast<int64_t>(v.size())}, std::vector<double>(v.begin(), v.end())));
+    t = std::make_shared<TensorData>(TensorData::fromDoubles(DataType::FLOAT, {static_cast<int64_t>(v.size())},
+                                                             std::vector<double>(v.begin(), v.end())));
   } else if (attrs.has("value_ints")) {
     auto v = attrs.getInts("value_ints");
     t = std::make_shared<TensorData>(TensorData::fromInt64({static_cast<int64_t>(v.size())}, v));
   } else {
     throw error("Constant '", nodeName, "': no supported value attribute (value, value_float(s), value_int(s))");
   }
-  for (const char *k : {"value_float", "value_int", "value_floats", "value_ints"}) attrs.erase(k);
+  for (const char *k : {"value_float", "value_int", "value_floats", "value_ints"})
+    attrs.erase(k);
   attrs.set("value", t);
 }
 
@@ -190,7 +204,8 @@ TensorInfo infoFromValueInfo(const onnx::ValueInfoProto &vi) {
   const auto &tt = vi.type().tensor_type();
   Shape shape;
   if (tt.has_shape())
-    for (const auto &d : tt.shape().dim()) shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+    for (const auto &d : tt.shape().dim())
+      shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
   return TensorInfo(dataTypeFromOnnx(tt.elem_type()), shape);
 }
 
@@ -221,7 +236,8 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
   }
 
   auto graph = std::make_unique<ir::Graph>();
-  for (const auto &opset : model.opset_import()) graph->opsets()[ir::canonicalDomain(opset.domain())] = static_cast<int>(opset.version());
+  for (const auto &opset : model.opset_import())
+    graph->opsets()[ir::canonicalDomain(opset.domain())] = static_cast<int>(opset.version());
   // A model of training-domain ops only may omit the default opset; its nodes are then checked
   // against the domains it does import.
   int defaultOpset = graph->opsets().count("ai.onnx") ? graph->opsets().at("ai.onnx") : 17;
@@ -246,7 +262,8 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
     std::string domain = ir::canonicalDomain(node.domain());
     auto it = graph->opsets().find(domain);
     if (it == graph->opsets().end())
-      throw error("node '", node.name(), "' (", node.op_type(), ") uses domain '", domain, "', which the model does not import");
+      throw error("node '", node.name(), "' (", node.op_type(), ") uses domain '", domain,
+                  "', which the model does not import");
     ir::Attributes attrs = convertAttributes(node, baseDir);
     if (node.op_type() == "Constant" && domain == "ai.onnx") canonicalizeConstant(attrs, node.name());
     std::vector<TensorId> ins(node.input().begin(), node.input().end());
@@ -283,9 +300,11 @@ std::string serializeTensorProto(const TensorData &data, const std::string &name
   onnx::TensorProto t;
   t.set_name(name);
   t.set_data_type(static_cast<int>(data.info().dataType()));
-  for (int64_t d : data.info().shape()) t.add_dims(d);
+  for (int64_t d : data.info().shape())
+    t.add_dims(d);
   if (data.info().dataType() == DataType::STRING) {
-    for (const auto &s : data.strings()) t.add_string_data(s);
+    for (const auto &s : data.strings())
+      t.add_string_data(s);
   } else {
     t.set_raw_data(data.data(), static_cast<size_t>(data.byteCount()));
   }

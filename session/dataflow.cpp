@@ -3,10 +3,14 @@
 
 namespace popart {
 
-AnchorReturnType::AnchorReturnType(const std::string &name, int returnPeriod) : returnPeriod_(returnPeriod), name_(name) {
-  if (name == "FINAL") id_ = AnchorReturnTypeId::Final;
-  else if (name == "ALL") id_ = AnchorReturnTypeId::All;
-  else if (name == "SUM") id_ = AnchorReturnTypeId::Sum;
+AnchorReturnType::AnchorReturnType(const std::string &name, int returnPeriod)
+    : returnPeriod_(returnPeriod), name_(name) {
+  if (name == "FINAL")
+    id_ = AnchorReturnTypeId::Final;
+  else if (name == "ALL")
+    id_ = AnchorReturnTypeId::All;
+  else if (name == "SUM")
+    id_ = AnchorReturnTypeId::Sum;
   else if (name == "EVERYN") {
     id_ = AnchorReturnTypeId::EveryN;
     if (returnPeriod <= 0) throw error("AnchorReturnType EVERYN needs a positive return period, got ", returnPeriod);
@@ -21,15 +25,16 @@ DataFlow::DataFlow(int batchesPerStep, const std::map<TensorId, AnchorReturnType
   for (const auto &[id, art] : anchors) {
     order_.push_back(id);
     if (art.id() == AnchorReturnTypeId::EveryN && batchesPerStep % art.rp() != 0)
-      throw error("DataFlow: anchor '", id, "' returns every ", art.rp(), " batches, which does not divide batchesPerStep ",
-                  batchesPerStep);
+      throw error("DataFlow: anchor '", id, "' returns every ", art.rp(),
+                  " batches, which does not divide batchesPerStep ", batchesPerStep);
   }
 }
 
 DataFlow::DataFlow(int batchesPerStep, const std::vector<TensorId> &anchors, const AnchorReturnType &art)
     : DataFlow(batchesPerStep, [&] {
         std::map<TensorId, AnchorReturnType> m;
-        for (const auto &id : anchors) m.emplace(id, art);
+        for (const auto &id : anchors)
+          m.emplace(id, art);
         return m;
       }()) {
   order_ = anchors;

@@ -69,7 +69,8 @@ struct InferenceSession::Impl {
     backend_cpu::ReferenceEvaluator evaluator;
     ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
     bool hasGradientOps = false;
-    for (const auto &op : g->ops()) hasGradientOps = hasGradientOps || op->def->expandedBeforeLowering;
+    for (const auto &op : g->ops())
+      hasGradientOps = hasGradientOps || op->def->expandedBeforeLowering;
     if (hasGradientOps) {
       autodiff::expandGradientOps(*g);
       ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
@@ -82,17 +83,22 @@ struct InferenceSession::Impl {
       }
     ir::removeDeadCode(*g, keep);
     backend_cpu::CompileOptions co;
-    if (options.kernels == "reference") co.provider = backend_cpu::KernelProvider::Reference;
-    else if (options.kernels == "dnnl") co.provider = backend_cpu::KernelProvider::Dnnl;
-    else if (options.kernels != "any") throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+    if (options.kernels == "reference")
+      co.provider = backend_cpu::KernelProvider::Reference;
+    else if (options.kernels == "dnnl")
+      co.provider = backend_cpu::KernelProvider::Dnnl;
+    else if (options.kernels != "any")
+      throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, co);
     graph = std::move(g);
     compiledInfos = infos;
     compiledValues.clear();
-    for (const auto &id : valueInputs) compiledValues.emplace(id, *graph->tensor(id).data());
+    for (const auto &id : valueInputs)
+      compiledValues.emplace(id, *graph->tensor(id).data());
   }
 
-  bool matchesCompiled(const std::map<TensorId, TensorInfo> &infos, const std::map<TensorId, const IArray *> &values) const {
+  bool matchesCompiled(const std::map<TensorId, TensorInfo> &infos,
+                       const std::map<TensorId, const IArray *> &values) const {
     if (!plan || infos != compiledInfos) return false;
     for (const auto &[id, data] : compiledValues) {
       if (data.info().dataType() == DataType::STRING) {
@@ -100,7 +106,8 @@ struct InferenceSession::Impl {
         if (!std::equal(data.strings().begin(), data.strings().end(), s)) return false;
         continue;
       }
-      if (std::memcmp(data.data(), const_cast<IArray *>(values.at(id))->data(), static_cast<size_t>(data.byteCount())) != 0)
+      if (std::memcmp(data.data(), const_cast<IArray *>(values.at(id))->data(),
+                      static_cast<size_t>(data.byteCount())) != 0)
         return false;
     }
     return true;
@@ -110,12 +117,14 @@ struct InferenceSession::Impl {
 InferenceSession::InferenceSession() : impl_(std::make_unique<Impl>()) {}
 InferenceSession::~InferenceSession() = default;
 
-std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model, const DataFlow &dataFlow,
+std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model,
+                                                                        const DataFlow &dataFlow,
                                                                         const SessionOptions &options) {
   return createFromOnnxModel(model, dataFlow, InputShapeInfo(), options);
 }
 
-std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model, const DataFlow &dataFlow,
+std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const std::string &model,
+                                                                        const DataFlow &dataFlow,
                                                                         const InputShapeInfo &inputShapes,
                                                                         const SessionOptions &options) {
   std::unique_ptr<InferenceSession> s(new InferenceSession());
@@ -150,7 +159,8 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   for (const auto &op : m.declared->ops()) {
     std::vector<int> idx = op->def->valueInputs;
     if (op->def->allInputsAreValueInputs)
-      for (size_t i = 0; i < op->inputCount(); ++i) idx.push_back(static_cast<int>(i));
+      for (size_t i = 0; i < op->inputCount(); ++i)
+        idx.push_back(static_cast<int>(i));
     // A value input computed from fed inputs (Cast, Add, ...) needs those fed inputs' values.
     std::vector<const ir::Tensor *> stack;
     for (int i : idx)
@@ -190,11 +200,15 @@ void InferenceSession::run(StepIO &stepio) {
   std::map<TensorId, const IArray *> arrays;
   for (const auto &[id, arr] : stepio.inputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
-      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", [&] {
-        std::string s;
-        for (const auto &i : m.inputIds) s += (s.empty() ? "" : ", ") + i;
-        return s;
-      }(), ")");
+      throw error(
+          "StepIO input '", id, "' is not an input of the model (inputs: ",
+          [&] {
+            std::string s;
+            for (const auto &i : m.inputIds)
+              s += (s.empty() ? "" : ", ") + i;
+            return s;
+          }(),
+          ")");
   for (const auto &id : m.inputIds) {
     auto it = stepio.inputs().find(id);
     if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
@@ -208,10 +222,13 @@ void InferenceSession::run(StepIO &stepio) {
       fed.erase(fed.begin());
     }
     if (arr.dataType() != declared.dataType())
-      throw error("input '", id, "' has type ", toString(arr.dataType()), " but the model expects ", toString(declared.dataType()));
+      throw error("input '", id, "' has type ", toString(arr.dataType()), " but the model expects ",
+                  toString(declared.dataType()));
     bool ok = fed.size() == declared.shape().size();
-    for (size_t i = 0; ok && i < fed.size(); ++i) ok = declared.shape()[i] < 0 || declared.shape()[i] == fed[i];
-    if (!ok) throw error("input '", id, "' has shape ", toString(fed), " but the model expects ", toString(declared.shape()));
+    for (size_t i = 0; ok && i < fed.size(); ++i)
+      ok = declared.shape()[i] < 0 || declared.shape()[i] == fed[i];
+    if (!ok)
+      throw error("input '", id, "' has shape ", toString(fed), " but the model expects ", toString(declared.shape()));
     infos[id] = TensorInfo(arr.dataType(), fed);
     arrays[id] = &arr;
   }
@@ -226,12 +243,15 @@ void InferenceSession::run(StepIO &stepio) {
     const TensorInfo &info = m.plan->info(id);
     Shape expected = info.shape();
     int count = m.dataFlow.returnedCount(id);
-    if (count > 1 || (bps > 1 && m.dataFlow.art(id).id() != AnchorReturnTypeId::Final && m.dataFlow.art(id).id() != AnchorReturnTypeId::Sum))
+    if (count > 1 || (bps > 1 && m.dataFlow.art(id).id() != AnchorReturnTypeId::Final &&
+                      m.dataFlow.art(id).id() != AnchorReturnTypeId::Sum))
       expected.insert(expected.begin(), count);
     if (arr.dataType() != info.dataType())
-      throw error("output buffer for anchor '", id, "' has type ", toString(arr.dataType()), ", expected ", toString(info.dataType()));
+      throw error("output buffer for anchor '", id, "' has type ", toString(arr.dataType()), ", expected ",
+                  toString(info.dataType()));
     if (arr.nelms() != shapeElementCount(expected))
-      throw error("output buffer for anchor '", id, "' has shape ", toString(arr.shape()), ", expected ", toString(expected));
+      throw error("output buffer for anchor '", id, "' has shape ", toString(arr.shape()), ", expected ",
+                  toString(expected));
   }
   for (int b = 0; b < bps; ++b) {
     for (const auto &id : m.inputIds) {
@@ -261,10 +281,12 @@ void InferenceSession::run(StepIO &stepio) {
         if (b == bps - 1) std::memcpy(dst, src, static_cast<size_t>(bytes));
         break;
       case AnchorReturnTypeId::EveryN:
-        if ((b + 1) % art.rp() == 0) std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
+        if ((b + 1) % art.rp() == 0)
+          std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
         break;
       case AnchorReturnTypeId::Sum:
-        if (b == 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+        if (b == 0)
+          std::memcpy(dst, src, static_cast<size_t>(bytes));
         else
           dispatchNumeric(info.dataType(), "SUM anchor", [&](auto tag) {
             using T = typename decltype(tag)::type;
@@ -284,7 +306,8 @@ std::vector<TensorId> InferenceSession::getOutputIds() const { return impl_->out
 
 TensorInfo InferenceSession::getInfo(const TensorId &id) const {
   if (impl_->plan) return impl_->plan->info(id);
-  if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end()) return impl_->resolvedInfo(id);
+  if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end())
+    return impl_->resolvedInfo(id);
   return impl_->declared->tensor(id).info();
 }
 

@@ -11,9 +11,9 @@ namespace {
 
 const std::map<std::string, DataType> &descrTypes() {
   static const std::map<std::string, DataType> m{
-      {"<f4", DataType::FLOAT}, {"<f8", DataType::DOUBLE}, {"<f2", DataType::FLOAT16}, {"|i1", DataType::INT8},
-      {"<i2", DataType::INT16}, {"<i4", DataType::INT32},  {"<i8", DataType::INT64},   {"|u1", DataType::UINT8},
-      {"<u2", DataType::UINT16}, {"<u4", DataType::UINT32}, {"<u8", DataType::UINT64}, {"|b1", DataType::BOOL}};
+      {"<f4", DataType::FLOAT},  {"<f8", DataType::DOUBLE}, {"<f2", DataType::FLOAT16}, {"|i1", DataType::INT8},
+      {"<i2", DataType::INT16},  {"<i4", DataType::INT32},  {"<i8", DataType::INT64},   {"|u1", DataType::UINT8},
+      {"<u2", DataType::UINT16}, {"<u4", DataType::UINT32}, {"<u8", DataType::UINT64},  {"|b1", DataType::BOOL}};
   return m;
 }
 
@@ -37,7 +37,8 @@ TensorData read(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error("cannot open .npy file '", path, "'");
   char magic[8];
-  if (!in.read(magic, 8) || std::string(magic, 6) != "\x93NUMPY") throw error("'", path, "' is not a .npy file (bad magic)");
+  if (!in.read(magic, 8) || std::string(magic, 6) != "\x93NUMPY")
+    throw error("'", path, "' is not a .npy file (bad magic)");
   uint32_t headerLen = 0;
   if (magic[6] == 1) {
     uint16_t l;
@@ -70,16 +71,19 @@ TensorData read(const std::string &path) {
   }
   TensorData data{TensorInfo(it->second, shape)};
   if (!in.read(static_cast<char *>(data.data()), data.byteCount()))
-    throw error(".npy file '", path, "' is truncated: expected ", data.byteCount(), " bytes of data for ", data.info().toString());
+    throw error(".npy file '", path, "' is truncated: expected ", data.byteCount(), " bytes of data for ",
+                data.info().toString());
   return data;
 }
 
 void write(const std::string &path, const TensorData &data) {
   std::string shape = "(";
-  for (size_t i = 0; i < data.info().shape().size(); ++i) shape += std::to_string(data.info().shape()[i]) + ",";
+  for (size_t i = 0; i < data.info().shape().size(); ++i)
+    shape += std::to_string(data.info().shape()[i]) + ",";
   if (data.info().shape().size() > 1) shape.pop_back();
   shape += ")";
-  std::string header = "{'descr': '" + descrOf(data.info().dataType()) + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descrOf(data.info().dataType()) + "', 'fortran_order': False, 'shape': " + shape + ", }";
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';

@@ -21,7 +21,8 @@ struct Window {
 
 /// \p transposed: ConvTranspose's rules for output_shape / auto_pad. padR is the ONNX end
 /// padding; callers adapt it to oneDNN's size formula.
-Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel, bool transposed) {
+Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
+                  bool transposed) {
   size_t nsp = x.size() - 2;
   Window w;
   auto strides = op.attrs.getInts("strides", std::vector<int64_t>(nsp, 1));
@@ -72,20 +73,25 @@ memory::desc weightsDesc(const ir::Op &op, bool transposed) {
   const Shape &w = op.inInfo(1).shape();
   int64_t group = op.attrs.getInt("group", 1);
   int64_t k = 1;
-  for (size_t i = 2; i < w.size(); ++i) k *= w[i];
+  for (size_t i = 2; i < w.size(); ++i)
+    k *= w[i];
   memory::dims spatial(w.begin() + 2, w.end());
   memory::dims spatialStrides = dnnl_util::plainStrides(spatial);
   memory::dims dims, strides;
   if (!transposed) {
     // ONNX (M, C/g, k...) is already (g, M/g, C/g, k...) row-major.
     int64_t oc = w[0] / group, ic = w[1];
-    if (group > 1) dims = {group, oc, ic}, strides = {oc * ic * k, ic * k, k};
-    else dims = {oc, ic}, strides = {ic * k, k};
+    if (group > 1)
+      dims = {group, oc, ic}, strides = {oc * ic * k, ic * k, k};
+    else
+      dims = {oc, ic}, strides = {ic * k, k};
   } else {
     // ONNX (C, M/g, k...) is (g, C/g, M/g, k...): oneDNN's oc and ic axes are swapped.
     int64_t ic = w[0] / group, oc = w[1];
-    if (group > 1) dims = {group, oc, ic}, strides = {oc * ic * k, k, oc * k};
-    else dims = {oc, ic}, strides = {k, oc * k};
+    if (group > 1)
+      dims = {group, oc, ic}, strides = {oc * ic * k, k, oc * k};
+    else
+      dims = {oc, ic}, strides = {k, oc * k};
   }
   dims.insert(dims.end(), spatial.begin(), spatial.end());
   strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
@@ -101,7 +107,8 @@ public:
     if (transposed) {
       // oneDNN's deconvolution has no output_padding: it is less end padding.
       auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(x.size() - 2, 0));
-      for (size_t i = 0; i < w.padR.size(); ++i) w.padR[i] -= outPad[i];
+      for (size_t i = 0; i < w.padR.size(); ++i)
+        w.padR[i] -= outPad[i];
     }
     for (size_t i = 0; i < w.padR.size(); ++i)
       if (w.padL[i] < 0 || (!transposed && w.padR[i] < 0))
@@ -132,7 +139,7 @@ public:
     if (hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                    {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y_}});
+                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y_}});
     } else {
       dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
     }
@@ -163,9 +170,11 @@ public:
       w.padR[i] = needed;
     }
     for (size_t i = 0; i < w.padR.size(); ++i)
-      if (w.padL[i] < 0 || w.padR[i] < 0) throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
-    algorithm alg = isMax ? algorithm::pooling_max
-                          : includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
+      if (w.padL[i] < 0 || w.padR[i] < 0)
+        throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+    algorithm alg = isMax        ? algorithm::pooling_max
+                    : includePad ? algorithm::pooling_avg_include_padding
+                                 : algorithm::pooling_avg_exclude_padding;
     auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
     auto &eng = dnnl_util::engine();
     pooling_v2_forward::desc d(prop_kind::forward_inference, alg, mdX, mdY, w.strides, w.kernel, w.dilates, w.padL,

@@ -15,9 +15,11 @@ dnnl::stream &stream() {
 void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
              std::initializer_list<std::pair<int, dnnl::memory>> args) {
   if (cache.empty())
-    for (const auto &[arg, mem] : args) cache.push_back({arg, mem.get()});
-  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), stream().get(), static_cast<int>(cache.size()), cache.data()),
-                          "could not execute a primitive");
+    for (const auto &[arg, mem] : args)
+      cache.push_back({arg, mem.get()});
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(prim.get(), stream().get(), static_cast<int>(cache.size()), cache.data()),
+      "could not execute a primitive");
   stream().wait();
 }
 
@@ -37,13 +39,15 @@ dnnl::memory::dims toDims(const Shape &shape) {
 
 dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims) {
   dnnl::memory::dims s(dims.size(), 1);
-  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * dims[i + 1];
+  for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i)
+    s[i] = s[i + 1] * dims[i + 1];
   return s;
 }
 
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type) {
   dnnl::memory::dims dims = toDims(shape);
-  while (dims.size() < rank) dims.insert(dims.begin(), 1);
+  while (dims.size() < rank)
+    dims.insert(dims.begin(), 1);
   return dnnl::memory::desc(dims, type, plainStrides(dims));
 }
 

@@ -26,7 +26,8 @@ dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims);
 void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
              std::initializer_list<std::pair<int, dnnl::memory>> args);
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
-dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
+                             dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 
 /// A kernel that runs one primitive from input 0 (SRC) to output 0 (DST): eltwise, softmax,
 /// reduction, pooling without indices...

@@ -20,18 +20,24 @@ struct EltwiseSpec {
 bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
   const auto &a = op.attrs;
   static const std::map<std::string, algorithm> simple{
-      {"Relu", algorithm::eltwise_relu},     {"Tanh", algorithm::eltwise_tanh}, {"Sigmoid", algorithm::eltwise_logistic},
-      {"Exp", algorithm::eltwise_exp},   {"Sqrt", algorithm::eltwise_sqrt},
-      {"Abs", algorithm::eltwise_abs}, {"HardSwish", algorithm::eltwise_hardswish}};
+      {"Relu", algorithm::eltwise_relu},          {"Tanh", algorithm::eltwise_tanh},
+      {"Sigmoid", algorithm::eltwise_logistic},   {"Exp", algorithm::eltwise_exp},
+      {"Sqrt", algorithm::eltwise_sqrt},          {"Abs", algorithm::eltwise_abs},
+      {"HardSwish", algorithm::eltwise_hardswish}};
   if (auto it = simple.find(op.type); it != simple.end()) {
     spec = {it->second, 0.f, 0.f};
     return true;
   }
-  if (op.type == "Elu") spec = {algorithm::eltwise_elu, a.getFloat("alpha", 1.f), 0.f};
-  else if (op.type == "LeakyRelu") spec = {algorithm::eltwise_relu, a.getFloat("alpha", 0.01f), 0.f};
-  else if (op.type == "Softplus") spec = {algorithm::eltwise_soft_relu, 1.f, 0.f};
-  else if (op.type == "Neg") spec = {algorithm::eltwise_linear, -1.f, 0.f};
-  else return false;
+  if (op.type == "Elu")
+    spec = {algorithm::eltwise_elu, a.getFloat("alpha", 1.f), 0.f};
+  else if (op.type == "LeakyRelu")
+    spec = {algorithm::eltwise_relu, a.getFloat("alpha", 0.01f), 0.f};
+  else if (op.type == "Softplus")
+    spec = {algorithm::eltwise_soft_relu, 1.f, 0.f};
+  else if (op.type == "Neg")
+    spec = {algorithm::eltwise_linear, -1.f, 0.f};
+  else
+    return false;
   return true;
 }
 
@@ -41,12 +47,12 @@ bool supportsEltwise(const ir::Op &op) {
 }
 
 std::unique_ptr<Kernel> createEltwise(const ir::Op &op) {
-    EltwiseSpec spec{};
-    eltwiseSpec(op, spec);
-    auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
-    auto pd = eltwise_forward::primitive_desc(
-        eltwise_forward::desc(prop_kind::forward_inference, spec.alg, md, spec.alpha, spec.beta), dnnl_util::engine());
-    return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
+  EltwiseSpec spec{};
+  eltwiseSpec(op, spec);
+  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto pd = eltwise_forward::primitive_desc(
+      eltwise_forward::desc(prop_kind::forward_inference, spec.alg, md, spec.alpha, spec.beta), dnnl_util::engine());
+  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
 }
 
 algorithm binaryAlgorithm(const std::string &type) {
@@ -109,8 +115,8 @@ bool supportsBinaryKernel(const ir::Op &op) {
 } // namespace
 
 void registerDnnlElementwiseKernels(KernelRegistry &r) {
-  for (const char *t : {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu",
-                        "Softplus", "Neg"})
+  for (const char *t :
+       {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu", "Softplus", "Neg"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, createEltwise});
   for (const char *t : {"Add", "Sub", "Mul", "Div"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBinaryKernel, makeKernel<BinaryKernel>});

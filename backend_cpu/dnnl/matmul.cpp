@@ -23,10 +23,13 @@ public:
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     size_t rank = std::max(a.size(), b.size());
-    while (a.size() < rank) a.insert(a.begin(), 1);
-    while (b.size() < rank) b.insert(b.begin(), 1);
+    while (a.size() < rank)
+      a.insert(a.begin(), 1);
+    while (b.size() < rank)
+      b.insert(b.begin(), 1);
     Shape y(rank);
-    for (size_t i = 0; i + 2 < rank; ++i) y[i] = std::max(a[i], b[i]);
+    for (size_t i = 0; i + 2 < rank; ++i)
+      y[i] = std::max(a[i], b[i]);
     y[rank - 2] = a[rank - 2];
     y[rank - 1] = b[rank - 1];
     auto mdA = dnnl_util::plainDesc(a, rank), mdB = dnnl_util::plainDesc(b, rank), mdY = dnnl_util::plainDesc(y, rank);
@@ -91,8 +94,10 @@ public:
     if (hasC_) {
       c_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                    {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_},
-                     {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
+                         {{DNNL_ARG_SRC, a_},
+                          {DNNL_ARG_WEIGHTS, b_},
+                          {DNNL_ARG_DST, y_},
+                          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
     } else {
       dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
     }

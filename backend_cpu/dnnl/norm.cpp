@@ -39,7 +39,8 @@ public:
     prim_ = batch_normalization_forward(batch_normalization_forward::primitive_desc(d, eng));
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     y_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    for (auto *m : {&scale_, &shift_, &mean_, &var_}) *m = memory(mdC, eng, DNNL_MEMORY_NONE);
+    for (auto *m : {&scale_, &shift_, &mean_, &var_})
+      *m = memory(mdC, eng, DNNL_MEMORY_NONE);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -48,12 +49,13 @@ public:
     mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
     var_.set_data_handle(const_cast<void *>(args.inputs[4]));
     y_.set_data_handle(args.outputs[0]);
-    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_},
-                                        {DNNL_ARG_SCALE, scale_},
-                                        {DNNL_ARG_SHIFT, shift_},
-                                        {DNNL_ARG_MEAN, mean_},
-                                        {DNNL_ARG_VARIANCE, var_},
-                                        {DNNL_ARG_DST, y_}});
+    dnnl_util::execute(prim_, args_,
+                       {{DNNL_ARG_SRC, x_},
+                        {DNNL_ARG_SCALE, scale_},
+                        {DNNL_ARG_SHIFT, shift_},
+                        {DNNL_ARG_MEAN, mean_},
+                        {DNNL_ARG_VARIANCE, var_},
+                        {DNNL_ARG_DST, y_}});
   }
 
 private:
@@ -68,7 +70,8 @@ std::pair<int64_t, int64_t> layerNormSplit(const ir::Op &op) {
   int64_t rank = static_cast<int64_t>(x.size()), axis = op.attrs.getInt("axis", -1);
   if (axis < 0) axis += rank;
   int64_t outer = 1, inner = 1;
-  for (int64_t i = 0; i < rank; ++i) (i < axis ? outer : inner) *= x[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < rank; ++i)
+    (i < axis ? outer : inner) *= x[static_cast<size_t>(i)];
   return {outer, inner};
 }
 
@@ -107,7 +110,7 @@ public:
     if (hasShift_) {
       shift_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                    {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_DST, y_}});
+                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_DST, y_}});
     } else {
       dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_DST, y_}});
     }

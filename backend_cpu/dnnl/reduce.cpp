@@ -41,8 +41,10 @@ memory::dims keptDims(const ir::Op &op) {
   if (axes.empty() && op.attrs.getInt("noop_with_empty_axes", 0) != 0) return {};
   memory::dims dims(s.begin(), s.end());
   if (axes.empty())
-    for (auto &d : dims) d = 1;
-  for (int64_t a : axes) dims[static_cast<size_t>(a < 0 ? a + rank : a)] = 1;
+    for (auto &d : dims)
+      d = 1;
+  for (int64_t a : axes)
+    dims[static_cast<size_t>(a < 0 ? a + rank : a)] = 1;
   return dims;
 }
 
@@ -59,14 +61,14 @@ bool supportsReduction(const ir::Op &op) {
 }
 
 std::unique_ptr<Kernel> createReduction(const ir::Op &op) {
-    const ReductionSpec &spec = reductionSpecs().at(op.type);
-    memory::dims srcDims(op.inInfo(0).shape().begin(), op.inInfo(0).shape().end());
-    memory::dims dstDims = keptDims(op);
-    memory::desc srcMd(srcDims, memory::data_type::f32, dnnl_util::plainStrides(srcDims));
-    // keepdims = 0 only drops size-1 dims, so the plain layout of the output is the same.
-    memory::desc dstMd(dstDims, memory::data_type::f32, dnnl_util::plainStrides(dstDims));
-    auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine());
-    return std::make_unique<dnnl_util::SrcDstKernel>(reduction(pd), srcMd, dstMd);
+  const ReductionSpec &spec = reductionSpecs().at(op.type);
+  memory::dims srcDims(op.inInfo(0).shape().begin(), op.inInfo(0).shape().end());
+  memory::dims dstDims = keptDims(op);
+  memory::desc srcMd(srcDims, memory::data_type::f32, dnnl_util::plainStrides(srcDims));
+  // keepdims = 0 only drops size-1 dims, so the plain layout of the output is the same.
+  memory::desc dstMd(dstDims, memory::data_type::f32, dnnl_util::plainStrides(dstDims));
+  auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine());
+  return std::make_unique<dnnl_util::SrcDstKernel>(reduction(pd), srcMd, dstMd);
 }
 
 } // namespace

@@ -17,12 +17,15 @@ memory::dims softmaxDims(const ir::Op &op) {
   int64_t axis = op.attrs.getInt("axis", op.version < 13 ? 1 : -1);
   if (axis < 0) axis += rank;
   int64_t outer = 1, n = 1, inner = 1;
-  for (int64_t d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
+  for (int64_t d = 0; d < axis; ++d)
+    outer *= s[static_cast<size_t>(d)];
   if (op.version < 13) {
-    for (int64_t d = axis; d < rank; ++d) n *= s[static_cast<size_t>(d)];
+    for (int64_t d = axis; d < rank; ++d)
+      n *= s[static_cast<size_t>(d)];
   } else {
     n = s[static_cast<size_t>(axis)];
-    for (int64_t d = axis + 1; d < rank; ++d) inner *= s[static_cast<size_t>(d)];
+    for (int64_t d = axis + 1; d < rank; ++d)
+      inner *= s[static_cast<size_t>(d)];
   }
   return {outer, n, inner};
 }
@@ -33,12 +36,12 @@ bool supportsSoftmax(const ir::Op &op) {
 }
 
 std::unique_ptr<Kernel> createSoftmax(const ir::Op &op) {
-    memory::dims dims = softmaxDims(op);
-    memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
-    algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
-    auto pd = softmax_v2_forward::primitive_desc(
-        softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1), dnnl_util::engine());
-    return std::make_unique<dnnl_util::SrcDstKernel>(softmax_v2_forward(pd), md, md);
+  memory::dims dims = softmaxDims(op);
+  memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto pd = softmax_v2_forward::primitive_desc(softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1),
+                                               dnnl_util::engine());
+  return std::make_unique<dnnl_util::SrcDstKernel>(softmax_v2_forward(pd), md, md);
 }
 
 } // namespace

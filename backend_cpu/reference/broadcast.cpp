@@ -6,7 +6,8 @@ namespace popart::backend_cpu {
 
 std::vector<int64_t> rowMajorStrides(const Shape &shape) {
   std::vector<int64_t> s(shape.size(), 1);
-  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) s[i] = s[i + 1] * shape[i + 1];
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    s[i] = s[i + 1] * shape[i + 1];
   return s;
 }
 
@@ -14,13 +15,15 @@ std::vector<int64_t> broadcastStrides(const Shape &in, const Shape &out) {
   std::vector<int64_t> inStrides = rowMajorStrides(in);
   std::vector<int64_t> s(out.size(), 0);
   size_t offset = out.size() - in.size();
-  for (size_t i = 0; i < in.size(); ++i) s[i + offset] = in[i] == 1 ? 0 : inStrides[i];
+  for (size_t i = 0; i < in.size(); ++i)
+    s[i + offset] = in[i] == 1 ? 0 : inStrides[i];
   return s;
 }
 
 BroadcastWalker::BroadcastWalker(const Shape &out, const std::vector<Shape> &ins)
     : out_(out), index_(out.size(), 0), offsets_(ins.size(), 0) {
-  for (const auto &in : ins) strides_.push_back(broadcastStrides(in, out));
+  for (const auto &in : ins)
+    strides_.push_back(broadcastStrides(in, out));
 }
 
 void BroadcastWalker::reset() {
@@ -31,10 +34,12 @@ void BroadcastWalker::reset() {
 void BroadcastWalker::next() {
   for (int64_t d = static_cast<int64_t>(out_.size()) - 1; d >= 0; --d) {
     if (++index_[d] < out_[d]) {
-      for (size_t i = 0; i < offsets_.size(); ++i) offsets_[i] += strides_[i][d];
+      for (size_t i = 0; i < offsets_.size(); ++i)
+        offsets_[i] += strides_[i][d];
       return;
     }
-    for (size_t i = 0; i < offsets_.size(); ++i) offsets_[i] -= strides_[i][d] * (out_[d] - 1);
+    for (size_t i = 0; i < offsets_.size(); ++i)
+      offsets_[i] -= strides_[i][d] * (out_[d] - 1);
     index_[d] = 0;
   }
 }

@@ -13,7 +13,6 @@ namespace popart::backend_cpu {
 
 namespace {
 
-
 constexpr int kMaxSpatial = 8;
 using Dims = std::array<int64_t, kMaxSpatial>;
 
@@ -181,14 +180,17 @@ std::unique_ptr<Kernel> createConvTranspose(const ir::Op &op) {
             for (int64_t mo = 0; mo < mg; ++mo) {
               int64_t mm = gi * mg + mo;
               C acc = B ? static_cast<C>(B[mm]) : C(0);
-              for (int i = 0; i < g.nsp; ++i) j[i] = 0;
+              for (int i = 0; i < g.nsp; ++i)
+                j[i] = 0;
               for (int64_t kf = 0; kf < g.kSize; ++kf) {
                 int64_t inf = 0;
                 bool ok = true;
                 for (int i = 0; i < g.nsp && ok; ++i) {
                   int64_t num = oc[i] + g.pb[i] - j[i] * g.d[i];
-                  if (num < 0 || num % g.s[i] != 0 || num / g.s[i] >= g.in[i]) ok = false;
-                  else inf += (num / g.s[i]) * g.inStride[i];
+                  if (num < 0 || num % g.s[i] != 0 || num / g.s[i] >= g.in[i])
+                    ok = false;
+                  else
+                    inf += (num / g.s[i]) * g.inStride[i];
                 }
                 if (ok)
                   for (int64_t ci = 0; ci < cg; ++ci) {
@@ -244,7 +246,8 @@ std::unique_ptr<Kernel> createMaxPool(const ir::Op &op) {
             int64_t idx = bestAt;
             if (colMajor && bestAt >= 0) {
               idx = 0;
-              for (int i = 0; i < g.nsp; ++i) idx += (bestAt / g.inStride[i] % g.in[i]) * colStride[i];
+              for (int i = 0; i < g.nsp; ++i)
+                idx += (bestAt / g.inStride[i] % g.in[i]) * colStride[i];
             }
             I[p * g.outSize + o] = p * g.inSize + idx;
           }
@@ -282,7 +285,8 @@ std::unique_ptr<Kernel> createAvgLpPool(const ir::Op &op) {
             ++count;
           });
           C r;
-          if (lp) r = static_cast<C>(std::pow(acc, 1.0 / p));
+          if (lp)
+            r = static_cast<C>(std::pow(acc, 1.0 / p));
           else {
             int64_t div = includePad ? padded : count;
             r = div > 0 ? acc / static_cast<C>(div) : std::numeric_limits<C>::quiet_NaN();
@@ -298,7 +302,8 @@ std::unique_ptr<Kernel> createGlobalPool(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t planes = x[0] * x[1];
   int64_t size = 1;
-  for (size_t i = 2; i < x.size(); ++i) size *= x[i];
+  for (size_t i = 2; i < x.size(); ++i)
+    size *= x[i];
   int kind = op.type == "GlobalAveragePool" ? 0 : op.type == "GlobalMaxPool" ? 1 : 2;
   double p = static_cast<double>(op.attrs.getInt("p", 2));
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
@@ -312,9 +317,12 @@ std::unique_ptr<Kernel> createGlobalPool(const ir::Op &op) {
         C acc = kind == 1 ? -std::numeric_limits<C>::infinity() : C(0);
         for (int64_t i = 0; i < size; ++i) {
           C v = static_cast<C>(xp[i]);
-          if (kind == 0) acc += v;
-          else if (kind == 1) acc = v > acc ? v : acc;
-          else acc += static_cast<C>(std::pow(std::fabs(v), p));
+          if (kind == 0)
+            acc += v;
+          else if (kind == 1)
+            acc = v > acc ? v : acc;
+          else
+            acc += static_cast<C>(std::pow(std::fabs(v), p));
         }
         if (kind == 0) acc = size > 0 ? acc / static_cast<C>(size) : std::numeric_limits<C>::quiet_NaN();
         if (kind == 2) acc = static_cast<C>(std::pow(acc, 1.0 / p));

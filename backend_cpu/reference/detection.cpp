@@ -1,7 +1,7 @@
 // Reference NonMaxSuppression: the IR's algorithm, run on the fed values.
 
-#include "backend_cpu/kernel_families.hpp"
 #include "ir/ops/detection.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include <popart/error.hpp>
 
 #include <cstring>
@@ -13,10 +13,13 @@ namespace {
 class NmsKernel : public Kernel {
 public:
   explicit NmsKernel(const ir::Op &op) : centerPointBox_(op.attrs.getInt("center_point_box", 0) != 0) {
-    for (size_t i = 0; i < 5; ++i) infos_.push_back(op.hasInput(i) ? op.inInfo(i) : TensorInfo());
     for (size_t i = 0; i < 5; ++i)
-      if (op.hasInput(i)) views_.emplace_back(infos_[i]);
-      else views_.emplace_back();
+      infos_.push_back(op.hasInput(i) ? op.inInfo(i) : TensorInfo());
+    for (size_t i = 0; i < 5; ++i)
+      if (op.hasInput(i))
+        views_.emplace_back(infos_[i]);
+      else
+        views_.emplace_back();
     rows_ = op.outInfo(0).dim(0);
   }
   void run(const KernelArgs &args) override {
@@ -25,12 +28,13 @@ public:
     for (size_t i = 0; i < 5; ++i)
       if (args.hasInput(i)) std::memcpy(views_[i].data(), args.inputs[i], static_cast<size_t>(infos_[i].byteCount()));
     auto selected = ir::nonMaxSuppression(views_[0], views_[1], args.hasInput(2) ? &views_[2] : nullptr,
-                                          args.hasInput(3) ? &views_[3] : nullptr, args.hasInput(4) ? &views_[4] : nullptr,
-                                          centerPointBox_);
+                                          args.hasInput(3) ? &views_[3] : nullptr,
+                                          args.hasInput(4) ? &views_[4] : nullptr, centerPointBox_);
     if (static_cast<int64_t>(selected.size()) != rows_)
       throw error("NonMaxSuppression: input values changed after compilation");
     for (size_t r = 0; r < selected.size(); ++r)
-      for (size_t k = 0; k < 3; ++k) args.out<int64_t>(0)[r * 3 + k] = selected[r][k];
+      for (size_t k = 0; k < 3; ++k)
+        args.out<int64_t>(0)[r * 3 + k] = selected[r][k];
   }
 
 private:
@@ -55,7 +59,8 @@ public:
     std::vector<int64_t> kernel = op.attrs.getInts("kernel_shape");
     std::vector<int64_t> strides = op.attrs.getInts("strides", std::vector<int64_t>(spatial, 1));
     std::vector<int64_t> pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * spatial, 0));
-    for (size_t i = 0; i < spatial; ++i) implied_[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
+    for (size_t i = 0; i < spatial; ++i)
+      implied_[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
   }
   void run(const KernelArgs &args) override {
     auto *y = static_cast<uint8_t *>(args.outputs[0]);

@@ -1,20 +1,19 @@
 // Reference kernels for the elementwise family: plain loops, every dtype the op allows.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/loop_kernel.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
+#include "backend_cpu/reference/loop_kernel.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <set>
 
 namespace popart::backend_cpu {
 
 namespace {
-
 
 // Unary ops on the compute type C of element type T.
 template <typename C> C unaryValue(const std::string &type, C x, const ir::Attributes &a) {
@@ -75,8 +74,10 @@ template <typename C> C unaryValue(const std::string &type, C x, const ir::Attri
     if (type == "HardSwish") return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));
   } else {
     if (type == "Abs") {
-      if constexpr (std::is_signed_v<C>) return x < 0 ? static_cast<C>(-x) : x;
-      else return x;
+      if constexpr (std::is_signed_v<C>)
+        return x < 0 ? static_cast<C>(-x) : x;
+      else
+        return x;
     }
     if (type == "Neg") return static_cast<C>(-x);
     if (type == "Sign") return static_cast<C>((x > 0) - (x < C(0)));
@@ -106,7 +107,8 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
   DataType t = op.inInfo(0).dataType();
   if (t == DataType::BOOL || t == DataType::STRING) {
     int64_t bytes = op.inInfo(0).byteCount();
-    return std::make_unique<LoopKernel>([bytes](const KernelArgs &a) { std::memcpy(a.outputs[0], a.inputs[0], bytes); });
+    return std::make_unique<LoopKernel>(
+        [bytes](const KernelArgs &a) { std::memcpy(a.outputs[0], a.inputs[0], bytes); });
   }
   std::string type = op.type;
   ir::Attributes attrs = op.attrs;
@@ -117,7 +119,8 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
       const T *x = a.in<T>(0);
       T *y = a.out<T>(0);
-      for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(unaryValue<C>(type, static_cast<C>(x[i]), attrs));
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = static_cast<T>(unaryValue<C>(type, static_cast<C>(x[i]), attrs));
     });
   });
 }
@@ -161,7 +164,8 @@ template <typename C> C binaryValue(const std::string &type, C x, C y, bool fmod
 /// Add/Sub/Mul/Div/Max/Min/Mod/Sum/Mean with numpy broadcasting over any number of inputs.
 std::unique_ptr<Kernel> createBinary(const ir::Op &op) {
   std::vector<Shape> shapes;
-  for (size_t i = 0; i < op.inputCount(); ++i) shapes.push_back(op.inInfo(i).shape());
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    shapes.push_back(op.inInfo(i).shape());
   Shape out = op.outInfo(0).shape();
   int64_t n = op.outInfo(0).elementCount();
   std::string type = op.type == "Mean" ? "Sum" : op.type;
@@ -176,7 +180,8 @@ std::unique_ptr<Kernel> createBinary(const ir::Op &op) {
       w.reset();
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C acc = static_cast<C>(a.in<T>(0)[w.offset(0)]);
-        for (size_t k = 1; k < count; ++k) acc = binaryValue<C>(type, acc, static_cast<C>(a.in<T>(k)[w.offset(k)]), fmod);
+        for (size_t k = 1; k < count; ++k)
+          acc = binaryValue<C>(type, acc, static_cast<C>(a.in<T>(k)[w.offset(k)]), fmod);
         if (mean) acc = static_cast<C>(acc / static_cast<C>(count));
         y[i] = static_cast<T>(acc);
       }
@@ -222,14 +227,22 @@ std::unique_ptr<Kernel> createCompare(const ir::Op &op) {
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), y = static_cast<C>(a.in<T>(1)[w.offset(1)]);
         bool r;
-        if (type == "Equal") r = x == y;
-        else if (type == "Less") r = x < y;
-        else if (type == "Greater") r = x > y;
-        else if (type == "LessOrEqual") r = x <= y;
-        else if (type == "GreaterOrEqual") r = x >= y;
-        else if (type == "And") r = x && y;
-        else if (type == "Or") r = x || y;
-        else r = (x != 0) != (y != 0); // Xor
+        if (type == "Equal")
+          r = x == y;
+        else if (type == "Less")
+          r = x < y;
+        else if (type == "Greater")
+          r = x > y;
+        else if (type == "LessOrEqual")
+          r = x <= y;
+        else if (type == "GreaterOrEqual")
+          r = x >= y;
+        else if (type == "And")
+          r = x && y;
+        else if (type == "Or")
+          r = x || y;
+        else
+          r = (x != 0) != (y != 0); // Xor
         z[i] = r;
       }
     });
@@ -260,7 +273,8 @@ std::unique_ptr<Kernel> createBitShift(const ir::Op &op) {
 std::unique_ptr<Kernel> createNot(const ir::Op &op) {
   int64_t n = op.inInfo(0).elementCount();
   return std::make_unique<LoopKernel>([n](const KernelArgs &a) {
-    for (int64_t i = 0; i < n; ++i) a.out<bool>(0)[i] = !a.in<bool>(0)[i];
+    for (int64_t i = 0; i < n; ++i)
+      a.out<bool>(0)[i] = !a.in<bool>(0)[i];
   });
 }
 
@@ -344,7 +358,8 @@ std::unique_ptr<Kernel> createClip(const ir::Op &op) {
 std::unique_ptr<Kernel> createCast(const ir::Op &op) {
   int64_t n = op.inInfo(0).elementCount();
   DataType from = op.inInfo(0).dataType(), to = op.outInfo(0).dataType();
-  if (from == DataType::STRING || to == DataType::STRING) throw error(op.debugName(), ": casts to or from STRING are not supported");
+  if (from == DataType::STRING || to == DataType::STRING)
+    throw error(op.debugName(), ": casts to or from STRING are not supported");
   return dispatchAll(from, op.debugName().c_str(), [&](auto ftag) -> std::unique_ptr<Kernel> {
     using F = typename decltype(ftag)::type;
     return dispatchAll(to, "Cast target", [&](auto ttag) -> std::unique_ptr<Kernel> {
@@ -375,15 +390,31 @@ bool notString(const ir::Op &op) {
 } // namespace
 
 void registerReferenceElementwiseKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &), bool (*supports)(const ir::Op &)) {
+  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &),
+                 bool (*supports)(const ir::Op &)) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };
-  for (const char *t : {"Abs", "Neg", "Sign", "Identity", "Reciprocal", "Floor", "Ceil", "Sqrt", "Relu", "Exp", "Log",
-                        "Tanh", "Sigmoid", "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh",
-                        "Acosh", "Atanh", "Round", "Softsign", "Softplus", "Elu", "Selu", "LeakyRelu", "HardSigmoid",
-                        "HardSwish", "ThresholdedRelu", "Celu", "Shrink"})
+  for (const char *t : {"Abs",        "Neg",
+                        "Sign",       "Identity",
+                        "Reciprocal", "Floor",
+                        "Ceil",       "Sqrt",
+                        "Relu",       "Exp",
+                        "Log",        "Tanh",
+                        "Sigmoid",    "Erf",
+                        "Sin",        "Cos",
+                        "Tan",        "Asin",
+                        "Acos",       "Atan",
+                        "Sinh",       "Cosh",
+                        "Asinh",      "Acosh",
+                        "Atanh",      "Round",
+                        "Softsign",   "Softplus",
+                        "Elu",        "Selu",
+                        "LeakyRelu",  "HardSigmoid",
+                        "HardSwish",  "ThresholdedRelu",
+                        "Celu",       "Shrink"})
     add(t, createUnary, supportsUnary);
-  for (const char *t : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Mod"}) add(t, createBinary, notString);
+  for (const char *t : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Mod"})
+    add(t, createBinary, notString);
   add("Pow", createPow, notString);
   for (const char *t : {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor"})
     add(t, createCompare, notString);

@@ -32,7 +32,8 @@ int64_t checkIndex(int64_t v, int64_t dim, const std::string &name) {
 
 int64_t product(const Shape &s, size_t from, size_t to) {
   int64_t p = 1;
-  for (size_t i = from; i < to && i < s.size(); ++i) p *= s[i];
+  for (size_t i = from; i < to && i < s.size(); ++i)
+    p *= s[i];
   return p;
 }
 
@@ -40,8 +41,9 @@ class GatherKernel : public Kernel {
 public:
   explicit GatherKernel(const ir::Op &op) : name_(op.debugName()), idx_(indexReader(op, 1)) {
     const Shape &data = op.inInfo(0).shape();
-    auto axis = static_cast<size_t>(op.attrs.getInt("axis", 0) < 0 ? op.attrs.getInt("axis", 0) + static_cast<int64_t>(data.size())
-                                                                   : op.attrs.getInt("axis", 0));
+    auto axis = static_cast<size_t>(op.attrs.getInt("axis", 0) < 0
+                                        ? op.attrs.getInt("axis", 0) + static_cast<int64_t>(data.size())
+                                        : op.attrs.getInt("axis", 0));
     outer_ = product(data, 0, axis);
     dim_ = data[axis];
     block_ = product(data, axis + 1, data.size()) * static_cast<int64_t>(dataTypeSize(op.inInfo(0).dataType()));
@@ -109,7 +111,8 @@ public:
   void run(const KernelArgs &a) override {
     const auto *x = static_cast<const uint8_t *>(a.inputs[0]);
     auto *y = static_cast<uint8_t *>(a.outputs[0]);
-    map_.forEach(a.inputs[1], idx_, [&](int64_t i, int64_t off) { std::memcpy(y + i * size_, x + off * size_, size_); });
+    map_.forEach(a.inputs[1], idx_,
+                 [&](int64_t i, int64_t off) { std::memcpy(y + i * size_, x + off * size_, size_); });
   }
 
 private:
@@ -142,9 +145,10 @@ public:
       for (int64_t t = 0; t < tuples_; ++t) {
         const int64_t *tuple = ind + (bi * tuples_ + t) * k_;
         int64_t off = bi * batchData_;
-        for (int64_t j = 0; j < k_; ++j) off += checkIndex(tuple[j], dims_[j], name_) * strides_[j];
-        std::memcpy(y + (bi * tuples_ + t) * slice_ * static_cast<int64_t>(size_), x + off * static_cast<int64_t>(size_),
-                    static_cast<size_t>(slice_) * size_);
+        for (int64_t j = 0; j < k_; ++j)
+          off += checkIndex(tuple[j], dims_[j], name_) * strides_[j];
+        std::memcpy(y + (bi * tuples_ + t) * slice_ * static_cast<int64_t>(size_),
+                    x + off * static_cast<int64_t>(size_), static_cast<size_t>(slice_) * size_);
       }
   }
 
@@ -172,8 +176,10 @@ template <typename T> void combine(T *dst, const T *src, Reduction r) {
   C d = static_cast<C>(*dst), s = static_cast<C>(*src);
   if constexpr (std::is_same_v<T, bool>) {
     switch (r) {
-    case Reduction::Add: case Reduction::Max: *dst = d || s; break;
-    case Reduction::Mul: case Reduction::Min: *dst = d && s; break;
+    case Reduction::Add:
+    case Reduction::Max: *dst = d || s; break;
+    case Reduction::Mul:
+    case Reduction::Min: *dst = d && s; break;
     default: *dst = s;
     }
   } else {
@@ -195,7 +201,8 @@ void applyUpdate(uint8_t *dst, const uint8_t *src, int64_t count, size_t size, D
   }
   dispatchAll(type, "scatter reduction", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    for (int64_t i = 0; i < count; ++i) combine(reinterpret_cast<T *>(dst) + i, reinterpret_cast<const T *>(src) + i, r);
+    for (int64_t i = 0; i < count; ++i)
+      combine(reinterpret_cast<T *>(dst) + i, reinterpret_cast<const T *>(src) + i, r);
   });
 }
 
@@ -209,7 +216,8 @@ public:
     const auto *u = static_cast<const uint8_t *>(a.inputs[2]);
     if (a.outputs[0] != a.inputs[0]) std::memcpy(y, a.inputs[0], static_cast<size_t>(bytes_));
     map_.forEach(a.inputs[1], idx_, [&](int64_t i, int64_t off) {
-      applyUpdate(y + off * static_cast<int64_t>(size_), u + i * static_cast<int64_t>(size_), 1, size_, type_, reduction_);
+      applyUpdate(y + off * static_cast<int64_t>(size_), u + i * static_cast<int64_t>(size_), 1, size_, type_,
+                  reduction_);
     });
   }
 
@@ -244,7 +252,8 @@ public:
     auto sz = static_cast<int64_t>(size_);
     for (int64_t t = 0; t < tuples_; ++t) {
       int64_t off = 0;
-      for (int64_t j = 0; j < k_; ++j) off += checkIndex(ind[t * k_ + j], dims_[j], name_) * strides_[j];
+      for (int64_t j = 0; j < k_; ++j)
+        off += checkIndex(ind[t * k_ + j], dims_[j], name_) * strides_[j];
       applyUpdate(y + off * sz, u + t * slice_ * sz, slice_, size_, type_, reduction_);
     }
   }
@@ -281,7 +290,8 @@ public:
           auto v = static_cast<int64_t>(static_cast<compute_t<T>>(ind[o * inner_ + i]));
           if (v < 0) v += depth_; // out-of-range values give an all-off row, as the spec says
           for (int64_t d = 0; d < depth_; ++d)
-            std::memcpy(y + ((o * depth_ + d) * inner_ + i) * static_cast<int64_t>(size_), values + (d == v ? size_ : 0), size_);
+            std::memcpy(y + ((o * depth_ + d) * inner_ + i) * static_cast<int64_t>(size_),
+                        values + (d == v ? size_ : 0), size_);
         }
     });
   }
@@ -303,7 +313,8 @@ bool isNonZero(DataType type, const void *p, int64_t i) {
 class NonZeroKernel : public Kernel {
 public:
   explicit NonZeroKernel(const ir::Op &op)
-      : type_(op.inInfo(0).dataType()), shape_(op.inInfo(0).shape()), count_(op.outInfo(0).dim(1)), pos_(shape_.size()) {}
+      : type_(op.inInfo(0).dataType()), shape_(op.inInfo(0).shape()), count_(op.outInfo(0).dim(1)),
+        pos_(shape_.size()) {}
   void run(const KernelArgs &a) override {
     int64_t n = shapeElementCount(shape_), j = 0;
     std::fill(pos_.begin(), pos_.end(), 0);
@@ -311,7 +322,8 @@ public:
     for (int64_t i = 0; i < n; ++i) {
       if (isNonZero(type_, a.inputs[0], i)) {
         if (j >= count_) throw error("NonZero: input has more non-zero elements than at compile time");
-        for (size_t d = 0; d < shape_.size(); ++d) y[static_cast<int64_t>(d) * count_ + j] = pos_[d];
+        for (size_t d = 0; d < shape_.size(); ++d)
+          y[static_cast<int64_t>(d) * count_ + j] = pos_[d];
         ++j;
       }
       for (size_t d = shape_.size(); d-- > 0;) {
@@ -346,13 +358,19 @@ public:
       block_ = product(in, ax + 1, in.size()) * size;
     }
     const Shape &out = op.outInfo(0).shape();
-    selected_ = op.attrs.has("axis") ? out[static_cast<size_t>(op.attrs.getInt("axis") < 0 ? op.attrs.getInt("axis") + static_cast<int64_t>(out.size()) : op.attrs.getInt("axis"))] : out[0];
+    selected_ = op.attrs.has("axis")
+                    ? out[static_cast<size_t>(op.attrs.getInt("axis") < 0
+                                                  ? op.attrs.getInt("axis") + static_cast<int64_t>(out.size())
+                                                  : op.attrs.getInt("axis"))]
+                    : out[0];
   }
   void run(const KernelArgs &a) override {
     const bool *cond = a.in<bool>(1);
     int64_t count = 0;
-    for (int64_t i = 0; i < len_; ++i) count += cond[i] ? 1 : 0;
-    if (count != selected_) throw error(name_, ": condition selects ", count, " slices, but ", selected_, " at compile time");
+    for (int64_t i = 0; i < len_; ++i)
+      count += cond[i] ? 1 : 0;
+    if (count != selected_)
+      throw error(name_, ": condition selects ", count, " slices, but ", selected_, " at compile time");
     const auto *x = static_cast<const uint8_t *>(a.inputs[0]);
     auto *y = static_cast<uint8_t *>(a.outputs[0]);
     for (int64_t o = 0; o < outer_; ++o)
@@ -398,7 +416,9 @@ public:
       using C = compute_t<T>;
       const T *x = a.in<T>(0);
       int64_t sliceSize = outer_ * inner_;
-      auto at = [&](int64_t s, int64_t j) { return static_cast<C>(x[((j / inner_) * slices_ + s) * inner_ + j % inner_]); };
+      auto at = [&](int64_t s, int64_t j) {
+        return static_cast<C>(x[((j / inner_) * slices_ + s) * inner_ + j % inner_]);
+      };
       auto cmp = [&](int64_t p, int64_t q) {
         for (int64_t j = 0; j < sliceSize; ++j) {
           C u = at(p, j), v = at(q, j);
@@ -424,11 +444,13 @@ public:
         ++counts_[groups - 1];
         inverse_[s] = groups - 1;
       }
-      if (groups != unique_) throw error(name_, ": input has ", groups, " unique values, but ", unique_, " at compile time");
+      if (groups != unique_)
+        throw error(name_, ": input has ", groups, " unique values, but ", unique_, " at compile time");
       // Unsorted output lists groups by first occurrence: rank groups by first_.
       // rank[g] is stored in order_ (free now) to avoid allocating.
       std::vector<int64_t> &rank = order_;
-      for (int64_t g = 0; g < groups; ++g) rank[g] = g;
+      for (int64_t g = 0; g < groups; ++g)
+        rank[g] = g;
       if (!sorted_) {
         std::sort(rank.begin(), rank.begin() + groups, [&](int64_t p, int64_t q) { return first_[p] < first_[q]; });
       }
@@ -442,13 +464,16 @@ public:
         if (counts) counts[pos] = counts_[g];
         if (y)
           for (int64_t o = 0; o < outer_; ++o)
-            std::memcpy(y + (o * groups + pos) * inner_, x + (o * slices_ + first_[g]) * inner_, static_cast<size_t>(inner_) * size_);
+            std::memcpy(y + (o * groups + pos) * inner_, x + (o * slices_ + first_[g]) * inner_,
+                        static_cast<size_t>(inner_) * size_);
       }
       if (a.hasOutput(2)) {
         int64_t *inv = a.out<int64_t>(2);
         // posOf[group] reuses counts_ (already written out).
-        for (int64_t pos = 0; pos < groups; ++pos) counts_[rank[pos]] = pos;
-        for (int64_t s = 0; s < slices_; ++s) inv[s] = counts_[inverse_[s]];
+        for (int64_t pos = 0; pos < groups; ++pos)
+          counts_[rank[pos]] = pos;
+        for (int64_t s = 0; s < slices_; ++s)
+          inv[s] = counts_[inverse_[s]];
       }
     });
   }

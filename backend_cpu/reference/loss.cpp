@@ -23,7 +23,8 @@ public:
     n_ = s[0];
     c_ = s[1];
     d_ = 1;
-    for (size_t i = 2; i < s.size(); ++i) d_ *= s[i];
+    for (size_t i = 2; i < s.size(); ++i)
+      d_ *= s[i];
     std::string red = op.attrs.getString("reduction", "mean");
     reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
     if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
@@ -35,8 +36,10 @@ public:
       using T = typename decltype(tag)::type;
       dispatchAll(labelType_, name_.c_str(), [&](auto ltag) {
         using L = typename decltype(ltag)::type;
-        if constexpr (std::is_same_v<L, int32_t> || std::is_same_v<L, int64_t>) compute<T, L>(a);
-        else throw error(name_, ": labels must be INT32 or INT64");
+        if constexpr (std::is_same_v<L, int32_t> || std::is_same_v<L, int64_t>)
+          compute<T, L>(a);
+        else
+          throw error(name_, ": labels must be INT32 or INT64");
       });
     });
   }
@@ -54,9 +57,11 @@ private:
         const T *px = x + n * c_ * d_ + d; // class k at px[k * d_]
         if (softmax_) {
           double m = -std::numeric_limits<double>::infinity();
-          for (int64_t k = 0; k < c_; ++k) m = std::max(m, toDouble(px[k * d_]));
+          for (int64_t k = 0; k < c_; ++k)
+            m = std::max(m, toDouble(px[k * d_]));
           double sum = 0;
-          for (int64_t k = 0; k < c_; ++k) sum += std::exp(toDouble(px[k * d_]) - m);
+          for (int64_t k = 0; k < c_; ++k)
+            sum += std::exp(toDouble(px[k * d_]) - m);
           double lse = m + std::log(sum);
           for (int64_t k = 0; k < c_; ++k) {
             logProb_[k] = toDouble(px[k * d_]) - lse;

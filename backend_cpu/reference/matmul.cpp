@@ -19,10 +19,13 @@ public:
     n_ = b.back();
     Shape batchA(a.begin(), a.end() - 2), batchB(b.begin(), b.end() - 2);
     size_t rank = std::max(batchA.size(), batchB.size());
-    while (batchA.size() < rank) batchA.insert(batchA.begin(), 1);
-    while (batchB.size() < rank) batchB.insert(batchB.begin(), 1);
+    while (batchA.size() < rank)
+      batchA.insert(batchA.begin(), 1);
+    while (batchB.size() < rank)
+      batchB.insert(batchB.begin(), 1);
     Shape batch(rank);
-    for (size_t i = 0; i < rank; ++i) batch[i] = std::max(batchA[i], batchB[i]);
+    for (size_t i = 0; i < rank; ++i)
+      batch[i] = std::max(batchA[i], batchB[i]);
     batches_ = shapeElementCount(batch);
     // Offsets of each batch's A and B matrix, computed once.
     BroadcastWalker w(batch, {batchA, batchB});
@@ -46,7 +49,8 @@ public:
         for (int64_t i = 0; i < m_; ++i)
           for (int64_t j = 0; j < n_; ++j) {
             C acc = 0;
-            for (int64_t p = 0; p < k_; ++p) acc += static_cast<C>(pa[i * k_ + p]) * static_cast<C>(pb[p * n_ + j]);
+            for (int64_t p = 0; p < k_; ++p)
+              acc += static_cast<C>(pa[i * k_ + p]) * static_cast<C>(pb[p * n_ + j]);
             py[i * n_ + j] = static_cast<T>(acc);
           }
       }

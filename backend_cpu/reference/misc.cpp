@@ -1,9 +1,9 @@
 // Reference kernels: Dropout, Einsum, MatMulInteger, (De)QuantizeLinear, DynamicQuantizeLinear, Det.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "ir/ops/einsum.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
+#include "ir/ops/einsum.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -23,8 +23,8 @@ public:
   explicit DropoutKernel(const ir::Op &op)
       : type_(op.inInfo(0).dataType()), maskType_(op.hasOutput(1) ? op.outInfo(1).dataType() : DataType::BOOL),
         n_(op.inInfo(0).elementCount()), ratio_(op.attrs.getFloat("ratio", 0.5f)),
-        ratioType_(op.hasInput(1) ? op.inInfo(1).dataType() : DataType::FLOAT),
-        seeded_(op.attrs.has("seed")), seed_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0))),
+        ratioType_(op.hasInput(1) ? op.inInfo(1).dataType() : DataType::FLOAT), seeded_(op.attrs.has("seed")),
+        seed_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0))),
         rng_(seeded_ ? seed_ : std::random_device{}()) {}
 
   void run(const KernelArgs &a) override {
@@ -54,10 +54,13 @@ public:
       T *y = a.out<T>(0);
       for (int64_t i = 0; i < n_; ++i) {
         bool keep = ratio == 0 || uniform() >= static_cast<double>(ratio);
-        y[i] = keep ? (ratio == 0 ? x[i] : static_cast<T>(static_cast<compute_t<T>>(x[i]) * scale)) : static_cast<T>(0.f);
+        y[i] =
+            keep ? (ratio == 0 ? x[i] : static_cast<T>(static_cast<compute_t<T>>(x[i]) * scale)) : static_cast<T>(0.f);
         if (a.hasOutput(1)) {
-          if (maskType_ == DataType::BOOL) a.out<bool>(1)[i] = keep;
-          else a.out<T>(1)[i] = static_cast<T>(keep ? 1.f : 0.f);
+          if (maskType_ == DataType::BOOL)
+            a.out<bool>(1)[i] = keep;
+          else
+            a.out<T>(1)[i] = static_cast<T>(keep ? 1.f : 0.f);
         }
       }
     });
@@ -90,7 +93,8 @@ public:
     for (auto [l, s] : sizes)
       if (std::find(output.begin(), output.end(), l) == output.end()) labels.push_back(l);
     outLabels_ = output.size();
-    for (int l : labels) dims_.push_back(sizes[l]);
+    for (int l : labels)
+      dims_.push_back(sizes[l]);
     // strides_[t][j]: step in operand t for label j; repeated labels (diagonals) add up,
     // broadcast dimensions of size 1 stay 0.
     strides_.assign(operands_, std::vector<int64_t>(labels.size(), 0));
@@ -122,7 +126,8 @@ public:
         C acc = 0;
         for (int64_t s = 0; s < inner; ++s) {
           C prod = 1;
-          for (size_t t = 0; t < operands_; ++t) prod *= static_cast<C>(static_cast<compute_t<T>>(a.in<T>(t)[offsets_[t]]));
+          for (size_t t = 0; t < operands_; ++t)
+            prod *= static_cast<C>(static_cast<compute_t<T>>(a.in<T>(t)[offsets_[t]]));
           acc += prod;
           step();
         }
@@ -136,18 +141,22 @@ public:
 private:
   void step() {
     for (size_t d = dims_.size(); d-- > 0;) {
-      for (size_t t = 0; t < operands_; ++t) offsets_[t] += strides_[t][d];
+      for (size_t t = 0; t < operands_; ++t)
+        offsets_[t] += strides_[t][d];
       if (++pos_[d] < dims_[d]) return;
-      for (size_t t = 0; t < operands_; ++t) offsets_[t] -= strides_[t][d] * pos_[d];
+      for (size_t t = 0; t < operands_; ++t)
+        offsets_[t] -= strides_[t][d] * pos_[d];
       pos_[d] = 0;
     }
   }
   /// Advances over the output labels only (when a summed label has size 0).
   void step0() {
     for (size_t d = outLabels_; d-- > 0;) {
-      for (size_t t = 0; t < operands_; ++t) offsets_[t] += strides_[t][d];
+      for (size_t t = 0; t < operands_; ++t)
+        offsets_[t] += strides_[t][d];
       if (++pos_[d] < dims_[d]) return;
-      for (size_t t = 0; t < operands_; ++t) offsets_[t] -= strides_[t][d] * pos_[d];
+      for (size_t t = 0; t < operands_; ++t)
+        offsets_[t] -= strides_[t][d] * pos_[d];
       pos_[d] = 0;
     }
   }
@@ -189,10 +198,13 @@ public:
     n_ = b.back();
     Shape batchA(a.begin(), a.end() - 2), batchB(b.begin(), b.end() - 2);
     size_t rank = std::max(batchA.size(), batchB.size());
-    while (batchA.size() < rank) batchA.insert(batchA.begin(), 1);
-    while (batchB.size() < rank) batchB.insert(batchB.begin(), 1);
+    while (batchA.size() < rank)
+      batchA.insert(batchA.begin(), 1);
+    while (batchB.size() < rank)
+      batchB.insert(batchB.begin(), 1);
     Shape batch(rank);
-    for (size_t i = 0; i < rank; ++i) batch[i] = std::max(batchA[i], batchB[i]);
+    for (size_t i = 0; i < rank; ++i)
+      batch[i] = std::max(batchA[i], batchB[i]);
     int64_t batches = shapeElementCount(batch);
     BroadcastWalker w(batch, {batchA, batchB});
     for (int64_t i = 0; i < batches; ++i, w.next()) {
@@ -220,17 +232,21 @@ public:
             continue;
           }
           double scale = static_cast<double>(a.in<float>(1)[aScaleCount_ == 1 ? 0 : i]) *
-                         static_cast<double>(a.in<float>(4)[bScaleCount_ == 1 ? 0 : j]) / static_cast<double>(a.in<float>(6)[0]);
+                         static_cast<double>(a.in<float>(4)[bScaleCount_ == 1 ? 0 : j]) /
+                         static_cast<double>(a.in<float>(6)[0]);
           double q = std::nearbyint(static_cast<double>(acc) * scale) + value(outType_, a.inputs[7], 0);
-          if (outType_ == DataType::UINT8) a.out<uint8_t>(0)[o] = saturate<uint8_t>(q);
-          else a.out<int8_t>(0)[o] = saturate<int8_t>(q);
+          if (outType_ == DataType::UINT8)
+            a.out<uint8_t>(0)[o] = saturate<uint8_t>(q);
+          else
+            a.out<int8_t>(0)[o] = saturate<int8_t>(q);
         }
       }
   }
 
 private:
   template <typename Q> static Q saturate(double v) {
-    double lo = static_cast<double>(std::numeric_limits<Q>::min()), hi = static_cast<double>(std::numeric_limits<Q>::max());
+    double lo = static_cast<double>(std::numeric_limits<Q>::min()),
+           hi = static_cast<double>(std::numeric_limits<Q>::max());
     return static_cast<Q>(std::min(hi, std::max(lo, v)));
   }
 
@@ -251,20 +267,23 @@ struct QuantLayout {
     int64_t axis = op.attrs.getInt("axis", 1);
     auto ax = static_cast<size_t>(axis < 0 ? axis + static_cast<int64_t>(s.size()) : axis);
     channels = s[ax];
-    for (size_t i = ax + 1; i < s.size(); ++i) inner *= s[i];
+    for (size_t i = ax + 1; i < s.size(); ++i)
+      inner *= s[i];
   }
   int64_t channel(int64_t i) const { return channels == 1 ? 0 : (i / inner) % channels; }
 };
 
 template <typename Q> Q saturate(double v) {
-  double lo = static_cast<double>(std::numeric_limits<Q>::min()), hi = static_cast<double>(std::numeric_limits<Q>::max());
+  double lo = static_cast<double>(std::numeric_limits<Q>::min()),
+         hi = static_cast<double>(std::numeric_limits<Q>::max());
   return static_cast<Q>(std::min(hi, std::max(lo, v)));
 }
 
 class QuantizeLinearKernel : public Kernel {
 public:
   explicit QuantizeLinearKernel(const ir::Op &op)
-      : layout_(op), xType_(op.inInfo(0).dataType()), scaleType_(op.inInfo(1).dataType()), outType_(op.outInfo(0).dataType()) {}
+      : layout_(op), xType_(op.inInfo(0).dataType()), scaleType_(op.inInfo(1).dataType()),
+        outType_(op.outInfo(0).dataType()) {}
   void run(const KernelArgs &a) override {
     dispatchNumeric(xType_, "QuantizeLinear input", [&](auto xt) {
       using X = typename std::decay_t<decltype(xt)>::type;
@@ -280,7 +299,8 @@ public:
             for (int64_t i = 0; i < layout_.n; ++i) {
               int64_t c = layout_.channel(i);
               // Division in float as the spec's reference does; ties round to even.
-              float q = static_cast<float>(static_cast<compute_t<X>>(x[i])) / static_cast<float>(static_cast<compute_t<S>>(scale[c]));
+              float q = static_cast<float>(static_cast<compute_t<X>>(x[i])) /
+                        static_cast<float>(static_cast<compute_t<S>>(scale[c]));
               double v = std::nearbyint(static_cast<double>(q)) + (zp ? static_cast<double>(zp[c]) : 0.0);
               y[i] = saturate<Q>(v);
             }
@@ -312,8 +332,10 @@ public:
         S *y = a.out<S>(0);
         for (int64_t i = 0; i < layout_.n; ++i) {
           int64_t c = layout_.channel(i);
-          double v = static_cast<double>(static_cast<compute_t<X>>(x[i])) - (zp ? static_cast<double>(static_cast<compute_t<X>>(zp[c])) : 0.0);
-          y[i] = static_cast<S>(static_cast<compute_t<S>>(static_cast<float>(v) * static_cast<float>(static_cast<compute_t<S>>(scale[c]))));
+          double v = static_cast<double>(static_cast<compute_t<X>>(x[i])) -
+                     (zp ? static_cast<double>(static_cast<compute_t<X>>(zp[c])) : 0.0);
+          y[i] = static_cast<S>(static_cast<compute_t<S>>(static_cast<float>(v) *
+                                                          static_cast<float>(static_cast<compute_t<S>>(scale[c]))));
         }
       });
     });
@@ -361,7 +383,8 @@ public:
       using T = typename std::decay_t<decltype(tag)>::type;
       for (int64_t b = 0; b < count_; ++b) {
         const T *x = a.in<T>(0) + b * m_ * m_;
-        for (int64_t i = 0; i < m_ * m_; ++i) lu_[i] = toDouble(x[i]);
+        for (int64_t i = 0; i < m_ * m_; ++i)
+          lu_[i] = toDouble(x[i]);
         // Gaussian elimination with partial pivoting.
         double det = 1;
         for (int64_t c = 0; c < m_ && det != 0; ++c) {
@@ -373,14 +396,16 @@ public:
             break;
           }
           if (p != c) {
-            for (int64_t j = 0; j < m_; ++j) std::swap(lu_[p * m_ + j], lu_[c * m_ + j]);
+            for (int64_t j = 0; j < m_; ++j)
+              std::swap(lu_[p * m_ + j], lu_[c * m_ + j]);
             det = -det;
           }
           double pivot = lu_[c * m_ + c];
           det *= pivot;
           for (int64_t r = c + 1; r < m_; ++r) {
             double f = lu_[r * m_ + c] / pivot;
-            for (int64_t j = c; j < m_; ++j) lu_[r * m_ + j] -= f * lu_[c * m_ + j];
+            for (int64_t j = c; j < m_; ++j)
+              lu_[r * m_ + j] -= f * lu_[c * m_ + j];
           }
         }
         a.out<T>(0)[b] = fromDouble<T>(det);

@@ -13,7 +13,6 @@ namespace popart::backend_cpu {
 
 namespace {
 
-
 /// Stores \p v into element \p i of a floating-point buffer of type \p t.
 void storeFloat(void *buf, DataType t, int64_t i, double v) {
   dispatchFloat(t, "normalisation statistics", [&](auto tag) {
@@ -25,14 +24,14 @@ void storeFloat(void *buf, DataType t, int64_t i, double v) {
 std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t n = x[0], c = x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  for (size_t i = 2; i < x.size(); ++i)
+    s *= x[i];
   bool perPosition = op.attrs.getInt("spatial", 1) == 0;
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   double momentum = op.attrs.getFloat("momentum", 0.9f);
   bool training = op.version >= 14 ? op.attrs.getInt("training_mode", 0) != 0
                                    : (op.hasOutput(1) || op.hasOutput(2) || op.hasOutput(3) || op.hasOutput(4));
-  if (training && perPosition)
-    throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
+  if (training && perPosition) throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
   int64_t params = perPosition ? c * s : c;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -114,9 +113,10 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
   bool hasB = op.hasInput(2);
   auto scaleIdx = std::make_shared<std::vector<int64_t>>(broadcastIndex(norm, op.inInfo(1).shape()));
   auto biasIdx = std::make_shared<std::vector<int64_t>>(hasB ? broadcastIndex(norm, op.inInfo(2).shape())
-                                                              : std::vector<int64_t>{});
-  DataType statType = op.hasOutput(1) ? op.outInfo(1).dataType() : op.hasOutput(2) ? op.outInfo(2).dataType()
-                                                                                   : DataType::FLOAT;
+                                                             : std::vector<int64_t>{});
+  DataType statType = op.hasOutput(1)   ? op.outInfo(1).dataType()
+                      : op.hasOutput(2) ? op.outInfo(2).dataType()
+                                        : DataType::FLOAT;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
@@ -125,7 +125,8 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
       for (int64_t o = 0; o < outer; ++o) {
         const T *xr = X + o * inner;
         double sum = 0, sq = 0;
-        for (int64_t i = 0; i < inner; ++i) sum += static_cast<double>(xr[i]);
+        for (int64_t i = 0; i < inner; ++i)
+          sum += static_cast<double>(xr[i]);
         double mean = inner > 0 ? sum / static_cast<double>(inner) : 0.0;
         for (int64_t i = 0; i < inner; ++i) {
           double d = static_cast<double>(xr[i]) - mean;
@@ -147,7 +148,8 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
 std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t c = x[1], planes = x[0] * x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  for (size_t i = 2; i < x.size(); ++i)
+    s *= x[i];
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -157,7 +159,8 @@ std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
       for (int64_t p = 0; p < planes; ++p) {
         const T *xp = X + p * s;
         double sum = 0, sq = 0;
-        for (int64_t i = 0; i < s; ++i) sum += static_cast<double>(xp[i]);
+        for (int64_t i = 0; i < s; ++i)
+          sum += static_cast<double>(xp[i]);
         double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
         for (int64_t i = 0; i < s; ++i) {
           double d = static_cast<double>(xp[i]) - mean;
@@ -175,7 +178,8 @@ std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
 std::unique_ptr<Kernel> createLRN(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t n = x[0], c = x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i) s *= x[i];
+  for (size_t i = 2; i < x.size(); ++i)
+    s *= x[i];
   int64_t size = op.attrs.getInt("size");
   double alpha = op.attrs.getFloat("alpha", 1e-4f), beta = op.attrs.getFloat("beta", 0.75f),
          bias = op.attrs.getFloat("bias", 1.f);
@@ -207,12 +211,14 @@ std::unique_ptr<Kernel> createMVN(const ir::Op &op) {
   int64_t rank = static_cast<int64_t>(x.size());
   std::vector<int64_t> axes = op.attrs.getInts("axes", {0, 2, 3});
   std::vector<bool> reduced(static_cast<size_t>(rank), false);
-  for (int64_t ax : axes) reduced[static_cast<size_t>(ax < 0 ? ax + rank : ax)] = true;
+  for (int64_t ax : axes)
+    reduced[static_cast<size_t>(ax < 0 ? ax + rank : ax)] = true;
   // Strides of each dim in the group index (0 for reduced dims).
   std::vector<int64_t> groupStride(static_cast<size_t>(rank), 0);
   int64_t groups = 1, count = 1;
   for (int64_t d = rank - 1; d >= 0; --d) {
-    if (reduced[static_cast<size_t>(d)]) count *= x[static_cast<size_t>(d)];
+    if (reduced[static_cast<size_t>(d)])
+      count *= x[static_cast<size_t>(d)];
     else {
       groupStride[static_cast<size_t>(d)] = groups;
       groups *= x[static_cast<size_t>(d)];

@@ -21,7 +21,8 @@ std::vector<bool> reducedAxes(const ir::Op &op, bool &identity) {
   if (const TensorData *a = op.optionalConstInput(1, "axes")) axes = a->toInt64Vector();
   identity = axes.empty() && op.attrs.getInt("noop_with_empty_axes", 0) != 0;
   std::vector<bool> reduced(rank, axes.empty() && !identity);
-  for (int64_t a : axes) reduced[static_cast<size_t>(a < 0 ? a + static_cast<int64_t>(rank) : a)] = true;
+  for (int64_t a : axes)
+    reduced[static_cast<size_t>(a < 0 ? a + static_cast<int64_t>(rank) : a)] = true;
   return reduced;
 }
 
@@ -29,9 +30,11 @@ std::vector<bool> reducedAxes(const ir::Op &op, bool &identity) {
 void splitAt(const Shape &s, size_t axis, int64_t &outer, int64_t &n, int64_t &inner) {
   outer = 1;
   inner = 1;
-  for (size_t d = 0; d < axis; ++d) outer *= s[d];
+  for (size_t d = 0; d < axis; ++d)
+    outer *= s[d];
   n = s[axis];
-  for (size_t d = axis + 1; d < s.size(); ++d) inner *= s[d];
+  for (size_t d = axis + 1; d < s.size(); ++d)
+    inner *= s[d];
 }
 
 /// Accumulator type: double for floats (accuracy), 64-bit integers for integers.
@@ -96,27 +99,35 @@ public:
       walk([&](int64_t i, int64_t o) { maxes_[o] = combineMax(maxes_[o], load(x[i])); });
       walk([&](int64_t i, int64_t o) {
         A m = maxes_[o];
-        if (!std::isinf(static_cast<double>(m))) acc_[o] += static_cast<A>(std::exp(static_cast<double>(load(x[i]) - m)));
+        if (!std::isinf(static_cast<double>(m)))
+          acc_[o] += static_cast<A>(std::exp(static_cast<double>(load(x[i]) - m)));
       });
     } else {
       walk([&](int64_t i, int64_t o) { acc_[o] = accumulate(acc_[o], load(x[i])); });
     }
-    for (int64_t o = 0; o < outCount_; ++o) y[o] = store(finish(o));
+    for (int64_t o = 0; o < outCount_; ++o)
+      y[o] = store(finish(o));
   }
 
 private:
   static A load(T v) { return static_cast<A>(static_cast<compute_t<T>>(v)); }
   static T store(double v) {
-    if constexpr (std::is_floating_point_v<compute_t<T>>) return static_cast<T>(static_cast<compute_t<T>>(v));
-    else return static_cast<T>(static_cast<A>(v));
+    if constexpr (std::is_floating_point_v<compute_t<T>>)
+      return static_cast<T>(static_cast<compute_t<T>>(v));
+    else
+      return static_cast<T>(static_cast<A>(v));
   }
   static A lowest() {
-    if constexpr (std::is_floating_point_v<A>) return -std::numeric_limits<A>::infinity();
-    else return std::numeric_limits<T>::lowest();
+    if constexpr (std::is_floating_point_v<A>)
+      return -std::numeric_limits<A>::infinity();
+    else
+      return std::numeric_limits<T>::lowest();
   }
   static A highest() {
-    if constexpr (std::is_floating_point_v<A>) return std::numeric_limits<A>::infinity();
-    else return std::numeric_limits<T>::max();
+    if constexpr (std::is_floating_point_v<A>)
+      return std::numeric_limits<A>::infinity();
+    else
+      return std::numeric_limits<T>::max();
   }
   static A combineMax(A acc, A v) {
     if constexpr (std::is_floating_point_v<A>)
@@ -144,8 +155,10 @@ private:
     case ReduceKind::Min: return combineMin(acc, v);
     case ReduceKind::Prod: return acc * v;
     case ReduceKind::L1:
-      if constexpr (std::is_signed_v<A>) return acc + (v < 0 ? -v : v);
-      else return acc + v;
+      if constexpr (std::is_signed_v<A>)
+        return acc + (v < 0 ? -v : v);
+      else
+        return acc + v;
     case ReduceKind::L2:
     case ReduceKind::SumSquare: return acc + v * v;
     default: return acc + v;
@@ -156,8 +169,10 @@ private:
     A a = acc_[static_cast<size_t>(o)];
     switch (kind_) {
     case ReduceKind::Mean:
-      if constexpr (std::is_floating_point_v<A>) return a / static_cast<double>(reducedCount_);
-      else return reducedCount_ == 0 ? 0.0 : static_cast<double>(a / static_cast<A>(reducedCount_));
+      if constexpr (std::is_floating_point_v<A>)
+        return a / static_cast<double>(reducedCount_);
+      else
+        return reducedCount_ == 0 ? 0.0 : static_cast<double>(a / static_cast<A>(reducedCount_));
     case ReduceKind::L2: return std::sqrt(static_cast<double>(a));
     case ReduceKind::LogSum: return std::log(static_cast<double>(a));
     case ReduceKind::LogSumExp: {
@@ -181,7 +196,8 @@ private:
     int64_t inner = shape_[rank - 1], innerStride = outStrides_[rank - 1];
     int64_t in = 0, out = 0;
     while (true) {
-      for (int64_t j = 0; j < inner; ++j) f(in + j, out + j * innerStride);
+      for (int64_t j = 0; j < inner; ++j)
+        f(in + j, out + j * innerStride);
       in += inner;
       int64_t d = static_cast<int64_t>(rank) - 2;
       for (; d >= 0; --d) {
@@ -374,7 +390,8 @@ void registerReferenceReduceKernels(KernelRegistry &r) {
   for (const char *t : {"ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
                         "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"})
     r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, createReduce});
-  for (const char *t : {"ArgMax", "ArgMin"}) r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, createArg});
+  for (const char *t : {"ArgMax", "ArgMin"})
+    r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, createArg});
   r.add({"ai.onnx", "CumSum", KernelProvider::Reference, nullptr, createCumSum});
   r.add({"ai.onnx", "TopK", KernelProvider::Reference, nullptr, createTopK});
 }

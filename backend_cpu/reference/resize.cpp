@@ -35,12 +35,15 @@ public:
       roi[rank + i] = 1;
     }
     int scalesIndex = legacy ? 1 : 2;
-    const TensorData *s = op.hasInput(static_cast<size_t>(scalesIndex)) ? op.input(static_cast<size_t>(scalesIndex)).data().get() : nullptr;
+    const TensorData *s = op.hasInput(static_cast<size_t>(scalesIndex))
+                              ? op.input(static_cast<size_t>(scalesIndex)).data().get()
+                              : nullptr;
     bool haveScales = s && s->info().elementCount() > 0;
     for (size_t i = 0; i < rank; ++i)
       scales[i] = haveScales ? static_cast<double>(static_cast<float>(s->valueAsDouble(static_cast<int64_t>(i))))
                              : static_cast<double>(out_[i]) / static_cast<double>(in_[i]);
-    if (!legacy && op.hasInput(1) && op.input(1).data() && op.input(1).data()->info().elementCount() == static_cast<int64_t>(2 * rank))
+    if (!legacy && op.hasInput(1) && op.input(1).data() &&
+        op.input(1).data()->info().elementCount() == static_cast<int64_t>(2 * rank))
       roi = op.input(1).data()->toDoubleVector();
     taps_.resize(rank);
     outside_.resize(rank);
@@ -51,11 +54,16 @@ public:
       for (int64_t x = 0; x < out_[axis]; ++x) {
         double xo;
         double xr = static_cast<double>(x);
-        if (transform == "half_pixel") xo = (xr + 0.5) / scale - 0.5;
-        else if (transform == "pytorch_half_pixel") xo = lenOut > 1 ? (xr + 0.5) / scale - 0.5 : 0.0;
-        else if (transform == "align_corners") xo = lenOut == 1 ? 0.0 : xr * (lenIn - 1) / (lenOut - 1);
-        else if (transform == "asymmetric") xo = xr / scale;
-        else if (transform == "tf_half_pixel_for_nn") xo = (xr + 0.5) / scale;
+        if (transform == "half_pixel")
+          xo = (xr + 0.5) / scale - 0.5;
+        else if (transform == "pytorch_half_pixel")
+          xo = lenOut > 1 ? (xr + 0.5) / scale - 0.5 : 0.0;
+        else if (transform == "align_corners")
+          xo = lenOut == 1 ? 0.0 : xr * (lenIn - 1) / (lenOut - 1);
+        else if (transform == "asymmetric")
+          xo = xr / scale;
+        else if (transform == "tf_half_pixel_for_nn")
+          xo = (xr + 0.5) / scale;
         else if (transform == "tf_crop_and_resize") {
           double start = roi[axis], end = roi[rank + axis];
           xo = lenOut > 1 ? start * (lenIn - 1) + xr * (end - start) * (lenIn - 1) / (lenOut - 1)
@@ -69,11 +77,16 @@ public:
         if (mode == "nearest") {
           double f = std::floor(xo), frac = xo - f;
           int64_t i;
-          if (nearestMode == "round_prefer_floor") i = static_cast<int64_t>(frac <= 0.5 ? f : f + 1);
-          else if (nearestMode == "round_prefer_ceil") i = static_cast<int64_t>(frac < 0.5 ? f : f + 1);
-          else if (nearestMode == "floor") i = static_cast<int64_t>(f);
-          else if (nearestMode == "ceil") i = static_cast<int64_t>(std::ceil(xo));
-          else throw error(op.debugName(), ": nearest_mode '", nearestMode, "' is not supported");
+          if (nearestMode == "round_prefer_floor")
+            i = static_cast<int64_t>(frac <= 0.5 ? f : f + 1);
+          else if (nearestMode == "round_prefer_ceil")
+            i = static_cast<int64_t>(frac < 0.5 ? f : f + 1);
+          else if (nearestMode == "floor")
+            i = static_cast<int64_t>(f);
+          else if (nearestMode == "ceil")
+            i = static_cast<int64_t>(std::ceil(xo));
+          else
+            throw error(op.debugName(), ": nearest_mode '", nearestMode, "' is not supported");
           taps.push_back({clampIndex(i), 1.0});
         } else if (mode == "linear") {
           double c = std::min(std::max(xo, 0.0), lenIn - 1);
@@ -85,8 +98,7 @@ public:
           double f = std::floor(xo), t = xo - f;
           double a = cubicA;
           double w[4] = {((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
-                         ((a + 2) * t - (a + 3)) * t * t + 1,
-                         ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+                         ((a + 2) * t - (a + 3)) * t * t + 1, ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
                          ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a};
           double total = 0;
           for (int k = 0; k < 4; ++k) {
@@ -103,7 +115,8 @@ public:
       }
     }
     inStrides_.assign(rank, 1);
-    for (int64_t i = static_cast<int64_t>(rank) - 2; i >= 0; --i) inStrides_[i] = inStrides_[i + 1] * in_[i + 1];
+    for (int64_t i = static_cast<int64_t>(rank) - 2; i >= 0; --i)
+      inStrides_[i] = inStrides_[i + 1] * in_[i + 1];
     index_.assign(rank, 0);
   }
 
@@ -117,8 +130,10 @@ public:
       std::fill(index_.begin(), index_.end(), 0);
       for (int64_t o = 0; o < n; ++o) {
         bool outside = false;
-        for (size_t a = 0; a < rank; ++a) outside = outside || outside_[a][static_cast<size_t>(index_[a])];
-        y[o] = outside ? static_cast<T>(static_cast<compute_t<T>>(extrapolation_)) : static_cast<T>(static_cast<compute_t<T>>(accumulate(x, 0, 0, 1.0)));
+        for (size_t a = 0; a < rank; ++a)
+          outside = outside || outside_[a][static_cast<size_t>(index_[a])];
+        y[o] = outside ? static_cast<T>(static_cast<compute_t<T>>(extrapolation_))
+                       : static_cast<T>(static_cast<compute_t<T>>(accumulate(x, 0, 0, 1.0)));
         for (int64_t d = static_cast<int64_t>(rank) - 1; d >= 0; --d) {
           if (++index_[d] < out_[d]) break;
           index_[d] = 0;

@@ -39,8 +39,9 @@ Activation makeActivation(const std::string &name, double alpha, bool hasAlpha, 
 class RecurrentKernel : public Kernel {
 public:
   explicit RecurrentKernel(const ir::Op &op) : type_(op.inInfo(0).dataType()), kind_(op.type) {
-    static const std::vector<std::string> known{"Sigmoid", "Tanh", "Relu", "LeakyRelu", "ThresholdedRelu", "ScaledTanh",
-                                                "HardSigmoid", "Elu", "Softsign", "Softplus", "Affine"};
+    static const std::vector<std::string> known{"Sigmoid",         "Tanh",       "Relu",        "LeakyRelu",
+                                                "ThresholdedRelu", "ScaledTanh", "HardSigmoid", "Elu",
+                                                "Softsign",        "Softplus",   "Affine"};
     const Shape &x = op.inInfo(0).shape();
     batchFirst_ = op.attrs.getInt("layout", 0) != 0;
     seq_ = batchFirst_ ? x[1] : x[0];
@@ -55,11 +56,12 @@ public:
     linearBeforeReset_ = op.attrs.getInt("linear_before_reset", 0) != 0;
     if (op.attrs.getInt("input_forget", 0) != 0) throw error(op.debugName(), ": input_forget is not supported");
     std::vector<std::string> names = op.attrs.getStrings("activations");
-    std::vector<float> alphas = op.attrs.getFloats("activation_alpha", {}), betas = op.attrs.getFloats("activation_beta", {});
+    std::vector<float> alphas = op.attrs.getFloats("activation_alpha", {}),
+                       betas = op.attrs.getFloats("activation_beta", {});
     size_t perDir = kind_ == "LSTM" ? 3 : kind_ == "GRU" ? 2 : 1;
-    std::vector<std::string> defaults = kind_ == "RNN" ? std::vector<std::string>{"Tanh"}
-                                                       : kind_ == "GRU" ? std::vector<std::string>{"Sigmoid", "Tanh"}
-                                                                        : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
+    std::vector<std::string> defaults = kind_ == "RNN"   ? std::vector<std::string>{"Tanh"}
+                                        : kind_ == "GRU" ? std::vector<std::string>{"Sigmoid", "Tanh"}
+                                                         : std::vector<std::string>{"Sigmoid", "Tanh", "Tanh"};
     for (size_t i = 0; i < perDir * static_cast<size_t>(dirs_); ++i) {
       std::string n = i < names.size() ? names[i] : defaults[i % perDir];
       if (std::find(known.begin(), known.end(), n) == known.end())
@@ -84,9 +86,15 @@ public:
   }
 
 private:
-  template <typename T> double load(const T *p, int64_t i) const { return static_cast<double>(static_cast<compute_t<T>>(p[i])); }
-  template <typename T> void store(T *p, int64_t i, double v) const { p[i] = static_cast<T>(static_cast<compute_t<T>>(v)); }
-  double clip(double v) const { return clip_ > 0 ? std::max(-static_cast<double>(clip_), std::min(static_cast<double>(clip_), v)) : v; }
+  template <typename T> double load(const T *p, int64_t i) const {
+    return static_cast<double>(static_cast<compute_t<T>>(p[i]));
+  }
+  template <typename T> void store(T *p, int64_t i, double v) const {
+    p[i] = static_cast<T>(static_cast<compute_t<T>>(v));
+  }
+  double clip(double v) const {
+    return clip_ > 0 ? std::max(-static_cast<double>(clip_), std::min(static_cast<double>(clip_), v)) : v;
+  }
 
   int64_t xIndex(int64_t t, int64_t b, int64_t i) const {
     return batchFirst_ ? (b * seq_ + t) * input_ + i : (t * batch_ + b) * input_ + i;
@@ -119,8 +127,10 @@ private:
       const Activation *act = &activations_[static_cast<size_t>(d) * (kind_ == "LSTM" ? 3 : kind_ == "GRU" ? 2 : 1)];
       for (int64_t b = 0; b < batch_; ++b) {
         int64_t len = seq_;
-        if (hasLens_) len = static_cast<int64_t>(lensType_ == DataType::INT64 ? args.in<int64_t>(4)[b] : args.in<int32_t>(4)[b]);
-        if (len < 0 || len > seq_) throw error(kind_, ": sequence_lens[", b, "] = ", len, " is outside [0, ", seq_, "]");
+        if (hasLens_)
+          len = static_cast<int64_t>(lensType_ == DataType::INT64 ? args.in<int64_t>(4)[b] : args.in<int32_t>(4)[b]);
+        if (len < 0 || len > seq_)
+          throw error(kind_, ": sequence_lens[", b, "] = ", len, " is outside [0, ", seq_, "]");
         double *h = h_.data() + b * hidden_;
         double *c = c_.data() + b * hidden_;
         for (int64_t j = 0; j < hidden_; ++j) {
@@ -132,23 +142,27 @@ private:
           if (step >= len) {
             if (y) {
               int64_t tt = reverse ? step : step;
-              for (int64_t j = 0; j < hidden_; ++j) store(y, yIndex(tt, d, b, j), 0.0);
+              for (int64_t j = 0; j < hidden_; ++j)
+                store(y, yIndex(tt, d, b, j), 0.0);
             }
             continue;
           }
           // gates = W x_t + R h (+ biases); for GRU the hidden gate's R h is kept apart.
           for (int64_t g = 0; g < G; ++g) {
             double acc = bd ? load(bd, g) : 0.0;
-            for (int64_t i = 0; i < input_; ++i) acc += load(wd, g * input_ + i) * load(x, xIndex(t, b, i));
+            for (int64_t i = 0; i < input_; ++i)
+              acc += load(wd, g * input_ + i) * load(x, xIndex(t, b, i));
             bool gruHidden = kind_ == "GRU" && g >= 2 * hidden_;
             if (!gruHidden) {
               if (bd) acc += load(bd, G + g);
-              for (int64_t k = 0; k < hidden_; ++k) acc += load(rd, g * hidden_ + k) * h[k];
+              for (int64_t k = 0; k < hidden_; ++k)
+                acc += load(rd, g * hidden_ + k) * h[k];
             }
             gatesBuf_[static_cast<size_t>(g)] = acc;
           }
           if (kind_ == "RNN") {
-            for (int64_t j = 0; j < hidden_; ++j) hNew_[static_cast<size_t>(j)] = act[0](clip(gatesBuf_[static_cast<size_t>(j)]));
+            for (int64_t j = 0; j < hidden_; ++j)
+              hNew_[static_cast<size_t>(j)] = act[0](clip(gatesBuf_[static_cast<size_t>(j)]));
           } else if (kind_ == "GRU") {
             for (int64_t j = 0; j < hidden_; ++j) {
               double z = act[0](clip(gatesBuf_[static_cast<size_t>(j)]));
@@ -157,10 +171,12 @@ private:
               double rh = 0;
               if (linearBeforeReset_) {
                 double lin = bd ? load(bd, G + g) : 0.0;
-                for (int64_t k = 0; k < hidden_; ++k) lin += load(rd, g * hidden_ + k) * h[k];
+                for (int64_t k = 0; k < hidden_; ++k)
+                  lin += load(rd, g * hidden_ + k) * h[k];
                 rh = rr * lin;
               } else {
-                for (int64_t k = 0; k < hidden_; ++k) rh += load(rd, g * hidden_ + k) * rr_h(rr, h, k, j);
+                for (int64_t k = 0; k < hidden_; ++k)
+                  rh += load(rd, g * hidden_ + k) * rr_h(rr, h, k, j);
                 if (bd) rh += load(bd, G + g);
               }
               double hh = act[1](clip(gatesBuf_[static_cast<size_t>(g)] + rh));
@@ -169,7 +185,8 @@ private:
           } else { // LSTM, gates i, o, f, c
             for (int64_t j = 0; j < hidden_; ++j) {
               double gi = gatesBuf_[static_cast<size_t>(j)], go = gatesBuf_[static_cast<size_t>(hidden_ + j)];
-              double gf = gatesBuf_[static_cast<size_t>(2 * hidden_ + j)], gc = gatesBuf_[static_cast<size_t>(3 * hidden_ + j)];
+              double gf = gatesBuf_[static_cast<size_t>(2 * hidden_ + j)],
+                     gc = gatesBuf_[static_cast<size_t>(3 * hidden_ + j)];
               if (pd) {
                 gi += load(pd, j) * c[j];
                 gf += load(pd, 2 * hidden_ + j) * c[j];
@@ -216,7 +233,8 @@ private:
 } // namespace
 
 void registerReferenceRnnKernels(KernelRegistry &r) {
-  for (const char *t : {"RNN", "GRU", "LSTM"}) r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, makeKernel<RecurrentKernel>});
+  for (const char *t : {"RNN", "GRU", "LSTM"})
+    r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, makeKernel<RecurrentKernel>});
 }
 
 } // namespace popart::backend_cpu

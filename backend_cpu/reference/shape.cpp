@@ -81,7 +81,8 @@ IndexMap transposedView(const Shape &view, const std::vector<int64_t> &perm) {
     int64_t n = view[static_cast<size_t>(p)];
     m.outShape.push_back(n);
     std::vector<int64_t> t(static_cast<size_t>(n));
-    for (int64_t o = 0; o < n; ++o) t[static_cast<size_t>(o)] = o * strides[static_cast<size_t>(p)];
+    for (int64_t o = 0; o < n; ++o)
+      t[static_cast<size_t>(o)] = o * strides[static_cast<size_t>(p)];
     m.tables.push_back(std::move(t));
   }
   return m;
@@ -105,11 +106,14 @@ template <typename E> void walkMap(const IndexMap &m, const uint8_t *inBytes, ui
     bool padRow = false;
     for (size_t d = 0; d + 1 < rank; ++d) {
       int64_t t = m.tables[d][static_cast<size_t>(idx[d])];
-      if (t == kPad) padRow = true;
-      else base += t;
+      if (t == kPad)
+        padRow = true;
+      else
+        base += t;
     }
     if (padRow) {
-      for (int64_t o = 0; o < n; ++o) out[o] = pad;
+      for (int64_t o = 0; o < n; ++o)
+        out[o] = pad;
     } else if (m.innerContiguous) {
       std::copy(in + base + inner[0], in + base + inner[0] + n, out);
     } else {
@@ -136,20 +140,21 @@ struct Bytes16 {
 /// Transpose, Slice, Expand, Tile, Pad, DepthToSpace, SpaceToDepth.
 class IndexMapKernel : public Kernel {
 public:
-  IndexMapKernel(const ir::Op &op, IndexMap map) : map_(std::move(map)), elem_(elemSize(op)), outType_(op.outInfo(0).dataType()) {
+  IndexMapKernel(const ir::Op &op, IndexMap map)
+      : map_(std::move(map)), elem_(elemSize(op)), outType_(op.outInfo(0).dataType()) {
     if (map_.outShape.size() > 17) throw error(op.debugName(), ": rank ", map_.outShape.size(), " is too large");
     if (!map_.tables.empty()) {
       const std::vector<int64_t> &t = map_.tables.back();
       map_.innerContiguous = !t.empty() && t[0] != kPad;
-      for (size_t o = 1; o < t.size() && map_.innerContiguous; ++o) map_.innerContiguous = t[o] == t[0] + static_cast<int64_t>(o);
+      for (size_t o = 1; o < t.size() && map_.innerContiguous; ++o)
+        map_.innerContiguous = t[o] == t[0] + static_cast<int64_t>(o);
     }
     if (op.type == "Pad" && op.hasInput(2)) padType_ = op.inInfo(2).dataType();
   }
 
   void run(const KernelArgs &a) override {
     alignas(16) uint8_t pad[16] = {};
-    if (padType_ != DataType::UNDEFINED && a.hasInput(2))
-      storeValue(loadValue(padType_, a.inputs[2]), outType_, pad);
+    if (padType_ != DataType::UNDEFINED && a.hasInput(2)) storeValue(loadValue(padType_, a.inputs[2]), outType_, pad);
     const auto *in = static_cast<const uint8_t *>(a.inputs[0]);
     auto *out = static_cast<uint8_t *>(a.outputs[0]);
     switch (elem_) {
@@ -173,7 +178,8 @@ std::vector<int64_t> transposePerm(const ir::Op &op) {
   int64_t rank = op.inInfo(0).rank();
   std::vector<int64_t> perm = op.attrs.getInts("perm", {});
   if (perm.empty())
-    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+    for (int64_t i = rank - 1; i >= 0; --i)
+      perm.push_back(i);
   for (int64_t &p : perm)
     if (p < 0) p += rank;
   return perm;
@@ -189,7 +195,8 @@ std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
   std::vector<int64_t> strides = rowMajorStrides(in);
   std::vector<int64_t> starts = constInts(op, 1), axes = constInts(op, 3), steps = constInts(op, 4);
   if (axes.empty())
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    for (size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<int64_t>(i));
   if (steps.empty()) steps.assign(starts.size(), 1);
   std::vector<int64_t> first(in.size(), 0), step(in.size(), 1);
   for (size_t i = 0; i < axes.size(); ++i) {
@@ -204,7 +211,8 @@ std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
   m.outShape = op.outInfo(0).shape();
   for (size_t d = 0; d < in.size(); ++d) {
     std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o) t[static_cast<size_t>(o)] = (first[d] + o * step[d]) * strides[d];
+    for (int64_t o = 0; o < m.outShape[d]; ++o)
+      t[static_cast<size_t>(o)] = (first[d] + o * step[d]) * strides[d];
     m.tables.push_back(std::move(t));
   }
   return std::make_unique<IndexMapKernel>(op, std::move(m));
@@ -216,7 +224,8 @@ std::unique_ptr<Kernel> createExpand(const ir::Op &op) {
   std::vector<int64_t> strides = broadcastStrides(op.inInfo(0).shape(), m.outShape);
   for (size_t d = 0; d < m.outShape.size(); ++d) {
     std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o) t[static_cast<size_t>(o)] = o * strides[d];
+    for (int64_t o = 0; o < m.outShape[d]; ++o)
+      t[static_cast<size_t>(o)] = o * strides[d];
     m.tables.push_back(std::move(t));
   }
   return std::make_unique<IndexMapKernel>(op, std::move(m));
@@ -229,7 +238,8 @@ std::unique_ptr<Kernel> createTile(const ir::Op &op) {
   m.outShape = op.outInfo(0).shape();
   for (size_t d = 0; d < in.size(); ++d) {
     std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o) t[static_cast<size_t>(o)] = (o % in[d]) * strides[d];
+    for (int64_t o = 0; o < m.outShape[d]; ++o)
+      t[static_cast<size_t>(o)] = (o % in[d]) * strides[d];
     m.tables.push_back(std::move(t));
   }
   return std::make_unique<IndexMapKernel>(op, std::move(m));
@@ -253,9 +263,11 @@ std::unique_ptr<Kernel> createPad(const ir::Op &op) {
   int64_t rank = static_cast<int64_t>(in.size());
   std::vector<int64_t> pads = constInts(op, 1), axes = constInts(op, 3);
   if (!op.hasInput(3))
-    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+    for (int64_t i = 0; i < rank; ++i)
+      axes.push_back(i);
   std::vector<int64_t> begin(in.size(), 0);
-  for (size_t i = 0; i < axes.size(); ++i) begin[static_cast<size_t>(axes[i] < 0 ? axes[i] + rank : axes[i])] = pads[i];
+  for (size_t i = 0; i < axes.size(); ++i)
+    begin[static_cast<size_t>(axes[i] < 0 ? axes[i] + rank : axes[i])] = pads[i];
   std::string mode = op.attrs.getString("mode", "constant");
   std::vector<int64_t> strides = rowMajorStrides(in);
   IndexMap m;
@@ -284,7 +296,8 @@ std::unique_ptr<Kernel> createDepthToSpace(const ir::Op &op) {
 std::unique_ptr<Kernel> createSpaceToDepth(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();
   int64_t b = op.attrs.getInt("blocksize");
-  return std::make_unique<IndexMapKernel>(op, transposedView({s[0], s[1], s[2] / b, b, s[3] / b, b}, {0, 3, 5, 1, 2, 4}));
+  return std::make_unique<IndexMapKernel>(op,
+                                          transposedView({s[0], s[1], s[2] / b, b, s[3] / b, b}, {0, 3, 5, 1, 2, 4}));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -297,9 +310,11 @@ public:
     int64_t axis = op.attrs.getInt("axis", split_ ? 0 : 1);
     if (axis < 0) axis += whole.rank();
     outer_ = 1;
-    for (int64_t d = 0; d < axis; ++d) outer_ *= whole.shape()[static_cast<size_t>(d)];
+    for (int64_t d = 0; d < axis; ++d)
+      outer_ *= whole.shape()[static_cast<size_t>(d)];
     int64_t inner = static_cast<int64_t>(dataTypeSize(whole.dataType()));
-    for (int64_t d = axis + 1; d < whole.rank(); ++d) inner *= whole.shape()[static_cast<size_t>(d)];
+    for (int64_t d = axis + 1; d < whole.rank(); ++d)
+      inner *= whole.shape()[static_cast<size_t>(d)];
     size_t parts = split_ ? op.outputCount() : op.inputCount();
     for (size_t i = 0; i < parts; ++i) {
       bool present = split_ ? op.hasOutput(i) : true;
@@ -313,15 +328,18 @@ public:
 
   void run(const KernelArgs &a) override {
     int64_t total = 0;
-    for (int64_t c : chunks_) total += c;
+    for (int64_t c : chunks_)
+      total += c;
     auto *whole = static_cast<uint8_t *>(split_ ? const_cast<void *>(a.inputs[0]) : a.outputs[0]);
     for (int64_t o = 0; o < outer_; ++o) {
       uint8_t *row = whole + o * total;
       for (size_t i = 0; i < chunks_.size(); ++i) {
         size_t c = static_cast<size_t>(chunks_[i]);
         if (c) {
-          if (split_) std::memcpy(static_cast<uint8_t *>(a.outputs[i]) + o * chunks_[i], row, c);
-          else std::memcpy(row, static_cast<const uint8_t *>(a.inputs[i]) + o * chunks_[i], c);
+          if (split_)
+            std::memcpy(static_cast<uint8_t *>(a.outputs[i]) + o * chunks_[i], row, c);
+          else
+            std::memcpy(row, static_cast<const uint8_t *>(a.inputs[i]) + o * chunks_[i], c);
         }
         row += c;
       }
@@ -356,7 +374,8 @@ std::unique_ptr<Kernel> createShape(const ir::Op &op) {
   start = std::clamp<int64_t>(start, 0, rank);
   end = std::clamp<int64_t>(end, 0, rank);
   std::vector<int64_t> dims;
-  for (int64_t i = start; i < end; ++i) dims.push_back(in[static_cast<size_t>(i)]);
+  for (int64_t i = start; i < end; ++i)
+    dims.push_back(in[static_cast<size_t>(i)]);
   return std::make_unique<FixedOutputKernel>(TensorData::fromInt64({static_cast<int64_t>(dims.size())}, dims));
 }
 
@@ -376,7 +395,8 @@ std::unique_ptr<Kernel> createConstantOfShape(const ir::Op &op) {
   if (auto v = op.attrs.getTensor("value")) {
     size_t es = dataTypeSize(info.dataType());
     auto *p = static_cast<uint8_t *>(out.data());
-    for (int64_t i = 0; i < info.elementCount(); ++i) std::memcpy(p + i * es, v->data(), es);
+    for (int64_t i = 0; i < info.elementCount(); ++i)
+      std::memcpy(p + i * es, v->data(), es);
   }
   return std::make_unique<FixedOutputKernel>(std::move(out));
 }
@@ -397,7 +417,8 @@ public:
       using C = compute_t<T>;
       C start = static_cast<C>(*a.in<T>(0)), delta = static_cast<C>(*a.in<T>(2));
       T *y = a.out<T>(0);
-      for (int64_t i = 0; i < n_; ++i) y[i] = static_cast<T>(start + static_cast<C>(i) * delta);
+      for (int64_t i = 0; i < n_; ++i)
+        y[i] = static_cast<T>(start + static_cast<C>(i) * delta);
     });
   }
 
@@ -467,7 +488,8 @@ public:
     d0_ = s[0];
     d1_ = s[1];
     inner_ = static_cast<int64_t>(elemSize(op));
-    for (size_t d = 2; d < s.size(); ++d) inner_ *= s[d];
+    for (size_t d = 2; d < s.size(); ++d)
+      inner_ *= s[d];
   }
   void run(const KernelArgs &a) override {
     const auto *x = static_cast<const uint8_t *>(a.inputs[0]);
@@ -495,10 +517,12 @@ bool supportsRange(const ir::Op &op) { return op.outInfo(0).dataType() != DataTy
 } // namespace
 
 void registerReferenceShapeKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, bool (*supports)(const ir::Op &), std::unique_ptr<Kernel> (*create)(const ir::Op &)) {
+  auto add = [&](const char *type, bool (*supports)(const ir::Op &),
+                 std::unique_ptr<Kernel> (*create)(const ir::Op &)) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };
-  for (const char *t : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"}) add(t, notString, makeKernel<CopyKernel>);
+  for (const char *t : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+    add(t, notString, makeKernel<CopyKernel>);
   add("Transpose", notString, createTranspose);
   add("Slice", notString, createSlice);
   add("Expand", notString, createExpand);

@@ -23,9 +23,12 @@ public:
       using T = typename decltype(tag)::type;
       for (int64_t i = 0; i < length_; ++i) {
         double x = 2 * pi * static_cast<double>(i) / n, v;
-        if (name_ == "HannWindow") v = 0.5 - 0.5 * std::cos(x);
-        else if (name_ == "HammingWindow") v = 25.0 / 46.0 - 21.0 / 46.0 * std::cos(x);
-        else v = 0.42 - 0.5 * std::cos(x) + 0.08 * std::cos(2 * x);
+        if (name_ == "HannWindow")
+          v = 0.5 - 0.5 * std::cos(x);
+        else if (name_ == "HammingWindow")
+          v = 25.0 / 46.0 - 21.0 / 46.0 * std::cos(x);
+        else
+          v = 0.42 - 0.5 * std::cos(x) + 0.08 * std::cos(2 * x);
         args.out<T>(0)[i] = static_cast<T>(static_cast<compute_t<T>>(v));
       }
     });
@@ -50,12 +53,16 @@ public:
     inLen_ = in[static_cast<size_t>(axis)];
     outLen_ = out[static_cast<size_t>(axis)];
     length_ = outLen_;
-    if (op.hasInput(1)) length_ = static_cast<int64_t>(op.input(1).data()->valueAsDouble(0));
-    else length_ = inLen_;
+    if (op.hasInput(1))
+      length_ = static_cast<int64_t>(op.input(1).data()->valueAsDouble(0));
+    else
+      length_ = inLen_;
     outer_ = 1;
-    for (int64_t i = 0; i < axis; ++i) outer_ *= in[static_cast<size_t>(i)];
+    for (int64_t i = 0; i < axis; ++i)
+      outer_ *= in[static_cast<size_t>(i)];
     inner_ = 1;
-    for (size_t i = static_cast<size_t>(axis) + 1; i + 1 < in.size(); ++i) inner_ *= in[i];
+    for (size_t i = static_cast<size_t>(axis) + 1; i + 1 < in.size(); ++i)
+      inner_ *= in[i];
   }
   void run(const KernelArgs &args) override {
     const double pi = 3.14159265358979323846;

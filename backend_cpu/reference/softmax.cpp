@@ -23,15 +23,20 @@ public:
     outer_ = 1;
     n_ = 1;
     inner_ = 1;
-    for (int64_t d = 0; d < axis; ++d) outer_ *= s[static_cast<size_t>(d)];
+    for (int64_t d = 0; d < axis; ++d)
+      outer_ *= s[static_cast<size_t>(d)];
     if (op.version < 13) {
       // Old opsets: the input is a 2-D [outer, rest] matrix, normalised along its rows.
-      for (int64_t d = axis; d < rank; ++d) n_ *= s[static_cast<size_t>(d)];
+      for (int64_t d = axis; d < rank; ++d)
+        n_ *= s[static_cast<size_t>(d)];
     } else {
       n_ = s[static_cast<size_t>(axis)];
-      for (int64_t d = axis + 1; d < rank; ++d) inner_ *= s[static_cast<size_t>(d)];
+      for (int64_t d = axis + 1; d < rank; ++d)
+        inner_ *= s[static_cast<size_t>(d)];
     }
-    kind_ = op.type == "Softmax" ? SoftmaxKind::Softmax : op.type == "LogSoftmax" ? SoftmaxKind::LogSoftmax : SoftmaxKind::Hardmax;
+    kind_ = op.type == "Softmax"      ? SoftmaxKind::Softmax
+            : op.type == "LogSoftmax" ? SoftmaxKind::LogSoftmax
+                                      : SoftmaxKind::Hardmax;
   }
 
   void run(const KernelArgs &args) override {
@@ -52,14 +57,17 @@ public:
           }
         }
         if (kind_ == SoftmaxKind::Hardmax) {
-          for (int64_t k = 0; k < n_; ++k) y[at(k)] = static_cast<T>(static_cast<C>(k == argmax ? 1 : 0));
+          for (int64_t k = 0; k < n_; ++k)
+            y[at(k)] = static_cast<T>(static_cast<C>(k == argmax ? 1 : 0));
           continue;
         }
         double sum = 0;
-        for (int64_t k = 0; k < n_; ++k) sum += std::exp(static_cast<double>(static_cast<C>(x[at(k)])) - m);
+        for (int64_t k = 0; k < n_; ++k)
+          sum += std::exp(static_cast<double>(static_cast<C>(x[at(k)])) - m);
         if (kind_ == SoftmaxKind::Softmax) {
           for (int64_t k = 0; k < n_; ++k)
-            y[at(k)] = static_cast<T>(static_cast<C>(std::exp(static_cast<double>(static_cast<C>(x[at(k)])) - m) / sum));
+            y[at(k)] =
+                static_cast<T>(static_cast<C>(std::exp(static_cast<double>(static_cast<C>(x[at(k)])) - m) / sum));
         } else {
           double lse = std::log(sum);
           for (int64_t k = 0; k < n_; ++k)

@@ -1,7 +1,7 @@
 // Reference StringNormalizer. STRING tensors are passed to kernels as std::string arrays.
 
-#include "backend_cpu/kernel_families.hpp"
 #include "ir/ops/strings.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -65,7 +65,8 @@ public:
       int64_t begin = counts[n], end = n + 1 < counts.size() ? counts[n + 1] : static_cast<int64_t>(pool.size());
       int64_t len = static_cast<int64_t>(n) + 1;
       for (int64_t p = begin; p + len <= end; p += len, ++gram) {
-        if (gram >= static_cast<int64_t>(indexes.size())) throw error(op.debugName(), ": ngram_indexes is shorter than the pool");
+        if (gram >= static_cast<int64_t>(indexes.size()))
+          throw error(op.debugName(), ": ngram_indexes is shorter than the pool");
         pool_[std::vector<int64_t>(pool.begin() + p, pool.begin() + p + len)] = gram;
       }
     }
@@ -82,7 +83,8 @@ public:
         for (int64_t skip = 0; skip <= (n == 1 ? 0 : maxSkip_); ++skip)
           for (int64_t i = 0; i + (n - 1) * (skip + 1) < cols_; ++i) {
             key_.clear();
-            for (int64_t k = 0; k < n; ++k) key_.push_back(token(args, r * cols_ + i + k * (skip + 1)));
+            for (int64_t k = 0; k < n; ++k)
+              key_.push_back(token(args, r * cols_ + i + k * (skip + 1)));
             auto it = pool_.find(key_);
             if (it != pool_.end()) counts_[static_cast<size_t>(gramIndex_[static_cast<size_t>(it->second)])] += 1.f;
           }

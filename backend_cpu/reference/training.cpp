@@ -29,7 +29,8 @@ public:
       beta_ = a.getFloat("beta");
       norm_ = a.getFloat("norm_coefficient");
       std::string mode = a.getString("mode");
-      if (mode != "standard" && mode != "nesterov") throw error(op.debugName(), ": mode '", mode, "' is not standard or nesterov");
+      if (mode != "standard" && mode != "nesterov")
+        throw error(op.debugName(), ": mode '", mode, "' is not standard or nesterov");
       nesterov_ = mode == "nesterov";
     } else {
       alpha_ = a.getFloat("alpha", 0.9f);
@@ -49,8 +50,12 @@ public:
     for (size_t i = 0; i < n_; ++i)
       dispatchFloat(types_[i], kind_.c_str(), [&](auto tag) {
         using T = typename decltype(tag)::type;
-        auto ld = [&](size_t input, int64_t k) { return static_cast<double>(static_cast<compute_t<T>>(args.in<T>(input)[k])); };
-        auto st = [&](size_t output, int64_t k, double v) { args.out<T>(output)[k] = static_cast<T>(static_cast<compute_t<T>>(v)); };
+        auto ld = [&](size_t input, int64_t k) {
+          return static_cast<double>(static_cast<compute_t<T>>(args.in<T>(input)[k]));
+        };
+        auto st = [&](size_t output, int64_t k, double v) {
+          args.out<T>(output)[k] = static_cast<T>(static_cast<compute_t<T>>(v));
+        };
         size_t x = 2 + i, g = 2 + n_ + i, s1 = 2 + 2 * n_ + i, s2 = 2 + 3 * n_ + i;
         for (int64_t k = 0; k < counts_[i]; ++k) {
           double xv = ld(x, k), gv = norm_ * xv + ld(g, k);

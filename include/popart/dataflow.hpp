@@ -40,7 +40,8 @@ public:
   /// \p anchors maps each anchored tensor to its return type.
   DataFlow(int batchesPerStep, const std::map<TensorId, AnchorReturnType> &anchors);
   /// Every tensor of \p anchors with the same return type \p art.
-  DataFlow(int batchesPerStep, const std::vector<TensorId> &anchors, const AnchorReturnType &art = AnchorReturnType("ALL"));
+  DataFlow(int batchesPerStep, const std::vector<TensorId> &anchors,
+           const AnchorReturnType &art = AnchorReturnType("ALL"));
 
   int batchesPerStep() const { return batchesPerStep_; }
   const std::vector<TensorId> &anchors() const { return order_; }

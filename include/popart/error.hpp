@@ -11,8 +11,7 @@ namespace popart {
 class error : public std::runtime_error {
 public:
   /// Builds the message by streaming each of \p args in turn.
-  template <typename... Args>
-  explicit error(const Args &...args) : std::runtime_error(concat(args...)) {}
+  template <typename... Args> explicit error(const Args &...args) : std::runtime_error(concat(args...)) {}
 
 private:
   template <typename... Args> static std::string concat(const Args &...args) {

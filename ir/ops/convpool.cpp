@@ -89,10 +89,9 @@ void setupConv(Op &op) {
   int64_t group = op.attrs.getInt("group", 1);
   if (group < 1) throw error(op.debugName(), ": group ", group, " must be >= 1");
   if (x[1] != w[1] * group)
-    throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " with group ", group,
-                " expects ", w[1] * group);
-  if (w[0] % group != 0)
-    throw error(op.debugName(), ": ", w[0], " output channels are not divisible by group ", group);
+    throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " with group ", group, " expects ",
+                w[1] * group);
+  if (w[0] % group != 0) throw error(op.debugName(), ": ", w[0], " output channels are not divisible by group ", group);
   size_t nsp = x.size() - 2;
   std::vector<int64_t> kernel(w.begin() + 2, w.end());
   if (op.attrs.has("kernel_shape") && op.attrs.getInts("kernel_shape") != kernel)
@@ -117,10 +116,8 @@ void setupConvTranspose(Op &op) {
                 toString(x));
   int64_t group = op.attrs.getInt("group", 1);
   if (group < 1) throw error(op.debugName(), ": group ", group, " must be >= 1");
-  if (x[1] != w[0])
-    throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " expects ", w[0]);
-  if (w[0] % group != 0)
-    throw error(op.debugName(), ": ", w[0], " input channels are not divisible by group ", group);
+  if (x[1] != w[0]) throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " expects ", w[0]);
+  if (w[0] % group != 0) throw error(op.debugName(), ": ", w[0], " input channels are not divisible by group ", group);
   int64_t m = w[1] * group;
   if (op.hasInput(2) && op.inInfo(2).shape() != Shape{m})
     throw error(op.debugName(), ": bias B has shape ", toString(op.inInfo(2).shape()), ", expected [", m, "]");
@@ -138,13 +135,13 @@ void setupConvTranspose(Op &op) {
   if (op.attrs.has("output_shape")) {
     std::vector<int64_t> os = op.attrs.getInts("output_shape");
     if (os.size() == nsp + 2) os.erase(os.begin(), os.begin() + 2);
-    if (os.size() != nsp)
-      throw error(op.debugName(), ": output_shape has ", os.size(), " values, expected ", nsp);
+    if (os.size() != nsp) throw error(op.debugName(), ": output_shape has ", os.size(), " values, expected ", nsp);
     out = os;
   } else {
     for (size_t i = 0; i < nsp; ++i) {
       int64_t dk = (kernel[i] - 1) * dil[i] + 1;
-      if (ap == "SAME_UPPER" || ap == "SAME_LOWER") out[i] = x[i + 2] * strides[i];
+      if (ap == "SAME_UPPER" || ap == "SAME_LOWER")
+        out[i] = x[i + 2] * strides[i];
       else {
         int64_t pb = ap == "VALID" ? 0 : pads[i], pe = ap == "VALID" ? 0 : pads[i + nsp];
         out[i] = strides[i] * (x[i + 2] - 1) + outPad[i] + dk - pb - pe;
@@ -161,15 +158,18 @@ void setupConvTranspose(Op &op) {
 void setupPool(Op &op) {
   requireInputCount(op, 1, 1);
   if (op.type == "MaxPool")
-    requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16, DataType::INT8,
-                        DataType::UINT8});
-  else requireType(op, 0, kFloatTypes);
+    requireType(
+        op, 0,
+        {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16, DataType::INT8, DataType::UINT8});
+  else
+    requireType(op, 0, kFloatTypes);
   requireSpatialInput(op, op.type.c_str());
   const Shape &x = op.inInfo(0).shape();
   size_t nsp = x.size() - 2;
   if (!op.attrs.has("kernel_shape")) throw error(op.debugName(), ": attribute 'kernel_shape' is required");
   auto kernel = perAxis(op, "kernel_shape", nsp, 1, 1);
-  if (op.type != "MaxPool" && op.attrs.has("dilations") && perAxis(op, "dilations", nsp, 1, 1) != std::vector<int64_t>(nsp, 1))
+  if (op.type != "MaxPool" && op.attrs.has("dilations") &&
+      perAxis(op, "dilations", nsp, 1, 1) != std::vector<int64_t>(nsp, 1))
     throw error(op.debugName(), ": dilations are not supported for ", op.type);
   if (op.attrs.getInt("storage_order", 0) != 0 && op.attrs.getInt("storage_order", 0) != 1)
     throw error(op.debugName(), ": storage_order must be 0 or 1");
@@ -198,7 +198,8 @@ void registerConvPoolOps(OpRegistry &r) {
   r.add(makeDef("MaxPool", 1, 1000, setupPool));
   r.add(makeDef("AveragePool", 1, 1000, setupPool));
   r.add(makeDef("LpPool", 1, 1000, setupPool));
-  for (const char *t : {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}) r.add(makeDef(t, 1, 1000, setupGlobalPool));
+  for (const char *t : {"GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"})
+    r.add(makeDef(t, 1, 1000, setupGlobalPool));
 }
 
 } // namespace popart::ir

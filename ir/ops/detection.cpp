@@ -19,7 +19,8 @@ std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, c
     throw error("NonMaxSuppression: boxes ", toString(bs), " and scores ", toString(ss),
                 " must be [B,N,4] and [B,C,N]");
   int64_t batches = bs[0], count = bs[1], classes = ss[1];
-  int64_t maxOut = maxPerClass && maxPerClass->info().elementCount() ? static_cast<int64_t>(maxPerClass->valueAsDouble(0)) : 0;
+  int64_t maxOut =
+      maxPerClass && maxPerClass->info().elementCount() ? static_cast<int64_t>(maxPerClass->valueAsDouble(0)) : 0;
   double iouMax = iouThreshold && iouThreshold->info().elementCount() ? iouThreshold->valueAsDouble(0) : 0.0;
   bool useScore = scoreThreshold && scoreThreshold->info().elementCount();
   double scoreMin = useScore ? scoreThreshold->valueAsDouble(0) : 0.0;
@@ -27,13 +28,15 @@ std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, c
   if (maxOut <= 0) return selected;
   auto corners = [&](int64_t b, int64_t i) {
     std::array<double, 4> v;
-    for (int k = 0; k < 4; ++k) v[static_cast<size_t>(k)] = boxes.valueAsDouble((b * count + i) * 4 + k);
+    for (int k = 0; k < 4; ++k)
+      v[static_cast<size_t>(k)] = boxes.valueAsDouble((b * count + i) * 4 + k);
     if (centerPointBox) {
       double xc = v[0], yc = v[1], w = v[2], h = v[3];
       return std::array<double, 4>{yc - h / 2, xc - w / 2, yc + h / 2, xc + w / 2};
     }
     // [y1, x1, y2, x2] with either corner order.
-    return std::array<double, 4>{std::min(v[0], v[2]), std::min(v[1], v[3]), std::max(v[0], v[2]), std::max(v[1], v[3])};
+    return std::array<double, 4>{std::min(v[0], v[2]), std::min(v[1], v[3]), std::max(v[0], v[2]),
+                                 std::max(v[1], v[3])};
   };
   auto iou = [](const std::array<double, 4> &a, const std::array<double, 4> &b) {
     double h = std::max(0.0, std::min(a[2], b[2]) - std::max(a[0], b[0]));
@@ -48,7 +51,8 @@ std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, c
       for (int64_t i = 0; i < count; ++i)
         if (!useScore || scores.valueAsDouble((b * classes + c) * count + i) > scoreMin) order.push_back(i);
       std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-        return scores.valueAsDouble((b * classes + c) * count + x) > scores.valueAsDouble((b * classes + c) * count + y);
+        return scores.valueAsDouble((b * classes + c) * count + x) >
+               scores.valueAsDouble((b * classes + c) * count + y);
       });
       std::vector<int64_t> kept;
       for (int64_t i : order) {
@@ -72,10 +76,10 @@ namespace {
 
 void setupNms(Op &op) {
   requireInputCount(op, 2, 5);
-  auto selected = nonMaxSuppression(op.constInput(0, "boxes"), op.constInput(1, "scores"),
-                                    op.optionalConstInput(2, "max_output_boxes_per_class"),
-                                    op.optionalConstInput(3, "iou_threshold"), op.optionalConstInput(4, "score_threshold"),
-                                    op.attrs.getInt("center_point_box", 0) != 0);
+  auto selected = nonMaxSuppression(
+      op.constInput(0, "boxes"), op.constInput(1, "scores"), op.optionalConstInput(2, "max_output_boxes_per_class"),
+      op.optionalConstInput(3, "iou_threshold"), op.optionalConstInput(4, "score_threshold"),
+      op.attrs.getInt("center_point_box", 0) != 0);
   op.setOutInfo(0, TensorInfo(DataType::INT64, {static_cast<int64_t>(selected.size()), 3}));
 }
 
@@ -96,18 +100,21 @@ namespace {
 void setupMaxUnpool(Op &op) {
   requireInputCount(op, 2, 3);
   const Shape &x = op.inInfo(0).shape();
-  if (op.inInfo(1).shape() != x) throw error(op.debugName(), ": indices shape ", toString(op.inInfo(1).shape()), " differs from X ", toString(x));
+  if (op.inInfo(1).shape() != x)
+    throw error(op.debugName(), ": indices shape ", toString(op.inInfo(1).shape()), " differs from X ", toString(x));
   Shape out = x;
   if (const TensorData *s = op.optionalConstInput(2, "output_shape")) {
     out = s->toInt64Vector();
-    if (out.size() != x.size()) throw error(op.debugName(), ": output_shape has rank ", out.size(), ", expected ", x.size());
+    if (out.size() != x.size())
+      throw error(op.debugName(), ": output_shape has rank ", out.size(), ", expected ", x.size());
   } else {
     std::vector<int64_t> kernel = op.attrs.getInts("kernel_shape");
     size_t spatial = x.size() - 2;
     if (kernel.size() != spatial) throw error(op.debugName(), ": kernel_shape needs ", spatial, " values");
     std::vector<int64_t> strides = op.attrs.getInts("strides", std::vector<int64_t>(spatial, 1));
     std::vector<int64_t> pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * spatial, 0));
-    for (size_t i = 0; i < spatial; ++i) out[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
+    for (size_t i = 0; i < spatial; ++i)
+      out[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
   }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }

@@ -14,8 +14,8 @@ void setupBroadcast(Op &op) {
   DataType type = op.inInfo(0).dataType();
   for (size_t i = 1; i < op.inputCount(); ++i) {
     if (op.inInfo(i).dataType() != type && op.type != "Pow" && op.type != "BitShift")
-      throw error(op.debugName(), ": input ", i, " ('", op.input(i).id(), "') has type ", toString(op.inInfo(i).dataType()),
-                  " but input 0 has type ", toString(type));
+      throw error(op.debugName(), ": input ", i, " ('", op.input(i).id(), "') has type ",
+                  toString(op.inInfo(i).dataType()), " but input 0 has type ", toString(type));
     shape = broadcastShapes(shape, op.inInfo(i).shape(), op);
   }
   op.setOutInfo(0, TensorInfo(type, shape));
@@ -108,14 +108,17 @@ void setupIdentity(Op &op) { setupSameAsInput0(op); }
 } // namespace
 
 void registerElementwiseOps(OpRegistry &r) {
-  for (const char *t : {"Abs", "Neg", "Sign", "Identity"}) r.add(makeDef(t, 1, 1000, setupUnary));
-  for (const char *t : {"Reciprocal", "Floor", "Ceil", "Sqrt", "Relu", "Exp", "Log", "Tanh", "Sigmoid", "Erf",
-                        "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
-                        "Round", "Softsign", "Softplus", "Elu", "Selu", "LeakyRelu", "HardSigmoid", "HardSwish",
-                        "ThresholdedRelu", "Celu", "Shrink"})
-    r.add(makeDef(t, 1, 1000, std::string(t) == "Relu" || std::string(t) == "Abs" || std::string(t) == "Shrink"
-                                  ? setupUnary
-                                  : setupFloatUnary));
+  for (const char *t : {"Abs", "Neg", "Sign", "Identity"})
+    r.add(makeDef(t, 1, 1000, setupUnary));
+  for (const char *t : {"Reciprocal", "Floor", "Ceil",      "Sqrt",        "Relu",      "Exp",
+                        "Log",        "Tanh",  "Sigmoid",   "Erf",         "Sin",       "Cos",
+                        "Tan",        "Asin",  "Acos",      "Atan",        "Sinh",      "Cosh",
+                        "Asinh",      "Acosh", "Atanh",     "Round",       "Softsign",  "Softplus",
+                        "Elu",        "Selu",  "LeakyRelu", "HardSigmoid", "HardSwish", "ThresholdedRelu",
+                        "Celu",       "Shrink"})
+    r.add(makeDef(t, 1, 1000,
+                  std::string(t) == "Relu" || std::string(t) == "Abs" || std::string(t) == "Shrink" ? setupUnary
+                                                                                                    : setupFloatUnary));
   r.add(makeDef("Not", 1, 1000, setupNot));
   r.add(makeDef("IsNaN", 9, 1000, setupIsNanInf));
   r.add(makeDef("IsInf", 10, 1000, setupIsNanInf));
@@ -123,9 +126,12 @@ void registerElementwiseOps(OpRegistry &r) {
     r.add(makeDef(t, 1, 1000, setupBroadcast));
   r.add(makeDef("Mod", 10, 1000, setupBroadcast));
   r.add(makeDef("BitShift", 11, 1000, setupBroadcast));
-  for (const char *t : {"Equal", "Less", "Greater"}) r.add(makeDef(t, 1, 1000, setupCompare));
-  for (const char *t : {"LessOrEqual", "GreaterOrEqual"}) r.add(makeDef(t, 12, 1000, setupCompare));
-  for (const char *t : {"And", "Or", "Xor"}) r.add(makeDef(t, 1, 1000, setupLogical));
+  for (const char *t : {"Equal", "Less", "Greater"})
+    r.add(makeDef(t, 1, 1000, setupCompare));
+  for (const char *t : {"LessOrEqual", "GreaterOrEqual"})
+    r.add(makeDef(t, 12, 1000, setupCompare));
+  for (const char *t : {"And", "Or", "Xor"})
+    r.add(makeDef(t, 1, 1000, setupLogical));
   r.add(makeDef("PRelu", 1, 1000, setupPRelu));
   r.add(makeDef("Where", 9, 1000, setupWhere));
   OpDef clip = makeDef("Clip", 1, 1000, setupClip);

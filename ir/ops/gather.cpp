@@ -31,7 +31,8 @@ void setupGatherElements(Op &op) {
   requireIndices(op, 1);
   const Shape &data = op.inInfo(0).shape(), &ind = op.inInfo(1).shape();
   if (data.empty() || data.size() != ind.size())
-    throw error(op.debugName(), ": data ", toString(data), " and indices ", toString(ind), " must have the same rank >= 1");
+    throw error(op.debugName(), ": data ", toString(data), " and indices ", toString(ind),
+                " must have the same rank >= 1");
   normalizeAxis(op.attrs.getInt("axis", 0), static_cast<int64_t>(data.size()), op);
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), ind));
 }
@@ -43,13 +44,16 @@ void setupGatherND(Op &op) {
   int64_t b = op.attrs.getInt("batch_dims", 0);
   int64_t r = static_cast<int64_t>(data.size()), q = static_cast<int64_t>(ind.size());
   if (r < 1 || q < 1) throw error(op.debugName(), ": data and indices must have rank >= 1");
-  if (b < 0 || b >= std::min(r, q)) throw error(op.debugName(), ": batch_dims ", b, " must be in [0, min(rank(data), rank(indices)))");
+  if (b < 0 || b >= std::min(r, q))
+    throw error(op.debugName(), ": batch_dims ", b, " must be in [0, min(rank(data), rank(indices)))");
   for (int64_t i = 0; i < b; ++i)
     if (data[i] != ind[i])
-      throw error(op.debugName(), ": batch dimension ", i, " differs between data ", toString(data), " and indices ", toString(ind));
+      throw error(op.debugName(), ": batch dimension ", i, " differs between data ", toString(data), " and indices ",
+                  toString(ind));
   int64_t k = ind.back();
   if (k < 1 || b + k > r)
-    throw error(op.debugName(), ": last dimension of indices (", k, ") must be in [1, rank(data) - batch_dims] = [1, ", r - b, "]");
+    throw error(op.debugName(), ": last dimension of indices (", k, ") must be in [1, rank(data) - batch_dims] = [1, ",
+                r - b, "]");
   Shape out(ind.begin(), ind.end() - 1);
   out.insert(out.end(), data.begin() + b + k, data.end());
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
@@ -66,9 +70,11 @@ void setupScatterElements(Op &op) {
   requireIndices(op, 1);
   const Shape &data = op.inInfo(0).shape(), &ind = op.inInfo(1).shape();
   if (data.empty() || data.size() != ind.size())
-    throw error(op.debugName(), ": data ", toString(data), " and indices ", toString(ind), " must have the same rank >= 1");
+    throw error(op.debugName(), ": data ", toString(data), " and indices ", toString(ind),
+                " must have the same rank >= 1");
   if (op.inInfo(2).shape() != ind)
-    throw error(op.debugName(), ": updates shape ", toString(op.inInfo(2).shape()), " differs from indices shape ", toString(ind));
+    throw error(op.debugName(), ": updates shape ", toString(op.inInfo(2).shape()), " differs from indices shape ",
+                toString(ind));
   if (op.inInfo(2).dataType() != op.inInfo(0).dataType())
     throw error(op.debugName(), ": updates type ", toString(op.inInfo(2).dataType()), " differs from data type ",
                 toString(op.inInfo(0).dataType()));
@@ -103,7 +109,8 @@ void setupOneHot(Op &op) {
   if (!(depthValue >= 1)) throw error(op.debugName(), ": depth must be positive, got ", depthValue);
   auto depth = static_cast<int64_t>(depthValue);
   if (op.inInfo(2).elementCount() != 2)
-    throw error(op.debugName(), ": values must have two elements [off, on], got shape ", toString(op.inInfo(2).shape()));
+    throw error(op.debugName(), ": values must have two elements [off, on], got shape ",
+                toString(op.inInfo(2).shape()));
   if (op.inInfo(0).dataType() == DataType::BOOL || op.inInfo(0).dataType() == DataType::STRING)
     throw error(op.debugName(), ": indices must be numeric");
   Shape out = op.inInfo(0).shape();
@@ -117,7 +124,8 @@ void setupNonZero(Op &op) {
   const TensorData &x = op.constInput(0, "data");
   if (x.info().dataType() == DataType::STRING) throw error(op.debugName(), ": STRING input is not supported");
   int64_t count = 0;
-  for (int64_t i = 0; i < x.info().elementCount(); ++i) count += x.valueAsDouble(i) != 0;
+  for (int64_t i = 0; i < x.info().elementCount(); ++i)
+    count += x.valueAsDouble(i) != 0;
   op.setOutInfo(0, TensorInfo(DataType::INT64, {x.info().rank(), count}));
 }
 
@@ -125,11 +133,13 @@ void setupCompress(Op &op) {
   requireInputCount(op, 2, 2);
   requireType(op, 1, {DataType::BOOL});
   const TensorData &cond = op.constInput(1, "condition");
-  if (cond.info().rank() != 1) throw error(op.debugName(), ": condition must be 1-D, got ", toString(cond.info().shape()));
+  if (cond.info().rank() != 1)
+    throw error(op.debugName(), ": condition must be 1-D, got ", toString(cond.info().shape()));
   const Shape &in = op.inInfo(0).shape();
   int64_t len = cond.info().elementCount();
   int64_t count = 0;
-  for (int64_t i = 0; i < len; ++i) count += cond.as<bool>()[i] ? 1 : 0;
+  for (int64_t i = 0; i < len; ++i)
+    count += cond.as<bool>()[i] ? 1 : 0;
   if (!op.attrs.has("axis")) {
     if (len > shapeElementCount(in))
       throw error(op.debugName(), ": condition has ", len, " elements but the input only ", shapeElementCount(in));
@@ -154,12 +164,16 @@ void setupUnique(Op &op) {
   if (op.attrs.has("axis")) {
     axis = normalizeAxis(op.attrs.getInt("axis"), static_cast<int64_t>(shape.size()), op);
     slices = shape[*axis];
-    for (int64_t i = 0; i < *axis; ++i) outer *= shape[i];
-    for (size_t i = *axis + 1; i < shape.size(); ++i) inner *= shape[i];
+    for (int64_t i = 0; i < *axis; ++i)
+      outer *= shape[i];
+    for (size_t i = *axis + 1; i < shape.size(); ++i)
+      inner *= shape[i];
   }
   std::vector<double> values = x.toDoubleVector();
   // Slice s, element j (row-major within the slice).
-  auto at = [&](int64_t s, int64_t j) { return values[static_cast<size_t>(((j / inner) * slices + s) * inner + j % inner)]; };
+  auto at = [&](int64_t s, int64_t j) {
+    return values[static_cast<size_t>(((j / inner) * slices + s) * inner + j % inner)];
+  };
   int64_t sliceSize = outer * inner;
   std::vector<int64_t> order(static_cast<size_t>(slices));
   std::iota(order.begin(), order.end(), 0);
@@ -170,7 +184,8 @@ void setupUnique(Op &op) {
   };
   std::stable_sort(order.begin(), order.end(), less);
   int64_t unique = slices > 0 ? 1 : 0;
-  for (size_t i = 1; i < order.size(); ++i) unique += less(order[i - 1], order[i]) ? 1 : 0;
+  for (size_t i = 1; i < order.size(); ++i)
+    unique += less(order[i - 1], order[i]) ? 1 : 0;
   Shape y = axis ? shape : Shape{unique};
   if (axis) y[*axis] = unique;
   op.setOutInfo(0, TensorInfo(x.info().dataType(), y));

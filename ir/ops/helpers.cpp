@@ -20,8 +20,7 @@ Shape broadcastShapes(const Shape &a, const Shape &b, const Op &op) {
 }
 
 int64_t normalizeAxis(int64_t axis, int64_t rank, const Op &op) {
-  if (axis < -rank || axis >= rank)
-    throw error(op.debugName(), ": axis ", axis, " is out of range for rank ", rank);
+  if (axis < -rank || axis >= rank) throw error(op.debugName(), ": axis ", axis, " is out of range for rank ", rank);
   return axis < 0 ? axis + rank : axis;
 }
 
@@ -45,14 +44,17 @@ void requireType(const Op &op, size_t i, std::initializer_list<DataType> types) 
   for (DataType ok : types)
     if (t == ok) return;
   std::string list;
-  for (DataType ok : types) list += (list.empty() ? "" : ", ") + toString(ok);
-  throw error(op.debugName(), ": input ", i, " ('", op.input(i).id(), "') has type ", toString(t), ", expected one of ", list);
+  for (DataType ok : types)
+    list += (list.empty() ? "" : ", ") + toString(ok);
+  throw error(op.debugName(), ": input ", i, " ('", op.input(i).id(), "') has type ", toString(t), ", expected one of ",
+              list);
 }
 
 void requireInputCount(const Op &op, size_t min, size_t max) {
   size_t n = op.inputCount();
   if (n < min || n > max)
-    throw error(op.debugName(), ": has ", n, " inputs, expected ", min, (min == max ? "" : " to " + std::to_string(max)));
+    throw error(op.debugName(), ": has ", n, " inputs, expected ", min,
+                (min == max ? "" : " to " + std::to_string(max)));
 }
 
 OpDef makeDef(const char *type, int minVersion, int maxVersion, void (*setup)(Op &)) {

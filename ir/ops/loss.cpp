@@ -21,7 +21,8 @@ void setupLoss(Op &op) {
                 " for input of shape ", toString(x.shape()));
   if (op.hasInput(2)) {
     if (op.inInfo(2).shape() != Shape{x.dim(1)})
-      throw error(op.debugName(), ": weights have shape ", toString(op.inInfo(2).shape()), ", expected [", x.dim(1), "]");
+      throw error(op.debugName(), ": weights have shape ", toString(op.inInfo(2).shape()), ", expected [", x.dim(1),
+                  "]");
     if (op.inInfo(2).dataType() != x.dataType())
       throw error(op.debugName(), ": weights have type ", toString(op.inInfo(2).dataType()), ", expected ",
                   toString(x.dataType()));

@@ -41,7 +41,9 @@ void setupGemm(Op &op) {
   Shape out{m, n};
   if (op.hasInput(2)) {
     Shape c = broadcastShapes(op.inInfo(2).shape(), out, op);
-    if (c != out) throw error(op.debugName(), ": C of shape ", toString(op.inInfo(2).shape()), " does not broadcast to ", toString(out));
+    if (c != out)
+      throw error(op.debugName(), ": C of shape ", toString(op.inInfo(2).shape()), " does not broadcast to ",
+                  toString(out));
   }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }

@@ -29,18 +29,22 @@ void setupEinsum(Op &op) {
   EinsumSpec spec = parseEinsum(op);
   std::map<int, int64_t> sizes;
   for (size_t t = 0; t < spec.inputs.size(); ++t) {
-    if (op.inInfo(t).dataType() != op.inInfo(0).dataType()) throw error(op.debugName(), ": inputs have different types");
+    if (op.inInfo(t).dataType() != op.inInfo(0).dataType())
+      throw error(op.debugName(), ": inputs have different types");
     for (size_t d = 0; d < spec.inputs[t].size(); ++d) {
       int l = spec.inputs[t][d];
       int64_t s = op.inInfo(t).shape()[d];
       auto it = sizes.find(l);
-      if (it == sizes.end() || it->second == 1) sizes[l] = s;
+      if (it == sizes.end() || it->second == 1)
+        sizes[l] = s;
       else if (s != 1 && s != it->second)
-        throw error(op.debugName(), ": dimension ", d, " of input ", t, " has size ", s, " but its label has size ", it->second);
+        throw error(op.debugName(), ": dimension ", d, " of input ", t, " has size ", s, " but its label has size ",
+                    it->second);
     }
   }
   Shape out;
-  for (int l : spec.output) out.push_back(sizes[l]);
+  for (int l : spec.output)
+    out.push_back(sizes[l]);
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
 
@@ -54,7 +58,8 @@ void setupMatMulInteger(Op &op) {
   if (aVec) a.insert(a.begin(), 1);
   if (bVec) b.push_back(1);
   if (a.back() != b[b.size() - 2])
-    throw error(op.debugName(), ": inner dimensions differ: ", toString(op.inInfo(0).shape()), " x ", toString(op.inInfo(1).shape()));
+    throw error(op.debugName(), ": inner dimensions differ: ", toString(op.inInfo(0).shape()), " x ",
+                toString(op.inInfo(1).shape()));
   Shape out = broadcastShapes(Shape(a.begin(), a.end() - 2), Shape(b.begin(), b.end() - 2), op);
   if (!aVec) out.push_back(a[a.size() - 2]);
   if (!bVec) out.push_back(b.back());
@@ -68,8 +73,10 @@ void setupMatMulInteger(Op &op) {
 
 void setupQLinearMatMul(Op &op) {
   requireInputCount(op, 8, 8);
-  for (size_t i : {0, 2, 3, 5, 7}) requireType(op, i, {DataType::UINT8, DataType::INT8});
-  for (size_t i : {1, 4, 6}) requireType(op, i, {DataType::FLOAT});
+  for (size_t i : {0, 2, 3, 5, 7})
+    requireType(op, i, {DataType::UINT8, DataType::INT8});
+  for (size_t i : {1, 4, 6})
+    requireType(op, i, {DataType::FLOAT});
   if (op.inInfo(6).elementCount() != 1 || op.inInfo(7).elementCount() != 1)
     throw error(op.debugName(), ": y_scale and y_zero_point must be scalars");
   Shape a = op.inInfo(0).shape(), b = op.inInfo(3).shape();
@@ -78,7 +85,8 @@ void setupQLinearMatMul(Op &op) {
   if (aVec) a.insert(a.begin(), 1);
   if (bVec) b.push_back(1);
   if (a.back() != b[b.size() - 2])
-    throw error(op.debugName(), ": inner dimensions differ: ", toString(op.inInfo(0).shape()), " x ", toString(op.inInfo(3).shape()));
+    throw error(op.debugName(), ": inner dimensions differ: ", toString(op.inInfo(0).shape()), " x ",
+                toString(op.inInfo(3).shape()));
   int64_t m = a[a.size() - 2], n = b.back();
   for (size_t i : {1, 2})
     if (op.inInfo(i).elementCount() != 1 && op.inInfo(i).elementCount() != m)
@@ -185,7 +193,8 @@ EinsumSpec parseEinsum(const Op &op) {
     start = comma + 1;
   }
   if (terms.size() != op.inputCount())
-    throw error(op.debugName(), ": equation '", eq, "' has ", terms.size(), " operands but the op has ", op.inputCount(), " inputs");
+    throw error(op.debugName(), ": equation '", eq, "' has ", terms.size(), " operands but the op has ",
+                op.inputCount(), " inputs");
   EinsumSpec spec;
   int64_t ellipsisDims = 0;
   std::vector<int64_t> termEllipsis;
@@ -206,7 +215,8 @@ EinsumSpec parseEinsum(const Op &op) {
     const std::string &term = terms[t];
     for (size_t i = 0; i < term.size(); ++i) {
       if (term.compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < termEllipsis[t]; ++k) labels.push_back(static_cast<int>(52 + ellipsisDims - termEllipsis[t] + k));
+        for (int64_t k = 0; k < termEllipsis[t]; ++k)
+          labels.push_back(static_cast<int>(52 + ellipsisDims - termEllipsis[t] + k));
         i += 2;
       } else {
         int l = einsumLetter(term[i], op);
@@ -220,7 +230,8 @@ EinsumSpec parseEinsum(const Op &op) {
     std::string rhs = eq.substr(arrow + 2);
     for (size_t i = 0; i < rhs.size(); ++i) {
       if (rhs.compare(i, 3, "...") == 0) {
-        for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
+        for (int64_t k = 0; k < ellipsisDims; ++k)
+          spec.output.push_back(static_cast<int>(52 + k));
         i += 2;
       } else {
         int l = einsumLetter(rhs[i], op);
@@ -231,14 +242,13 @@ EinsumSpec parseEinsum(const Op &op) {
       }
     }
   } else {
-    for (int64_t k = 0; k < ellipsisDims; ++k) spec.output.push_back(static_cast<int>(52 + k));
+    for (int64_t k = 0; k < ellipsisDims; ++k)
+      spec.output.push_back(static_cast<int>(52 + k));
     for (auto [l, n] : letterCount)
       if (n == 1) spec.output.push_back(l);
   }
   return spec;
 }
-
-
 
 void registerMiscOps(OpRegistry &r) {
   r.add(makeDef("Dropout", 1, 11, setupDropout));

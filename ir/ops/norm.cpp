@@ -20,21 +20,22 @@ void setupBatchNorm(Op &op) {
   requireInputCount(op, 5, 5);
   requireType(op, 0, kFloatTypes);
   const Shape &x = op.inInfo(0).shape();
-  if (x.size() < 2)
-    throw error(op.debugName(), ": X has shape ", toString(x), ", expected rank >= 2 (N, C, ...)");
+  if (x.size() < 2) throw error(op.debugName(), ": X has shape ", toString(x), ", expected rank >= 2 (N, C, ...)");
   // Opset 6's spatial=0 keeps one statistic per (channel, position).
   int64_t params = x[1];
   if (op.attrs.getInt("spatial", 1) == 0)
-    for (size_t i = 2; i < x.size(); ++i) params *= x[i];
+    for (size_t i = 2; i < x.size(); ++i)
+      params *= x[i];
   const char *roles[] = {"", "scale", "B", "mean", "var"};
-  for (size_t i = 1; i < 5; ++i) requireChannelVector(op, i, params, roles[i]);
+  for (size_t i = 1; i < 5; ++i)
+    requireChannelVector(op, i, params, roles[i]);
   bool training = op.version >= 14 && op.attrs.getInt("training_mode", 0) != 0;
   if (op.version >= 14 && !training)
     for (size_t i = 1; i < op.outputCount(); ++i)
-      if (op.hasOutput(i))
-        throw error(op.debugName(), ": output ", i, " is only valid with training_mode=1");
+      if (op.hasOutput(i)) throw error(op.debugName(), ": output ", i, " is only valid with training_mode=1");
   op.setOutInfo(0, op.inInfo(0));
-  for (size_t i = 1; i < op.outputCount(); ++i) op.setOutInfo(i, op.inInfo(3));
+  for (size_t i = 1; i < op.outputCount(); ++i)
+    op.setOutInfo(i, op.inInfo(3));
 }
 
 void setupLayerNorm(Op &op) {
@@ -59,7 +60,8 @@ void setupLayerNorm(Op &op) {
       statType != DataType::BFLOAT16)
     throw error(op.debugName(), ": stash_type ", stash, " is not a floating-point type");
   Shape stat = x;
-  for (int64_t i = axis; i < rank; ++i) stat[i] = 1;
+  for (int64_t i = axis; i < rank; ++i)
+    stat[i] = 1;
   op.setOutInfo(1, TensorInfo(statType, stat));
   op.setOutInfo(2, TensorInfo(statType, stat));
 }

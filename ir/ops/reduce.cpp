@@ -11,9 +11,8 @@ namespace popart::ir {
 
 namespace {
 
-const char *const kReduceTypes[] = {"ReduceSum", "ReduceMean",   "ReduceMax",       "ReduceMin",
-                                    "ReduceProd", "ReduceL1",    "ReduceL2",        "ReduceLogSum",
-                                    "ReduceLogSumExp", "ReduceSumSquare"};
+const char *const kReduceTypes[] = {"ReduceSum", "ReduceMean", "ReduceMax",    "ReduceMin",       "ReduceProd",
+                                    "ReduceL1",  "ReduceL2",   "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare"};
 
 void canonicalizeReduce(Op &op, Graph &graph) {
   if (op.attrs.has("axes") && op.hasInput(1))
@@ -31,7 +30,8 @@ void setupReduce(Op &op) {
   if (const TensorData *a = op.optionalConstInput(1, "axes")) {
     if (a->info().dataType() != DataType::INT64)
       throw error(op.debugName(), ": axes input has type ", toString(a->info().dataType()), ", expected INT64");
-    if (a->info().rank() > 1) throw error(op.debugName(), ": axes input must be 1-D, got shape ", toString(a->info().shape()));
+    if (a->info().rank() > 1)
+      throw error(op.debugName(), ": axes input must be 1-D, got shape ", toString(a->info().shape()));
     axes = a->toInt64Vector();
   }
   int64_t keepdims = op.attrs.getInt("keepdims", 1);
@@ -43,11 +43,14 @@ void setupReduce(Op &op) {
     return;
   }
   std::vector<bool> reduced(static_cast<size_t>(rank), axes.empty());
-  for (int64_t a : normalizeAxes(axes, rank, op)) reduced[static_cast<size_t>(a)] = true;
+  for (int64_t a : normalizeAxes(axes, rank, op))
+    reduced[static_cast<size_t>(a)] = true;
   Shape out;
   for (int64_t d = 0; d < rank; ++d) {
-    if (!reduced[static_cast<size_t>(d)]) out.push_back(in.shape()[static_cast<size_t>(d)]);
-    else if (keepdims) out.push_back(1);
+    if (!reduced[static_cast<size_t>(d)])
+      out.push_back(in.shape()[static_cast<size_t>(d)]);
+    else if (keepdims)
+      out.push_back(1);
   }
   op.setOutInfo(0, TensorInfo(in.dataType(), out));
 }
@@ -64,8 +67,10 @@ void setupArgMinMax(Op &op) {
     throw error(op.debugName(), ": cannot take the arg-extremum over axis ", axis, " of size 0 (input shape ",
                 toString(in.shape()), ")");
   Shape out = in.shape();
-  if (keepdims) out[static_cast<size_t>(axis)] = 1;
-  else out.erase(out.begin() + axis);
+  if (keepdims)
+    out[static_cast<size_t>(axis)] = 1;
+  else
+    out.erase(out.begin() + axis);
   op.setOutInfo(0, TensorInfo(DataType::INT64, out));
 }
 
@@ -79,7 +84,8 @@ void setupCumSum(Op &op) {
   if (t == DataType::BOOL || t == DataType::STRING)
     throw error(op.debugName(), ": input type ", toString(t), " is not supported (numeric types only)");
   if (op.input(1).isConst())
-    normalizeAxis(static_cast<int64_t>(op.input(1).data()->valueAsDouble(0)), static_cast<int64_t>(op.inInfo(0).rank()), op);
+    normalizeAxis(static_cast<int64_t>(op.input(1).data()->valueAsDouble(0)), static_cast<int64_t>(op.inInfo(0).rank()),
+                  op);
   setupSameAsInput0(op);
 }
 
@@ -100,7 +106,8 @@ void setupTopK(Op &op) {
   int64_t rank = static_cast<int64_t>(in.rank());
   int64_t axis = normalizeAxis(op.attrs.getInt("axis", -1), rank, op);
   const TensorData &kd = op.constInput(1, "K");
-  if (kd.info().elementCount() != 1 || (kd.info().dataType() != DataType::INT64 && kd.info().dataType() != DataType::INT32))
+  if (kd.info().elementCount() != 1 ||
+      (kd.info().dataType() != DataType::INT64 && kd.info().dataType() != DataType::INT32))
     throw error(op.debugName(), ": K must be a 1-element INT64 tensor, got ", kd.info().toString());
   int64_t k = static_cast<int64_t>(kd.valueAsDouble(0));
   int64_t n = in.shape()[static_cast<size_t>(axis)];
@@ -122,7 +129,8 @@ void registerReduceOps(OpRegistry &r) {
     d.valueInputs = {1};
     r.add(d);
   }
-  for (const char *t : {"ArgMax", "ArgMin"}) r.add(makeDef(t, 1, 1000, setupArgMinMax));
+  for (const char *t : {"ArgMax", "ArgMin"})
+    r.add(makeDef(t, 1, 1000, setupArgMinMax));
   r.add(makeDef("CumSum", 11, 1000, setupCumSum));
   OpDef topk = makeDef("TopK", 1, 1000, setupTopK);
   topk.canonicalize = canonicalizeTopK;

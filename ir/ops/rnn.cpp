@@ -23,9 +23,11 @@ void setupRecurrent(Op &op) {
   int64_t seq = batchFirst ? x[1] : x[0], batch = batchFirst ? x[0] : x[1];
   int64_t gates = gateCount(op.type);
   if (w[0] != dirs || w[1] != gates * hidden || w[2] != x[2])
-    throw error(op.debugName(), ": W has shape ", toString(w), ", expected [", dirs, ",", gates * hidden, ",", x[2], "]");
+    throw error(op.debugName(), ": W has shape ", toString(w), ", expected [", dirs, ",", gates * hidden, ",", x[2],
+                "]");
   if (r[0] != dirs || r[1] != gates * hidden || r[2] != hidden)
-    throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gates * hidden, ",", hidden, "]");
+    throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gates * hidden, ",", hidden,
+                "]");
   DataType t = op.inInfo(0).dataType();
   op.setOutInfo(0, TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}));
   Shape state = batchFirst ? Shape{batch, dirs, hidden} : Shape{dirs, batch, hidden};
@@ -36,7 +38,8 @@ void setupRecurrent(Op &op) {
 } // namespace
 
 void registerRnnOps(OpRegistry &r) {
-  for (const char *t : {"RNN", "GRU", "LSTM"}) r.add(makeDef(t, 7, 1000, setupRecurrent));
+  for (const char *t : {"RNN", "GRU", "LSTM"})
+    r.add(makeDef(t, 7, 1000, setupRecurrent));
 }
 
 } // namespace popart::ir

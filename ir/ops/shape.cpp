@@ -84,7 +84,8 @@ void setupFlatten(Op &op) {
     throw error(op.debugName(), ": axis ", axis, " is out of range [", -rank, ", ", rank, "] for input ", toString(in));
   if (axis < 0) axis += rank;
   int64_t a = 1, b = 1;
-  for (int64_t i = 0; i < rank; ++i) (i < axis ? a : b) *= in[static_cast<size_t>(i)];
+  for (int64_t i = 0; i < rank; ++i)
+    (i < axis ? a : b) *= in[static_cast<size_t>(i)];
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {a, b}));
 }
 
@@ -101,7 +102,8 @@ void setupSqueeze(Op &op) {
       drop[static_cast<size_t>(a)] = true;
     }
   } else {
-    for (size_t i = 0; i < in.size(); ++i) drop[i] = in[i] == 1;
+    for (size_t i = 0; i < in.size(); ++i)
+      drop[i] = in[i] == 1;
   }
   Shape out;
   for (size_t i = 0; i < in.size(); ++i)
@@ -115,10 +117,12 @@ void setupUnsqueeze(Op &op) {
   std::vector<int64_t> axes = intsInput(op, 1, "axes");
   int64_t outRank = static_cast<int64_t>(in.size() + axes.size());
   std::vector<bool> isNew(static_cast<size_t>(outRank), false);
-  for (int64_t a : normalizeAxes(axes, outRank, op)) isNew[static_cast<size_t>(a)] = true;
+  for (int64_t a : normalizeAxes(axes, outRank, op))
+    isNew[static_cast<size_t>(a)] = true;
   Shape out;
   size_t k = 0;
-  for (int64_t i = 0; i < outRank; ++i) out.push_back(isNew[static_cast<size_t>(i)] ? 1 : in[k++]);
+  for (int64_t i = 0; i < outRank; ++i)
+    out.push_back(isNew[static_cast<size_t>(i)] ? 1 : in[k++]);
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
 
@@ -138,10 +142,12 @@ void setupTranspose(Op &op) {
       throw error(op.debugName(), ": perm ", toString(perm), " has ", perm.size(), " entries for input of rank ", rank);
     perm = normalizeAxes(perm, rank, op);
   } else {
-    for (int64_t i = rank - 1; i >= 0; --i) perm.push_back(i);
+    for (int64_t i = rank - 1; i >= 0; --i)
+      perm.push_back(i);
   }
   Shape out;
-  for (int64_t p : perm) out.push_back(in[static_cast<size_t>(p)]);
+  for (int64_t p : perm)
+    out.push_back(in[static_cast<size_t>(p)]);
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
 
@@ -163,8 +169,8 @@ void setupConcat(Op &op) {
                   toString(first.shape()));
     for (int64_t d = 0; d < rank; ++d)
       if (d != axis && info.shape()[static_cast<size_t>(d)] != first.shape()[static_cast<size_t>(d)])
-        throw error(op.debugName(), ": input ", i, " has shape ", toString(info.shape()), ", incompatible with input 0 ",
-                    toString(first.shape()), " outside axis ", axis);
+        throw error(op.debugName(), ": input ", i, " has shape ", toString(info.shape()),
+                    ", incompatible with input 0 ", toString(first.shape()), " outside axis ", axis);
     out[static_cast<size_t>(axis)] += info.shape()[static_cast<size_t>(axis)];
   }
   op.setOutInfo(0, TensorInfo(first.dataType(), out));
@@ -191,10 +197,12 @@ std::vector<int64_t> splitSizes(const Op &op, int64_t dim) {
   int64_t count = static_cast<int64_t>(n);
   if (op.attrs.has("num_outputs")) {
     if (op.attrs.getInt("num_outputs") != count)
-      throw error(op.debugName(), ": num_outputs is ", op.attrs.getInt("num_outputs"), " but the node has ", n, " outputs");
+      throw error(op.debugName(), ": num_outputs is ", op.attrs.getInt("num_outputs"), " but the node has ", n,
+                  " outputs");
     // Opset 18: chunks of ceil(dim / n), the last one smaller.
     int64_t chunk = (dim + count - 1) / count;
-    for (int64_t i = 0; i < count; ++i) sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+    for (int64_t i = 0; i < count; ++i)
+      sizes.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
     return sizes;
   }
   if (dim % count != 0)
@@ -227,9 +235,11 @@ void setupSlice(Op &op) {
   if (starts.size() != ends.size())
     throw error(op.debugName(), ": starts ", toString(starts), " and ends ", toString(ends), " differ in length");
   std::vector<int64_t> axes;
-  if (op.hasInput(3)) axes = intsInput(op, 3, "axes");
+  if (op.hasInput(3))
+    axes = intsInput(op, 3, "axes");
   else
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    for (size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<int64_t>(i));
   std::vector<int64_t> steps(starts.size(), 1);
   if (op.hasInput(4)) steps = intsInput(op, 4, "steps");
   if (axes.size() != starts.size() || steps.size() != starts.size())
@@ -300,9 +310,11 @@ void setupPad(Op &op) {
     throw error(op.debugName(), ": mode '", mode, "' is not one of constant, reflect, edge, wrap");
   std::vector<int64_t> pads = intsInput(op, 1, "pads");
   std::vector<int64_t> axes;
-  if (op.hasInput(3)) axes = normalizeAxes(intsInput(op, 3, "axes"), rank, op);
+  if (op.hasInput(3))
+    axes = normalizeAxes(intsInput(op, 3, "axes"), rank, op);
   else
-    for (int64_t i = 0; i < rank; ++i) axes.push_back(i);
+    for (int64_t i = 0; i < rank; ++i)
+      axes.push_back(i);
   if (pads.size() != 2 * axes.size())
     throw error(op.debugName(), ": pads ", toString(pads), " must have ", 2 * axes.size(), " entries for input ",
                 toString(in));
@@ -332,8 +344,8 @@ void canonicalizePad(Op &op, Graph &graph) {
   if (!op.attrs.has("pads")) return;
   moveIntsAttributeToInput(op, graph, "pads", 1);
   // The input type may not be known yet: the kernel converts constant_value of any type.
-  DataType type = op.hasInput(0) && op.inInfo(0).dataType() != DataType::UNDEFINED ? op.inInfo(0).dataType()
-                                                                                     : DataType::FLOAT;
+  DataType type =
+      op.hasInput(0) && op.inInfo(0).dataType() != DataType::UNDEFINED ? op.inInfo(0).dataType() : DataType::FLOAT;
   if (op.attrs.has("value")) moveFloatAttributeToInput(op, graph, "value", 2, type);
 }
 
@@ -412,8 +424,7 @@ void setupRange(Op &op) {
 
 void setupEyeLike(Op &op) {
   requireInputCount(op, 1, 1);
-  if (op.inInfo(0).rank() != 2)
-    throw error(op.debugName(), ": input must be 2-D, got ", op.inInfo(0).toString());
+  if (op.inInfo(0).rank() != 2) throw error(op.debugName(), ": input must be 2-D, got ", op.inInfo(0).toString());
   DataType type = op.inInfo(0).dataType();
   if (op.attrs.has("dtype")) type = dataTypeFromOnnx(static_cast<int>(op.attrs.getInt("dtype")));
   if (type == DataType::STRING) throw error(op.debugName(), ": STRING output is not supported");

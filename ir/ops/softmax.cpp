@@ -25,7 +25,8 @@ void setupSoftmax(Op &op) {
 } // namespace
 
 void registerSoftmaxOps(OpRegistry &r) {
-  for (const char *t : {"Softmax", "LogSoftmax", "Hardmax"}) r.add(makeDef(t, 1, 1000, setupSoftmax));
+  for (const char *t : {"Softmax", "LogSoftmax", "Hardmax"})
+    r.add(makeDef(t, 1, 1000, setupSoftmax));
 }
 
 } // namespace popart::ir

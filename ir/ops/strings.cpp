@@ -11,7 +11,9 @@ namespace popart::ir {
 
 namespace {
 std::string changeCase(std::string s, bool upper) {
-  for (char &c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+  for (char &c : s)
+    c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
+                                : std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
 } // namespace
@@ -25,7 +27,8 @@ std::vector<std::string> normalizeStrings(const std::vector<std::string> &in, co
   bool caseSensitive = attrs.getInt("is_case_sensitive", 0) != 0;
   std::vector<std::string> stop = attrs.getStrings("stopwords");
   if (!caseSensitive)
-    for (auto &s : stop) s = changeCase(s, false);
+    for (auto &s : stop)
+      s = changeCase(s, false);
   std::vector<std::string> out;
   for (const auto &s : in) {
     std::string key = caseSensitive ? s : changeCase(s, false);
@@ -65,7 +68,8 @@ void setupTfIdf(Op &op) {
   if (indexes.empty()) throw error(op.debugName(), ": ngram_indexes is empty");
   int64_t width = *std::max_element(indexes.begin(), indexes.end()) + 1;
   std::string mode = op.attrs.getString("mode");
-  if (mode != "TF" && mode != "IDF" && mode != "TFIDF") throw error(op.debugName(), ": mode '", mode, "' is not TF, IDF or TFIDF");
+  if (mode != "TF" && mode != "IDF" && mode != "TFIDF")
+    throw error(op.debugName(), ": mode '", mode, "' is not TF, IDF or TFIDF");
   op.setOutInfo(0, TensorInfo(DataType::FLOAT, s.size() == 1 ? Shape{width} : Shape{s[0], width}));
 }
 } // namespace

@@ -13,10 +13,12 @@ size_t stateCount(const std::string &type) { return type == "Adam" ? 2 : 1; }
 void setupOptimizerOp(Op &op) {
   size_t groups = 2 + stateCount(op.type); // X, G, states
   if (op.inputCount() < 2 + groups || (op.inputCount() - 2) % groups != 0)
-    throw error(op.debugName(), ": expected R, T and ", groups, " inputs per optimised tensor, got ", op.inputCount(), " inputs");
+    throw error(op.debugName(), ": expected R, T and ", groups, " inputs per optimised tensor, got ", op.inputCount(),
+                " inputs");
   size_t n = (op.inputCount() - 2) / groups;
   if (op.outputCount() != n * (groups - 1))
-    throw error(op.debugName(), ": expected ", n * (groups - 1), " outputs for ", n, " tensors, got ", op.outputCount());
+    throw error(op.debugName(), ": expected ", n * (groups - 1), " outputs for ", n, " tensors, got ",
+                op.outputCount());
   if (op.inInfo(0).elementCount() != 1 || op.inInfo(1).elementCount() != 1)
     throw error(op.debugName(), ": R and T must be scalars");
   requireType(op, 1, {DataType::INT64});
@@ -24,9 +26,10 @@ void setupOptimizerOp(Op &op) {
     const TensorInfo &x = op.inInfo(2 + i);
     for (size_t g = 1; g < groups; ++g)
       if (op.inInfo(2 + g * n + i).shape() != x.shape())
-        throw error(op.debugName(), ": input ", 2 + g * n + i, " has shape ", toString(op.inInfo(2 + g * n + i).shape()),
-                    ", expected ", toString(x.shape()), " like X", i + 1);
-    for (size_t g = 0; g + 1 < groups; ++g) op.setOutInfo(g * n + i, x);
+        throw error(op.debugName(), ": input ", 2 + g * n + i, " has shape ",
+                    toString(op.inInfo(2 + g * n + i).shape()), ", expected ", toString(x.shape()), " like X", i + 1);
+    for (size_t g = 0; g + 1 < groups; ++g)
+      op.setOutInfo(g * n + i, x);
   }
 }
 
@@ -36,7 +39,8 @@ void setupGradient(Op &op) {
   if (!op.attrs.has("y")) throw error(op.debugName(), ": attribute y is required");
   if (xs.size() != op.outputCount())
     throw error(op.debugName(), ": ", xs.size(), " names in xs but ", op.outputCount(), " outputs");
-  for (size_t i = 0; i < xs.size(); ++i) op.setOutInfo(i, op.graph->tensor(xs[i]).info());
+  for (size_t i = 0; i < xs.size(); ++i)
+    op.setOutInfo(i, op.graph->tensor(xs[i]).info());
 }
 
 } // namespace

@@ -56,7 +56,8 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
   std::vector<TensorId> roots = keep.empty() ? graph.outputs() : keep;
   std::set<const Op *> live;
   std::vector<const Tensor *> stack;
-  for (const auto &id : roots) stack.push_back(&graph.tensor(id));
+  for (const auto &id : roots)
+    stack.push_back(&graph.tensor(id));
   std::set<const Tensor *> seen;
   while (!stack.empty()) {
     const Tensor *t = stack.back();
@@ -69,7 +70,8 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
   std::vector<Op *> dead;
   for (const auto &op : graph.ops())
     if (!live.count(op.get())) dead.push_back(op.get());
-  for (Op *op : dead) graph.removeOp(*op);
+  for (Op *op : dead)
+    graph.removeOp(*op);
   std::set<TensorId> keepIds(graph.inputs().begin(), graph.inputs().end());
   keepIds.insert(graph.outputs().begin(), graph.outputs().end());
   keepIds.insert(roots.begin(), roots.end());
@@ -77,7 +79,8 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
   for (const auto &[id, t] : graph.tensors())
     if (!t->producer() && t->consumers().empty() && !keepIds.count(id) && t->kind() != TensorKind::Variable)
       unused.push_back(id);
-  for (const auto &id : unused) graph.removeTensor(id);
+  for (const auto &id : unused)
+    graph.removeTensor(id);
 }
 
 } // namespace popart::ir

@@ -55,7 +55,8 @@ int main(int argc, char **argv) {
       auto inputs = graph->inputs();
       std::vector<TensorData> data;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        data.push_back(onnx_import::readTensorProtoFile((dir / "test_data_set_0" / ("input_" + std::to_string(i) + ".pb")).string()));
+        data.push_back(onnx_import::readTensorProtoFile(
+            (dir / "test_data_set_0" / ("input_" + std::to_string(i) + ".pb")).string()));
         graph->tensor(inputs[i]).setInfo(data.back().info());
       }
       backend_cpu::ReferenceEvaluator folder;
@@ -84,8 +85,10 @@ int main(int argc, char **argv) {
       counting = false; // models that do not compile here are the backend suite's business
     }
   }
-  for (const auto &[type, test] : offenders) std::cout << "ALLOCATES " << type << " (e.g. " << test << ")\n";
+  for (const auto &[type, test] : offenders)
+    std::cout << "ALLOCATES " << type << " (e.g. " << test << ")\n";
   std::cout << "largest oneDNN bookkeeping per execution: " << maxDnnlBytes << " bytes\n";
-  std::cout << "plan allocations: " << checked << " models checked, " << offenders.size() << " op types allocate per run\n";
+  std::cout << "plan allocations: " << checked << " models checked, " << offenders.size()
+            << " op types allocate per run\n";
   return offenders.empty() ? 0 : 1;
 }

@@ -38,7 +38,8 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
   try {
     SessionOptions so;
     so.numThreads = 1;
-    auto probe = InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, std::vector<TensorId>{}), so);
+    auto probe =
+        InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, std::vector<TensorId>{}), so);
     auto outputsIds = probe->getOutputIds();
     auto session = InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, outputsIds), so);
     std::vector<fs::path> sets;
@@ -48,23 +49,28 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
     for (const auto &set : sets) {
       auto inputIds = session->getInputIds();
       std::vector<TensorData> inputs;
-      for (size_t i = 0; i < inputIds.size(); ++i) inputs.push_back(onnx_import::readTensorProtoFile((set / ("input_" + std::to_string(i) + ".pb")).string()));
+      for (size_t i = 0; i < inputIds.size(); ++i)
+        inputs.push_back(onnx_import::readTensorProtoFile((set / ("input_" + std::to_string(i) + ".pb")).string()));
       std::vector<std::unique_ptr<RawArray>> arrays;
       std::map<TensorId, IArray &> in, out;
       for (size_t i = 0; i < inputIds.size(); ++i) {
         // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
-        if (inputs[i].info().dataType() == DataType::UINT16 && session->getInfo(inputIds[i]).dataType() == DataType::BFLOAT16)
+        if (inputs[i].info().dataType() == DataType::UINT16 &&
+            session->getInfo(inputIds[i]).dataType() == DataType::BFLOAT16)
           inputs[i].reinterpretAs(DataType::BFLOAT16);
-        void *data = inputs[i].info().dataType() == DataType::STRING ? static_cast<void *>(inputs[i].strings().data()) : inputs[i].data();
+        void *data = inputs[i].info().dataType() == DataType::STRING ? static_cast<void *>(inputs[i].strings().data())
+                                                                     : inputs[i].data();
         arrays.push_back(std::make_unique<RawArray>(data, inputs[i].info().dataType(), inputs[i].info().shape()));
         in.emplace(inputIds[i], *arrays.back());
       }
       StepIO compileOnly(in, {});
       session->run(compileOnly);
       std::vector<TensorData> got;
-      for (const auto &id : outputsIds) got.emplace_back(session->getInfo(id));
+      for (const auto &id : outputsIds)
+        got.emplace_back(session->getInfo(id));
       for (size_t i = 0; i < outputsIds.size(); ++i) {
-        void *data = got[i].info().dataType() == DataType::STRING ? static_cast<void *>(got[i].strings().data()) : got[i].data();
+        void *data =
+            got[i].info().dataType() == DataType::STRING ? static_cast<void *>(got[i].strings().data()) : got[i].data();
         arrays.push_back(std::make_unique<RawArray>(data, got[i].info().dataType(), got[i].info().shape()));
         out.emplace(outputsIds[i], *arrays.back());
       }
@@ -77,7 +83,8 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
         if (want.info().dataType() == DataType::UINT16 && got[i].info().dataType() == DataType::BFLOAT16)
           want.reinterpretAs(DataType::BFLOAT16);
         if (want.info() != got[i].info()) {
-          detail = "output " + outputsIds[i] + ": expected " + want.info().toString() + ", got " + got[i].info().toString();
+          detail =
+              "output " + outputsIds[i] + ": expected " + want.info().toString() + ", got " + got[i].info().toString();
           return Outcome::Fail;
         }
         if (want.info().dataType() == DataType::STRING) {
@@ -92,7 +99,8 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
           if (std::isnan(w) && std::isnan(g)) continue;
           if (std::isinf(w) && w == g) continue;
           if (!(std::fabs(g - w) <= 1e-7 + 1e-3 * std::fabs(w))) {
-            detail = "output " + outputsIds[i] + "[" + std::to_string(k) + "]: expected " + std::to_string(w) + ", got " + std::to_string(g);
+            detail = "output " + outputsIds[i] + "[" + std::to_string(k) + "]: expected " + std::to_string(w) +
+                     ", got " + std::to_string(g);
             return Outcome::Fail;
           }
         }
@@ -126,7 +134,8 @@ Outcome runIsolated(const fs::path &dir, std::string &detail, int timeoutSeconds
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeoutSeconds);
   bool timedOut = false;
   while (true) {
-    int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
     if (left <= 0) {
       timedOut = true;
       break;
@@ -145,7 +154,8 @@ Outcome runIsolated(const fs::path &dir, std::string &detail, int timeoutSeconds
     return Outcome::Fail;
   }
   if (msg.empty()) {
-    detail = WIFSIGNALED(status) ? "crashed with signal " + std::to_string(WTERMSIG(status)) : "child exited without a result";
+    detail = WIFSIGNALED(status) ? "crashed with signal " + std::to_string(WTERMSIG(status))
+                                 : "child exited without a result";
     return Outcome::Fail;
   }
   detail = msg.substr(1);
@@ -164,9 +174,12 @@ int main(int argc, char **argv) {
   bool verbose = false;
   for (int i = 3; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--write-expected" && i + 1 < argc) writeExpected = argv[++i];
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];
-    else if (a == "--verbose") verbose = true;
+    if (a == "--write-expected" && i + 1 < argc)
+      writeExpected = argv[++i];
+    else if (a == "--filter" && i + 1 < argc)
+      filter = argv[++i];
+    else if (a == "--verbose")
+      verbose = true;
   }
   std::set<std::string> expected;
   {
@@ -194,20 +207,28 @@ int main(int argc, char **argv) {
     std::replace(detail.begin(), detail.end(), '\n', ' ');
     if (detail.size() > 300) detail = detail.substr(0, 300) + "...";
     switch (o) {
-    case Outcome::Pass: ++passed; passing.push_back(name); break;
+    case Outcome::Pass:
+      ++passed;
+      passing.push_back(name);
+      break;
     case Outcome::Fail: ++failed; break;
     case Outcome::Unsupported: ++unsupported; break;
     }
     if (o != Outcome::Pass && expected.count(name)) regressions.push_back(name + ": " + detail);
-    if (verbose) std::cout << (o == Outcome::Pass ? "PASS " : o == Outcome::Fail ? "FAIL " : "UNSUPPORTED ") << name
-                           << (detail.empty() ? "" : "  -- " + detail) << "\n";
+    if (verbose)
+      std::cout << (o == Outcome::Pass   ? "PASS "
+                    : o == Outcome::Fail ? "FAIL "
+                                         : "UNSUPPORTED ")
+                << name << (detail.empty() ? "" : "  -- " + detail) << "\n";
   }
   std::cout << "ONNX backend: " << passed << " passed, " << failed << " failed, " << unsupported << " unsupported\n";
   if (!writeExpected.empty()) {
     std::ofstream out(writeExpected);
     out << "# ONNX backend tests that pass; regenerate with run_backend --write-expected after a fix.\n";
-    for (const auto &n : passing) out << n << "\n";
+    for (const auto &n : passing)
+      out << n << "\n";
   }
-  for (const auto &r : regressions) std::cout << "REGRESSION " << r << "\n";
+  for (const auto &r : regressions)
+    std::cout << "REGRESSION " << r << "\n";
   return regressions.empty() ? 0 : 1;
 }

@@ -37,10 +37,12 @@ ir::Op &build(ir::Graph &g, const Case &c) {
     g.addInput(id);
     ins.push_back(id);
   }
-  for (size_t i = 0; i < c.outputs; ++i) outs.push_back("out" + std::to_string(i));
+  for (size_t i = 0; i < c.outputs; ++i)
+    outs.push_back("out" + std::to_string(i));
   g.opsets()["ai.onnx"] = c.version;
   ir::Op &op = g.addOp(c.type, "ai.onnx", c.version, "", c.attrs, ins, outs);
-  for (auto &o : outs) g.addOutput(o);
+  for (auto &o : outs)
+    g.addOutput(o);
   ir::inferShapes(g, nullptr);
   return op;
 }
@@ -66,14 +68,17 @@ void compareWithReference(const Case &c, unsigned seed) {
       continue;
     }
     std::vector<float> v(static_cast<size_t>(op.inInfo(i).elementCount()));
-    for (auto &x : v) x = dist(rng);
+    for (auto &x : v)
+      x = dist(rng);
     // BatchNorm's variance must be positive.
     if (c.type == "BatchNormalization" && i == 4)
-      for (auto &x : v) x = std::fabs(x) + 0.1f;
+      for (auto &x : v)
+        x = std::fabs(x) + 0.1f;
     in.push_back(std::move(v));
     inPtrs.push_back(in.back().data());
   }
-  for (size_t i = 0; i < in.size(); ++i) inPtrs[i] = op.hasInput(i) ? in[i].data() : nullptr;
+  for (size_t i = 0; i < in.size(); ++i)
+    inPtrs[i] = op.hasInput(i) ? in[i].data() : nullptr;
   std::vector<float> yd(static_cast<size_t>(op.outInfo(0).elementCount())), yr(yd.size(), -7.f);
   void *od[] = {yd.data()}, *orf[] = {yr.data()};
   KernelArgs ad{inPtrs.data(), inPtrs.size(), od, 1}, ar{inPtrs.data(), inPtrs.size(), orf, 1};
@@ -87,7 +92,8 @@ void compareWithReference(const Case &c, unsigned seed) {
 
 ir::Attributes attrs(std::initializer_list<std::pair<std::string, ir::AttributeValue>> kv) {
   ir::Attributes a;
-  for (auto &p : kv) a.set(p.first, p.second);
+  for (auto &p : kv)
+    a.set(p.first, p.second);
   return a;
 }
 
@@ -120,11 +126,17 @@ TEST(ConvNorm, PoolSetupRejectsBadAutoPad) {
 
 TEST(ConvNorm, ConvOutputShapes) {
   ir::Graph g;
-  Case c{"Conv", 11, attrs({{"strides", Ints{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}), {{1, 2, 7, 6}, {3, 2, 3, 3}}};
+  Case c{"Conv",
+         11,
+         attrs({{"strides", Ints{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}),
+         {{1, 2, 7, 6}, {3, 2, 3, 3}}};
   ir::Op &op = build(g, c);
   EXPECT_EQ(op.outInfo(0).shape(), (Shape{1, 3, 4, 3}));
   ir::Graph g2;
-  Case t{"ConvTranspose", 11, attrs({{"strides", Ints{3, 2}}, {"output_padding", Ints{1, 1}}}), {{1, 1, 3, 3}, {1, 2, 3, 3}}};
+  Case t{"ConvTranspose",
+         11,
+         attrs({{"strides", Ints{3, 2}}, {"output_padding", Ints{1, 1}}}),
+         {{1, 1, 3, 3}, {1, 2, 3, 3}}};
   EXPECT_EQ(build(g2, t).outInfo(0).shape(), (Shape{1, 2, 10, 8}));
 }
 
@@ -154,13 +166,16 @@ TEST(ConvNorm, DnnlConvMatchesReference) {
       pads[i + nsp] = pick(0, 2);
     }
     bool bias = pick(0, 1) == 1;
-    Case c{"Conv", 11,
+    Case c{"Conv",
+           11,
            attrs({{"group", group}, {"strides", strides}, {"dilations", dil}, {"pads", pads}}),
            {x, w, bias ? Shape{group * mg} : Shape{}}};
     compareWithReference(c, seed);
     if (HasFatalFailure()) return;
     // Same shapes with SAME_LOWER padding.
-    Case s{"Conv", 11, attrs({{"group", group}, {"strides", strides}, {"auto_pad", std::string("SAME_LOWER")}}),
+    Case s{"Conv",
+           11,
+           attrs({{"group", group}, {"strides", strides}, {"auto_pad", std::string("SAME_LOWER")}}),
            {x, w, bias ? Shape{group * mg} : Shape{}}};
     compareWithReference(s, seed);
     if (HasFatalFailure()) return;
@@ -168,8 +183,10 @@ TEST(ConvNorm, DnnlConvMatchesReference) {
     Shape wt{group * cg, mg};
     wt.insert(wt.end(), w.begin() + 2, w.end());
     Ints outPad(nsp);
-    for (int i = 0; i < nsp; ++i) outPad[i] = strides[i] > 1 ? pick(0, 1) : 0;
-    Case t{"ConvTranspose", 11,
+    for (int i = 0; i < nsp; ++i)
+      outPad[i] = strides[i] > 1 ? pick(0, 1) : 0;
+    Case t{"ConvTranspose",
+           11,
            attrs({{"group", group}, {"strides", strides}, {"dilations", dil}, {"output_padding", outPad}}),
            {x, wt, bias ? Shape{group * mg} : Shape{}}};
     compareWithReference(t, seed);
@@ -179,13 +196,19 @@ TEST(ConvNorm, DnnlConvMatchesReference) {
 
 TEST(ConvNorm, DnnlConvTransposeOutputPaddingAndShape) {
   // output_padding becomes negative end padding for oneDNN; output_shape larger than natural too.
-  compareWithReference({"ConvTranspose", 11, attrs({{"strides", Ints{2, 3}}, {"output_padding", Ints{1, 2}}}),
+  compareWithReference({"ConvTranspose",
+                        11,
+                        attrs({{"strides", Ints{2, 3}}, {"output_padding", Ints{1, 2}}}),
                         {{2, 3, 4, 5}, {3, 2, 3, 3}, {2}}},
                        1);
-  compareWithReference({"ConvTranspose", 11, attrs({{"strides", Ints{3, 2}}, {"output_shape", Ints{10, 8}}}),
+  compareWithReference({"ConvTranspose",
+                        11,
+                        attrs({{"strides", Ints{3, 2}}, {"output_shape", Ints{10, 8}}}),
                         {{1, 1, 3, 3}, {1, 2, 3, 3}}},
                        2);
-  compareWithReference({"ConvTranspose", 11, attrs({{"strides", Ints{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}),
+  compareWithReference({"ConvTranspose",
+                        11,
+                        attrs({{"strides", Ints{2, 2}}, {"auto_pad", std::string("SAME_UPPER")}}),
                         {{1, 2, 3, 3}, {2, 2, 3, 3}}},
                        3);
 }
@@ -208,14 +231,19 @@ TEST(ConvNorm, DnnlPoolMatchesReference) {
       pads[i + nsp] = pick(0, 1);
     }
     int64_t ceil = pick(0, 1);
-    Case m{"MaxPool", 12,
+    Case m{"MaxPool",
+           12,
            attrs({{"kernel_shape", k}, {"strides", strides}, {"dilations", dil}, {"pads", pads}, {"ceil_mode", ceil}}),
            {x}};
     compareWithReference(m, seed);
     if (HasFatalFailure()) return;
     for (int64_t include : {0, 1}) {
-      Case a{"AveragePool", 11,
-             attrs({{"kernel_shape", k}, {"strides", strides}, {"pads", pads}, {"count_include_pad", include},
+      Case a{"AveragePool",
+             11,
+             attrs({{"kernel_shape", k},
+                    {"strides", strides},
+                    {"pads", pads},
+                    {"count_include_pad", include},
                     {"ceil_mode", include ? int64_t(0) : ceil}}),
              {x}};
       compareWithReference(a, seed);
@@ -232,7 +260,8 @@ TEST(ConvNorm, DnnlNormMatchesReference) {
     auto pick = [&](int lo, int hi) { return static_cast<int64_t>(std::uniform_int_distribution<int>(lo, hi)(r)); };
     int rank = static_cast<int>(pick(2, 5));
     Shape x;
-    for (int i = 0; i < rank; ++i) x.push_back(pick(1, 5));
+    for (int i = 0; i < rank; ++i)
+      x.push_back(pick(1, 5));
     Shape ch{x[1]};
     Case b{"BatchNormalization", 15, attrs({{"epsilon", 1e-3f}}), {x, ch, ch, ch, ch}};
     compareWithReference(b, seed);
@@ -240,7 +269,9 @@ TEST(ConvNorm, DnnlNormMatchesReference) {
     int64_t axis = pick(0, rank - 1);
     Shape norm(x.begin() + axis, x.end());
     bool bias = pick(0, 1) == 1;
-    Case l{"LayerNormalization", 17, attrs({{"axis", axis - (pick(0, 1) ? rank : 0)}, {"epsilon", 1e-4f}}),
+    Case l{"LayerNormalization",
+           17,
+           attrs({{"axis", axis - (pick(0, 1) ? rank : 0)}, {"epsilon", 1e-4f}}),
            {x, norm, bias ? norm : Shape{}}};
     compareWithReference(l, seed);
     if (HasFatalFailure()) return;

@@ -32,7 +32,8 @@ struct OneOp {
       inIds.push_back("in" + std::to_string(i));
       graph.addConst(inIds.back(), inputs[i]);
     }
-    for (size_t i = 0; i < outputs; ++i) outIds.push_back("out" + std::to_string(i));
+    for (size_t i = 0; i < outputs; ++i)
+      outIds.push_back("out" + std::to_string(i));
     op = &graph.addOp(type, "", version, "op", std::move(attrs), inIds, outIds);
     inferShapes(graph, nullptr);
   }
@@ -40,28 +41,35 @@ struct OneOp {
   std::vector<TensorData> run() {
     auto kernel = backend_cpu::createKernel(*op, KernelProvider::Reference);
     std::vector<const void *> in;
-    for (auto &t : inputs) in.push_back(t.data());
+    for (auto &t : inputs)
+      in.push_back(t.data());
     std::vector<TensorData> outs;
-    for (size_t i = 0; i < op->outputCount(); ++i) outs.emplace_back(op->outInfo(i));
+    for (size_t i = 0; i < op->outputCount(); ++i)
+      outs.emplace_back(op->outInfo(i));
     std::vector<void *> out;
-    for (auto &t : outs) out.push_back(t.data());
+    for (auto &t : outs)
+      out.push_back(t.data());
     kernel->run({in.data(), in.size(), out.data(), out.size()});
     return outs;
   }
 };
 
-TensorData floats(const Shape &shape, const std::vector<double> &v) { return TensorData::fromDoubles(DataType::FLOAT, shape, v); }
+TensorData floats(const Shape &shape, const std::vector<double> &v) {
+  return TensorData::fromDoubles(DataType::FLOAT, shape, v);
+}
 
 TensorData randomFloats(const Shape &shape, std::mt19937 &rng) {
   TensorData t(TensorInfo(DataType::FLOAT, shape));
   std::uniform_real_distribution<float> d(-2.f, 2.f);
-  for (int64_t i = 0; i < t.info().elementCount(); ++i) t.as<float>()[i] = d(rng);
+  for (int64_t i = 0; i < t.info().elementCount(); ++i)
+    t.as<float>()[i] = d(rng);
   return t;
 }
 
 Attributes attrs(std::initializer_list<std::pair<const char *, AttributeValue>> list) {
   Attributes a;
-  for (auto &[k, v] : list) a.set(k, v);
+  for (auto &[k, v] : list)
+    a.set(k, v);
   return a;
 }
 
@@ -84,7 +92,8 @@ TEST(Gather, GatherNDRejectsBadBatchDims) {
   EXPECT_THROW(OneOp("GatherND", {floats({2, 2}, {1, 2, 3, 4}), TensorData::fromInt64({2, 1}, {0, 1})},
                      attrs({{"batch_dims", int64_t{2}}})),
                error);
-  OneOp g("GatherND", {floats({2, 2}, {1, 2, 3, 4}), TensorData::fromInt64({2, 1}, {1, -1})}, attrs({{"batch_dims", int64_t{1}}}));
+  OneOp g("GatherND", {floats({2, 2}, {1, 2, 3, 4}), TensorData::fromInt64({2, 1}, {1, -1})},
+          attrs({{"batch_dims", int64_t{1}}}));
   EXPECT_EQ(g.run()[0].toDoubleVector(), (std::vector<double>{2, 4}));
 }
 
@@ -110,7 +119,8 @@ TEST(Gather, UniqueUnsortedKeepsFirstOccurrenceOrder) {
 TEST(Loss, SetupRejectsBadLabelsAndReduction) {
   TensorData x = floats({2, 3}, {0, 1, 2, 3, 4, 5});
   EXPECT_THROW(OneOp("SoftmaxCrossEntropyLoss", {x, TensorData::fromInt64({3}, {0, 1, 2})}, {}), error);
-  EXPECT_THROW(OneOp("SoftmaxCrossEntropyLoss", {x, TensorData::fromInt64({2}, {0, 1})}, attrs({{"reduction", std::string("avg")}})),
+  EXPECT_THROW(OneOp("SoftmaxCrossEntropyLoss", {x, TensorData::fromInt64({2}, {0, 1})},
+                     attrs({{"reduction", std::string("avg")}})),
                error);
   OneOp l("NegativeLogLikelihoodLoss", {x, TensorData::fromInt64({2}, {2, 7})}, {});
   EXPECT_THROW(l.run(), error); // label 7 is not a class
@@ -123,7 +133,8 @@ TEST(Loss, SoftmaxCrossEntropyMatchesDirectFormula) {
     std::mt19937 rng(seed);
     TensorData x = randomFloats({2, 4, 3}, rng);
     std::vector<int64_t> labels(6);
-    for (auto &v : labels) v = static_cast<int64_t>(rng() % 4);
+    for (auto &v : labels)
+      v = static_cast<int64_t>(rng() % 4);
     labels[1] = -100; // ignored
     OneOp l("SoftmaxCrossEntropyLoss", {x, TensorData::fromInt64({2, 3}, labels)},
             attrs({{"ignore_index", int64_t{-100}}}), 2);
@@ -135,7 +146,8 @@ TEST(Loss, SoftmaxCrossEntropyMatchesDirectFormula) {
         int64_t y = labels[n * 3 + d];
         if (y == -100) continue;
         double sum = 0;
-        for (int c = 0; c < 4; ++c) sum += std::exp(x.as<float>()[(n * 4 + c) * 3 + d]);
+        for (int c = 0; c < 4; ++c)
+          sum += std::exp(x.as<float>()[(n * 4 + c) * 3 + d]);
         total -= x.as<float>()[(n * 4 + y) * 3 + d] - std::log(sum);
         ++counted;
       }
@@ -155,7 +167,8 @@ TEST(Misc, EinsumBatchMatMulMatchesLoops) {
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
           double acc = 0;
-          for (int64_t q = 0; q < k; ++q) acc += x.as<float>()[(p * m + i) * k + q] * y.as<float>()[(p * k + q) * n + j];
+          for (int64_t q = 0; q < k; ++q)
+            acc += x.as<float>()[(p * m + i) * k + q] * y.as<float>()[(p * k + q) * n + j];
           EXPECT_NEAR(out.as<float>()[(p * m + i) * n + j], acc, 1e-5) << "seed " << seed;
         }
   }
@@ -179,6 +192,7 @@ TEST(Misc, DetOfKnownMatrices) {
 }
 
 TEST(Misc, QuantizeRoundsHalfToEvenAndSaturates) {
-  OneOp q("QuantizeLinear", {floats({4}, {0.5, 1.5, 300, -3}), floats({}, {1}), TensorData::fromDoubles(DataType::UINT8, {}, {0})}, {});
+  OneOp q("QuantizeLinear",
+          {floats({4}, {0.5, 1.5, 300, -3}), floats({}, {1}), TensorData::fromDoubles(DataType::UINT8, {}, {0})}, {});
   EXPECT_EQ(q.run()[0].toInt64Vector(), (std::vector<int64_t>{0, 2, 255, 0}));
 }

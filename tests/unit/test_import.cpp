@@ -29,8 +29,10 @@ onnx::ModelProto reluModel(int opset = 13) {
     auto *tt = v->mutable_type()->mutable_tensor_type();
     tt->set_elem_type(onnx::TensorProto::FLOAT);
     for (int64_t d : dims) {
-      if (d < 0) tt->mutable_shape()->add_dim()->set_dim_param("batch");
-      else tt->mutable_shape()->add_dim()->set_dim_value(d);
+      if (d < 0)
+        tt->mutable_shape()->add_dim()->set_dim_param("batch");
+      else
+        tt->mutable_shape()->add_dim()->set_dim_value(d);
     }
   };
   addValue(g->add_input(), "x", {-1, 3});
@@ -57,7 +59,8 @@ std::string expectError(const std::function<void()> &f) {
 struct TempDir {
   fs::path path;
   TempDir() {
-    path = fs::temp_directory_path() / ("popart_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
+    path =
+        fs::temp_directory_path() / ("popart_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter()++));
     fs::create_directories(path);
   }
   ~TempDir() { fs::remove_all(path); }
@@ -97,7 +100,8 @@ TEST(Import, MissingFileIsNamed) {
 
 TEST(Import, TruncatedAndMalformedProtobufsAreRejected) {
   std::string bytes = reluModel().SerializeAsString();
-  std::string msg = expectError([&] { onnx_import::importModelBytes(bytes.substr(0, bytes.size() / 2), ".", {}, "half.onnx"); });
+  std::string msg =
+      expectError([&] { onnx_import::importModelBytes(bytes.substr(0, bytes.size() / 2), ".", {}, "half.onnx"); });
   EXPECT_NE(msg.find("'half.onnx' is not a valid ONNX ModelProto"), std::string::npos) << msg;
   msg = expectError([&] { onnx_import::importModelBytes("\xff\xff\xff garbage", ".", {}, "junk.onnx"); });
   EXPECT_NE(msg.find("'junk.onnx' is not a valid ONNX ModelProto"), std::string::npos) << msg;
@@ -190,7 +194,9 @@ TEST(Import, ExternalDataLoadsInsideTheFolderAndIsRefusedOutside) {
 
   writeFile(dir.path / "up.onnx", makeModel("../weights.bin").SerializeAsString());
   std::string msg = expectError([&] { onnx_import::importModelFile((dir.path / "up.onnx").string()); });
-  EXPECT_NE(msg.find("tensor 'w': external data location '../weights.bin' leaves the model's folder"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tensor 'w': external data location '../weights.bin' leaves the model's folder"),
+            std::string::npos)
+      << msg;
   writeFile(dir.path / "abs.onnx", makeModel((dir.path / "weights.bin").string()).SerializeAsString());
   msg = expectError([&] { onnx_import::importModelFile((dir.path / "abs.onnx").string()); });
   EXPECT_NE(msg.find("is an absolute path"), std::string::npos) << msg;

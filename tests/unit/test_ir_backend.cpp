@@ -19,7 +19,8 @@ namespace {
 TensorData randomFloats(const Shape &shape, std::mt19937 &rng) {
   TensorData t(TensorInfo(DataType::FLOAT, shape));
   std::uniform_real_distribution<float> d(-2.f, 2.f);
-  for (int64_t i = 0; i < t.info().elementCount(); ++i) t.as<float>()[i] = d(rng);
+  for (int64_t i = 0; i < t.info().elementCount(); ++i)
+    t.as<float>()[i] = d(rng);
   return t;
 }
 
@@ -27,7 +28,8 @@ TensorData randomFloats(const Shape &shape, std::mt19937 &rng) {
 TensorData runOp(const Op &op, KernelProvider provider, const std::vector<TensorData *> &inputs) {
   auto kernel = backend_cpu::createKernel(op, provider);
   std::vector<const void *> in;
-  for (auto *t : inputs) in.push_back(t ? t->data() : nullptr);
+  for (auto *t : inputs)
+    in.push_back(t ? t->data() : nullptr);
   TensorData out(op.outInfo(0));
   void *o = out.data();
   kernel->run({in.data(), in.size(), &o, 1});
@@ -63,7 +65,8 @@ void compareProviders(const std::string &type, const std::vector<Shape> &shapes,
   ASSERT_NE(backend_cpu::KernelRegistry::instance().find(op, KernelProvider::Dnnl), nullptr)
       << type << ": no oneDNN kernel for these shapes (seed " << seed << ")";
   std::vector<TensorData *> ptrs;
-  for (auto &d : data) ptrs.push_back(&d);
+  for (auto &d : data)
+    ptrs.push_back(&d);
   TensorData ref = runOp(op, KernelProvider::Reference, ptrs);
   TensorData fast = runOp(op, KernelProvider::Dnnl, ptrs);
   EXPECT_LT(maxRelDiff(fast, ref), tol) << type << " seed " << seed << " shapes " << toString(shapes[0]);
@@ -168,7 +171,8 @@ TEST(MemoryPlan, TensorsWithDisjointLifetimesShareBytes) {
   // A chain x -> t0 -> t1 -> ... -> t5: only neighbours are alive together.
   // (Names from a table: GCC 12 warns falsely on "t" + std::to_string(i) here.)
   const char *names[] = {"x", "t0", "t1", "t2", "t3", "t4", "y"};
-  for (int i = 0; i < 6; ++i) g.addOp("Relu", "", 13, names[i + 1], {}, {names[i]}, {names[i + 1]});
+  for (int i = 0; i < 6; ++i)
+    g.addOp("Relu", "", 13, names[i + 1], {}, {names[i]}, {names[i + 1]});
   g.addOutput("y");
   inferShapes(g, nullptr);
   backend_cpu::ExecutionPlan plan(g, {});
@@ -176,7 +180,8 @@ TEST(MemoryPlan, TensorsWithDisjointLifetimesShareBytes) {
   EXPECT_EQ(mp.unsharedBytes, 7 * 4096);
   EXPECT_LE(mp.arenaBytes, 4 * 4096); // x and y pinned, the chain reuses two more buffers
   // Results are still right.
-  for (int i = 0; i < 1024; ++i) static_cast<float *>(plan.address("x"))[i] = static_cast<float>(i % 7) - 3.f;
+  for (int i = 0; i < 1024; ++i)
+    static_cast<float *>(plan.address("x"))[i] = static_cast<float>(i % 7) - 3.f;
   plan.run();
   for (int i = 0; i < 1024; ++i)
     ASSERT_EQ(static_cast<float *>(plan.address("y"))[i], std::max(0.f, static_cast<float>(i % 7) - 3.f));

@@ -36,9 +36,11 @@ Built build(const std::string &type, int version, const Shape &shape, ir::Attrib
     ins.push_back(id);
   }
   std::vector<TensorId> outs;
-  for (size_t i = 0; i < outputs; ++i) outs.push_back("y" + std::to_string(i));
+  for (size_t i = 0; i < outputs; ++i)
+    outs.push_back("y" + std::to_string(i));
   b.op = &b.graph->addOp(type, "ai.onnx", version, "", std::move(attrs), ins, outs);
-  for (const auto &o : outs) b.graph->addOutput(o);
+  for (const auto &o : outs)
+    b.graph->addOutput(o);
   ir::inferShapes(*b.graph, nullptr);
   return b;
 }
@@ -47,11 +49,14 @@ Built build(const std::string &type, int version, const Shape &shape, ir::Attrib
 std::vector<TensorData> run(const ir::Op &op, KernelProvider provider, const TensorData &x) {
   auto kernel = backend_cpu::createKernel(op, provider);
   std::vector<const void *> ins{x.data()};
-  for (size_t i = 1; i < op.inputCount(); ++i) ins.push_back(op.hasInput(i) ? op.input(i).data()->data() : nullptr);
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    ins.push_back(op.hasInput(i) ? op.input(i).data()->data() : nullptr);
   std::vector<TensorData> outs;
-  for (size_t i = 0; i < op.outputCount(); ++i) outs.emplace_back(op.outInfo(i));
+  for (size_t i = 0; i < op.outputCount(); ++i)
+    outs.emplace_back(op.outInfo(i));
   std::vector<void *> outPtrs;
-  for (auto &o : outs) outPtrs.push_back(o.data());
+  for (auto &o : outs)
+    outPtrs.push_back(o.data());
   backend_cpu::KernelArgs args;
   args.inputs = ins.data();
   args.inputCount = ins.size();
@@ -64,7 +69,8 @@ std::vector<TensorData> run(const ir::Op &op, KernelProvider provider, const Ten
 TensorData randomInput(const Shape &shape, std::mt19937 &rng, float lo = -2.f, float hi = 2.f) {
   TensorData d(TensorInfo(DataType::FLOAT, shape));
   std::uniform_real_distribution<float> dist(lo, hi);
-  for (int64_t i = 0; i < d.info().elementCount(); ++i) d.as<float>()[i] = dist(rng);
+  for (int64_t i = 0; i < d.info().elementCount(); ++i)
+    d.as<float>()[i] = dist(rng);
   return d;
 }
 
@@ -116,17 +122,26 @@ TEST(Reduce, ReferenceValues) {
   struct Case {
     const char *type;
     std::vector<double> expected;
-  } cases[] = {{"ReduceSum", {-1, 7}},        {"ReduceMean", {-0.5, 3.5}},     {"ReduceMax", {1, 4}},
-               {"ReduceMin", {-2, 3}},        {"ReduceProd", {-2, 12}},        {"ReduceL1", {3, 7}},
-               {"ReduceL2", {std::sqrt(5.0), 5}}, {"ReduceSumSquare", {5, 25}}, {"ReduceLogSum", {std::log(-1.0), std::log(7.0)}},
-               {"ReduceLogSumExp", {std::log(std::exp(1.0) + std::exp(-2.0)), std::log(std::exp(3.0) + std::exp(4.0))}}};
+  } cases[] = {
+      {"ReduceSum", {-1, 7}},
+      {"ReduceMean", {-0.5, 3.5}},
+      {"ReduceMax", {1, 4}},
+      {"ReduceMin", {-2, 3}},
+      {"ReduceProd", {-2, 12}},
+      {"ReduceL1", {3, 7}},
+      {"ReduceL2", {std::sqrt(5.0), 5}},
+      {"ReduceSumSquare", {5, 25}},
+      {"ReduceLogSum", {std::log(-1.0), std::log(7.0)}},
+      {"ReduceLogSumExp", {std::log(std::exp(1.0) + std::exp(-2.0)), std::log(std::exp(3.0) + std::exp(4.0))}}};
   for (const auto &c : cases) {
     Built b = build(c.type, 18, {2, 2}, noKeep, axes1);
     TensorData y = run(*b.op, KernelProvider::Reference, x)[0];
     ASSERT_EQ(y.info().shape(), (Shape{2})) << c.type;
     for (int i = 0; i < 2; ++i) {
-      if (std::isnan(c.expected[static_cast<size_t>(i)])) EXPECT_TRUE(std::isnan(y.valueAsDouble(i))) << c.type;
-      else EXPECT_NEAR(y.valueAsDouble(i), c.expected[static_cast<size_t>(i)], 1e-5) << c.type << " " << i;
+      if (std::isnan(c.expected[static_cast<size_t>(i)]))
+        EXPECT_TRUE(std::isnan(y.valueAsDouble(i))) << c.type;
+      else
+        EXPECT_NEAR(y.valueAsDouble(i), c.expected[static_cast<size_t>(i)], 1e-5) << c.type << " " << i;
     }
   }
   // Empty axes with noop_with_empty_axes is the identity.
@@ -184,11 +199,12 @@ TEST(Softmax, OldOpsetCoercesTo2D) {
   TensorData yCur = run(*cur.op, KernelProvider::Reference, x)[0];
   EXPECT_NEAR(yOld.valueAsDouble(0), 1 / z, 1e-6);
   EXPECT_NEAR(yCur.valueAsDouble(0), 1 / (1 + std::exp(2.0)), 1e-6);
-  EXPECT_THROW(build("Softmax", 13, {2, 2}, [] {
-                 ir::Attributes b;
-                 b.set("axis", int64_t{2});
-                 return b;
-               }()),
+  EXPECT_THROW(build("Softmax", 13, {2, 2},
+                     [] {
+                       ir::Attributes b;
+                       b.set("axis", int64_t{2});
+                       return b;
+                     }()),
                error);
 }
 
@@ -201,10 +217,12 @@ TEST(Reduce, DnnlMatchesReferenceOnRandomShapes) {
     for (int trial = 0; trial < 12; ++trial) {
       size_t rank = 1 + rng() % 4;
       Shape shape;
-      for (size_t d = 0; d < rank; ++d) shape.push_back(1 + static_cast<int64_t>(rng() % 5));
+      for (size_t d = 0; d < rank; ++d)
+        shape.push_back(1 + static_cast<int64_t>(rng() % 5));
       std::vector<int64_t> axes;
       for (size_t d = 0; d < rank; ++d)
-        if (rng() % 2) axes.push_back(rng() % 2 ? static_cast<int64_t>(d) : static_cast<int64_t>(d) - static_cast<int64_t>(rank));
+        if (rng() % 2)
+          axes.push_back(rng() % 2 ? static_cast<int64_t>(d) : static_cast<int64_t>(d) - static_cast<int64_t>(rank));
       ir::Attributes a;
       a.set("keepdims", static_cast<int64_t>(rng() % 2));
       std::vector<std::pair<std::string, TensorData>> consts;
@@ -230,7 +248,8 @@ TEST(Softmax, DnnlMatchesReferenceOnRandomShapes) {
     for (int trial = 0; trial < 16; ++trial) {
       size_t rank = 1 + rng() % 4;
       Shape shape;
-      for (size_t d = 0; d < rank; ++d) shape.push_back(1 + static_cast<int64_t>(rng() % 6));
+      for (size_t d = 0; d < rank; ++d)
+        shape.push_back(1 + static_cast<int64_t>(rng() % 6));
       int64_t axis = static_cast<int64_t>(rng() % rank) - (rng() % 2 ? static_cast<int64_t>(rank) : 0);
       int version = rng() % 2 ? 13 : 11;
       ir::Attributes a;

@@ -35,7 +35,8 @@ struct Fixture {
               size_t outputs = 1) {
     std::vector<TensorId> outs;
     static const char *names[] = {"y0", "y1", "y2", "y3"};
-    for (size_t i = 0; i < outputs && i < 4; ++i) outs.push_back(names[i]);
+    for (size_t i = 0; i < outputs && i < 4; ++i)
+      outs.push_back(names[i]);
     ir::Op &op = graph.addOp(type, "ai.onnx", version, "", std::move(attrs), inputs, outs);
     ir::inferShapes(graph, nullptr);
     return op;
@@ -45,7 +46,8 @@ struct Fixture {
   std::vector<TensorData> run(const ir::Op &op, const TensorData &x) {
     auto kernel = backend_cpu::createKernel(op, backend_cpu::KernelProvider::Reference);
     std::vector<const void *> in;
-    for (const ir::Tensor *t : op.inputs) in.push_back(!t ? nullptr : t->id() == "x" ? x.data() : t->data()->data());
+    for (const ir::Tensor *t : op.inputs)
+      in.push_back(!t ? nullptr : t->id() == "x" ? x.data() : t->data()->data());
     std::vector<TensorData> outs;
     outs.reserve(op.outputCount());
     std::vector<void *> out;
@@ -60,7 +62,8 @@ struct Fixture {
 
 TensorData iota(DataType type, const Shape &shape) {
   std::vector<double> v(static_cast<size_t>(shapeElementCount(shape)));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i);
+  for (size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<double>(i);
   return TensorData::fromDoubles(type, shape, v);
 }
 
@@ -110,7 +113,8 @@ TEST(Shape, SqueezeRejectsNonUnitAxis) {
 
 TEST(Shape, SliceNegativeStepsAndClamping) {
   Fixture f(TensorInfo(DataType::INT32, {10}));
-  ir::Op &op = f.add("Slice", 13, {}, {"x", f.ints("s", {20}), f.ints("e", {-100}), f.ints("a", {0}), f.ints("st", {-3})});
+  ir::Op &op =
+      f.add("Slice", 13, {}, {"x", f.ints("s", {20}), f.ints("e", {-100}), f.ints("a", {0}), f.ints("st", {-3})});
   ASSERT_EQ(op.outInfo(0).shape(), (Shape{4}));
   EXPECT_EQ(values(f.run(op, iota(DataType::INT32, {10}))[0]), (std::vector<double>{9, 6, 3, 0}));
 }
@@ -182,9 +186,11 @@ TEST(Shape, TransposeMatchesNaiveOnRandomShapes) {
   for (int iter = 0; iter < 20; ++iter) {
     size_t rank = 1 + rng() % 4;
     Shape shape;
-    for (size_t i = 0; i < rank; ++i) shape.push_back(1 + static_cast<int64_t>(rng() % 4));
+    for (size_t i = 0; i < rank; ++i)
+      shape.push_back(1 + static_cast<int64_t>(rng() % 4));
     std::vector<int64_t> perm(rank);
-    for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
+    for (size_t i = 0; i < rank; ++i)
+      perm[i] = static_cast<int64_t>(i);
     std::shuffle(perm.begin(), perm.end(), rng);
     for (DataType type : {DataType::FLOAT16, DataType::INT64, DataType::UINT8}) {
       Fixture f(TensorInfo(type, shape));
@@ -196,13 +202,15 @@ TEST(Shape, TransposeMatchesNaiveOnRandomShapes) {
       // Naive: walk the output index, map it back to the input.
       const Shape &out = op.outInfo(0).shape();
       std::vector<int64_t> inStrides(rank, 1);
-      for (size_t d = rank - 1; d > 0; --d) inStrides[d - 1] = inStrides[d] * shape[d];
+      for (size_t d = rank - 1; d > 0; --d)
+        inStrides[d - 1] = inStrides[d] * shape[d];
       std::vector<int64_t> idx(rank, 0);
       for (size_t i = 0; i < got.size(); ++i) {
         int64_t src = 0;
-        for (size_t d = 0; d < rank; ++d) src += idx[d] * inStrides[static_cast<size_t>(perm[d])];
-        ASSERT_EQ(got[i], x.valueAsDouble(src)) << "seed " << seed << " shape " << toString(shape) << " perm "
-                                                 << toString(perm) << " element " << i;
+        for (size_t d = 0; d < rank; ++d)
+          src += idx[d] * inStrides[static_cast<size_t>(perm[d])];
+        ASSERT_EQ(got[i], x.valueAsDouble(src))
+            << "seed " << seed << " shape " << toString(shape) << " perm " << toString(perm) << " element " << i;
         for (size_t d = rank; d-- > 0;) {
           if (++idx[d] < out[d]) break;
           idx[d] = 0;
