@@ -32,7 +32,11 @@ struct Case {
   std::function<double(size_t input, double v)> adjust;
 };
 
-std::string name(size_t i) { return "x" + std::to_string(i); }
+std::string name(size_t i) {
+  std::string s = std::to_string(i);
+  s.insert(s.begin(), 'x');
+  return s;
+}
 
 std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs, bool withGradients,
                              std::vector<std::vector<double>> *grads) {
@@ -47,7 +51,8 @@ std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &input
   }
   opInputs = ids;
   for (size_t i = 0; i < c.constInputs.size(); ++i) {
-    TensorId id = "k" + std::to_string(i);
+    TensorId id = std::to_string(i);
+    id.insert(id.begin(), 'k');
     if (c.constInputs[i].info().dataType() == DataType::UNDEFINED) {
       opInputs.push_back("");
       continue;
