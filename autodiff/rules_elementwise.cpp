@@ -2,7 +2,26 @@
 
 #include "autodiff/grad_rules.hpp"
 
+#include <popart/error.hpp>
+
 namespace popart::autodiff {
+
+namespace {
+
+/// Max/Min of two inputs: the gradient goes to the selected one (to input 0 on ties).
+void minMaxRule(GradContext &c, const char *beats) {
+  if (c.op().inputCount() == 1) {
+    c.setInGrad(0, c.outGrad(0));
+    return;
+  }
+  if (c.op().inputCount() != 2)
+    throw error(c.op().debugName(), ": gradient of ", c.op().type, " needs 1 or 2 inputs, got ", c.op().inputCount());
+  TensorId secondWins = c.add(beats, {c.in(1), c.in(0)});
+  c.setInGrad(0, c.add("Where", {secondWins, c.scalar(0), c.outGrad(0)}));
+  c.setInGrad(1, c.add("Where", {secondWins, c.outGrad(0), c.scalar(0)}));
+}
+
+} // namespace
 
 void registerElementwiseRules(std::map<std::string, GradRule> &r) {
   std::map<std::string, GradRule> rules{
@@ -44,6 +63,66 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
        [](GradContext &c) { // g where x > 0
          TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
          c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), c.scalar(0)}));
+       }},
+      {"Sqrt", [](GradContext &c) { // g / (2·y)
+         c.setInGrad(0, c.add("Div", {c.outGrad(0), c.add("Mul", {c.scalar(2), c.out(0)})}));
+       }},
+      {"Log", [](GradContext &c) { c.setInGrad(0, c.add("Div", {c.outGrad(0), c.in(0)})); }},
+      {"Abs", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sign", {c.in(0)})})); }},
+      {"Reciprocal",
+       [](GradContext &c) { // −g·y²
+         TensorId y2 = c.add("Mul", {c.out(0), c.out(0)});
+         c.setInGrad(0, c.add("Neg", {c.add("Mul", {c.outGrad(0), y2})}));
+       }},
+      {"Pow",
+       [](GradContext &c) { // d(a^b) = g·b·a^(b−1), g·y·ln a
+         // a^(b−1) rather than y/a, so that a = 0 does not divide by zero.
+         // The exponent may be of another (even integer) type: compute in the base's type.
+         TensorId b = c.in(1);
+         if (c.op().inInfo(1).dataType() != c.op().inInfo(0).dataType()) {
+           ir::Attributes to;
+           to.set("to", static_cast<int64_t>(c.op().inInfo(0).dataType()));
+           b = c.add("Cast", {b}, std::move(to));
+         }
+         TensorId pm1 = c.add("Pow", {c.in(0), c.add("Sub", {b, c.scalar(1)})});
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Mul", {b, pm1})}));
+         if (isFloatingPoint(c.op().inInfo(1).dataType()) && c.op().inInfo(1).dataType() == c.op().inInfo(0).dataType())
+           c.setInGrad(1, c.add("Mul", {c.outGrad(0), c.add("Mul", {c.out(0), c.add("Log", {c.in(0)})})}));
+       }},
+      {"LeakyRelu",
+       [](GradContext &c) {
+         double alpha = c.op().attrs.getFloat("alpha", 0.01f);
+         TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
+         c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), c.add("Mul", {c.outGrad(0), c.scalar(alpha)})}));
+       }},
+      {"Elu",
+       [](GradContext &c) { // g where x > 0, else g·(y + α)
+         double alpha = c.op().attrs.getFloat("alpha", 1.0f);
+         TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
+         TensorId neg = c.add("Mul", {c.outGrad(0), c.add("Add", {c.out(0), c.scalar(alpha)})});
+         c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), neg}));
+       }},
+      {"Softplus", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sigmoid", {c.in(0)})})); }},
+      {"Sin", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Cos", {c.in(0)})})); }},
+      {"Cos",
+       [](GradContext &c) { c.setInGrad(0, c.add("Neg", {c.add("Mul", {c.outGrad(0), c.add("Sin", {c.in(0)})})})); }},
+      {"Sum",
+       [](GradContext &c) {
+         for (size_t i = 0; i < c.op().inputCount(); ++i) c.setInGrad(i, c.outGrad(0));
+       }},
+      {"Mean",
+       [](GradContext &c) {
+         TensorId g = c.add("Mul", {c.outGrad(0), c.scalar(1.0 / static_cast<double>(c.op().inputCount()))});
+         for (size_t i = 0; i < c.op().inputCount(); ++i) c.setInGrad(i, g);
+       }},
+      {"Max", [](GradContext &c) { minMaxRule(c, "Greater"); }},
+      {"Min", [](GradContext &c) { minMaxRule(c, "Less"); }},
+      {"Clip",
+       [](GradContext &c) { // g where min ≤ x ≤ max; the bounds get no gradient
+         TensorId g = c.outGrad(0);
+         if (c.op().hasInput(1)) g = c.add("Where", {c.add("Less", {c.in(0), c.in(1)}), c.scalar(0), g});
+         if (c.op().hasInput(2)) g = c.add("Where", {c.add("Greater", {c.in(0), c.in(2)}), c.scalar(0), g});
+         c.setInGrad(0, g);
        }},
   };
   r.insert(rules.begin(), rules.end());

@@ -1,9 +1,140 @@
-// Gradient rules: matmul and reduce ops.
+// Gradient rules: matmul and reduce ops (and softmax, which is a normalised reduction).
 
 #include "autodiff/grad_rules.hpp"
 
+#include <popart/error.hpp>
+
 namespace popart::autodiff {
 
-void registerMatMulReduceRules(std::map<std::string, GradRule> &) {}
+namespace {
+
+ir::Attributes intAttr(const std::string &name, int64_t v) {
+  ir::Attributes a;
+  a.set(name, v);
+  return a;
+}
+
+TensorId shapeConst(GradContext &c, const Shape &s) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(s.size())}, std::vector<int64_t>(s.begin(), s.end())));
+}
+
+TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes));
+}
+
+/// Swaps the last two dims of a tensor of rank \p rank (>= 2).
+TensorId transposeLast2(GradContext &c, const TensorId &t, size_t rank) {
+  std::vector<int64_t> perm(rank);
+  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
+  std::swap(perm[rank - 1], perm[rank - 2]);
+  ir::Attributes a;
+  a.set("perm", perm);
+  return c.add("Transpose", {t}, std::move(a));
+}
+
+TensorId scaled(GradContext &c, const TensorId &t, double k) { return k == 1.0 ? t : c.add("Mul", {t, c.scalar(k)}); }
+
+void matMulRule(GradContext &c) {
+  Shape aShape = c.inShape(0), bShape = c.inShape(1);
+  Shape yShape = c.op().outInfo(0).shape();
+  TensorId a = c.in(0), b = c.in(1), dy = c.outGrad(0);
+  // 1-D operands behave as matrices with a unit dimension that the output drops: restore it.
+  if (aShape.size() == 1) {
+    a = c.add("Reshape", {a, shapeConst(c, {1, aShape[0]})});
+    Shape s = yShape;
+    s.insert(s.end() - (bShape.size() == 1 ? 0 : 1), 1);
+    yShape = s;
+    aShape = {1, aShape[0]};
+  }
+  bool bVector = bShape.size() == 1;
+  if (bVector) {
+    b = c.add("Reshape", {b, shapeConst(c, {bShape[0], 1})});
+    yShape.push_back(1);
+    bShape = {bShape[0], 1};
+  }
+  if (yShape != c.op().outInfo(0).shape()) dy = c.add("Reshape", {dy, shapeConst(c, yShape)});
+  c.setInGrad(0, c.add("MatMul", {dy, transposeLast2(c, b, bShape.size())}));
+  TensorId dB = c.add("MatMul", {transposeLast2(c, a, aShape.size()), dy});
+  if (bVector) { // [..., K, 1]: drop the unit column before summing over the batch dims
+    Shape s(yShape.begin(), yShape.end() - 2);
+    s.push_back(bShape[0]);
+    dB = c.add("Reshape", {dB, shapeConst(c, s)});
+  }
+  c.setInGrad(1, dB);
+}
+
+void gemmRule(GradContext &c) {
+  const auto &at = c.op().attrs;
+  bool transA = at.getInt("transA", 0) != 0, transB = at.getInt("transB", 0) != 0;
+  double alpha = at.getFloat("alpha", 1.0f), beta = at.getFloat("beta", 1.0f);
+  TensorId dy = c.outGrad(0);
+  // With A' = op(A), B' = op(B): dA' = dY·B'ᵀ and dB' = A'ᵀ·dY.
+  TensorId bT = transB ? c.in(1) : transposeLast2(c, c.in(1), 2);
+  TensorId aT = transA ? c.in(0) : transposeLast2(c, c.in(0), 2);
+  TensorId dA = c.add("MatMul", {dy, bT});
+  TensorId dB = c.add("MatMul", {aT, dy});
+  if (transA) dA = transposeLast2(c, dA, 2);
+  if (transB) dB = transposeLast2(c, dB, 2);
+  c.setInGrad(0, scaled(c, dA, alpha));
+  c.setInGrad(1, scaled(c, dB, alpha));
+  if (c.op().hasInput(2)) c.setInGrad(2, scaled(c, dy, beta));
+}
+
+/// Reduce{Sum,Mean}: dY broadcast back over the reduced axes (times 1/count for the mean).
+void reduceRule(GradContext &c, bool mean) {
+  const Shape &x = c.inShape(0);
+  int64_t rank = static_cast<int64_t>(x.size());
+  std::vector<int64_t> axes;
+  if (const TensorData *t = c.op().optionalConstInput(1, "axes")) axes = t->toInt64Vector();
+  if (axes.empty() && c.op().attrs.getInt("noop_with_empty_axes", 0) != 0) {
+    c.setInGrad(0, c.outGrad(0));
+    return;
+  }
+  std::vector<bool> reduced(x.size(), axes.empty());
+  for (int64_t a : axes) {
+    if (a < -rank || a >= rank) throw error(c.op().debugName(), ": axis ", a, " out of range for rank ", rank);
+    reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+  }
+  Shape kept = x;
+  int64_t count = 1;
+  for (size_t d = 0; d < x.size(); ++d)
+    if (reduced[d]) {
+      count *= x[d];
+      kept[d] = 1;
+    }
+  TensorId g = c.add("Reshape", {c.outGrad(0), shapeConst(c, kept)});
+  g = c.add("Expand", {g, shapeConst(c, x)});
+  if (mean && count > 0) g = scaled(c, g, 1.0 / static_cast<double>(count));
+  c.setInGrad(0, g);
+}
+
+/// Axes normalised by (Log)Softmax: the single axis from opset 13, else axis.. last (flattened).
+std::vector<int64_t> softmaxAxes(const GradContext &c) {
+  int64_t rank = static_cast<int64_t>(c.inShape(0).size());
+  int64_t axis = c.op().attrs.getInt("axis", c.op().version < 13 ? 1 : -1);
+  if (axis < 0) axis += rank;
+  std::vector<int64_t> axes{axis};
+  if (c.op().version < 13)
+    for (int64_t d = axis + 1; d < rank; ++d) axes.push_back(d);
+  return axes;
+}
+
+} // namespace
+
+void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
+  r["MatMul"] = matMulRule;
+  r["Gemm"] = gemmRule;
+  r["ReduceSum"] = [](GradContext &c) { reduceRule(c, false); };
+  r["ReduceMean"] = [](GradContext &c) { reduceRule(c, true); };
+  r["Softmax"] = [](GradContext &c) { // y·(dY − Σ dY·y)
+    TensorId s = c.add("ReduceSum", {c.add("Mul", {c.outGrad(0), c.out(0)}), axesConst(c, softmaxAxes(c))},
+                       intAttr("keepdims", 1));
+    c.setInGrad(0, c.add("Mul", {c.out(0), c.add("Sub", {c.outGrad(0), s})}));
+  };
+  r["LogSoftmax"] = [](GradContext &c) { // dY − exp(y)·Σ dY
+    TensorId s = c.add("ReduceSum", {c.outGrad(0), axesConst(c, softmaxAxes(c))}, intAttr("keepdims", 1));
+    c.setInGrad(0, c.add("Sub", {c.outGrad(0), c.add("Mul", {c.add("Exp", {c.out(0)}), s})}));
+  };
+}
 
 } // namespace popart::autodiff

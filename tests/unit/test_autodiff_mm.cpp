@@ -1,0 +1,270 @@
+// Gradient rules of matmul, reduce, softmax and the remaining elementwise ops, checked against
+// central finite differences in double.
+
+#include "autodiff/autodiff.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/passes/passes.hpp"
+#include <popart/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+using namespace popart;
+
+namespace {
+
+/// One op whose stream inputs (x0, x1, ...) get gradients; constInputs follow them (e.g. axes).
+struct Case {
+  Case(std::string t, std::vector<Shape> s, ir::Attributes a = {}, std::vector<TensorData> k = {}, int o = 13,
+       std::function<double(size_t, double)> adj = {})
+      : type(std::move(t)), shapes(std::move(s)), attrs(std::move(a)), constInputs(std::move(k)), opset(o),
+        adjust(std::move(adj)) {}
+  std::string type;
+  std::vector<Shape> shapes;
+  ir::Attributes attrs;
+  std::vector<TensorData> constInputs;
+  int opset = 13;
+  /// Value transform applied to the random inputs (keeps data away from kinks / out of domain).
+  std::function<double(size_t input, double v)> adjust;
+};
+
+std::string name(size_t i) {
+  std::string s = std::to_string(i);
+  s.insert(s.begin(), 'x');
+  return s;
+}
+
+std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs, bool withGradients,
+                             std::vector<std::vector<double>> *grads) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = c.opset;
+  std::vector<TensorId> ids, opInputs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    ids.push_back(name(i));
+    g.addTensor(ids[i], ir::TensorKind::Stream, inputs[i].info());
+    g.addInput(ids[i]);
+  }
+  opInputs = ids;
+  for (size_t i = 0; i < c.constInputs.size(); ++i) {
+    TensorId id = std::to_string(i);
+    id.insert(id.begin(), 'k');
+    if (c.constInputs[i].info().dataType() == DataType::UNDEFINED) {
+      opInputs.push_back("");
+      continue;
+    }
+    g.addConst(id, c.constInputs[i]);
+    opInputs.push_back(id);
+  }
+  g.addOp(c.type, "", c.opset, "op", c.attrs, opInputs, {"y0"});
+  ir::inferShapes(g, nullptr);
+  // z = y·w with uneven weights, so that the loss Σ z is sensitive to each output element
+  // differently (a plain Σ y has zero gradient through Softmax).
+  const TensorInfo &y0 = g.tensor("y0").info();
+  std::vector<double> w(static_cast<size_t>(y0.elementCount()));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
+  g.addConst("w", TensorData::fromDoubles(DataType::DOUBLE, y0.shape(), w));
+  g.addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
+  g.addOutput("y");
+  ir::inferShapes(g, nullptr);
+  std::vector<TensorId> gradIds;
+  if (withGradients) {
+    gradIds = autodiff::buildGradients(g, "y", ids);
+    for (const auto &id : gradIds) g.addOutput(id);
+    ir::inferShapes(g, nullptr);
+  }
+  backend_cpu::ExecutionPlan plan(g, {});
+  for (size_t i = 0; i < inputs.size(); ++i)
+    std::memcpy(plan.address(ids[i]), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
+  plan.run();
+  const TensorInfo &yInfo = plan.info("y");
+  const auto *yp = static_cast<const double *>(plan.address("y"));
+  std::vector<double> y(yp, yp + yInfo.elementCount());
+  if (grads) {
+    grads->clear();
+    for (const auto &id : gradIds) {
+      EXPECT_EQ(plan.info(id).shape(), inputs[grads->size()].info().shape()) << c.type << " gradient " << id;
+      const auto *p = static_cast<const double *>(plan.address(id));
+      grads->emplace_back(p, p + plan.info(id).elementCount());
+    }
+  }
+  return y;
+}
+
+void checkGradient(const Case &c, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-2, 2);
+  std::vector<TensorData> inputs;
+  for (size_t k = 0; k < c.shapes.size(); ++k) {
+    TensorData t(TensorInfo(DataType::DOUBLE, c.shapes[k]));
+    for (int64_t i = 0; i < t.info().elementCount(); ++i) {
+      double v = d(rng);
+      t.as<double>()[i] = c.adjust ? c.adjust(k, v) : v;
+    }
+    inputs.push_back(std::move(t));
+  }
+  std::vector<std::vector<double>> analytic;
+  evaluate(c, inputs, true, &analytic);
+  ASSERT_EQ(analytic.size(), inputs.size()) << c.type << " seed " << seed;
+  const double h = 1e-6;
+  auto objective = [&](const std::vector<double> &y) {
+    double s = 0;
+    for (double v : y) s += v;
+    return s;
+  };
+  for (size_t which = 0; which < inputs.size(); ++which)
+    for (int64_t i = 0; i < inputs[which].info().elementCount(); ++i) {
+      std::vector<TensorData> plus = inputs, minus = inputs;
+      plus[which].as<double>()[i] += h;
+      minus[which].as<double>()[i] -= h;
+      double numeric =
+          (objective(evaluate(c, plus, false, nullptr)) - objective(evaluate(c, minus, false, nullptr))) / (2 * h);
+      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
+          << c.type << " d/dx" << which << "[" << i << "] seed " << seed;
+    }
+}
+
+Shape randomShape(std::mt19937 &rng, size_t rank) {
+  std::uniform_int_distribution<int64_t> d(1, 4);
+  Shape s;
+  for (size_t i = 0; i < rank; ++i) s.push_back(d(rng));
+  return s;
+}
+
+ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
+  ir::Attributes a;
+  for (const auto &[k, v] : kv) a.set(k, v);
+  return a;
+}
+
+TensorData axes(std::vector<int64_t> v) { return TensorData::fromInt64({static_cast<int64_t>(v.size())}, v); }
+
+} // namespace
+
+TEST(AutodiffMatMul, TwoDAndBatchedWithBroadcasting) {
+  for (unsigned seed = 1; seed <= 4; ++seed) {
+    std::mt19937 rng(seed);
+    Shape m = randomShape(rng, 3); // M, K, N
+    checkGradient({"MatMul", {{m[0], m[1]}, {m[1], m[2]}}}, seed);
+    Shape batch = randomShape(rng, 2);
+    checkGradient({"MatMul", {{batch[0], batch[1], m[0], m[1]}, {batch[1], m[1], m[2]}}}, seed);
+    checkGradient({"MatMul", {{batch[0], 1, m[0], m[1]}, {1, batch[1], m[1], m[2]}}}, seed);
+    checkGradient({"MatMul", {{m[0], m[1]}, {batch[0], m[1], m[2]}}}, seed);
+  }
+}
+
+TEST(AutodiffMatMul, OneDOperands) {
+  checkGradient({"MatMul", {{3}, {3, 4}}}, 11);
+  checkGradient({"MatMul", {{2, 3, 4}, {4}}}, 12);
+  checkGradient({"MatMul", {{5}, {2, 5, 3}}}, 13);
+  checkGradient({"MatMul", {{4}, {4}}}, 14);
+}
+
+TEST(AutodiffMatMul, Gemm) {
+  unsigned seed = 20;
+  for (int64_t ta : {0, 1})
+    for (int64_t tb : {0, 1}) {
+      Shape a = ta ? Shape{4, 3} : Shape{3, 4}, b = tb ? Shape{5, 4} : Shape{4, 5};
+      ir::Attributes at = attrs({{"transA", ta}, {"transB", tb}, {"alpha", 0.7f}, {"beta", 1.5f}});
+      checkGradient({"Gemm", {a, b, {3, 5}}, at}, ++seed);
+      checkGradient({"Gemm", {a, b, {5}}, at}, ++seed);
+      checkGradient({"Gemm", {a, b, {3, 1}}, at}, ++seed);
+      checkGradient({"Gemm", {a, b}, at}, ++seed);
+    }
+}
+
+TEST(AutodiffReduce, SumAndMean) {
+  for (const char *type : {"ReduceSum", "ReduceMean"})
+    for (unsigned seed = 30; seed < 34; ++seed) {
+      std::mt19937 rng(seed);
+      Shape s = randomShape(rng, 3);
+      for (int64_t keep : {0, 1}) {
+        ir::Attributes k = attrs({{"keepdims", keep}});
+        checkGradient({type, {s}, k, {axes({1})}}, seed);
+        checkGradient({type, {s}, k, {axes({-1, 0})}}, seed);
+        checkGradient({type, {s}, k}, seed); // all axes
+      }
+      checkGradient({type, {s}, attrs({{"noop_with_empty_axes", int64_t{1}}})}, seed);
+    }
+}
+
+TEST(AutodiffReduce, ReduceMeanAxesAttributeOfOldOpsets) {
+  Case c{"ReduceMean", {{2, 3, 4}}, attrs({{"axes", std::vector<int64_t>{0, 2}}, {"keepdims", int64_t{0}}})};
+  checkGradient(c, 40);
+}
+
+TEST(AutodiffSoftmax, SoftmaxAndLogSoftmax) {
+  for (const char *type : {"Softmax", "LogSoftmax"})
+    for (unsigned seed = 50; seed < 53; ++seed) {
+      std::mt19937 rng(seed);
+      Shape s = randomShape(rng, 3);
+      checkGradient({type, {s}}, seed);
+      checkGradient({type, {s}, attrs({{"axis", int64_t{0}}})}, seed);
+      checkGradient({type, {s}, attrs({{"axis", int64_t{1}}})}, seed);
+      Case old{type, {s}, attrs({{"axis", int64_t{1}}}), {}, 11};
+      checkGradient(old, seed);
+    }
+}
+
+TEST(AutodiffElementwise, UnaryRules) {
+  auto positive = [](size_t, double v) { return std::fabs(v) + 0.2; };
+  auto awayFromZero = [](size_t, double v) { return v < 0 ? v - 0.1 : v + 0.1; };
+  unsigned seed = 60;
+  for (const char *type : {"Sqrt", "Log", "Reciprocal"}) checkGradient({type, {{3, 4}}, {}, {}, 13, positive}, ++seed);
+  for (const char *type : {"Abs", "LeakyRelu", "Elu"}) checkGradient({type, {{3, 4}}, {}, {}, 13, awayFromZero}, ++seed);
+  checkGradient({"LeakyRelu", {{2, 5}}, attrs({{"alpha", 0.3f}}), {}, 13, awayFromZero}, ++seed);
+  checkGradient({"Elu", {{2, 5}}, attrs({{"alpha", 0.5f}}), {}, 13, awayFromZero}, ++seed);
+  for (const char *type : {"Softplus", "Sin", "Cos"}) checkGradient({type, {{3, 4}}}, ++seed);
+}
+
+TEST(AutodiffElementwise, Pow) {
+  auto basePositive = [](size_t i, double v) { return i == 0 ? std::fabs(v) + 0.2 : v; };
+  checkGradient({"Pow", {{3, 4}, {3, 4}}, {}, {}, 13, basePositive}, 70);
+  checkGradient({"Pow", {{2, 3, 4}, {4}}, {}, {}, 13, basePositive}, 71);
+  checkGradient({"Pow", {{3, 1}, {}}, {}, {}, 13, basePositive}, 72);
+}
+
+TEST(AutodiffElementwise, VariadicSumMeanMaxMin) {
+  checkGradient({"Sum", {{2, 3}, {3}, {2, 1}}}, 80);
+  checkGradient({"Sum", {{2, 3}}}, 81);
+  checkGradient({"Mean", {{2, 3}, {2, 3}, {1, 3}}}, 82);
+  // Second input shifted by ±0.5 per element so that no pair is close to a tie.
+  auto apart = [](size_t i, double v) { return i == 1 ? v : (v > 0 ? 2.5 : -2.5) + v * 0.1; };
+  for (const char *type : {"Max", "Min"}) {
+    checkGradient({type, {{3, 4}, {3, 4}}, {}, {}, 13, apart}, 83);
+    checkGradient({type, {{3, 4}, {4}}, {}, {}, 13, apart}, 84);
+  }
+}
+
+TEST(AutodiffElementwise, Clip) {
+  // Values at least 0.1 from the bounds ±1.
+  auto apart = [](size_t, double v) { return std::fabs(std::fabs(v) - 1) < 0.1 ? v * 1.3 : v; };
+  TensorData lo = TensorData::fromDoubles(DataType::DOUBLE, {}, {-1.0});
+  TensorData hi = TensorData::fromDoubles(DataType::DOUBLE, {}, {1.0});
+  checkGradient({"Clip", {{4, 5}}, {}, {lo, hi}, 13, apart}, 90);
+  checkGradient({"Clip", {{4, 5}}, {}, {lo}, 13, apart}, 91);
+  checkGradient({"Clip", {{4, 5}}, {}, {TensorData(), hi}, 13, apart}, 92);
+  checkGradient({"Clip", {{4, 5}}, {}, {}, 13, apart}, 93);
+}
+
+TEST(AutodiffElementwise, MaxOfThreeInputsIsRejectedByName) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  for (const char *id : {"a", "b", "c"}) {
+    g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3}));
+    g.addInput(id);
+  }
+  g.addOp("Max", "", 13, "max1", {}, {"a", "b", "c"}, {"y"});
+  ir::inferShapes(g, nullptr);
+  try {
+    autodiff::buildGradients(g, "y", {"a"});
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("max1"), std::string::npos) << e.what();
+  }
+}
