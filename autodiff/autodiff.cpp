@@ -4,8 +4,8 @@
 #include <popart/error.hpp>
 
 #include <functional>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <set>
 
 namespace popart::autodiff {
@@ -81,7 +81,8 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     }
     if (!any) continue;
     bool needed = false;
-    for (ir::Tensor *t : op.inputs) needed = needed || (t && differentiable(*t));
+    for (ir::Tensor *t : op.inputs)
+      needed = needed || (t && differentiable(*t));
     if (!needed) continue;
     auto rule = gradRules().find(op.type);
     if (rule == gradRules().end()) throw error(op.debugName(), ": no gradient rule for ", op.type);

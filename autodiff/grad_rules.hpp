@@ -29,7 +29,8 @@ public:
 
   /// Adds a default-domain op with one output and returns that output; its info is set now.
   TensorId add(const std::string &type, const std::vector<TensorId> &inputs, ir::Attributes attrs = {}) {
-    TensorId out = graph_.uniqueId(op_.outputs.empty() || !op_.outputs[0] ? type : op_.outputs[0]->id() + "_grad_" + type);
+    TensorId out =
+        graph_.uniqueId(op_.outputs.empty() || !op_.outputs[0] ? type : op_.outputs[0]->id() + "_grad_" + type);
     int version = graph_.opsets().count("ai.onnx") ? graph_.opsets().at("ai.onnx") : 17;
     ir::Op &added = graph_.addOp(type, "ai.onnx", version, "", std::move(attrs), inputs, {out});
     added.def->setup(added);
@@ -51,12 +52,12 @@ public:
     size_t offset = shape.size() - target.size();
     for (size_t d = 0; d < shape.size(); ++d)
       if (d < offset || (target[d - offset] == 1 && shape[d] != 1)) axes.push_back(static_cast<int64_t>(d));
-    TensorId summed = add("ReduceSum", {grad, constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes))},
-                          [] {
-                            ir::Attributes a;
-                            a.set("keepdims", int64_t{1});
-                            return a;
-                          }());
+    TensorId summed =
+        add("ReduceSum", {grad, constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes))}, [] {
+          ir::Attributes a;
+          a.set("keepdims", int64_t{1});
+          return a;
+        }());
     return add("Reshape", {summed, constant(TensorData::fromInt64({static_cast<int64_t>(target.size())}, target))});
   }
 

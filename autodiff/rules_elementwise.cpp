@@ -48,7 +48,10 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
          c.setInGrad(1, c.add("Neg", {c.add("Mul", {c.outGrad(0), q})}));
        }},
       {"Neg", [](GradContext &c) { c.setInGrad(0, c.add("Neg", {c.outGrad(0)})); }},
-      {"Exp", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.out(0)})); }},
+      {"Exp",
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.out(0)}));
+       }},
       {"Tanh",
        [](GradContext &c) { // g·(1 − y²)
          TensorId y2 = c.add("Mul", {c.out(0), c.out(0)});
@@ -64,11 +67,18 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
          TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
          c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), c.scalar(0)}));
        }},
-      {"Sqrt", [](GradContext &c) { // g / (2·y)
+      {"Sqrt",
+       [](GradContext &c) { // g / (2·y)
          c.setInGrad(0, c.add("Div", {c.outGrad(0), c.add("Mul", {c.scalar(2), c.out(0)})}));
        }},
-      {"Log", [](GradContext &c) { c.setInGrad(0, c.add("Div", {c.outGrad(0), c.in(0)})); }},
-      {"Abs", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sign", {c.in(0)})})); }},
+      {"Log",
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Div", {c.outGrad(0), c.in(0)}));
+       }},
+      {"Abs",
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sign", {c.in(0)})}));
+       }},
       {"Reciprocal",
        [](GradContext &c) { // −g·y²
          TensorId y2 = c.add("Mul", {c.out(0), c.out(0)});
@@ -102,18 +112,34 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
          TensorId neg = c.add("Mul", {c.outGrad(0), c.add("Add", {c.out(0), c.scalar(alpha)})});
          c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), neg}));
        }},
-      {"Softplus", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sigmoid", {c.in(0)})})); }},
-      {"Sin", [](GradContext &c) { c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Cos", {c.in(0)})})); }},
+      {"Softplus",
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sigmoid", {c.in(0)})}));
+       }},
+      {"Sin",
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Cos", {c.in(0)})}));
+       }},
       {"Cos",
-       [](GradContext &c) { c.setInGrad(0, c.add("Neg", {c.add("Mul", {c.outGrad(0), c.add("Sin", {c.in(0)})})})); }},
+       [](GradContext &c) {
+         c.setInGrad(0, c.add("Neg", {c.add("Mul", {c.outGrad(0), c.add("Sin", {c.in(0)})})}));
+       }},
+      {"Erf",
+       [](GradContext &c) { // g·2/√π·exp(−x²)
+         TensorId x2 = c.add("Mul", {c.in(0), c.in(0)});
+         TensorId e = c.add("Exp", {c.add("Neg", {x2})});
+         c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Mul", {e, c.scalar(1.1283791670955126)})}));
+       }},
       {"Sum",
        [](GradContext &c) {
-         for (size_t i = 0; i < c.op().inputCount(); ++i) c.setInGrad(i, c.outGrad(0));
+         for (size_t i = 0; i < c.op().inputCount(); ++i)
+           c.setInGrad(i, c.outGrad(0));
        }},
       {"Mean",
        [](GradContext &c) {
          TensorId g = c.add("Mul", {c.outGrad(0), c.scalar(1.0 / static_cast<double>(c.op().inputCount()))});
-         for (size_t i = 0; i < c.op().inputCount(); ++i) c.setInGrad(i, g);
+         for (size_t i = 0; i < c.op().inputCount(); ++i)
+           c.setInGrad(i, g);
        }},
       {"Max", [](GradContext &c) { minMaxRule(c, "Greater"); }},
       {"Min", [](GradContext &c) { minMaxRule(c, "Less"); }},

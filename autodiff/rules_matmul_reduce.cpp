@@ -25,7 +25,8 @@ TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
 /// Swaps the last two dims of a tensor of rank \p rank (>= 2).
 TensorId transposeLast2(GradContext &c, const TensorId &t, size_t rank) {
   std::vector<int64_t> perm(rank);
-  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(i);
+  for (size_t i = 0; i < rank; ++i)
+    perm[i] = static_cast<int64_t>(i);
   std::swap(perm[rank - 1], perm[rank - 2]);
   ir::Attributes a;
   a.set("perm", perm);
@@ -115,7 +116,8 @@ std::vector<int64_t> softmaxAxes(const GradContext &c) {
   if (axis < 0) axis += rank;
   std::vector<int64_t> axes{axis};
   if (c.op().version < 13)
-    for (int64_t d = axis + 1; d < rank; ++d) axes.push_back(d);
+    for (int64_t d = axis + 1; d < rank; ++d)
+      axes.push_back(d);
   return axes;
 }
 

@@ -19,9 +19,11 @@ std::vector<int64_t> constInts(const GradContext &c, size_t i, const char *role)
   const TensorData &d = c.op().constInput(i, role);
   std::vector<int64_t> v(static_cast<size_t>(d.info().elementCount()));
   if (d.info().dataType() == DataType::INT32)
-    for (size_t k = 0; k < v.size(); ++k) v[k] = d.as<int32_t>()[k];
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = d.as<int32_t>()[k];
   else if (d.info().dataType() == DataType::INT64)
-    for (size_t k = 0; k < v.size(); ++k) v[k] = d.as<int64_t>()[k];
+    for (size_t k = 0; k < v.size(); ++k)
+      v[k] = d.as<int64_t>()[k];
   else
     throw error(c.op().debugName(), ": ", role, " must be INT32 or INT64 for the gradient");
   return v;
@@ -29,7 +31,8 @@ std::vector<int64_t> constInts(const GradContext &c, size_t i, const char *role)
 
 ir::Attributes attrs(std::initializer_list<std::pair<const char *, int64_t>> kv) {
   ir::Attributes a;
-  for (const auto &[k, v] : kv) a.set(k, v);
+  for (const auto &[k, v] : kv)
+    a.set(k, v);
   return a;
 }
 
@@ -53,9 +56,11 @@ void sliceRule(GradContext &c) {
   size_t rank = in.size();
   std::vector<int64_t> starts = constInts(c, 1, "starts"), ends = constInts(c, 2, "ends");
   std::vector<int64_t> axes, steps(starts.size(), 1);
-  if (c.op().hasInput(3)) axes = constInts(c, 3, "axes");
+  if (c.op().hasInput(3))
+    axes = constInts(c, 3, "axes");
   else
-    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    for (size_t i = 0; i < starts.size(); ++i)
+      axes.push_back(static_cast<int64_t>(i));
   if (c.op().hasInput(4)) steps = constInts(c, 4, "steps");
   std::vector<int64_t> first(rank, 0), step(rank, 1);
   for (size_t i = 0; i < axes.size(); ++i) {
@@ -70,7 +75,8 @@ void sliceRule(GradContext &c) {
   std::vector<int64_t> index(static_cast<size_t>(n) * rank);
   std::vector<int64_t> pos(rank, 0);
   for (int64_t e = 0; e < n; ++e) {
-    for (size_t d = 0; d < rank; ++d) index[static_cast<size_t>(e) * rank + d] = first[d] + pos[d] * step[d];
+    for (size_t d = 0; d < rank; ++d)
+      index[static_cast<size_t>(e) * rank + d] = first[d] + pos[d] * step[d];
     for (size_t d = rank; d-- > 0;) {
       if (++pos[d] < out[d]) break;
       pos[d] = 0;
@@ -132,7 +138,8 @@ void padRule(GradContext &c) {
   if (c.op().attrs.getString("mode", "constant") != "constant")
     throw error(c.op().debugName(), ": only the gradient of constant-mode Pad is supported");
   std::vector<int64_t> pads = constInts(c, 1, "pads");
-  for (auto &p : pads) p = -p;
+  for (auto &p : pads)
+    p = -p;
   std::vector<TensorId> inputs{c.outGrad(0), ints(c, pads)};
   if (c.op().hasInput(3)) inputs.insert(inputs.end(), {"", c.in(3)});
   c.setInGrad(0, c.add("Pad", inputs));
@@ -190,10 +197,12 @@ void registerShapeRules(std::map<std::string, GradRule> &r) {
        [](GradContext &c) {
          size_t rank = c.inShape(0).size();
          std::vector<int64_t> perm(rank);
-         for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(rank - 1 - i);
+         for (size_t i = 0; i < rank; ++i)
+           perm[i] = static_cast<int64_t>(rank - 1 - i);
          perm = c.op().attrs.getInts("perm", perm);
          std::vector<int64_t> inverse(rank);
-         for (size_t i = 0; i < rank; ++i) inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
+         for (size_t i = 0; i < rank; ++i)
+           inverse[static_cast<size_t>(perm[i])] = static_cast<int64_t>(i);
          ir::Attributes a;
          a.set("perm", inverse);
          c.setInGrad(0, c.add("Transpose", {c.outGrad(0)}, std::move(a)));
@@ -209,8 +218,8 @@ void registerShapeRules(std::map<std::string, GradRule> &r) {
       {"Where", whereRule},
       {"Cast",
        [](GradContext &c) {
-         c.setInGrad(0, c.add("Cast", {c.outGrad(0)},
-                              attrs({{"to", static_cast<int64_t>(c.op().inInfo(0).dataType())}})));
+         c.setInGrad(0,
+                     c.add("Cast", {c.outGrad(0)}, attrs({{"to", static_cast<int64_t>(c.op().inInfo(0).dataType())}})));
        }},
       {"Dropout", dropoutRule},
   };

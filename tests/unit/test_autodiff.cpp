@@ -37,15 +37,18 @@ std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &input
   std::vector<TensorId> gradIds;
   if (withGradients) {
     gradIds = autodiff::buildGradients(g, "y", std::vector<TensorId>(ids.begin(), ids.begin() + static_cast<long>(n)));
-    for (const auto &id : gradIds) g.addOutput(id);
+    for (const auto &id : gradIds)
+      g.addOutput(id);
     ir::inferShapes(g, nullptr);
   }
   backend_cpu::ExecutionPlan plan(g, {});
-  for (size_t i = 0; i < n; ++i) std::memcpy(plan.address(ids[i]), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
+  for (size_t i = 0; i < n; ++i)
+    std::memcpy(plan.address(ids[i]), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
   plan.run();
   const TensorInfo &yInfo = plan.info("y");
   std::vector<double> y(static_cast<size_t>(yInfo.elementCount()));
-  for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<const double *>(plan.address("y"))[i];
+  for (size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<const double *>(plan.address("y"))[i];
   if (grads) {
     grads->clear();
     for (const auto &id : gradIds) {
@@ -58,7 +61,8 @@ std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &input
 
 double sum(const std::vector<double> &v) {
   double s = 0;
-  for (double x : v) s += x;
+  for (double x : v)
+    s += x;
   return s;
 }
 
@@ -104,7 +108,8 @@ TEST(Autodiff, BinaryRulesWithBroadcastingMatchFiniteDifferences) {
 }
 
 TEST(Autodiff, UnaryRulesMatchFiniteDifferences) {
-  for (const char *type : {"Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Identity"}) checkGradient({type, {3, 4}, {}}, 7);
+  for (const char *type : {"Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Identity", "Erf"})
+    checkGradient({type, {3, 4}, {}}, 7);
 }
 
 TEST(Autodiff, MissingRuleIsNamed) {
@@ -112,12 +117,12 @@ TEST(Autodiff, MissingRuleIsNamed) {
   ir::Graph g;
   g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3}));
   g.addInput("a");
-  g.addOp("Erf", "", 13, "erf1", {}, {"a"}, {"y"});
+  g.addOp("Round", "", 13, "round1", {}, {"a"}, {"y"});
   ir::inferShapes(g, nullptr);
   try {
     autodiff::buildGradients(g, "y", {"a"});
     FAIL() << "expected an error";
   } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("Erf 'erf1': no gradient rule for Erf"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Round 'round1': no gradient rule for Round"), std::string::npos) << e.what();
   }
 }

@@ -66,7 +66,8 @@ std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &input
   // differently (a plain Σ y has zero gradient through Softmax).
   const TensorInfo &y0 = g.tensor("y0").info();
   std::vector<double> w(static_cast<size_t>(y0.elementCount()));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
   g.addConst("w", TensorData::fromDoubles(DataType::DOUBLE, y0.shape(), w));
   g.addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
   g.addOutput("y");
@@ -74,7 +75,8 @@ std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &input
   std::vector<TensorId> gradIds;
   if (withGradients) {
     gradIds = autodiff::buildGradients(g, "y", ids);
-    for (const auto &id : gradIds) g.addOutput(id);
+    for (const auto &id : gradIds)
+      g.addOutput(id);
     ir::inferShapes(g, nullptr);
   }
   backend_cpu::ExecutionPlan plan(g, {});
@@ -113,7 +115,8 @@ void checkGradient(const Case &c, unsigned seed) {
   const double h = 1e-6;
   auto objective = [&](const std::vector<double> &y) {
     double s = 0;
-    for (double v : y) s += v;
+    for (double v : y)
+      s += v;
     return s;
   };
   for (size_t which = 0; which < inputs.size(); ++which)
@@ -131,13 +134,15 @@ void checkGradient(const Case &c, unsigned seed) {
 Shape randomShape(std::mt19937 &rng, size_t rank) {
   std::uniform_int_distribution<int64_t> d(1, 4);
   Shape s;
-  for (size_t i = 0; i < rank; ++i) s.push_back(d(rng));
+  for (size_t i = 0; i < rank; ++i)
+    s.push_back(d(rng));
   return s;
 }
 
 ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
   ir::Attributes a;
-  for (const auto &[k, v] : kv) a.set(k, v);
+  for (const auto &[k, v] : kv)
+    a.set(k, v);
   return a;
 }
 
@@ -214,11 +219,14 @@ TEST(AutodiffElementwise, UnaryRules) {
   auto positive = [](size_t, double v) { return std::fabs(v) + 0.2; };
   auto awayFromZero = [](size_t, double v) { return v < 0 ? v - 0.1 : v + 0.1; };
   unsigned seed = 60;
-  for (const char *type : {"Sqrt", "Log", "Reciprocal"}) checkGradient({type, {{3, 4}}, {}, {}, 13, positive}, ++seed);
-  for (const char *type : {"Abs", "LeakyRelu", "Elu"}) checkGradient({type, {{3, 4}}, {}, {}, 13, awayFromZero}, ++seed);
+  for (const char *type : {"Sqrt", "Log", "Reciprocal"})
+    checkGradient({type, {{3, 4}}, {}, {}, 13, positive}, ++seed);
+  for (const char *type : {"Abs", "LeakyRelu", "Elu"})
+    checkGradient({type, {{3, 4}}, {}, {}, 13, awayFromZero}, ++seed);
   checkGradient({"LeakyRelu", {{2, 5}}, attrs({{"alpha", 0.3f}}), {}, 13, awayFromZero}, ++seed);
   checkGradient({"Elu", {{2, 5}}, attrs({{"alpha", 0.5f}}), {}, 13, awayFromZero}, ++seed);
-  for (const char *type : {"Softplus", "Sin", "Cos"}) checkGradient({type, {{3, 4}}}, ++seed);
+  for (const char *type : {"Softplus", "Sin", "Cos"})
+    checkGradient({type, {{3, 4}}}, ++seed);
 }
 
 TEST(AutodiffElementwise, Pow) {

@@ -33,10 +33,13 @@ struct Case {
 Input stream(const Shape &s, std::mt19937 &rng) {
   std::uniform_real_distribution<double> d(-2, 2);
   TensorData t(TensorInfo(DataType::DOUBLE, s));
-  for (int64_t i = 0; i < t.info().elementCount(); ++i) t.as<double>()[i] = d(rng);
+  for (int64_t i = 0; i < t.info().elementCount(); ++i)
+    t.as<double>()[i] = d(rng);
   return {std::move(t), true};
 }
-Input ints(const std::vector<int64_t> &v) { return {TensorData::fromInt64({static_cast<int64_t>(v.size())}, v), false}; }
+Input ints(const std::vector<int64_t> &v) {
+  return {TensorData::fromInt64({static_cast<int64_t>(v.size())}, v), false};
+}
 Input intTensor(const Shape &s, const std::vector<int64_t> &v) { return {TensorData::fromInt64(s, v), false}; }
 
 ir::Attributes attr(const char *name, ir::AttributeValue v) {
@@ -45,7 +48,8 @@ ir::Attributes attr(const char *name, ir::AttributeValue v) {
   return a;
 }
 
-/// Builds a → op → Cast(double) → ·w → flattened and concatenated → loss; returns the loss, and d loss / d streams if asked.
+/// Builds a → op → Cast(double) → ·w → flattened and concatenated → loss; returns the loss, and d loss / d streams if
+/// asked.
 double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vector<TensorData> &weights,
                 std::vector<std::vector<double>> *grads) {
   ir::registerBuiltinOps();
@@ -53,7 +57,7 @@ double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vect
   g.opsets()["ai.onnx"] = 17;
   std::vector<TensorId> ids, streams;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    TensorId id = "in" + std::to_string(i);
+    TensorId id = std::string("in") + std::to_string(i);
     if (inputs[i].stream) {
       g.addTensor(id, ir::TensorKind::Stream, inputs[i].value.info());
       g.addInput(id);
@@ -64,14 +68,16 @@ double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vect
     ids.push_back(id);
   }
   std::vector<TensorId> outs;
-  for (size_t k = 0; k < c.outputs; ++k) outs.push_back("y" + std::to_string(k));
+  for (size_t k = 0; k < c.outputs; ++k)
+    outs.push_back(std::string("y") + std::to_string(k));
   g.addOp(c.type, "", 17, "op", c.attrs, ids, outs);
   ir::inferShapes(g, nullptr);
   std::vector<TensorId> terms;
   for (size_t k : c.lossOutputs) {
     ir::Attributes to;
     to.set("to", static_cast<int64_t>(DataType::DOUBLE));
-    TensorId yd = "yd" + std::to_string(k), w = "w" + std::to_string(k), t = "t" + std::to_string(k);
+    TensorId yd = std::string("yd") + std::to_string(k), w = std::string("w") + std::to_string(k),
+             t = std::string("t") + std::to_string(k);
     g.addOp("Cast", "", 17, "", to, {outs[k]}, {yd});
     g.addConst(w, weights[k]);
     g.addOp("Mul", "", 17, "", {}, {yd, w}, {t});
@@ -90,7 +96,8 @@ double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vect
   std::vector<TensorId> gradIds;
   if (grads) {
     gradIds = autodiff::buildGradients(g, "loss", streams);
-    for (const auto &id : gradIds) g.addOutput(id);
+    for (const auto &id : gradIds)
+      g.addOutput(id);
     ir::inferShapes(g, nullptr);
   }
   backend_cpu::ExecutionPlan plan(g, {});
@@ -100,7 +107,8 @@ double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vect
   plan.run();
   double loss = 0;
   const auto *l = static_cast<const double *>(plan.address("loss"));
-  for (int64_t i = 0; i < plan.info("loss").elementCount(); ++i) loss += l[i];
+  for (int64_t i = 0; i < plan.info("loss").elementCount(); ++i)
+    loss += l[i];
   if (grads) {
     grads->clear();
     for (const auto &id : gradIds) {
@@ -118,16 +126,18 @@ std::vector<Shape> outputShapes(const Case &c) {
   g.opsets()["ai.onnx"] = 17;
   std::vector<TensorId> ids;
   for (size_t i = 0; i < c.inputs.size(); ++i) {
-    TensorId id = "in" + std::to_string(i);
+    TensorId id = std::string("in") + std::to_string(i);
     g.addConst(id, c.inputs[i].value);
     ids.push_back(id);
   }
   std::vector<TensorId> outs;
-  for (size_t k = 0; k < c.outputs; ++k) outs.push_back("y" + std::to_string(k));
+  for (size_t k = 0; k < c.outputs; ++k)
+    outs.push_back(std::string("y") + std::to_string(k));
   ir::Op &op = g.addOp(c.type, "", 17, "op", c.attrs, ids, outs);
   op.def->setup(op);
   std::vector<Shape> shapes;
-  for (size_t k = 0; k < c.outputs; ++k) shapes.push_back(op.outInfo(k).shape());
+  for (size_t k = 0; k < c.outputs; ++k)
+    shapes.push_back(op.outInfo(k).shape());
   return shapes;
 }
 
@@ -135,7 +145,8 @@ void checkGradient(const Case &c, unsigned seed, double tol = 1e-5) {
   std::mt19937 rng(seed * 7919 + 1);
   std::vector<Shape> shapes = outputShapes(c);
   std::vector<TensorData> weights;
-  for (const Shape &s : shapes) weights.push_back(stream(s, rng).value);
+  for (const Shape &s : shapes)
+    weights.push_back(stream(s, rng).value);
   std::vector<std::vector<double>> analytic;
   evaluate(c, c.inputs, weights, &analytic);
   const double h = 1e-6;
@@ -158,7 +169,8 @@ void checkGradient(const Case &c, unsigned seed, double tol = 1e-5) {
 Shape randomShape(std::mt19937 &rng, size_t rank, int64_t lo = 1, int64_t hi = 4) {
   std::uniform_int_distribution<int64_t> d(lo, hi);
   Shape s;
-  for (size_t i = 0; i < rank; ++i) s.push_back(d(rng));
+  for (size_t i = 0; i < rank; ++i)
+    s.push_back(d(rng));
   return s;
 }
 
@@ -213,15 +225,18 @@ TEST(AutodiffShape, GatherWithRepeatedIndices) {
     Shape s = randomShape(rng, 3, 2, 4);
     std::uniform_int_distribution<int64_t> pick(-s[1], s[1] - 1);
     std::vector<int64_t> idx(6);
-    for (auto &v : idx) v = pick(rng);
+    for (auto &v : idx)
+      v = pick(rng);
     idx[1] = idx[0];
     checkGradient({"Gather", {stream(s, rng), intTensor({2, 3}, idx)}, attr("axis", int64_t{1})}, seed);
-    checkGradient({"Gather", {stream(s, rng), intTensor({}, {idx[2] < s[0] && idx[2] >= -s[0] ? idx[2] : 0})}, {}}, seed);
+    checkGradient({"Gather", {stream(s, rng), intTensor({}, {idx[2] < s[0] && idx[2] >= -s[0] ? idx[2] : 0})}, {}},
+                  seed);
     Shape is = s;
     is[2] = 5;
     std::uniform_int_distribution<int64_t> pick2(0, s[2] - 1);
     std::vector<int64_t> ge(static_cast<size_t>(is[0] * is[1] * is[2]));
-    for (auto &v : ge) v = pick2(rng);
+    for (auto &v : ge)
+      v = pick2(rng);
     checkGradient({"GatherElements", {stream(s, rng), intTensor(is, ge)}, attr("axis", int64_t{2})}, seed);
   }
 }
@@ -234,10 +249,11 @@ TEST(AutodiffShape, ExpandTileAndPad) {
     checkGradient({"Tile", {stream(s, rng), ints({2, 1, 3})}, {}}, seed);
     Shape p = randomShape(rng, 2, 3, 5);
     checkGradient({"Pad", {stream(p, rng), ints({1, -1, 2, 0})}, {}}, seed);
-    checkGradient({"Pad", {stream(p, rng), ints({2, -1}), {TensorData::fromDoubles(DataType::DOUBLE, {}, {3.5}), false},
-                           ints({1})},
-                   {}},
-                  seed);
+    checkGradient(
+        {"Pad",
+         {stream(p, rng), ints({2, -1}), {TensorData::fromDoubles(DataType::DOUBLE, {}, {3.5}), false}, ints({1})},
+         {}},
+        seed);
   }
 }
 
@@ -245,13 +261,18 @@ TEST(AutodiffShape, WhereCastDropout) {
   for (unsigned seed = 1; seed <= 3; ++seed) {
     std::mt19937 rng(seed);
     TensorData cond(TensorInfo(DataType::BOOL, {2, 3}));
-    for (int i = 0; i < 6; ++i) cond.as<bool>()[i] = (rng() & 1) != 0;
+    for (int i = 0; i < 6; ++i)
+      cond.as<bool>()[i] = (rng() & 1) != 0;
     checkGradient({"Where", {{cond, false}, stream({2, 3}, rng), stream({3}, rng)}, {}}, seed);
     checkGradient({"Cast", {stream({2, 3}, rng)}, attr("to", static_cast<int64_t>(DataType::DOUBLE))}, seed);
     checkGradient({"Dropout", {stream({2, 3}, rng)}, {}}, seed);
-    checkGradient({"Dropout", {stream({2, 3}, rng), {TensorData::fromDoubles(DataType::DOUBLE, {}, {0.5}), false},
-                               {TensorData::fromDoubles(DataType::BOOL, {}, {0.0}), false}},
-                   {}, 2, {0}},
+    checkGradient({"Dropout",
+                   {stream({2, 3}, rng),
+                    {TensorData::fromDoubles(DataType::DOUBLE, {}, {0.5}), false},
+                    {TensorData::fromDoubles(DataType::BOOL, {}, {0.0}), false}},
+                   {},
+                   2,
+                   {0}},
                   seed);
   }
 }
