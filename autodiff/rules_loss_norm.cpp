@@ -1,0 +1,218 @@
+// Gradient rules: losses (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and normalisations
+// (LayerNormalization, InstanceNormalization, BatchNormalization in inference form).
+
+#include "autodiff/grad_rules.hpp"
+
+#include <popart/error.hpp>
+
+namespace popart::autodiff {
+
+namespace {
+
+ir::Attributes intAttr(const std::string &name, int64_t v) {
+  ir::Attributes a;
+  a.set(name, v);
+  return a;
+}
+
+TensorId shapeConst(GradContext &c, const Shape &s) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(s.size())}, std::vector<int64_t>(s.begin(), s.end())));
+}
+
+TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes));
+}
+
+TensorId reshape(GradContext &c, const TensorId &t, const Shape &s) { return c.add("Reshape", {t, shapeConst(c, s)}); }
+
+TensorId reduce(GradContext &c, const std::string &type, const TensorId &t, const std::vector<int64_t> &axes,
+                bool keep) {
+  return c.add(type, {t, axesConst(c, axes)}, intAttr("keepdims", keep ? 1 : 0));
+}
+
+/// [1, C, 1, ..., 1] for an input of shape \p x (class / channel dim 1).
+Shape channelShape(const Shape &x) {
+  Shape s(x.size(), 1);
+  s[1] = x[1];
+  return s;
+}
+
+/// All axes of rank \p rank except 1.
+std::vector<int64_t> axesExceptChannel(size_t rank) {
+  std::vector<int64_t> axes;
+  for (size_t d = 0; d < rank; ++d)
+    if (d != 1) axes.push_back(static_cast<int64_t>(d));
+  return axes;
+}
+
+/// Gradient of the NLL loss w.r.t. its log-probability input [N, C, D...]: −M·dY/denominator where
+/// M[n, c, d] = weight[c] if label[n, d] == c and c is not the ignored class, else 0. Labels out of range
+/// (e.g. an ignore_index outside [0, C)) simply match no class.
+TensorId nllInputGrad(GradContext &c) {
+  const Shape &x = c.inShape(0);
+  DataType type = c.op().inInfo(0).dataType();
+  DataType labelType = c.op().inInfo(1).dataType();
+  int64_t classes = x[1];
+  Shape ch = channelShape(x);
+  Shape labelShape = x;
+  labelShape[1] = 1;
+  std::vector<double> classIds(static_cast<size_t>(classes));
+  for (int64_t k = 0; k < classes; ++k)
+    classIds[static_cast<size_t>(k)] = static_cast<double>(k);
+  TensorId ids = c.constant(TensorData::fromDoubles(labelType, ch, classIds));
+  TensorId hit = c.add("Equal", {reshape(c, c.in(1), labelShape), ids});
+  TensorId mask = c.add("Cast", {hit}, intAttr("to", static_cast<int64_t>(type)));
+  if (c.op().attrs.has("ignore_index")) {
+    int64_t ignored = c.op().attrs.getInt("ignore_index", 0);
+    if (ignored >= 0 && ignored < classes) {
+      std::vector<double> keep(static_cast<size_t>(classes), 1.0);
+      keep[static_cast<size_t>(ignored)] = 0.0;
+      mask = c.add("Mul", {mask, c.constant(TensorData::fromDoubles(type, ch, keep))});
+    }
+  }
+  if (c.op().hasInput(2)) mask = c.add("Mul", {mask, reshape(c, c.in(2), ch)});
+  std::string reduction = c.op().attrs.getString("reduction", "mean");
+  TensorId dy = c.outGrad(0);
+  if (reduction == "none") dy = reshape(c, dy, labelShape);
+  TensorId g = c.add("Neg", {c.add("Mul", {mask, dy})});
+  if (reduction == "mean") {
+    std::vector<int64_t> all(x.size());
+    for (size_t d = 0; d < x.size(); ++d)
+      all[d] = static_cast<int64_t>(d);
+    g = c.add("Div", {g, reduce(c, "ReduceSum", mask, all, false)});
+  }
+  return g;
+}
+
+void nllRule(GradContext &c) { c.setInGrad(0, nllInputGrad(c)); }
+
+/// loss = NLL(LogSoftmax(x, axis 1)): the gradient reaching the log-probabilities (from the loss and
+/// from the optional log_prob output) goes back through the log-softmax: g − softmax·Σ_c g.
+void softmaxCrossEntropyRule(GradContext &c) {
+  TensorId g;
+  if (!c.outGrad(0).empty()) g = nllInputGrad(c);
+  if (c.op().hasOutput(1) && !c.outGrad(1).empty()) g = g.empty() ? c.outGrad(1) : c.add("Add", {g, c.outGrad(1)});
+  if (g.empty()) return;
+  TensorId logProb = c.op().hasOutput(1)
+                         ? c.out(1)
+                         : c.add("Sub", {c.in(0), reduce(c, "ReduceLogSumExp", c.in(0), {1}, true)});
+  TensorId prob = c.add("Exp", {logProb});
+  c.setInGrad(0, c.add("Sub", {g, c.add("Mul", {prob, reduce(c, "ReduceSum", g, {1}, true)})}));
+}
+
+/// Shared by the normalisations over \p axes: returns dX for y = x̂·γ (x̂ = (x − μ)·r, r = 1/√(σ² + ε))
+/// given gγ = dY·γ, plus optional gradients of the saved mean and inverse std-dev (shape with the
+/// reduced axes kept).
+struct Normalized {
+  TensorId centered, invStd, xhat;
+};
+
+Normalized normalize(GradContext &c, const std::vector<int64_t> &axes, double epsilon) {
+  Normalized n;
+  n.centered = c.add("Sub", {c.in(0), reduce(c, "ReduceMean", c.in(0), axes, true)});
+  TensorId var = reduce(c, "ReduceMean", c.add("Mul", {n.centered, n.centered}), axes, true);
+  n.invStd = c.add("Reciprocal", {c.add("Sqrt", {c.add("Add", {var, c.scalar(epsilon)})})});
+  n.xhat = c.add("Mul", {n.centered, n.invStd});
+  return n;
+}
+
+/// dX = r·(g − mean(g) − x̂·mean(g·x̂)) for g = dY·γ.
+TensorId normalizedInputGrad(GradContext &c, const Normalized &n, const TensorId &g, const std::vector<int64_t> &axes) {
+  TensorId meanG = reduce(c, "ReduceMean", g, axes, true);
+  TensorId meanGX = reduce(c, "ReduceMean", c.add("Mul", {g, n.xhat}), axes, true);
+  TensorId inner = c.add("Sub", {c.add("Sub", {g, meanG}), c.add("Mul", {n.xhat, meanGX})});
+  return c.add("Mul", {n.invStd, inner});
+}
+
+int64_t countOver(const Shape &x, const std::vector<int64_t> &axes) {
+  int64_t count = 1;
+  for (int64_t a : axes)
+    count *= x[static_cast<size_t>(a)];
+  return count;
+}
+
+void layerNormRule(GradContext &c) {
+  const Shape &x = c.inShape(0);
+  int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = c.op().attrs.getInt("axis", -1);
+  if (axis < -rank || axis >= rank) throw error(c.op().debugName(), ": axis ", axis, " out of range for rank ", rank);
+  if (axis < 0) axis += rank;
+  std::vector<int64_t> axes;
+  for (int64_t d = axis; d < rank; ++d)
+    axes.push_back(d);
+  Normalized n = normalize(c, axes, c.op().attrs.getFloat("epsilon", 1e-5f));
+  TensorId dx;
+  if (TensorId dy = c.outGrad(0); !dy.empty()) {
+    c.setInGrad(1, c.add("Mul", {dy, n.xhat}));
+    if (c.op().hasInput(2)) c.setInGrad(2, dy);
+    dx = normalizedInputGrad(c, n, c.add("Mul", {dy, c.in(1)}), axes);
+  }
+  auto accumulate = [&](const TensorId &t) { dx = dx.empty() ? t : c.add("Add", {dx, t}); };
+  double count = static_cast<double>(countOver(x, axes));
+  // The statistics may be stored in another type (stash_type) than X.
+  auto statGrad = [&](size_t i) {
+    return c.add("Cast", {c.outGrad(i)}, intAttr("to", static_cast<int64_t>(c.op().inInfo(0).dataType())));
+  };
+  // The saved Mean and InvStdDev outputs: dμ/dx = 1/n, dr/dx = −r³·(x − μ)/n.
+  if (c.op().hasOutput(1) && !c.outGrad(1).empty())
+    accumulate(c.add("Expand", {c.add("Mul", {statGrad(1), c.scalar(1.0 / count)}), shapeConst(c, x)}));
+  if (c.op().hasOutput(2) && !c.outGrad(2).empty()) {
+    TensorId r3 = c.add("Mul", {n.invStd, c.add("Mul", {n.invStd, n.invStd})});
+    accumulate(c.add("Mul", {c.add("Mul", {statGrad(2), r3}), c.add("Mul", {n.centered, c.scalar(-1.0 / count)})}));
+  }
+  if (!dx.empty()) c.setInGrad(0, dx);
+}
+
+void instanceNormRule(GradContext &c) {
+  const Shape &x = c.inShape(0);
+  if (x.size() < 3) throw error(c.op().debugName(), ": input must have rank >= 3, got ", x.size());
+  std::vector<int64_t> axes;
+  for (size_t d = 2; d < x.size(); ++d)
+    axes.push_back(static_cast<int64_t>(d));
+  Normalized n = normalize(c, axes, c.op().attrs.getFloat("epsilon", 1e-5f));
+  TensorId dy = c.outGrad(0);
+  std::vector<int64_t> notChannel = axesExceptChannel(x.size());
+  c.setInGrad(1, reduce(c, "ReduceSum", c.add("Mul", {dy, n.xhat}), notChannel, false));
+  c.setInGrad(2, reduce(c, "ReduceSum", dy, notChannel, false));
+  TensorId scale = reshape(c, c.in(1), channelShape(x));
+  c.setInGrad(0, normalizedInputGrad(c, n, c.add("Mul", {dy, scale}), axes));
+}
+
+/// Inference form: the statistics are inputs, so y is affine in x: y = (x − m)·γ·r + β, r = 1/√(v + ε).
+void batchNormRule(GradContext &c) {
+  if (c.op().attrs.getInt("training_mode", 0) != 0 || (c.op().hasOutput(1) && !c.outGrad(1).empty()) ||
+      (c.op().hasOutput(2) && !c.outGrad(2).empty()))
+    throw error(c.op().debugName(), ": only the gradient of BatchNormalization in inference form is supported");
+  const Shape &x = c.inShape(0);
+  if (x.size() < 2) throw error(c.op().debugName(), ": input must have rank >= 2, got ", x.size());
+  Shape ch = channelShape(x);
+  std::vector<int64_t> notChannel = axesExceptChannel(x.size());
+  TensorId dy = c.outGrad(0);
+  TensorId scale = reshape(c, c.in(1), ch), mean = reshape(c, c.in(3), ch), var = reshape(c, c.in(4), ch);
+  TensorId invStd =
+      c.add("Reciprocal", {c.add("Sqrt", {c.add("Add", {var, c.scalar(c.op().attrs.getFloat("epsilon", 1e-5f))})})});
+  TensorId centered = c.add("Sub", {c.in(0), mean});
+  TensorId xhat = c.add("Mul", {centered, invStd});
+  TensorId dxhat = c.add("Mul", {dy, scale});
+  TensorId dx = c.add("Mul", {dxhat, invStd});
+  c.setInGrad(0, dx);
+  c.setInGrad(1, reduce(c, "ReduceSum", c.add("Mul", {dy, xhat}), notChannel, false));
+  c.setInGrad(2, reduce(c, "ReduceSum", dy, notChannel, false));
+  c.setInGrad(3, c.add("Neg", {reduce(c, "ReduceSum", dx, notChannel, false)}));
+  // dv = Σ dx̂·(x − m)·(−r³/2)
+  TensorId r3 = c.add("Mul", {invStd, c.add("Mul", {invStd, invStd})});
+  TensorId dvar = c.add("Mul", {c.add("Mul", {dxhat, centered}), c.add("Mul", {r3, c.scalar(-0.5)})});
+  c.setInGrad(4, reduce(c, "ReduceSum", dvar, notChannel, false));
+}
+
+} // namespace
+
+void registerLossNormRules(std::map<std::string, GradRule> &r) {
+  r["NegativeLogLikelihoodLoss"] = nllRule;
+  r["SoftmaxCrossEntropyLoss"] = softmaxCrossEntropyRule;
+  r["LayerNormalization"] = layerNormRule;
+  r["InstanceNormalization"] = instanceNormRule;
+  r["BatchNormalization"] = batchNormRule;
+}
+
+} // namespace popart::autodiff
