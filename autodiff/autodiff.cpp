@@ -27,6 +27,7 @@ void registerBuiltinRules() {
     registerElementwiseRules(gradRules());
     registerMatMulReduceRules(gradRules());
     registerShapeRules(gradRules());
+    registerLossNormRules(gradRules());
   });
 }
 

@@ -77,5 +77,6 @@ void registerBuiltinRules();
 void registerElementwiseRules(std::map<std::string, GradRule> &rules);
 void registerMatMulReduceRules(std::map<std::string, GradRule> &rules);
 void registerShapeRules(std::map<std::string, GradRule> &rules);
+void registerLossNormRules(std::map<std::string, GradRule> &rules);
 
 } // namespace popart::autodiff
