@@ -99,6 +99,33 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
          if (isFloatingPoint(c.op().inInfo(1).dataType()) && c.op().inInfo(1).dataType() == c.op().inInfo(0).dataType())
            c.setInGrad(1, c.add("Mul", {c.outGrad(0), c.add("Mul", {c.out(0), c.add("Log", {c.in(0)})})}));
        }},
+      {"Selu",
+       [](GradContext &c) { // γ·g where x > 0, else g·(y + γα)
+         double alpha = c.op().attrs.getFloat("alpha", 1.67326319217681884765625f);
+         double gamma = c.op().attrs.getFloat("gamma", 1.05070102214813232421875f);
+         TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
+         TensorId inside = c.add("Mul", {c.outGrad(0), c.scalar(gamma)});
+         TensorId outside = c.add("Mul", {c.outGrad(0), c.add("Add", {c.out(0), c.scalar(gamma * alpha)})});
+         c.setInGrad(0, c.add("Where", {positive, inside, outside}));
+       }},
+      {"PRelu",
+       [](GradContext &c) { // dx = g where x > 0 else g·slope; dslope = g·x where x <= 0
+         if (c.op().attrs.getInt("channel_slope", 0))
+           throw error(c.op().debugName(), ": no gradient for the opset-6 channel slope form");
+         TensorId positive = c.add("Greater", {c.in(0), c.scalar(0)});
+         c.setInGrad(0, c.add("Where", {positive, c.outGrad(0), c.add("Mul", {c.outGrad(0), c.in(1)})}));
+         c.setInGrad(1, c.add("Where", {positive, c.scalar(0), c.add("Mul", {c.outGrad(0), c.in(0)})}));
+       }},
+      {"GlobalAveragePool",
+       [](GradContext &c) { // each input element gets g / (number of spatial elements)
+         const Shape &x = c.inShape(0);
+         int64_t spatial = 1;
+         for (size_t d = 2; d < x.size(); ++d)
+           spatial *= x[d];
+         TensorId scaled = c.add("Mul", {c.outGrad(0), c.scalar(1.0 / static_cast<double>(spatial))});
+         c.setInGrad(0,
+                     c.add("Expand", {scaled, c.constant(TensorData::fromInt64({static_cast<int64_t>(x.size())}, x))}));
+       }},
       {"LeakyRelu",
        [](GradContext &c) {
          double alpha = c.op().attrs.getFloat("alpha", 0.01f);

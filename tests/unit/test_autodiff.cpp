@@ -76,7 +76,8 @@ void checkGradient(const Case &c, unsigned seed) {
     TensorData t(TensorInfo(DataType::DOUBLE, s));
     for (int64_t i = 0; i < t.info().elementCount(); ++i) {
       double v = d(rng);
-      if (c.type == "Relu" && std::fabs(v) < 0.1) v += 0.3; // keep away from the kink
+      bool kink = c.type == "Relu" || c.type == "Selu" || (c.type == "PRelu" && k == 0);
+      if (kink && std::fabs(v) < 0.1) v += 0.3; // keep away from the kink
       if (c.type == "Div" && k == 1 && std::fabs(v) < 0.5) v = v < 0 ? v - 0.5 : v + 0.5;
       t.as<double>()[i] = v;
     }
@@ -110,6 +111,13 @@ TEST(Autodiff, BinaryRulesWithBroadcastingMatchFiniteDifferences) {
 TEST(Autodiff, UnaryRulesMatchFiniteDifferences) {
   for (const char *type : {"Neg", "Exp", "Tanh", "Sigmoid", "Relu", "Identity", "Erf"})
     checkGradient({type, {3, 4}, {}}, 7);
+}
+
+TEST(Autodiff, ParametricActivationsAndPooling) {
+  checkGradient({"Selu", {3, 4}, {}}, 11);
+  checkGradient({"PRelu", {2, 3, 4}, {3, 1}}, 12);
+  checkGradient({"PRelu", {2, 3}, {3}}, 13);
+  checkGradient({"GlobalAveragePool", {2, 3, 4, 5}, {}}, 14);
 }
 
 TEST(Autodiff, MissingRuleIsNamed) {
