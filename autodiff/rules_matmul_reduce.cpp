@@ -82,31 +82,79 @@ void gemmRule(GradContext &c) {
 }
 
 /// Reduce{Sum,Mean}: dY broadcast back over the reduced axes (times 1/count for the mean).
-void reduceRule(GradContext &c, bool mean) {
+/// The input shape with reduced axes set to 1, and how many elements each output sums;
+/// \returns false for the no-op form (empty axes with noop_with_empty_axes).
+bool keptShape(const GradContext &c, Shape &kept, int64_t &count) {
   const Shape &x = c.inShape(0);
   int64_t rank = static_cast<int64_t>(x.size());
   std::vector<int64_t> axes;
   if (const TensorData *t = c.op().optionalConstInput(1, "axes")) axes = t->toInt64Vector();
-  if (axes.empty() && c.op().attrs.getInt("noop_with_empty_axes", 0) != 0) {
-    c.setInGrad(0, c.outGrad(0));
-    return;
-  }
+  if (axes.empty() && c.op().attrs.getInt("noop_with_empty_axes", 0) != 0) return false;
   std::vector<bool> reduced(x.size(), axes.empty());
   for (int64_t a : axes) {
     if (a < -rank || a >= rank) throw error(c.op().debugName(), ": axis ", a, " out of range for rank ", rank);
     reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
   }
-  Shape kept = x;
-  int64_t count = 1;
+  kept = x;
+  count = 1;
   for (size_t d = 0; d < x.size(); ++d)
     if (reduced[d]) {
       count *= x[d];
       kept[d] = 1;
     }
-  TensorId g = c.add("Reshape", {c.outGrad(0), shapeConst(c, kept)});
-  g = c.add("Expand", {g, shapeConst(c, x)});
+  return true;
+}
+
+/// A reduced tensor (output or output gradient) broadcast back to the input's shape.
+TensorId expandToInput(GradContext &c, const TensorId &t, const Shape &kept) {
+  return c.add("Expand", {c.add("Reshape", {t, shapeConst(c, kept)}), shapeConst(c, c.inShape(0))});
+}
+
+void reduceRule(GradContext &c, bool mean) {
+  Shape kept;
+  int64_t count = 0;
+  if (!keptShape(c, kept, count)) {
+    c.setInGrad(0, c.outGrad(0));
+    return;
+  }
+  TensorId g = expandToInput(c, c.outGrad(0), kept);
   if (mean && count > 0) g = scaled(c, g, 1.0 / static_cast<double>(count));
   c.setInGrad(0, g);
+}
+
+/// ReduceL2: g·x/y; ReduceLogSumExp: g·exp(x − y); ReduceMax/Min: g shared evenly by the
+/// elements equal to the result (as torch.amax/amin).
+void reduceValueRule(GradContext &c) {
+  Shape kept;
+  int64_t count = 0;
+  if (!keptShape(c, kept, count)) {
+    c.setInGrad(0, c.outGrad(0));
+    return;
+  }
+  TensorId g = expandToInput(c, c.outGrad(0), kept);
+  TensorId y = expandToInput(c, c.out(0), kept);
+  const std::string &type = c.op().type;
+  if (type == "ReduceL2") {
+    c.setInGrad(0, c.add("Mul", {g, c.add("Div", {c.in(0), y})}));
+  } else if (type == "ReduceLogSumExp") {
+    c.setInGrad(0, c.add("Mul", {g, c.add("Exp", {c.add("Sub", {c.in(0), y})})}));
+  } else {
+    ir::Attributes to;
+    to.set("to", static_cast<int64_t>(c.op().inInfo(0).dataType()));
+    TensorId mask = c.add("Cast",
+                          {
+                              c.add("Equal", {c.in(0), y}),
+                          },
+                          to);
+    TensorId ties = c.add("ReduceSum", {mask, c.op().hasInput(1) ? c.in(1) : axesConst(c, {})}, intAttr("keepdims", 1));
+    if (!c.op().hasInput(1)) {
+      std::vector<int64_t> all;
+      for (size_t d = 0; d < kept.size(); ++d)
+        all.push_back(static_cast<int64_t>(d));
+      ties = c.add("ReduceSum", {mask, axesConst(c, all)}, intAttr("keepdims", 1));
+    }
+    c.setInGrad(0, c.add("Mul", {g, c.add("Div", {mask, ties})}));
+  }
 }
 
 /// Axes normalised by (Log)Softmax: the single axis from opset 13, else axis.. last (flattened).
@@ -128,6 +176,8 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
   r["Gemm"] = gemmRule;
   r["ReduceSum"] = [](GradContext &c) { reduceRule(c, false); };
   r["ReduceMean"] = [](GradContext &c) { reduceRule(c, true); };
+  for (const char *t : {"ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin"})
+    r[t] = reduceValueRule;
   r["Softmax"] = [](GradContext &c) { // y·(dY − Σ dY·y)
     TensorId s = c.add("ReduceSum", {c.add("Mul", {c.outGrad(0), c.out(0)}), axesConst(c, softmaxAxes(c))},
                        intAttr("keepdims", 1));

@@ -182,6 +182,19 @@ TEST(AutodiffMatMul, Gemm) {
     }
 }
 
+TEST(AutodiffReduce, L2LogSumExpMaxMin) {
+  for (const char *type : {"ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin"})
+    for (unsigned seed = 60; seed < 63; ++seed) {
+      std::mt19937 rng(seed);
+      Shape s = randomShape(rng, 3);
+      for (int64_t keep : {0, 1}) {
+        ir::Attributes k = attrs({{"keepdims", keep}});
+        checkGradient({type, {s}, k, {axes({1})}}, seed);
+        checkGradient({type, {s}, k}, seed); // all axes
+      }
+    }
+}
+
 TEST(AutodiffReduce, SumAndMean) {
   for (const char *type : {"ReduceSum", "ReduceMean"})
     for (unsigned seed = 30; seed < 34; ++seed) {
