@@ -111,7 +111,7 @@ TEST(Builder, LossesAndManyOpsPassChecker) {
 
   std::vector<float> xv = {1, 2, 3, 4, -1, 0, 1, 0.5f};
   std::vector<int32_t> lv = {3, 0};
-  auto session = InferenceSession::createFromOnnxModel(bytes, DataFlow(1, {nll, l1}));
+  auto session = InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{nll, l1}));
   float nllOut = 0, l1Out = 0;
   NDArrayWrapper<float> in(xv.data(), {2, 4}), nllArr(&nllOut, {}), l1Arr(&l1Out, {});
   NDArrayWrapper<int32_t> lab(lv.data(), {2});
