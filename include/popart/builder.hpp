@@ -1,0 +1,150 @@
+#pragma once
+/// \file Builder: build an ONNX model in code, as PopART's popart::Builder does.
+///
+/// The ONNX protobuf classes stay behind a pimpl so that users of this header need
+/// neither onnx nor protobuf headers.
+
+#include <popart/tensorinfo.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace popart {
+
+/// How a loss reduces its per-element values.
+enum class ReductionType { Sum, Mean, NoReduction };
+
+namespace detail {
+struct BuilderImpl;
+template <typename T> constexpr DataType builderDataType() {
+  if constexpr (std::is_same_v<T, float>)
+    return DataType::FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return DataType::DOUBLE;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DataType::INT32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DataType::INT64;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DataType::INT8;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DataType::UINT8;
+  else
+    static_assert(sizeof(T) == 0, "unsupported element type for addInitializedInputTensor");
+}
+} // namespace detail
+
+/// The ai.onnx opset-13 operators. Each method adds one node and returns its output id(s).
+/// \p name is an optional node name (made unique by the builder).
+class AiOnnxOpset13 {
+public:
+  explicit AiOnnxOpset13(detail::BuilderImpl *impl) : impl_(impl) {}
+
+  TensorId add(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId sub(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId mul(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId div(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId matmul(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId gemm(const std::vector<TensorId> &args, float alpha = 1.0f, float beta = 1.0f, int64_t transA = 0,
+                int64_t transB = 0, const std::string &name = "");
+  TensorId relu(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId sigmoid(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId tanh(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId abs(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId log(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId exp(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId identity(const std::vector<TensorId> &args, const std::string &name = "");
+  TensorId softmax(const std::vector<TensorId> &args, int64_t axis = -1, const std::string &name = "");
+  TensorId logsoftmax(const std::vector<TensorId> &args, int64_t axis = -1, const std::string &name = "");
+  /// \p args is {data, shape}; shape is an INT64 tensor id.
+  TensorId reshape(const std::vector<TensorId> &args, const std::string &name = "");
+  /// An empty \p perm reverses the dimensions.
+  TensorId transpose(const std::vector<TensorId> &args, const std::vector<int64_t> &perm = {},
+                     const std::string &name = "");
+  /// Empty attribute vectors are left out of the node (ONNX defaults apply).
+  TensorId conv(const std::vector<TensorId> &args, const std::vector<int64_t> &dilations = {}, int64_t group = 1,
+                const std::vector<int64_t> &kernel_shape = {}, const std::vector<int64_t> &pads = {},
+                const std::vector<int64_t> &strides = {}, const std::string &name = "");
+  /// \p num_outputs is 1 (Y) or 2 (Y, Indices).
+  std::vector<TensorId> maxpool(const std::vector<TensorId> &args, unsigned num_outputs,
+                                const std::vector<int64_t> &kernel_shape, const std::vector<int64_t> &pads = {},
+                                const std::vector<int64_t> &strides = {}, const std::string &name = "");
+  TensorId averagepool(const std::vector<TensorId> &args, const std::vector<int64_t> &kernel_shape,
+                       int64_t count_include_pad = 0, const std::vector<int64_t> &pads = {},
+                       const std::vector<int64_t> &strides = {}, const std::string &name = "");
+  TensorId globalaveragepool(const std::vector<TensorId> &args, const std::string &name = "");
+  /// \p args is {X, scale, B, mean, var}; \p num_outputs is 1 or 5.
+  std::vector<TensorId> batchnormalization(const std::vector<TensorId> &args, unsigned num_outputs,
+                                           float epsilon = 1e-5f, float momentum = 0.9f,
+                                           const std::string &name = "");
+  TensorId flatten(const std::vector<TensorId> &args, int64_t axis = 1, const std::string &name = "");
+  TensorId gather(const std::vector<TensorId> &args, int64_t axis = 0, const std::string &name = "");
+  /// No \p axes reduces over every dimension.
+  TensorId reducemean(const std::vector<TensorId> &args, const std::optional<std::vector<int64_t>> &axes = {},
+                      int64_t keepdims = 1, const std::string &name = "");
+  TensorId reducesum(const std::vector<TensorId> &args, const std::optional<std::vector<int64_t>> &axes = {},
+                     int64_t keepdims = 1, const std::string &name = "");
+  /// \p num_outputs is 1 (output) or 2 (output, mask).
+  std::vector<TensorId> dropout(const std::vector<TensorId> &args, unsigned num_outputs, float ratio = 0.5f,
+                                const std::string &name = "");
+  /// \p to is an ONNX type name such as "FLOAT" or "INT32".
+  TensorId cast(const std::vector<TensorId> &args, const std::string &to, const std::string &name = "");
+
+private:
+  detail::BuilderImpl *impl_;
+};
+
+/// Builds one ONNX graph (opset 13) in code.
+class Builder {
+public:
+  static std::unique_ptr<Builder> create();
+  ~Builder();
+  Builder(const Builder &) = delete;
+  Builder &operator=(const Builder &) = delete;
+
+  /// Adds a graph input fed from the host.
+  TensorId addInputTensor(const TensorInfo &info, const std::string &debugName = "");
+  /// Adds an initializer holding \p info.byteCount() bytes copied from \p data.
+  TensorId addInitializedInputTensor(const void *data, const TensorInfo &info, const std::string &debugName = "");
+  template <typename T>
+  TensorId addInitializedInputTensor(const std::vector<T> &data, const Shape &shape,
+                                     const std::string &debugName = "") {
+    TensorInfo info(detail::builderDataType<T>(), shape);
+    checkInitializerSize(static_cast<int64_t>(data.size()), info, debugName);
+    return addInitializedInputTensor(data.data(), info, debugName);
+  }
+  /// Marks \p id as a graph output.
+  void addOutputTensor(const TensorId &id);
+
+  AiOnnxOpset13 aiOnnxOpset13();
+
+  /// -log(probs[label]) per sample, from {probs, label}; \p probs are probabilities (e.g. a
+  /// softmax), \p label holds INT32 or INT64 class indices.
+  TensorId nllloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,
+                   std::optional<int> ignoreIndex = std::nullopt, const std::string &debugName = "");
+  /// \p lambda times the (reduced) absolute value of \p input.
+  TensorId l1loss(const TensorId &input, float lambda, ReductionType reduction = ReductionType::Mean,
+                  const std::string &debugName = "");
+  /// The (reduced) value of \p input itself.
+  TensorId identityloss(const TensorId &input, ReductionType reduction = ReductionType::Mean,
+                        const std::string &debugName = "");
+
+  std::vector<TensorId> getInputTensorIds() const;
+  std::vector<TensorId> getOutputTensorIds() const;
+
+  /// The serialized ModelProto.
+  std::string getModelProto() const;
+  /// Writes getModelProto() to \p path.
+  void saveModelProto(const std::string &path) const;
+
+private:
+  Builder();
+  void checkInitializerSize(int64_t count, const TensorInfo &info, const std::string &debugName) const;
+  std::unique_ptr<detail::BuilderImpl> impl_;
+};
+
+} // namespace popart

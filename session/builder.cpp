@@ -1,0 +1,466 @@
+// popart::Builder: builds an onnx::ModelProto node by node.
+
+#include <popart/builder.hpp>
+#include <popart/error.hpp>
+
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace popart {
+
+namespace detail {
+
+struct BuilderImpl {
+  onnx::ModelProto model;
+  // Element type of every tensor, so that graph outputs get a type even where ONNX shape
+  // inference cannot decide one (the checker requires typed graph outputs).
+  std::map<TensorId, DataType> types;
+  std::set<std::string> nodeNames;
+  std::vector<TensorId> inputs, outputs;
+  int counter = 0;
+
+  BuilderImpl() {
+    model.set_ir_version(8);
+    model.set_producer_name("popart-cpu Builder");
+    auto *op = model.add_opset_import();
+    op->set_domain("");
+    op->set_version(13);
+    model.mutable_graph()->set_name("BuilderGraph");
+  }
+
+  onnx::GraphProto &graph() { return *model.mutable_graph(); }
+
+  std::string uniqueName(const std::string &base) {
+    if (!base.empty() && !nodeNames.count(base) && !types.count(base)) {
+      nodeNames.insert(base);
+      return base;
+    }
+    std::string stem = base.empty() ? "t" : base;
+    for (;;) {
+      std::string n = stem + "_" + std::to_string(counter++);
+      if (!nodeNames.count(n) && !types.count(n)) {
+        nodeNames.insert(n);
+        return n;
+      }
+    }
+  }
+
+  DataType typeOf(const TensorId &id) const {
+    auto it = types.find(id);
+    return it == types.end() ? DataType::UNDEFINED : it->second;
+  }
+
+  TensorId addInitializer(const void *data, const TensorInfo &info, const std::string &debugName) {
+    if (info.dataType() == DataType::UNDEFINED || info.dataType() == DataType::STRING)
+      throw error("Builder::addInitializedInputTensor '", debugName, "': unsupported type ", toString(info.dataType()));
+    if (!isShapeKnown(info.shape()))
+      throw error("Builder::addInitializedInputTensor '", debugName, "': shape ", popart::toString(info.shape()),
+                  " must be fully known");
+    TensorId id = uniqueName(debugName.empty() ? "init_input" : debugName);
+    auto *t = graph().add_initializer();
+    t->set_name(id);
+    t->set_data_type(static_cast<int>(info.dataType()));
+    for (auto d : info.shape())
+      t->add_dims(d);
+    const auto bytes = static_cast<size_t>(info.byteCount());
+    if (bytes != 0 && data == nullptr)
+      throw error("Builder::addInitializedInputTensor '", id, "': null data for ", info.toString());
+    t->set_raw_data(std::string(static_cast<const char *>(data), bytes));
+    types[id] = info.dataType();
+    return id;
+  }
+
+  TensorId constInt64s(const std::vector<int64_t> &values, const std::string &what) {
+    return addInitializer(values.data(), TensorInfo(DataType::INT64, {static_cast<int64_t>(values.size())}), what);
+  }
+  TensorId constScalar(float value, DataType type, const std::string &what) {
+    if (type == DataType::DOUBLE) {
+      double v = value;
+      return addInitializer(&v, TensorInfo(type, {}), what);
+    }
+    if (type != DataType::FLOAT && type != DataType::UNDEFINED)
+      throw error("Builder: '", what, "' needs a FLOAT or DOUBLE input, not ", toString(type));
+    return addInitializer(&value, TensorInfo(DataType::FLOAT, {}), what);
+  }
+
+  // Adds a node; \p outType decides each output's element type from the inputs' types.
+  std::vector<TensorId> addNode(const std::string &opType, const std::vector<TensorId> &args, unsigned numOutputs,
+                                const std::string &name, size_t minInputs, size_t maxInputs,
+                                const std::vector<DataType> &outTypes = {}) {
+    std::string nodeName = uniqueName(name.empty() ? opType : name);
+    if (args.size() < minInputs || args.size() > maxInputs)
+      throw error("Builder: ", opType, " '", nodeName, "' takes ", minInputs, minInputs == maxInputs ? "" : " to ",
+                  minInputs == maxInputs ? std::string() : std::to_string(maxInputs), " inputs, got ", args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      // "" is ONNX's marker for an omitted optional input; the first input is never optional.
+      if (args[i].empty() && i > 0)
+        continue;
+      if (!types.count(args[i]))
+        throw error("Builder: ", opType, " '", nodeName, "': unknown input tensor '", args[i], "' (input ", i, ")");
+    }
+    auto *node = graph().add_node();
+    node->set_name(nodeName);
+    node->set_op_type(opType);
+    for (const auto &a : args)
+      node->add_input(a);
+    std::vector<TensorId> outs;
+    for (unsigned i = 0; i < numOutputs; ++i) {
+      TensorId out = nodeName + ":" + std::to_string(i);
+      while (types.count(out) || nodeNames.count(out))
+        out = nodeName + ":" + std::to_string(i) + "_" + std::to_string(counter++);
+      node->add_output(out);
+      DataType t = i < outTypes.size() && outTypes[i] != DataType::UNDEFINED ? outTypes[i] : typeOf(args[0]);
+      types[out] = t;
+      outs.push_back(out);
+    }
+    return outs;
+  }
+
+  onnx::NodeProto &lastNode() { return *graph().mutable_node(graph().node_size() - 1); }
+
+  void attrInt(const std::string &n, int64_t v) {
+    auto *a = lastNode().add_attribute();
+    a->set_name(n);
+    a->set_type(onnx::AttributeProto::INT);
+    a->set_i(v);
+  }
+  void attrFloat(const std::string &n, float v) {
+    auto *a = lastNode().add_attribute();
+    a->set_name(n);
+    a->set_type(onnx::AttributeProto::FLOAT);
+    a->set_f(v);
+  }
+  void attrInts(const std::string &n, const std::vector<int64_t> &v, bool skipEmpty = true) {
+    if (skipEmpty && v.empty())
+      return;
+    auto *a = lastNode().add_attribute();
+    a->set_name(n);
+    a->set_type(onnx::AttributeProto::INTS);
+    for (auto x : v)
+      a->add_ints(x);
+  }
+  void attrString(const std::string &n, const std::string &v) {
+    auto *a = lastNode().add_attribute();
+    a->set_name(n);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(v);
+  }
+
+  TensorId one(const std::string &opType, const std::vector<TensorId> &args, const std::string &name, size_t minIn,
+               size_t maxIn, DataType outType = DataType::UNDEFINED) {
+    return addNode(opType, args, 1, name, minIn, maxIn, {outType})[0];
+  }
+
+  TensorId reduce(const std::string &what, const TensorId &x, ReductionType r, const std::string &name) {
+    switch (r) {
+    case ReductionType::Sum:
+      // Opset 13 ReduceSum takes its axes as an input; none means every axis.
+    {
+      TensorId out = one("ReduceSum", {x}, name, 1, 1);
+      attrInt("keepdims", 0);
+      return out;
+    }
+    case ReductionType::Mean: {
+      TensorId out = one("ReduceMean", {x}, name, 1, 1);
+      attrInt("keepdims", 0);
+      return out;
+    }
+    case ReductionType::NoReduction:
+      return one("Identity", {x}, name, 1, 1);
+    }
+    throw error("Builder: ", what, ": unknown ReductionType");
+  }
+};
+
+} // namespace detail
+
+using detail::BuilderImpl;
+
+// ---- AiOnnxOpset13 ----
+
+#define POPART_BINARY(fn, Type)                                                                                        \
+  TensorId AiOnnxOpset13::fn(const std::vector<TensorId> &args, const std::string &name) {                             \
+    return impl_->one(Type, args, name, 2, 2);                                                                         \
+  }
+#define POPART_UNARY(fn, Type)                                                                                         \
+  TensorId AiOnnxOpset13::fn(const std::vector<TensorId> &args, const std::string &name) {                             \
+    return impl_->one(Type, args, name, 1, 1);                                                                         \
+  }
+POPART_BINARY(add, "Add")
+POPART_BINARY(sub, "Sub")
+POPART_BINARY(mul, "Mul")
+POPART_BINARY(div, "Div")
+POPART_BINARY(matmul, "MatMul")
+POPART_UNARY(relu, "Relu")
+POPART_UNARY(sigmoid, "Sigmoid")
+POPART_UNARY(tanh, "Tanh")
+POPART_UNARY(abs, "Abs")
+POPART_UNARY(log, "Log")
+POPART_UNARY(exp, "Exp")
+POPART_UNARY(identity, "Identity")
+POPART_UNARY(globalaveragepool, "GlobalAveragePool")
+#undef POPART_BINARY
+#undef POPART_UNARY
+
+TensorId AiOnnxOpset13::gemm(const std::vector<TensorId> &args, float alpha, float beta, int64_t transA,
+                             int64_t transB, const std::string &name) {
+  TensorId out = impl_->one("Gemm", args, name, 2, 3);
+  impl_->attrFloat("alpha", alpha);
+  impl_->attrFloat("beta", beta);
+  impl_->attrInt("transA", transA);
+  impl_->attrInt("transB", transB);
+  return out;
+}
+
+TensorId AiOnnxOpset13::softmax(const std::vector<TensorId> &args, int64_t axis, const std::string &name) {
+  TensorId out = impl_->one("Softmax", args, name, 1, 1);
+  impl_->attrInt("axis", axis);
+  return out;
+}
+
+TensorId AiOnnxOpset13::logsoftmax(const std::vector<TensorId> &args, int64_t axis, const std::string &name) {
+  TensorId out = impl_->one("LogSoftmax", args, name, 1, 1);
+  impl_->attrInt("axis", axis);
+  return out;
+}
+
+TensorId AiOnnxOpset13::reshape(const std::vector<TensorId> &args, const std::string &name) {
+  return impl_->one("Reshape", args, name, 2, 2);
+}
+
+TensorId AiOnnxOpset13::transpose(const std::vector<TensorId> &args, const std::vector<int64_t> &perm,
+                                  const std::string &name) {
+  TensorId out = impl_->one("Transpose", args, name, 1, 1);
+  impl_->attrInts("perm", perm);
+  return out;
+}
+
+TensorId AiOnnxOpset13::conv(const std::vector<TensorId> &args, const std::vector<int64_t> &dilations, int64_t group,
+                             const std::vector<int64_t> &kernel_shape, const std::vector<int64_t> &pads,
+                             const std::vector<int64_t> &strides, const std::string &name) {
+  TensorId out = impl_->one("Conv", args, name, 2, 3);
+  impl_->attrInts("dilations", dilations);
+  impl_->attrInt("group", group);
+  impl_->attrInts("kernel_shape", kernel_shape);
+  impl_->attrInts("pads", pads);
+  impl_->attrInts("strides", strides);
+  return out;
+}
+
+std::vector<TensorId> AiOnnxOpset13::maxpool(const std::vector<TensorId> &args, unsigned num_outputs,
+                                             const std::vector<int64_t> &kernel_shape,
+                                             const std::vector<int64_t> &pads, const std::vector<int64_t> &strides,
+                                             const std::string &name) {
+  if (num_outputs < 1 || num_outputs > 2)
+    throw error("Builder: MaxPool '", name, "': num_outputs must be 1 or 2, got ", num_outputs);
+  auto outs = impl_->addNode("MaxPool", args, num_outputs, name, 1, 1, {DataType::UNDEFINED, DataType::INT64});
+  impl_->attrInts("kernel_shape", kernel_shape, false);
+  impl_->attrInts("pads", pads);
+  impl_->attrInts("strides", strides);
+  return outs;
+}
+
+TensorId AiOnnxOpset13::averagepool(const std::vector<TensorId> &args, const std::vector<int64_t> &kernel_shape,
+                                    int64_t count_include_pad, const std::vector<int64_t> &pads,
+                                    const std::vector<int64_t> &strides, const std::string &name) {
+  TensorId out = impl_->one("AveragePool", args, name, 1, 1);
+  impl_->attrInts("kernel_shape", kernel_shape, false);
+  impl_->attrInt("count_include_pad", count_include_pad);
+  impl_->attrInts("pads", pads);
+  impl_->attrInts("strides", strides);
+  return out;
+}
+
+std::vector<TensorId> AiOnnxOpset13::batchnormalization(const std::vector<TensorId> &args, unsigned num_outputs,
+                                                        float epsilon, float momentum, const std::string &name) {
+  if (num_outputs != 1 && num_outputs != 5)
+    throw error("Builder: BatchNormalization '", name, "': num_outputs must be 1 or 5, got ", num_outputs);
+  auto outs = impl_->addNode("BatchNormalization", args, num_outputs, name, 5, 5);
+  impl_->attrFloat("epsilon", epsilon);
+  impl_->attrFloat("momentum", momentum);
+  return outs;
+}
+
+TensorId AiOnnxOpset13::flatten(const std::vector<TensorId> &args, int64_t axis, const std::string &name) {
+  TensorId out = impl_->one("Flatten", args, name, 1, 1);
+  impl_->attrInt("axis", axis);
+  return out;
+}
+
+TensorId AiOnnxOpset13::gather(const std::vector<TensorId> &args, int64_t axis, const std::string &name) {
+  TensorId out = impl_->one("Gather", args, name, 2, 2);
+  impl_->attrInt("axis", axis);
+  return out;
+}
+
+TensorId AiOnnxOpset13::reducemean(const std::vector<TensorId> &args, const std::optional<std::vector<int64_t>> &axes,
+                                   int64_t keepdims, const std::string &name) {
+  TensorId out = impl_->one("ReduceMean", args, name, 1, 1);
+  if (axes)
+    impl_->attrInts("axes", *axes, false);
+  impl_->attrInt("keepdims", keepdims);
+  return out;
+}
+
+TensorId AiOnnxOpset13::reducesum(const std::vector<TensorId> &args, const std::optional<std::vector<int64_t>> &axes,
+                                  int64_t keepdims, const std::string &name) {
+  std::vector<TensorId> in = args;
+  // Opset 13 moved ReduceSum's axes into an input; check the data input before adding it.
+  if (in.size() != 1)
+    throw error("Builder: ReduceSum '", name, "' takes 1 input, got ", in.size());
+  if (axes)
+    in.push_back(impl_->constInt64s(*axes, (name.empty() ? "ReduceSum" : name) + "_axes"));
+  TensorId out = impl_->one("ReduceSum", in, name, 1, 2);
+  impl_->attrInt("keepdims", keepdims);
+  return out;
+}
+
+std::vector<TensorId> AiOnnxOpset13::dropout(const std::vector<TensorId> &args, unsigned num_outputs, float ratio,
+                                             const std::string &name) {
+  if (num_outputs < 1 || num_outputs > 2)
+    throw error("Builder: Dropout '", name, "': num_outputs must be 1 or 2, got ", num_outputs);
+  if (args.size() != 1)
+    throw error("Builder: Dropout '", name, "' takes 1 input, got ", args.size());
+  if (!impl_->types.count(args[0]))
+    throw error("Builder: Dropout '", name, "': unknown input tensor '", args[0], "' (input 0)");
+  // Opset 13 takes the ratio as an input of the data's floating type.
+  TensorId r = impl_->constScalar(ratio, impl_->typeOf(args[0]), (name.empty() ? "Dropout" : name) + "_ratio");
+  return impl_->addNode("Dropout", {args[0], r}, num_outputs, name, 2, 2, {DataType::UNDEFINED, DataType::BOOL});
+}
+
+TensorId AiOnnxOpset13::cast(const std::vector<TensorId> &args, const std::string &to, const std::string &name) {
+  DataType t = dataTypeFromString(to);
+  TensorId out = impl_->one("Cast", args, name, 1, 1, t);
+  impl_->attrInt("to", static_cast<int64_t>(t));
+  return out;
+}
+
+// ---- Builder ----
+
+Builder::Builder() : impl_(std::make_unique<BuilderImpl>()) {}
+Builder::~Builder() = default;
+
+std::unique_ptr<Builder> Builder::create() { return std::unique_ptr<Builder>(new Builder()); }
+
+TensorId Builder::addInputTensor(const TensorInfo &info, const std::string &debugName) {
+  if (info.dataType() == DataType::UNDEFINED)
+    throw error("Builder::addInputTensor '", debugName, "': the data type is UNDEFINED");
+  TensorId id = impl_->uniqueName(debugName.empty() ? "input" : debugName);
+  auto *v = impl_->graph().add_input();
+  v->set_name(id);
+  auto *tt = v->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int>(info.dataType()));
+  auto *shape = tt->mutable_shape();
+  for (auto d : info.shape()) {
+    auto *dim = shape->add_dim();
+    if (d >= 0)
+      dim->set_dim_value(d);
+    else
+      dim->set_dim_param(id + "_dim" + std::to_string(shape->dim_size() - 1));
+  }
+  impl_->types[id] = info.dataType();
+  impl_->inputs.push_back(id);
+  return id;
+}
+
+TensorId Builder::addInitializedInputTensor(const void *data, const TensorInfo &info, const std::string &debugName) {
+  return impl_->addInitializer(data, info, debugName);
+}
+
+void Builder::checkInitializerSize(int64_t count, const TensorInfo &info, const std::string &debugName) const {
+  if (!isShapeKnown(info.shape()) || count != info.elementCount())
+    throw error("Builder::addInitializedInputTensor '", debugName, "': ", count, " values do not fill shape ",
+                popart::toString(info.shape()));
+}
+
+void Builder::addOutputTensor(const TensorId &id) {
+  if (!impl_->types.count(id))
+    throw error("Builder::addOutputTensor: unknown tensor '", id, "'");
+  for (const auto &o : impl_->outputs)
+    if (o == id)
+      throw error("Builder::addOutputTensor: '", id, "' is already an output");
+  impl_->outputs.push_back(id);
+}
+
+AiOnnxOpset13 Builder::aiOnnxOpset13() { return AiOnnxOpset13(impl_.get()); }
+
+TensorId Builder::nllloss(const std::vector<TensorId> &args, ReductionType reduction, std::optional<int> ignoreIndex,
+                          const std::string &debugName) {
+  if (args.size() != 2)
+    throw error("Builder::nllloss '", debugName, "' takes {probs, label}, got ", args.size(), " inputs");
+  std::string base = debugName.empty() ? "NllLoss" : debugName;
+  // PopART's nllloss takes probabilities; ONNX's NegativeLogLikelihoodLoss takes log-probabilities.
+  TensorId logp = impl_->one("Log", {args[0]}, base + "_log", 1, 1);
+  TensorId out = impl_->one("NegativeLogLikelihoodLoss", {logp, args[1]}, base, 2, 2);
+  impl_->attrString("reduction", reduction == ReductionType::Sum    ? "sum"
+                                 : reduction == ReductionType::Mean ? "mean"
+                                                                    : "none");
+  if (ignoreIndex)
+    impl_->attrInt("ignore_index", *ignoreIndex);
+  return out;
+}
+
+TensorId Builder::l1loss(const TensorId &input, float lambda, ReductionType reduction, const std::string &debugName) {
+  std::string base = debugName.empty() ? "L1Loss" : debugName;
+  TensorId a = impl_->one("Abs", {input}, base + "_abs", 1, 1);
+  TensorId r = impl_->reduce("l1loss", a, reduction, base + "_reduce");
+  TensorId l = impl_->constScalar(lambda, impl_->typeOf(input), base + "_lambda");
+  return impl_->one("Mul", {r, l}, base, 2, 2);
+}
+
+TensorId Builder::identityloss(const TensorId &input, ReductionType reduction, const std::string &debugName) {
+  if (!impl_->types.count(input))
+    throw error("Builder::identityloss: unknown input tensor '", input, "'");
+  return impl_->reduce("identityloss", input, reduction, debugName.empty() ? "IdentityLoss" : debugName);
+}
+
+std::vector<TensorId> Builder::getInputTensorIds() const { return impl_->inputs; }
+std::vector<TensorId> Builder::getOutputTensorIds() const { return impl_->outputs; }
+
+std::string Builder::getModelProto() const {
+  onnx::ModelProto m = impl_->model;
+  auto *g = m.mutable_graph();
+  for (const auto &o : impl_->outputs) {
+    auto *v = g->add_output();
+    v->set_name(o);
+    v->mutable_type()->mutable_tensor_type()->set_elem_type(static_cast<int>(impl_->typeOf(o)));
+  }
+  // Shapes of graph outputs come from ONNX's own inference; a failure there only loses the shape.
+  try {
+    onnx::ModelProto inferred = m;
+    onnx::shape_inference::InferShapes(inferred);
+    std::map<std::string, const onnx::ValueInfoProto *> infos;
+    for (const auto &v : inferred.graph().value_info())
+      infos[v.name()] = &v;
+    for (const auto &v : inferred.graph().output())
+      infos[v.name()] = &v;
+    for (auto &out : *g->mutable_output()) {
+      auto it = infos.find(out.name());
+      if (it != infos.end() && it->second->type().has_tensor_type() &&
+          it->second->type().tensor_type().elem_type() == out.type().tensor_type().elem_type())
+        *out.mutable_type() = it->second->type();
+    }
+  } catch (const std::exception &) {
+  }
+  std::string bytes;
+  if (!m.SerializeToString(&bytes))
+    throw error("Builder::getModelProto: serialization failed");
+  return bytes;
+}
+
+void Builder::saveModelProto(const std::string &path) const {
+  std::string bytes = getModelProto();
+  std::ofstream f(path, std::ios::binary);
+  if (!f)
+    throw error("Builder::saveModelProto: cannot open '", path, "' for writing");
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!f)
+    throw error("Builder::saveModelProto: writing '", path, "' failed");
+}
+
+} // namespace popart
