@@ -20,22 +20,6 @@ enum class ReductionType { Sum, Mean, NoReduction };
 
 namespace detail {
 struct BuilderImpl;
-template <typename T> constexpr DataType builderDataType() {
-  if constexpr (std::is_same_v<T, float>)
-    return DataType::FLOAT;
-  else if constexpr (std::is_same_v<T, double>)
-    return DataType::DOUBLE;
-  else if constexpr (std::is_same_v<T, int32_t>)
-    return DataType::INT32;
-  else if constexpr (std::is_same_v<T, int64_t>)
-    return DataType::INT64;
-  else if constexpr (std::is_same_v<T, int8_t>)
-    return DataType::INT8;
-  else if constexpr (std::is_same_v<T, uint8_t>)
-    return DataType::UINT8;
-  else
-    static_assert(sizeof(T) == 0, "unsupported element type for addInitializedInputTensor");
-}
 } // namespace detail
 
 /// The ai.onnx opset-13 operators. Each method adds one node and returns its output id(s).
@@ -79,8 +63,7 @@ public:
   TensorId globalaveragepool(const std::vector<TensorId> &args, const std::string &name = "");
   /// \p args is {X, scale, B, mean, var}; \p num_outputs is 1 or 5.
   std::vector<TensorId> batchnormalization(const std::vector<TensorId> &args, unsigned num_outputs,
-                                           float epsilon = 1e-5f, float momentum = 0.9f,
-                                           const std::string &name = "");
+                                           float epsilon = 1e-5f, float momentum = 0.9f, const std::string &name = "");
   TensorId flatten(const std::vector<TensorId> &args, int64_t axis = 1, const std::string &name = "");
   TensorId gather(const std::vector<TensorId> &args, int64_t axis = 0, const std::string &name = "");
   /// No \p axes reduces over every dimension.
@@ -113,7 +96,7 @@ public:
   template <typename T>
   TensorId addInitializedInputTensor(const std::vector<T> &data, const Shape &shape,
                                      const std::string &debugName = "") {
-    TensorInfo info(detail::builderDataType<T>(), shape);
+    TensorInfo info(hostDataType<T>(), shape);
     checkInitializerSize(static_cast<int64_t>(data.size()), info, debugName);
     return addInitializedInputTensor(data.data(), info, debugName);
   }

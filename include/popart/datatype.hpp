@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 namespace popart {
 
@@ -27,6 +28,34 @@ enum class DataType : int {
   COMPLEX128 = 15,
   BFLOAT16 = 16,
 };
+
+/// The DataType of host element type \p T (float → FLOAT, int64_t → INT64, bool → BOOL ...).
+template <typename T> constexpr DataType hostDataType() {
+  if constexpr (std::is_same_v<T, float>)
+    return DataType::FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return DataType::DOUBLE;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DataType::INT8;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return DataType::INT16;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DataType::INT32;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DataType::INT64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DataType::UINT8;
+  else if constexpr (std::is_same_v<T, uint16_t>)
+    return DataType::UINT16;
+  else if constexpr (std::is_same_v<T, uint32_t>)
+    return DataType::UINT32;
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return DataType::UINT64;
+  else if constexpr (std::is_same_v<T, bool>)
+    return DataType::BOOL;
+  else
+    static_assert(sizeof(T) == 0, "unsupported element type");
+}
 
 /// \returns the size in bytes of one element of \p type (0 for STRING and UNDEFINED).
 size_t dataTypeSize(DataType type);

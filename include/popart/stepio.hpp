@@ -21,41 +21,12 @@ public:
   int64_t nelms() const { return shapeElementCount(shape()); }
 };
 
-namespace detail {
-template <typename T> constexpr DataType hostDataType() {
-  if constexpr (std::is_same_v<T, float>)
-    return DataType::FLOAT;
-  else if constexpr (std::is_same_v<T, double>)
-    return DataType::DOUBLE;
-  else if constexpr (std::is_same_v<T, int8_t>)
-    return DataType::INT8;
-  else if constexpr (std::is_same_v<T, int16_t>)
-    return DataType::INT16;
-  else if constexpr (std::is_same_v<T, int32_t>)
-    return DataType::INT32;
-  else if constexpr (std::is_same_v<T, int64_t>)
-    return DataType::INT64;
-  else if constexpr (std::is_same_v<T, uint8_t>)
-    return DataType::UINT8;
-  else if constexpr (std::is_same_v<T, uint16_t>)
-    return DataType::UINT16;
-  else if constexpr (std::is_same_v<T, uint32_t>)
-    return DataType::UINT32;
-  else if constexpr (std::is_same_v<T, uint64_t>)
-    return DataType::UINT64;
-  else if constexpr (std::is_same_v<T, bool>)
-    return DataType::BOOL;
-  else
-    static_assert(sizeof(T) == 0, "unsupported element type");
-}
-} // namespace detail
-
 /// An IArray over a typed pointer, as PopART's NDArrayWrapper.
 template <typename T> class NDArrayWrapper : public IArray {
 public:
   NDArrayWrapper(T *data, Shape shape) : data_(data), shape_(std::move(shape)) {}
   void *data() override { return data_; }
-  DataType dataType() const override { return detail::hostDataType<T>(); }
+  DataType dataType() const override { return hostDataType<T>(); }
   const Shape &shape() const override { return shape_; }
 
 private:
