@@ -68,6 +68,23 @@ private:
   std::vector<TensorId> inGrads_;
 };
 
+/// Attributes holding the one int \p name = \p v.
+inline ir::Attributes intAttr(const std::string &name, int64_t v) {
+  ir::Attributes a;
+  a.set(name, v);
+  return a;
+}
+
+/// A constant 1-D INT64 tensor holding \p s (a Reshape or Expand shape).
+inline TensorId shapeConst(GradContext &c, const Shape &s) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(s.size())}, std::vector<int64_t>(s.begin(), s.end())));
+}
+
+/// A constant 1-D INT64 tensor of axes (Reduce*, Squeeze, Unsqueeze).
+inline TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
+  return c.constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes));
+}
+
 using GradRule = std::function<void(GradContext &)>;
 
 /// All gradient rules by op type (default domain), filled once by registerBuiltinRules().

@@ -9,20 +9,6 @@ namespace popart::autodiff {
 
 namespace {
 
-ir::Attributes intAttr(const std::string &name, int64_t v) {
-  ir::Attributes a;
-  a.set(name, v);
-  return a;
-}
-
-TensorId shapeConst(GradContext &c, const Shape &s) {
-  return c.constant(TensorData::fromInt64({static_cast<int64_t>(s.size())}, std::vector<int64_t>(s.begin(), s.end())));
-}
-
-TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
-  return c.constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes));
-}
-
 TensorId reshape(GradContext &c, const TensorId &t, const Shape &s) { return c.add("Reshape", {t, shapeConst(c, s)}); }
 
 TensorId reduce(GradContext &c, const std::string &type, const TensorId &t, const std::vector<int64_t> &axes,
@@ -93,9 +79,8 @@ void softmaxCrossEntropyRule(GradContext &c) {
   if (!c.outGrad(0).empty()) g = nllInputGrad(c);
   if (c.op().hasOutput(1) && !c.outGrad(1).empty()) g = g.empty() ? c.outGrad(1) : c.add("Add", {g, c.outGrad(1)});
   if (g.empty()) return;
-  TensorId logProb = c.op().hasOutput(1)
-                         ? c.out(1)
-                         : c.add("Sub", {c.in(0), reduce(c, "ReduceLogSumExp", c.in(0), {1}, true)});
+  TensorId logProb =
+      c.op().hasOutput(1) ? c.out(1) : c.add("Sub", {c.in(0), reduce(c, "ReduceLogSumExp", c.in(0), {1}, true)});
   TensorId prob = c.add("Exp", {logProb});
   c.setInGrad(0, c.add("Sub", {g, c.add("Mul", {prob, reduce(c, "ReduceSum", g, {1}, true)})}));
 }

@@ -8,20 +8,6 @@ namespace popart::autodiff {
 
 namespace {
 
-ir::Attributes intAttr(const std::string &name, int64_t v) {
-  ir::Attributes a;
-  a.set(name, v);
-  return a;
-}
-
-TensorId shapeConst(GradContext &c, const Shape &s) {
-  return c.constant(TensorData::fromInt64({static_cast<int64_t>(s.size())}, std::vector<int64_t>(s.begin(), s.end())));
-}
-
-TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
-  return c.constant(TensorData::fromInt64({static_cast<int64_t>(axes.size())}, axes));
-}
-
 /// Swaps the last two dims of a tensor of rank \p rank (>= 2).
 TensorId transposeLast2(GradContext &c, const TensorId &t, size_t rank) {
   std::vector<int64_t> perm(rank);
@@ -178,6 +164,12 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
   r["ReduceMean"] = [](GradContext &c) { reduceRule(c, true); };
   for (const char *t : {"ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin"})
     r[t] = reduceValueRule;
+  r["CumSum"] = [](GradContext &c) { // the gradient accumulates in the opposite direction
+    ir::Attributes a;
+    a.set("exclusive", c.op().attrs.getInt("exclusive", 0));
+    a.set("reverse", int64_t{c.op().attrs.getInt("reverse", 0) == 0 ? 1 : 0});
+    c.setInGrad(0, c.add("CumSum", {c.outGrad(0), c.in(1)}, a));
+  };
   r["Softmax"] = [](GradContext &c) { // y·(dY − Σ dY·y)
     TensorId s = c.add("ReduceSum", {c.add("Mul", {c.outGrad(0), c.out(0)}), axesConst(c, softmaxAxes(c))},
                        intAttr("keepdims", 1));

@@ -98,8 +98,7 @@ struct BuilderImpl {
                   minInputs == maxInputs ? std::string() : std::to_string(maxInputs), " inputs, got ", args.size());
     for (size_t i = 0; i < args.size(); ++i) {
       // "" is ONNX's marker for an omitted optional input; the first input is never optional.
-      if (args[i].empty() && i > 0)
-        continue;
+      if (args[i].empty() && i > 0) continue;
       if (!types.count(args[i]))
         throw error("Builder: ", opType, " '", nodeName, "': unknown input tensor '", args[i], "' (input ", i, ")");
     }
@@ -136,8 +135,7 @@ struct BuilderImpl {
     a->set_f(v);
   }
   void attrInts(const std::string &n, const std::vector<int64_t> &v, bool skipEmpty = true) {
-    if (skipEmpty && v.empty())
-      return;
+    if (skipEmpty && v.empty()) return;
     auto *a = lastNode().add_attribute();
     a->set_name(n);
     a->set_type(onnx::AttributeProto::INTS);
@@ -160,18 +158,17 @@ struct BuilderImpl {
     switch (r) {
     case ReductionType::Sum:
       // Opset 13 ReduceSum takes its axes as an input; none means every axis.
-    {
-      TensorId out = one("ReduceSum", {x}, name, 1, 1);
-      attrInt("keepdims", 0);
-      return out;
-    }
+      {
+        TensorId out = one("ReduceSum", {x}, name, 1, 1);
+        attrInt("keepdims", 0);
+        return out;
+      }
     case ReductionType::Mean: {
       TensorId out = one("ReduceMean", {x}, name, 1, 1);
       attrInt("keepdims", 0);
       return out;
     }
-    case ReductionType::NoReduction:
-      return one("Identity", {x}, name, 1, 1);
+    case ReductionType::NoReduction: return one("Identity", {x}, name, 1, 1);
     }
     throw error("Builder: ", what, ": unknown ReductionType");
   }
@@ -207,8 +204,8 @@ POPART_UNARY(globalaveragepool, "GlobalAveragePool")
 #undef POPART_BINARY
 #undef POPART_UNARY
 
-TensorId AiOnnxOpset13::gemm(const std::vector<TensorId> &args, float alpha, float beta, int64_t transA,
-                             int64_t transB, const std::string &name) {
+TensorId AiOnnxOpset13::gemm(const std::vector<TensorId> &args, float alpha, float beta, int64_t transA, int64_t transB,
+                             const std::string &name) {
   TensorId out = impl_->one("Gemm", args, name, 2, 3);
   impl_->attrFloat("alpha", alpha);
   impl_->attrFloat("beta", beta);
@@ -253,9 +250,8 @@ TensorId AiOnnxOpset13::conv(const std::vector<TensorId> &args, const std::vecto
 }
 
 std::vector<TensorId> AiOnnxOpset13::maxpool(const std::vector<TensorId> &args, unsigned num_outputs,
-                                             const std::vector<int64_t> &kernel_shape,
-                                             const std::vector<int64_t> &pads, const std::vector<int64_t> &strides,
-                                             const std::string &name) {
+                                             const std::vector<int64_t> &kernel_shape, const std::vector<int64_t> &pads,
+                                             const std::vector<int64_t> &strides, const std::string &name) {
   if (num_outputs < 1 || num_outputs > 2)
     throw error("Builder: MaxPool '", name, "': num_outputs must be 1 or 2, got ", num_outputs);
   auto outs = impl_->addNode("MaxPool", args, num_outputs, name, 1, 1, {DataType::UNDEFINED, DataType::INT64});
@@ -301,8 +297,7 @@ TensorId AiOnnxOpset13::gather(const std::vector<TensorId> &args, int64_t axis, 
 TensorId AiOnnxOpset13::reducemean(const std::vector<TensorId> &args, const std::optional<std::vector<int64_t>> &axes,
                                    int64_t keepdims, const std::string &name) {
   TensorId out = impl_->one("ReduceMean", args, name, 1, 1);
-  if (axes)
-    impl_->attrInts("axes", *axes, false);
+  if (axes) impl_->attrInts("axes", *axes, false);
   impl_->attrInt("keepdims", keepdims);
   return out;
 }
@@ -311,10 +306,8 @@ TensorId AiOnnxOpset13::reducesum(const std::vector<TensorId> &args, const std::
                                   int64_t keepdims, const std::string &name) {
   std::vector<TensorId> in = args;
   // Opset 13 moved ReduceSum's axes into an input; check the data input before adding it.
-  if (in.size() != 1)
-    throw error("Builder: ReduceSum '", name, "' takes 1 input, got ", in.size());
-  if (axes)
-    in.push_back(impl_->constInt64s(*axes, (name.empty() ? "ReduceSum" : name) + "_axes"));
+  if (in.size() != 1) throw error("Builder: ReduceSum '", name, "' takes 1 input, got ", in.size());
+  if (axes) in.push_back(impl_->constInt64s(*axes, (name.empty() ? "ReduceSum" : name) + "_axes"));
   TensorId out = impl_->one("ReduceSum", in, name, 1, 2);
   impl_->attrInt("keepdims", keepdims);
   return out;
@@ -324,8 +317,7 @@ std::vector<TensorId> AiOnnxOpset13::dropout(const std::vector<TensorId> &args, 
                                              const std::string &name) {
   if (num_outputs < 1 || num_outputs > 2)
     throw error("Builder: Dropout '", name, "': num_outputs must be 1 or 2, got ", num_outputs);
-  if (args.size() != 1)
-    throw error("Builder: Dropout '", name, "' takes 1 input, got ", args.size());
+  if (args.size() != 1) throw error("Builder: Dropout '", name, "' takes 1 input, got ", args.size());
   if (!impl_->types.count(args[0]))
     throw error("Builder: Dropout '", name, "': unknown input tensor '", args[0], "' (input 0)");
   // Opset 13 takes the ratio as an input of the data's floating type.
@@ -379,11 +371,9 @@ void Builder::checkInitializerSize(int64_t count, const TensorInfo &info, const 
 }
 
 void Builder::addOutputTensor(const TensorId &id) {
-  if (!impl_->types.count(id))
-    throw error("Builder::addOutputTensor: unknown tensor '", id, "'");
+  if (!impl_->types.count(id)) throw error("Builder::addOutputTensor: unknown tensor '", id, "'");
   for (const auto &o : impl_->outputs)
-    if (o == id)
-      throw error("Builder::addOutputTensor: '", id, "' is already an output");
+    if (o == id) throw error("Builder::addOutputTensor: '", id, "' is already an output");
   impl_->outputs.push_back(id);
 }
 
@@ -400,8 +390,7 @@ TensorId Builder::nllloss(const std::vector<TensorId> &args, ReductionType reduc
   impl_->attrString("reduction", reduction == ReductionType::Sum    ? "sum"
                                  : reduction == ReductionType::Mean ? "mean"
                                                                     : "none");
-  if (ignoreIndex)
-    impl_->attrInt("ignore_index", *ignoreIndex);
+  if (ignoreIndex) impl_->attrInt("ignore_index", *ignoreIndex);
   return out;
 }
 
@@ -414,8 +403,7 @@ TensorId Builder::l1loss(const TensorId &input, float lambda, ReductionType redu
 }
 
 TensorId Builder::identityloss(const TensorId &input, ReductionType reduction, const std::string &debugName) {
-  if (!impl_->types.count(input))
-    throw error("Builder::identityloss: unknown input tensor '", input, "'");
+  if (!impl_->types.count(input)) throw error("Builder::identityloss: unknown input tensor '", input, "'");
   return impl_->reduce("identityloss", input, reduction, debugName.empty() ? "IdentityLoss" : debugName);
 }
 
@@ -448,19 +436,16 @@ std::string Builder::getModelProto() const {
   } catch (const std::exception &) {
   }
   std::string bytes;
-  if (!m.SerializeToString(&bytes))
-    throw error("Builder::getModelProto: serialization failed");
+  if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
   return bytes;
 }
 
 void Builder::saveModelProto(const std::string &path) const {
   std::string bytes = getModelProto();
   std::ofstream f(path, std::ios::binary);
-  if (!f)
-    throw error("Builder::saveModelProto: cannot open '", path, "' for writing");
+  if (!f) throw error("Builder::saveModelProto: cannot open '", path, "' for writing");
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!f)
-    throw error("Builder::saveModelProto: writing '", path, "' failed");
+  if (!f) throw error("Builder::saveModelProto: writing '", path, "' failed");
 }
 
 } // namespace popart

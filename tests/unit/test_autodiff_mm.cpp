@@ -195,6 +195,15 @@ TEST(AutodiffReduce, L2LogSumExpMaxMin) {
     }
 }
 
+TEST(AutodiffReduce, CumSum) {
+  for (int64_t exclusive : {0, 1})
+    for (int64_t reverse : {0, 1}) {
+      ir::Attributes a = attrs({{"exclusive", exclusive}, {"reverse", reverse}});
+      checkGradient({"CumSum", {{3, 4}}, a, {axes({1})}}, 70 + static_cast<unsigned>(2 * exclusive + reverse));
+      checkGradient({"CumSum", {{2, 3, 2}}, a, {axes({0})}}, 80 + static_cast<unsigned>(2 * exclusive + reverse));
+    }
+}
+
 TEST(AutodiffReduce, SumAndMean) {
   for (const char *type : {"ReduceSum", "ReduceMean"})
     for (unsigned seed = 30; seed < 34; ++seed) {
