@@ -18,6 +18,8 @@ public:
       : graph_(graph), op_(op), outGrads_(std::move(outGrads)), inGrads_(op.inputCount()) {}
 
   const ir::Op &op() const { return op_; }
+  /// The graph being extended, for rules that add ops with several outputs.
+  ir::Graph &graph() { return graph_; }
   /// Forward input \p i, output \p i, and the gradient arriving at output \p i ("" if none).
   TensorId in(size_t i) const { return op_.input(i).id(); }
   TensorId out(size_t i) const { return op_.output(i).id(); }

@@ -4,6 +4,8 @@
 
 #include <popart/error.hpp>
 
+#include <algorithm>
+
 namespace popart::autodiff {
 
 namespace {
@@ -164,6 +166,30 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
   r["ReduceMean"] = [](GradContext &c) { reduceRule(c, true); };
   for (const char *t : {"ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin"})
     r[t] = reduceValueRule;
+  r["MaxPool"] = [](GradContext &c) {
+    // Each output's gradient goes to the input element it took: recompute the pooling with its
+    // Indices output (flat positions in the whole input, row-major) and scatter-add dY there.
+    if (c.op().attrs.getInt("storage_order", 0) != 0)
+      throw error(c.op().debugName(), ": no gradient for storage_order 1");
+    TensorId flatIndices = c.graph().uniqueId(c.out(0) + "_grad_indices");
+    {
+      TensorId values = c.graph().uniqueId(c.out(0) + "_grad_values");
+      int version = c.graph().opsets().count("ai.onnx") ? c.graph().opsets().at("ai.onnx") : 17;
+      ir::Op &pool = c.graph().addOp("MaxPool", "ai.onnx", std::max(version, 8), "", c.op().attrs, {c.in(0)},
+                                     {values, flatIndices});
+      pool.def->setup(pool);
+    }
+    const Shape &x = c.inShape(0);
+    int64_t n = shapeElementCount(x);
+    TensorId zeros = c.constant(TensorData(TensorInfo(c.op().inInfo(0).dataType(), {n})));
+    TensorId idx = c.add("Reshape", {flatIndices, shapeConst(c, {-1})});
+    TensorId upd = c.add("Reshape", {c.outGrad(0), shapeConst(c, {-1})});
+    ir::Attributes add;
+    add.set("reduction", std::string("add"));
+    add.set("axis", int64_t{0});
+    TensorId scattered = c.add("ScatterElements", {zeros, idx, upd}, add);
+    c.setInGrad(0, c.add("Reshape", {scattered, shapeConst(c, x)}));
+  };
   r["CumSum"] = [](GradContext &c) { // the gradient accumulates in the opposite direction
     ir::Attributes a;
     a.set("exclusive", c.op().attrs.getInt("exclusive", 0));

@@ -195,6 +195,15 @@ TEST(AutodiffReduce, L2LogSumExpMaxMin) {
     }
 }
 
+TEST(AutodiffPool, MaxPool) {
+  ir::Attributes k2 = attrs({{"kernel_shape", std::vector<int64_t>{2, 2}}, {"strides", std::vector<int64_t>{2, 2}}});
+  checkGradient({"MaxPool", {{2, 3, 4, 6}}, k2}, 90);
+  ir::Attributes overlap = attrs({{"kernel_shape", std::vector<int64_t>{3, 3}},
+                                  {"strides", std::vector<int64_t>{1, 2}},
+                                  {"pads", std::vector<int64_t>{1, 1, 1, 1}}});
+  checkGradient({"MaxPool", {{1, 2, 5, 5}}, overlap}, 91);
+}
+
 TEST(AutodiffReduce, CumSum) {
   for (int64_t exclusive : {0, 1})
     for (int64_t reverse : {0, 1}) {
