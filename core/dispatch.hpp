@@ -42,27 +42,8 @@ template <> constexpr DataType dataTypeOf<uint32_t>() { return DataType::UINT32;
 template <> constexpr DataType dataTypeOf<uint64_t>() { return DataType::UINT64; }
 template <> constexpr DataType dataTypeOf<bool>() { return DataType::BOOL; }
 
-/// Calls \p f(TypeTag<T>{}) for every numeric type and bool; \p what names the caller in errors.
-template <typename F> decltype(auto) dispatchAll(DataType type, const char *what, F &&f) {
-  switch (type) {
-  case DataType::FLOAT: return f(TypeTag<float>{});
-  case DataType::DOUBLE: return f(TypeTag<double>{});
-  case DataType::FLOAT16: return f(TypeTag<Half>{});
-  case DataType::BFLOAT16: return f(TypeTag<BFloat16>{});
-  case DataType::INT8: return f(TypeTag<int8_t>{});
-  case DataType::INT16: return f(TypeTag<int16_t>{});
-  case DataType::INT32: return f(TypeTag<int32_t>{});
-  case DataType::INT64: return f(TypeTag<int64_t>{});
-  case DataType::UINT8: return f(TypeTag<uint8_t>{});
-  case DataType::UINT16: return f(TypeTag<uint16_t>{});
-  case DataType::UINT32: return f(TypeTag<uint32_t>{});
-  case DataType::UINT64: return f(TypeTag<uint64_t>{});
-  case DataType::BOOL: return f(TypeTag<bool>{});
-  default: throw error(what, ": data type ", toString(type), " is not supported");
-  }
-}
-
-/// Like dispatchAll without bool: for arithmetic.
+/// Calls \p f(TypeTag<T>{}) for every numeric type (not bool: arithmetic); \p what names the
+/// caller in errors.
 template <typename F> decltype(auto) dispatchNumeric(DataType type, const char *what, F &&f) {
   switch (type) {
   case DataType::FLOAT: return f(TypeTag<float>{});
@@ -79,6 +60,12 @@ template <typename F> decltype(auto) dispatchNumeric(DataType type, const char *
   case DataType::UINT64: return f(TypeTag<uint64_t>{});
   default: throw error(what, ": data type ", toString(type), " is not supported");
   }
+}
+
+/// Like dispatchNumeric, and bool too.
+template <typename F> decltype(auto) dispatchAll(DataType type, const char *what, F &&f) {
+  if (type == DataType::BOOL) return f(TypeTag<bool>{});
+  return dispatchNumeric(type, what, std::forward<F>(f));
 }
 
 /// Only the floating-point types.

@@ -9,87 +9,221 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace popart::backend_cpu {
 
 namespace {
 
+// Op types are resolved to a Code once, when the kernel is created, so the per-element
+// loops switch on an enum instead of comparing strings.
+enum class Code {
+  Unknown,
+  Abs,
+  Acos,
+  Acosh,
+  Add,
+  And,
+  Asin,
+  Asinh,
+  Atan,
+  Atanh,
+  Ceil,
+  Celu,
+  Cos,
+  Cosh,
+  Div,
+  Elu,
+  Equal,
+  Erf,
+  Exp,
+  Floor,
+  Greater,
+  GreaterOrEqual,
+  HardSigmoid,
+  HardSwish,
+  Identity,
+  IsNaN,
+  LeakyRelu,
+  Less,
+  LessOrEqual,
+  Log,
+  Max,
+  Mean,
+  Min,
+  Mod,
+  Mul,
+  Neg,
+  Or,
+  Reciprocal,
+  Relu,
+  Round,
+  Selu,
+  Shrink,
+  Sigmoid,
+  Sign,
+  Sin,
+  Sinh,
+  Softplus,
+  Softsign,
+  Sqrt,
+  Sub,
+  Sum,
+  Tan,
+  Tanh,
+  ThresholdedRelu
+};
+
+Code codeOf(const std::string &name) {
+  static const std::map<std::string, Code> codes{
+      {"Abs", Code::Abs},
+      {"Acos", Code::Acos},
+      {"Acosh", Code::Acosh},
+      {"Add", Code::Add},
+      {"And", Code::And},
+      {"Asin", Code::Asin},
+      {"Asinh", Code::Asinh},
+      {"Atan", Code::Atan},
+      {"Atanh", Code::Atanh},
+      {"Ceil", Code::Ceil},
+      {"Celu", Code::Celu},
+      {"Cos", Code::Cos},
+      {"Cosh", Code::Cosh},
+      {"Div", Code::Div},
+      {"Elu", Code::Elu},
+      {"Equal", Code::Equal},
+      {"Erf", Code::Erf},
+      {"Exp", Code::Exp},
+      {"Floor", Code::Floor},
+      {"Greater", Code::Greater},
+      {"GreaterOrEqual", Code::GreaterOrEqual},
+      {"HardSigmoid", Code::HardSigmoid},
+      {"HardSwish", Code::HardSwish},
+      {"Identity", Code::Identity},
+      {"IsNaN", Code::IsNaN},
+      {"LeakyRelu", Code::LeakyRelu},
+      {"Less", Code::Less},
+      {"LessOrEqual", Code::LessOrEqual},
+      {"Log", Code::Log},
+      {"Max", Code::Max},
+      {"Mean", Code::Mean},
+      {"Min", Code::Min},
+      {"Mod", Code::Mod},
+      {"Mul", Code::Mul},
+      {"Neg", Code::Neg},
+      {"Or", Code::Or},
+      {"Reciprocal", Code::Reciprocal},
+      {"Relu", Code::Relu},
+      {"Round", Code::Round},
+      {"Selu", Code::Selu},
+      {"Shrink", Code::Shrink},
+      {"Sigmoid", Code::Sigmoid},
+      {"Sign", Code::Sign},
+      {"Sin", Code::Sin},
+      {"Sinh", Code::Sinh},
+      {"Softplus", Code::Softplus},
+      {"Softsign", Code::Softsign},
+      {"Sqrt", Code::Sqrt},
+      {"Sub", Code::Sub},
+      {"Sum", Code::Sum},
+      {"Tan", Code::Tan},
+      {"Tanh", Code::Tanh},
+      {"ThresholdedRelu", Code::ThresholdedRelu},
+  };
+  auto it = codes.find(name);
+  return it == codes.end() ? Code::Unknown : it->second;
+}
+
+/// Attributes of the parametric activations, read once with each op's ONNX defaults.
+struct UnaryParams {
+  float alpha = 0, beta = 0, gamma = 0, bias = 0, lambd = 0;
+};
+
+UnaryParams unaryParams(const std::string &type, const ir::Attributes &a) {
+  float alpha = type == "LeakyRelu"     ? 0.01f
+                : type == "HardSigmoid" ? 0.2f
+                : type == "Selu"        ? 1.67326319217681884765625f
+                                        : 1.f;
+  return {a.getFloat("alpha", alpha), a.getFloat("beta", 0.5f), a.getFloat("gamma", 1.05070102214813232421875f),
+          a.getFloat("bias", 0.f), a.getFloat("lambd", 0.5f)};
+}
+
 // Unary ops on the compute type C of element type T.
-template <typename C> C unaryValue(const std::string &type, C x, const ir::Attributes &a) {
+template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
   if constexpr (std::is_floating_point_v<C>) {
-    if (type == "Abs") return std::fabs(x);
-    if (type == "Neg") return -x;
-    if (type == "Sign") return static_cast<C>((x > 0) - (x < 0));
-    if (type == "Identity") return x;
-    if (type == "Reciprocal") return C(1) / x;
-    if (type == "Floor") return std::floor(x);
-    if (type == "Ceil") return std::ceil(x);
-    if (type == "Sqrt") return std::sqrt(x);
-    if (type == "Relu") return x > 0 ? x : C(0);
-    if (type == "Exp") return std::exp(x);
-    if (type == "Log") return std::log(x);
-    if (type == "Tanh") return std::tanh(x);
-    if (type == "Sigmoid") return x >= 0 ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
-    if (type == "Erf") return std::erf(x);
-    if (type == "Sin") return std::sin(x);
-    if (type == "Cos") return std::cos(x);
-    if (type == "Tan") return std::tan(x);
-    if (type == "Asin") return std::asin(x);
-    if (type == "Acos") return std::acos(x);
-    if (type == "Atan") return std::atan(x);
-    if (type == "Sinh") return std::sinh(x);
-    if (type == "Cosh") return std::cosh(x);
-    if (type == "Asinh") return std::asinh(x);
-    if (type == "Acosh") return std::acosh(x);
-    if (type == "Atanh") return std::atanh(x);
-    if (type == "Round") return std::nearbyint(x); // current rounding mode: half to even
-    if (type == "Softsign") return x / (C(1) + std::fabs(x));
-    if (type == "Softplus") return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
-    if (type == "Elu") {
-      C alpha = a.getFloat("alpha", 1.f);
+    if (type == Code::Abs) return std::fabs(x);
+    if (type == Code::Neg) return -x;
+    if (type == Code::Sign) return static_cast<C>((x > 0) - (x < 0));
+    if (type == Code::Identity) return x;
+    if (type == Code::Reciprocal) return C(1) / x;
+    if (type == Code::Floor) return std::floor(x);
+    if (type == Code::Ceil) return std::ceil(x);
+    if (type == Code::Sqrt) return std::sqrt(x);
+    if (type == Code::Relu) return x > 0 ? x : C(0);
+    if (type == Code::Exp) return std::exp(x);
+    if (type == Code::Log) return std::log(x);
+    if (type == Code::Tanh) return std::tanh(x);
+    if (type == Code::Sigmoid) return x >= 0 ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
+    if (type == Code::Erf) return std::erf(x);
+    if (type == Code::Sin) return std::sin(x);
+    if (type == Code::Cos) return std::cos(x);
+    if (type == Code::Tan) return std::tan(x);
+    if (type == Code::Asin) return std::asin(x);
+    if (type == Code::Acos) return std::acos(x);
+    if (type == Code::Atan) return std::atan(x);
+    if (type == Code::Sinh) return std::sinh(x);
+    if (type == Code::Cosh) return std::cosh(x);
+    if (type == Code::Asinh) return std::asinh(x);
+    if (type == Code::Acosh) return std::acosh(x);
+    if (type == Code::Atanh) return std::atanh(x);
+    if (type == Code::Round) return std::nearbyint(x); // current rounding mode: half to even
+    if (type == Code::Softsign) return x / (C(1) + std::fabs(x));
+    if (type == Code::Softplus) return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+    if (type == Code::Elu) {
+      C alpha = a.alpha;
       return x >= 0 ? x : alpha * (std::exp(x) - C(1));
     }
-    if (type == "Celu") {
-      C alpha = a.getFloat("alpha", 1.f);
+    if (type == Code::Celu) {
+      C alpha = a.alpha;
       return std::max(C(0), x) + std::min(C(0), alpha * (std::exp(x / alpha) - C(1)));
     }
-    if (type == "Selu") {
-      C alpha = a.getFloat("alpha", 1.67326319217681884765625f);
-      C gamma = a.getFloat("gamma", 1.05070102214813232421875f);
+    if (type == Code::Selu) {
+      C alpha = a.alpha;
+      C gamma = a.gamma;
       return x > 0 ? gamma * x : gamma * (alpha * std::exp(x) - alpha);
     }
-    if (type == "LeakyRelu") {
-      C alpha = a.getFloat("alpha", 0.01f);
+    if (type == Code::LeakyRelu) {
+      C alpha = a.alpha;
       return x >= 0 ? x : alpha * x;
     }
-    if (type == "ThresholdedRelu") {
-      C alpha = a.getFloat("alpha", 1.f);
+    if (type == Code::ThresholdedRelu) {
+      C alpha = a.alpha;
       return x > alpha ? x : C(0);
     }
-    if (type == "HardSigmoid") {
-      C alpha = a.getFloat("alpha", 0.2f), beta = a.getFloat("beta", 0.5f);
+    if (type == Code::HardSigmoid) {
+      C alpha = a.alpha, beta = a.beta;
       return std::max(C(0), std::min(C(1), alpha * x + beta));
     }
-    if (type == "HardSwish") return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));
+    if (type == Code::HardSwish) return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));
   } else {
-    if (type == "Abs") {
+    if (type == Code::Abs) {
       if constexpr (std::is_signed_v<C>)
         return x < 0 ? static_cast<C>(-x) : x;
       else
         return x;
     }
-    if (type == "Neg") return static_cast<C>(-x);
-    if (type == "Sign") return static_cast<C>((x > 0) - (x < C(0)));
-    if (type == "Identity") return x;
-    if (type == "Relu") return x > 0 ? x : C(0);
+    if (type == Code::Neg) return static_cast<C>(-x);
+    if (type == Code::Sign) return static_cast<C>((x > 0) - (x < C(0)));
+    if (type == Code::Identity) return x;
+    if (type == Code::Relu) return x > 0 ? x : C(0);
   }
-  if (type == "Shrink") {
-    double bias = a.getFloat("bias", 0.f), lambd = a.getFloat("lambd", 0.5f);
+  if (type == Code::Shrink) {
+    double bias = a.bias, lambd = a.lambd;
     double v = static_cast<double>(x);
     return static_cast<C>(v < -lambd ? v + bias : v > lambd ? v - bias : 0.0);
   }
-  throw error("reference kernel: unary op ", type, " is not implemented for this type");
+  throw error("reference kernel: this unary op is not implemented for this type");
 }
 
 bool supportsUnary(const ir::Op &op) {
@@ -110,9 +244,9 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
     return std::make_unique<LoopKernel>(
         [bytes](const KernelArgs &a) { std::memcpy(a.outputs[0], a.inputs[0], bytes); });
   }
-  std::string type = op.type;
-  ir::Attributes attrs = op.attrs;
-  unaryValue<double>(type, 0.0, attrs); // validate early: throws for an unknown op
+  Code type = codeOf(op.type);
+  UnaryParams attrs = unaryParams(op.type, op.attrs);
+  if (type == Code::Unknown) throw error(op.debugName(), ": no reference kernel for unary op ", op.type);
   return dispatchNumeric(t, op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -125,27 +259,27 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
   });
 }
 
-template <typename C> C binaryValue(const std::string &type, C x, C y, bool fmod) {
-  if (type == "Add" || type == "Sum") return x + y;
-  if (type == "Sub") return x - y;
-  if (type == "Mul") return x * y;
-  if (type == "Div") {
+template <typename C> C binaryValue(Code type, C x, C y, bool fmod) {
+  if (type == Code::Add || type == Code::Sum) return x + y;
+  if (type == Code::Sub) return x - y;
+  if (type == Code::Mul) return x * y;
+  if (type == Code::Div) {
     if constexpr (std::is_integral_v<C>) {
       if (y == 0) throw error("Div: integer division by zero");
     }
     return x / y;
   }
-  if (type == "Max") {
+  if (type == Code::Max) {
     if constexpr (std::is_floating_point_v<C>)
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
     return x > y ? x : y;
   }
-  if (type == "Min") {
+  if (type == Code::Min) {
     if constexpr (std::is_floating_point_v<C>)
       if (std::isnan(x) || std::isnan(y)) return std::numeric_limits<C>::quiet_NaN();
     return x < y ? x : y;
   }
-  if (type == "Mod") {
+  if (type == Code::Mod) {
     if constexpr (std::is_floating_point_v<C>) {
       if (fmod) return std::fmod(x, y);
       C r = std::fmod(x, y);
@@ -158,7 +292,7 @@ template <typename C> C binaryValue(const std::string &type, C x, C y, bool fmod
       return r;
     }
   }
-  throw error("reference kernel: binary op ", type, " is not implemented");
+  throw error("reference kernel: this binary op is not implemented");
 }
 
 /// Add/Sub/Mul/Div/Max/Min/Mod/Sum/Mean with numpy broadcasting over any number of inputs.
@@ -168,7 +302,7 @@ std::unique_ptr<Kernel> createBinary(const ir::Op &op) {
     shapes.push_back(op.inInfo(i).shape());
   Shape out = op.outInfo(0).shape();
   int64_t n = op.outInfo(0).elementCount();
-  std::string type = op.type == "Mean" ? "Sum" : op.type;
+  Code type = codeOf(op.type == "Mean" ? "Sum" : op.type);
   bool mean = op.type == "Mean";
   bool fmod = op.attrs.getInt("fmod", 0) != 0;
   size_t count = op.inputCount();
@@ -217,7 +351,7 @@ std::unique_ptr<Kernel> createCompare(const ir::Op &op) {
   std::vector<Shape> shapes{op.inInfo(0).shape(), op.inInfo(1).shape()};
   Shape out = op.outInfo(0).shape();
   int64_t n = op.outInfo(0).elementCount();
-  std::string type = op.type;
+  Code type = codeOf(op.type);
   return dispatchAll(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -227,19 +361,19 @@ std::unique_ptr<Kernel> createCompare(const ir::Op &op) {
       for (int64_t i = 0; i < n; ++i, w.next()) {
         C x = static_cast<C>(a.in<T>(0)[w.offset(0)]), y = static_cast<C>(a.in<T>(1)[w.offset(1)]);
         bool r;
-        if (type == "Equal")
+        if (type == Code::Equal)
           r = x == y;
-        else if (type == "Less")
+        else if (type == Code::Less)
           r = x < y;
-        else if (type == "Greater")
+        else if (type == Code::Greater)
           r = x > y;
-        else if (type == "LessOrEqual")
+        else if (type == Code::LessOrEqual)
           r = x <= y;
-        else if (type == "GreaterOrEqual")
+        else if (type == Code::GreaterOrEqual)
           r = x >= y;
-        else if (type == "And")
+        else if (type == Code::And)
           r = x && y;
-        else if (type == "Or")
+        else if (type == Code::Or)
           r = x || y;
         else
           r = (x != 0) != (y != 0); // Xor
