@@ -14,7 +14,7 @@ bool planned(const ir::Tensor &t) { return t.kind() == ir::TensorKind::Stream ||
 } // namespace
 
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                      const ir::Graph &graph) {
+                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases) {
   struct Interval {
     TensorId id;
     int64_t bytes;
@@ -23,7 +23,7 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   std::map<TensorId, Interval> live;
   size_t end = schedule.size();
   auto touch = [&](const ir::Tensor &t, size_t step) {
-    if (!planned(t)) return;
+    if (!planned(t) || aliases.count(t.id())) return;
     auto [it, inserted] =
         live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
     it->second.first = std::min(it->second.first, step);
@@ -37,7 +37,7 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   }
   for (const auto &id : pinned) {
     const ir::Tensor &t = graph.tensor(id);
-    if (!planned(t)) continue;
+    if (!planned(t) || aliases.count(id)) continue;
     touch(t, 0);
     touch(t, end);
     live.at(id).first = 0;
@@ -72,10 +72,24 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
   pinned.insert(pinned.end(), graph.outputs().begin(), graph.outputs().end());
-  memoryPlan_ = planMemory(schedule, pinned, graph);
+  // Outputs of in-place updates share their Variable's storage.
+  std::map<TensorId, TensorId> aliases;
+  for (const ir::Op *op : schedule)
+    for (const ir::OpDef::InPlace &m : op->def->modifies) {
+      if (!op->hasOutput(static_cast<size_t>(m.output))) continue;
+      const ir::Tensor &in = op->input(static_cast<size_t>(m.input));
+      auto root = aliases.find(in.id());
+      const TensorId &rootId = root == aliases.end() ? in.id() : root->second;
+      if (graph.tensor(rootId).kind() != ir::TensorKind::Variable || !graph.tensor(rootId).data())
+        throw error(op->debugName(), ": updates tensor '", in.id(), "' in place, which is not a variable");
+      aliases[op->output(static_cast<size_t>(m.output)).id()] = rootId;
+    }
+  memoryPlan_ = planMemory(schedule, pinned, graph, aliases);
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
-    if (planned(*t)) {
+    if (auto a = aliases.find(id); a != aliases.end()) {
+      addresses_[id] = graph.tensor(a->second).data()->data();
+    } else if (planned(*t)) {
       auto it = memoryPlan_.offsets.find(id);
       if (it != memoryPlan_.offsets.end()) addresses_[id] = arena_.get() + it->second;
     } else if (t->data()) {
@@ -99,6 +113,7 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     for (const ir::Tensor *t : op->outputs)
       step.outputs.push_back(t ? address(t->id()) : nullptr);
     stepNames_.push_back(op->debugName());
+    stepPhases_.push_back(op->phase);
     steps_.push_back(std::move(step));
   }
   for (Step &s : steps_)
@@ -132,8 +147,16 @@ void ExecutionPlan::runStep(size_t i) {
   }
 }
 
-void ExecutionPlan::run() {
-  for (size_t i = 0; i < steps_.size(); ++i) {
+void ExecutionPlan::run() { run(0, steps_.size()); }
+
+std::pair<size_t, size_t> ExecutionPlan::phaseSteps(int phase) const {
+  auto begin = std::lower_bound(stepPhases_.begin(), stepPhases_.end(), phase);
+  auto end = std::upper_bound(stepPhases_.begin(), stepPhases_.end(), phase);
+  return {static_cast<size_t>(begin - stepPhases_.begin()), static_cast<size_t>(end - stepPhases_.begin())};
+}
+
+void ExecutionPlan::run(size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
     try {
       steps_[i].kernel->run(steps_[i].args);
     } catch (const error &e) {

@@ -21,9 +21,10 @@ struct MemoryPlan {
 };
 
 /// Plans \p schedule: tensors whose lifetimes do not overlap share bytes. Tensors in
-/// \p pinned (graph inputs and outputs) stay live for the whole run.
+/// \p pinned (graph inputs and outputs) stay live for the whole run; tensors in \p aliases
+/// (outputs of in-place updates) get no bytes of their own.
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                      const ir::Graph &graph);
+                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {});
 
 struct CompileOptions {
   KernelProvider provider = KernelProvider::Any;
@@ -45,6 +46,10 @@ public:
   void run();
   /// Runs kernel \p index alone (for profiling and tests).
   void runStep(size_t index);
+  /// Runs the kernels of steps [begin, end).
+  void run(size_t begin, size_t end);
+  /// The steps [begin, end) of the ops of phase \p phase (see ir::Op::phase); empty if none.
+  std::pair<size_t, size_t> phaseSteps(int phase) const;
   const MemoryPlan &memoryPlan() const { return memoryPlan_; }
   size_t stepCount() const { return steps_.size(); }
   /// The op of each step ("Conv 'conv1'"), for errors, tests and the profiler.
@@ -63,6 +68,7 @@ private:
   std::vector<Step> steps_;
   std::vector<std::string> stepNames_;
   std::vector<KernelProvider> stepProviders_;
+  std::vector<int> stepPhases_;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;

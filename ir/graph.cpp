@@ -128,27 +128,39 @@ TensorId Graph::uniqueId(const std::string &prefix) {
 }
 
 std::vector<Op *> Graph::schedule() const {
+  // Edges: producer -> consumer, and reader -> op updating that input in place.
+  std::map<const Op *, std::set<Op *>> successors;
   std::map<const Op *, size_t> pending;
-  std::deque<Op *> ready;
+  for (const auto &op : ops_)
+    pending[op.get()] = 0;
+  auto addEdge = [&](const Op *from, Op *to) {
+    if (from != to && successors[from].insert(to).second) ++pending[to];
+  };
   for (const auto &op : ops_) {
-    std::set<const Op *> producers;
     for (Tensor *t : op->inputs)
-      if (t && t->producer()) producers.insert(t->producer());
-    pending[op.get()] = producers.size();
-    if (producers.empty()) ready.push_back(op.get());
+      if (t && t->producer()) addEdge(t->producer(), op.get());
+    for (const OpDef::InPlace &m : op->def ? op->def->modifies : std::vector<OpDef::InPlace>{})
+      if (op->hasInput(static_cast<size_t>(m.input)))
+        for (Op *reader : op->input(static_cast<size_t>(m.input)).consumers())
+          addEdge(reader, op.get());
   }
+  // Ready ops of the lowest phase first, in the order they became ready.
+  std::map<int, std::deque<Op *>> ready;
+  for (const auto &op : ops_)
+    if (pending[op.get()] == 0) ready[op->phase].push_back(op.get());
   std::vector<Op *> order;
   order.reserve(ops_.size());
   while (!ready.empty()) {
-    Op *op = ready.front();
-    ready.pop_front();
+    auto first = ready.begin();
+    Op *op = first->second.front();
+    first->second.pop_front();
+    if (first->second.empty()) ready.erase(first);
+    if (!order.empty() && order.back()->phase > op->phase)
+      throw error(op->debugName(), " of phase ", op->phase, " depends on ", order.back()->debugName(), " of phase ",
+                  order.back()->phase);
     order.push_back(op);
-    std::set<Op *> done;
-    for (Tensor *t : op->outputs) {
-      if (!t) continue;
-      for (Op *c : t->consumers())
-        if (done.insert(c).second && --pending[c] == 0) ready.push_back(c);
-    }
+    for (Op *c : successors[op])
+      if (--pending[c] == 0) ready[c->phase].push_back(c);
   }
   if (order.size() != ops_.size()) {
     for (const auto &op : ops_)

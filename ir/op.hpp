@@ -34,6 +34,10 @@ public:
   std::vector<Tensor *> outputs; ///< null where an optional output is omitted
   const OpDef *def = nullptr;
   Placement placement;
+  /// When the op runs within a training step: phase 0 runs once per micro-batch; phases 1, 2, ...
+  /// run once per step after every micro-batch, in order (gradient clipping, optimiser updates,
+  /// resetting accumulators). The schedule places all ops of a phase before those of the next.
+  int phase = 0;
   Graph *graph = nullptr;
 
   /// "Conv 'conv1'" (or "Conv #3" for an unnamed node), for error messages.
@@ -74,6 +78,14 @@ struct OpDef {
   bool allInputsAreValueInputs = false;
   /// True for ops that a graph transform replaces before lowering (Gradient): no kernel.
   bool expandedBeforeLowering = false;
+  /// Outputs that are inputs updated in place: {output, input}. The output shares the input's
+  /// buffer (a Variable), the op runs after every other reader of that input, and dead-code
+  /// removal keeps the op (its effect is the update).
+  struct InPlace {
+    int output;
+    int input;
+  };
+  std::vector<InPlace> modifies;
 };
 
 /// All op definitions, filled once at start-up by registerBuiltinOps().

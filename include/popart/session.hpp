@@ -2,6 +2,7 @@
 /// \file Sessions: compile a model once, then run it step by step.
 
 #include <popart/dataflow.hpp>
+#include <popart/optimizer.hpp>
 #include <popart/sessionoptions.hpp>
 #include <popart/stepio.hpp>
 
@@ -42,6 +43,73 @@ public:
 
 private:
   InferenceSession();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Trains an ONNX model: the backward graph of a scalar loss tensor, optimiser updates of every
+/// trainable initializer (floating-point initializers not used as shape inputs), gradient
+/// accumulation, loss scaling and checkpoints.
+class TrainingSession {
+public:
+  /// \p model is a path or serialized ModelProto; \p loss is a scalar (or one-element) tensor
+  /// of it, "" for the model's only scalar output.
+  static std::unique_ptr<TrainingSession> createFromOnnxModel(const std::string &model, const DataFlow &dataFlow,
+                                                              const TensorId &loss, const Optimizer &optimizer,
+                                                              const SessionOptions &options = {},
+                                                              const InputShapeInfo &inputShapes = {});
+  ~TrainingSession();
+
+  /// Builds the backward graph and the optimiser and compiles the plan (input shapes must be
+  /// known from the model, InputShapeInfo or SessionOptions::batchSize).
+  void prepareDevice();
+  /// Weights live in host memory on this backend: this makes the session's weights the
+  /// model's initializers again, dropping any training done since (PopART's semantics of
+  /// copying the host weights to the device), and resets the optimiser state.
+  void weightsFromHost();
+  /// Kept for PopART compatibility; weights are always readable on this backend.
+  void weightsToHost() {}
+  /// One step: batchesPerStep weight updates, each over accumulationFactor micro-batches.
+  /// Inputs have leading dimensions [batchesPerStep, accumulationFactor] (each omitted when 1).
+  void run(StepIO &stepio);
+
+  /// Copies the current values of the weights named in \p weights into its buffers.
+  void readWeights(const WeightsIO &weights) const;
+  /// Sets weights from \p weights' buffers (any subset of the trainable weights and
+  /// optimiser state tensors).
+  void writeWeights(const WeightsIO &weights);
+  /// Writes the model with the current weights as its initializers (ONNX, passes the checker).
+  void modelToHost(const std::string &path) const;
+  /// Replaces the non-const hyperparameters; the optimiser must be of the same kind and agree
+  /// on every const value.
+  void updateOptimizerFromHost(const Optimizer *optimizer);
+  /// Writes weights, optimiser state, step count, loss scale and random state to \p path
+  /// atomically (a temporary file renamed over it).
+  void saveCheckpoint(const std::string &path) const;
+  /// Restores a checkpoint written by saveCheckpoint for the same model and optimiser; throws
+  /// naming the first mismatch and leaves the session unchanged.
+  void loadCheckpoint(const std::string &path);
+  /// Seeds the random ops (Dropout); the stream of masks depends only on the seed and the step.
+  void setRandomSeed(uint64_t seed);
+
+  std::vector<TensorId> getInputIds() const;
+  /// The trainable weights, in model order.
+  std::vector<TensorId> getWeightIds() const;
+  /// Optimiser state tensors (velocities, moments...), as readWeights/writeWeights accept.
+  std::vector<TensorId> getOptimizerStateIds() const;
+  const TensorId &getLossId() const;
+  TensorInfo getInfo(const TensorId &id) const;
+  /// Weight updates done so far (skipped ones excluded).
+  int64_t getStepCount() const;
+  /// The loss scale in use (changes with dynamic loss scaling).
+  float getLossScale() const;
+  /// Weight updates skipped for non-finite gradients (dynamic loss scaling).
+  int64_t getSkippedSteps() const;
+  std::string dumpIr() const;
+  int64_t plannedArenaBytes() const;
+
+private:
+  TrainingSession();
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

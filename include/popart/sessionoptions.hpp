@@ -8,6 +8,17 @@
 
 namespace popart {
 
+/// Dynamic loss scaling as torch.cuda.amp.GradScaler: the scale starts at initialScale, is
+/// multiplied by growthFactor after growthInterval steps with finite gradients, and by
+/// backoffFactor on a step with an inf/NaN gradient, whose update is skipped.
+struct AutomaticLossScalingSettings {
+  bool enabled = false;
+  float initialScale = 65536.0f;
+  float growthFactor = 2.0f;
+  float backoffFactor = 0.5f;
+  int growthInterval = 2000;
+};
+
 /// Options that change how a session compiles and runs; the defaults suit most models.
 struct SessionOptions {
   /// Threads for oneDNN and the reference kernels; 0 uses every core.
@@ -21,6 +32,15 @@ struct SessionOptions {
   std::string kernels = "any";
   /// Run the ONNX checker on the imported model.
   bool checkModel = true;
+  /// Training: run accumulationFactor micro-batches per weight update and update with the mean
+  /// of their gradients. A factor above 1 needs enableGradientAccumulation.
+  bool enableGradientAccumulation = false;
+  int accumulationFactor = 1;
+  /// Training: dynamic loss scaling (overrides the optimiser's static lossScaling).
+  AutomaticLossScalingSettings automaticLossScalingSettings;
+  /// Training: BatchNormalization updates its running variance with the unbiased batch variance,
+  /// as PyTorch does (false: the population variance of the ONNX specification).
+  bool batchNormUnbiasedRunningVariance = true;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

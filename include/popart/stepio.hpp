@@ -61,4 +61,23 @@ private:
   std::map<TensorId, IArray &> outputs_;
 };
 
+/// Host buffers for weights, by tensor id (PopART's WeightsIO): TrainingSession::readWeights
+/// fills them, writeWeights reads them.
+class WeightsIO {
+public:
+  void insert(const TensorId &id, IArray &array) {
+    if (!arrays_.emplace(id, array).second) throw error("WeightsIO already holds '", id, "'");
+  }
+  bool contains(const TensorId &id) const { return arrays_.count(id) != 0; }
+  IArray &weight(const TensorId &id) const {
+    auto it = arrays_.find(id);
+    if (it == arrays_.end()) throw error("WeightsIO holds no buffer for '", id, "'");
+    return it->second;
+  }
+  const std::map<TensorId, IArray &> &all() const { return arrays_; }
+
+private:
+  std::map<TensorId, IArray &> arrays_;
+};
+
 } // namespace popart

@@ -58,6 +58,11 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
   std::vector<const Tensor *> stack;
   for (const auto &id : roots)
     stack.push_back(&graph.tensor(id));
+  // Ops that update a tensor in place are kept for their effect.
+  for (const auto &op : graph.ops())
+    if (!op->def->modifies.empty())
+      for (const Tensor *out : op->outputs)
+        if (out) stack.push_back(out);
   std::set<const Tensor *> seen;
   while (!stack.empty()) {
     const Tensor *t = stack.back();
