@@ -1,6 +1,6 @@
-// Training-mode BatchNormalization: gradients against finite differences in double, the
-// running-variance option against hand-computed values, and the oneDNN kernels against the
-// reference kernels.
+// Training-mode BatchNormalization and Dropout: gradients against finite differences in double,
+// the running-variance option against hand-computed values, the counter-based dropout mask, and
+// the oneDNN kernels against the reference kernels.
 
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/kernel.hpp"
@@ -394,5 +394,188 @@ TEST(AutodiffBnDropout, TrainingGraphRunsOnOneDnn) {
     std::vector<float> a = dnnl.get<float>(id), b = ref.get<float>(id);
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-3f * std::fabs(b[i])) << id << "[" << i << "]";
+  }
+}
+
+// ---- Dropout ----
+
+namespace {
+
+TensorData seedCounter(int64_t seed, int64_t counter) { return TensorData::fromInt64({2}, {seed, counter}); }
+
+TensorData scalarOf(DataType t, double v) { return TensorData::fromDoubles(t, {}, {v}); }
+
+ir::Attributes saltAttr(int64_t salt) {
+  ir::Attributes a;
+  a.set("popart_salt", salt);
+  return a;
+}
+
+/// Forward Dropout (opset 13, training) over \p n FLOAT ones with ratio \p p and (seed, counter);
+/// returns the mask.
+std::vector<bool> maskOf(int64_t n, double p, int64_t seed, int64_t counter, const ir::Attributes &attrs = {}) {
+  std::vector<Feed> feeds{{"x", TensorData::fromDoubles(DataType::FLOAT, {n}, std::vector<double>(n, 1.0))},
+                          {"ratio", scalarOf(DataType::FLOAT, p), false},
+                          {"train", scalarOf(DataType::BOOL, 1), false},
+                          {"sc", seedCounter(seed, counter)}};
+  Net net("Dropout", 13, attrs, feeds, {"y", "mask"}, false, backend_cpu::KernelProvider::Any);
+  net.run(feeds);
+  std::vector<float> y = net.get<float>("y");
+  std::vector<bool> mask;
+  const auto *m = static_cast<const bool *>(net.plan->address("mask"));
+  for (int64_t i = 0; i < n; ++i) {
+    mask.push_back(m[i]);
+    EXPECT_FLOAT_EQ(y[static_cast<size_t>(i)], m[i] ? static_cast<float>(1.0 / (1.0 - p)) : 0.f) << i;
+  }
+  return mask;
+}
+
+size_t differing(const std::vector<bool> &a, const std::vector<bool> &b) {
+  size_t d = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    d += a[i] != b[i];
+  return d;
+}
+
+} // namespace
+
+TEST(AutodiffBnDropout, DropoutMaskIsDeterministicPerSeedAndCounter) {
+  const int64_t n = 100000;
+  const double p = 0.3;
+  std::vector<bool> a = maskOf(n, p, 42, 7, saltAttr(1)), again = maskOf(n, p, 42, 7, saltAttr(1));
+  EXPECT_EQ(differing(a, again), 0u) << "same seed, counter and salt";
+  // Independent masks with keep probability 0.7 differ in 2·0.7·0.3 = 42% of the elements.
+  for (const auto &other :
+       {maskOf(n, p, 42, 8, saltAttr(1)), maskOf(n, p, 43, 7, saltAttr(1)), maskOf(n, p, 42, 7, saltAttr(2))})
+    EXPECT_NEAR(static_cast<double>(differing(a, other)) / n, 0.42, 0.02);
+  // Keep ratio: the standard deviation of the kept fraction is √(0.21/n) ≈ 0.0015.
+  size_t kept = 0;
+  for (bool k : a)
+    kept += k;
+  EXPECT_NEAR(static_cast<double>(kept) / n, 1 - p, 0.01);
+}
+
+TEST(AutodiffBnDropout, DropoutSaltDefaultsDifferBetweenOps) {
+  // No popart_salt: the salt comes from the seed attribute, else from the output name.
+  const int64_t n = 4096;
+  ir::Attributes s1, s2;
+  s1.set("seed", int64_t{1});
+  s2.set("seed", int64_t{2});
+  EXPECT_EQ(differing(maskOf(n, 0.5, 3, 4, s1), maskOf(n, 0.5, 3, 4, s1)), 0u);
+  EXPECT_GT(differing(maskOf(n, 0.5, 3, 4, s1), maskOf(n, 0.5, 3, 4, s2)), n / 4u);
+
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addConst("x", TensorData::fromDoubles(DataType::FLOAT, {n}, std::vector<double>(n, 1.0)));
+  g.addConst("r", scalarOf(DataType::FLOAT, 0.5));
+  g.addConst("t", scalarOf(DataType::BOOL, 1));
+  g.addConst("sc", seedCounter(3, 4));
+  g.addOp("Dropout", "", 13, "d1", {}, {"x", "r", "t", "sc"}, {"y1", "m1"});
+  g.addOp("Dropout", "", 13, "d2", {}, {"x", "r", "t", "sc"}, {"y2", "m2"});
+  for (const char *o : {"m1", "m2"})
+    g.addOutput(o);
+  ir::inferShapes(g, nullptr);
+  backend_cpu::ExecutionPlan plan(g, {});
+  plan.run();
+  const auto *m1 = static_cast<const bool *>(plan.address("m1")), *m2 = static_cast<const bool *>(plan.address("m2"));
+  EXPECT_GT(differing(std::vector<bool>(m1, m1 + n), std::vector<bool>(m2, m2 + n)), n / 4u);
+}
+
+namespace {
+
+/// Dropout gradient check: the gradient of Σ w·y must be w·mask/(1 − p), with the mask read from
+/// the forward's mask output or, without it, from where y is zero (x is never zero here).
+void checkDropoutGradient(int opset, const ir::Attributes &attrs, std::vector<Feed> feeds, bool maskOutput, double p,
+                          bool training, unsigned seed) {
+  SCOPED_TRACE(testing::Message() << "opset " << opset << " " << attrs.toString() << " seed " << seed);
+  std::vector<TensorId> outs{"y"};
+  if (maskOutput) outs.push_back("mask");
+  Net net("Dropout", opset, attrs, feeds, outs, true, backend_cpu::KernelProvider::Any);
+  for (int step = 0; step < 2; ++step) { // twice: a generator state carried over would show
+    net.run(feeds);
+    std::vector<double> x = feeds[0].data.toDoubleVector(), y = net.get<double>("y");
+    std::vector<double> dx = net.get<double>(net.gradIds.at(0));
+    const bool *m = maskOutput ? static_cast<const bool *>(net.plan->address("mask")) : nullptr;
+    size_t dropped = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      bool keep = m ? m[i] : y[i] != 0.0;
+      dropped += !keep;
+      double scale = training ? 1.0 / (1.0 - p) : 1.0;
+      // The kernel scales by 1/(1 − p) in float.
+      ASSERT_NEAR(y[i], keep ? x[i] * scale : 0.0, 1e-6 * std::fabs(x[i])) << "y[" << i << "]";
+      ASSERT_NEAR(dx[i], keep ? net.w[i] * scale : 0.0, 1e-6 * net.w[i]) << "dx[" << i << "]";
+    }
+    if (training && p > 0) {
+      EXPECT_GT(dropped, 0u);
+    } else {
+      EXPECT_EQ(dropped, 0u);
+    }
+  }
+}
+
+TensorData nonZero(std::mt19937 &rng, const Shape &s) {
+  TensorData t = randomDoubles(rng, s, 0.5, 2);
+  for (int64_t i = 0; i < t.info().elementCount(); i += 2)
+    t.as<double>()[i] = -t.as<double>()[i];
+  return t;
+}
+
+} // namespace
+
+TEST(AutodiffBnDropout, DropoutGradientReproducesTheMask) {
+  for (unsigned seed = 1000; seed < 1003; ++seed) {
+    std::mt19937 rng(seed);
+    Shape s{4, 5, 6};
+    double p = 0.25 + 0.1 * (seed % 3);
+    auto feedsWith = [&](TensorData train, bool trainStream, bool withSeed) {
+      std::vector<Feed> f{{"x", nonZero(rng, s)},
+                          {"ratio", scalarOf(DataType::DOUBLE, p), false},
+                          {"train", std::move(train), trainStream}};
+      if (withSeed) f.push_back({"sc", seedCounter(seed, 3)});
+      return f;
+    };
+    // Counter-based mask, with and without the mask output; training_mode constant or fed.
+    for (bool maskOut : {true, false}) {
+      checkDropoutGradient(13, {}, feedsWith(scalarOf(DataType::BOOL, 1), false, true), maskOut, p, true, seed);
+      checkDropoutGradient(13, {}, feedsWith(scalarOf(DataType::BOOL, 1), true, true), maskOut, p, true, seed);
+      checkDropoutGradient(13, {}, feedsWith(scalarOf(DataType::BOOL, 0), true, true), maskOut, p, false, seed);
+    }
+    // Seed attribute without input 3: the MT19937 mask, re-drawn identically by the gradient op.
+    ir::Attributes seeded;
+    seeded.set("seed", static_cast<int64_t>(seed));
+    checkDropoutGradient(13, seeded, feedsWith(scalarOf(DataType::BOOL, 1), false, false), false, p, true, seed);
+    // No seed at all: the gradient takes the mask output.
+    checkDropoutGradient(13, {}, feedsWith(scalarOf(DataType::BOOL, 1), false, false), true, p, true, seed);
+    // Opset 10 form: ratio attribute; training because the (seed, counter) input is connected.
+    ir::Attributes old;
+    old.set("ratio", static_cast<float>(p));
+    std::vector<Feed> f10{{"x", nonZero(rng, s)}, {"", {}}, {"", {}}, {"sc", seedCounter(seed, 9)}};
+    checkDropoutGradient(10, old, f10, true, static_cast<float>(p), true, seed);
+    checkDropoutGradient(10, old, {{"x", nonZero(rng, s)}}, true, p, false, seed);
+    // Ratio 0 passes through.
+    std::vector<Feed> zero = feedsWith(scalarOf(DataType::BOOL, 1), false, true);
+    zero[1].data = scalarOf(DataType::DOUBLE, 0);
+    checkDropoutGradient(13, {}, zero, false, 0, true, seed);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST(AutodiffBnDropout, DropoutGradientWithoutReproducibleMaskIsRejectedByName) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3}));
+  g.addInput("x");
+  g.addConst("r", scalarOf(DataType::FLOAT, 0.5));
+  g.addConst("t", scalarOf(DataType::BOOL, 1));
+  g.addOp("Dropout", "", 13, "drop7", {}, {"x", "r", "t"}, {"y"});
+  ir::inferShapes(g, nullptr);
+  try {
+    autodiff::buildGradients(g, "y", {"x"});
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("drop7"), std::string::npos) << e.what();
   }
 }
