@@ -1,5 +1,6 @@
 // Gradients of Conv, ConvTranspose and AveragePool: the rules checked against central finite
-// differences in double over varied geometry.
+// differences in double over varied geometry, and the oneDNN kernels of the grad ops they
+// create checked against the reference kernels on random fp32 data.
 
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/plan.hpp"
@@ -13,6 +14,7 @@
 #include <random>
 
 using namespace popart;
+using backend_cpu::KernelProvider;
 using Ints = std::vector<int64_t>;
 
 namespace {
@@ -25,7 +27,11 @@ struct Case {
   int opset = 17;
 };
 
-std::string name(size_t i) { return "x" + std::to_string(i); }
+std::string name(size_t i) {
+  std::string s = std::to_string(i);
+  s.insert(s.begin(), 'x'); // not "x" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  return s;
+}
 
 /// Builds y = Σ-weighted op(x...), with the gradients of every x if \p grads.
 std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
@@ -278,4 +284,118 @@ TEST(ConvGradOps, SetupChecksTheGeometry) {
               std::string::npos)
         << e.what();
   }
+}
+
+namespace {
+
+double maxRelDiff(const TensorData &a, const TensorData &b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
+    double x = a.as<float>()[i], y = b.as<float>()[i];
+    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
+  }
+  return worst;
+}
+
+/// Runs every grad op that the rule for \p c creates with oneDNN and with the reference kernel on
+/// random inputs and compares; \p dnnl says whether oneDNN is expected to take each of them.
+void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
+  SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
+  backend_cpu::registerBuiltinKernels();
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, DataType::FLOAT, &grads);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.f, 2.f);
+  int seen = 0;
+  for (const auto &op : g->ops()) {
+    if (op->domain != "ai.graphcore") continue;
+    ++seen;
+    const backend_cpu::KernelEntry *fast = backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl);
+    ASSERT_EQ(fast != nullptr, dnnl) << op->type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
+    if (!fast) continue;
+    std::vector<TensorData> inputs;
+    std::vector<const void *> in;
+    for (size_t i = 0; i < op->inputCount(); ++i) {
+      inputs.emplace_back(op->inInfo(i));
+      for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
+        inputs.back().as<float>()[k] = d(rng);
+    }
+    for (auto &t : inputs)
+      in.push_back(t.data());
+    TensorData ref(op->outInfo(0)), out(op->outInfo(0));
+    // Stale output values must not leak into the result: fill both with garbage first.
+    for (int64_t k = 0; k < out.info().elementCount(); ++k)
+      out.as<float>()[k] = ref.as<float>()[k] = 1e6f;
+    void *o = ref.data();
+    backend_cpu::createKernel(*op, KernelProvider::Reference)->run({in.data(), in.size(), &o, 1});
+    o = out.data();
+    auto kernel = backend_cpu::createKernel(*op, KernelProvider::Dnnl);
+    kernel->run({in.data(), in.size(), &o, 1});
+    kernel->run({in.data(), in.size(), &o, 1}); // a second run must not accumulate
+    EXPECT_LT(maxRelDiff(out, ref), 1e-4) << op->type;
+  }
+  EXPECT_GT(seen, 0) << "the rule created no grad op";
+}
+
+} // namespace
+
+TEST(DnnlVsReference, ConvGradKernels) {
+  compareGradKernels({"Conv",
+                      {{2, 3, 7, 6}, {4, 3, 3, 2}, {4}},
+                      attrs({{"strides", Ints{2, 1}}, {"pads", Ints{1, 0, 2, 1}}, {"dilations", Ints{1, 2}}})},
+                     1);
+  compareGradKernels(
+      {"Conv", {{2, 4, 6, 5}, {6, 2, 3, 3}}, attrs({{"group", int64_t{2}}, {"auto_pad", std::string("SAME_LOWER")}})},
+      2);
+  compareGradKernels({"Conv", {{3, 3, 10}, {5, 3, 4}}, attrs({{"strides", Ints{3}}, {"pads", Ints{0, 2}}})}, 3);
+  compareGradKernels(
+      {"Conv",
+       {{1, 2, 5, 4, 6}, {3, 2, 2, 3, 2}},
+       attrs({{"strides", Ints{1, 2, 2}}, {"pads", Ints{1, 0, 0, 0, 1, 1}}, {"dilations", Ints{2, 1, 1}}})},
+      4);
+  compareGradKernels({"Conv", {{8, 16, 12, 12}, {32, 16, 3, 3}}, attrs({{"pads", Ints{1, 1, 1, 1}}})}, 5);
+}
+
+TEST(DnnlVsReference, ConvTransposeWeightGradKernel) {
+  compareGradKernels({"ConvTranspose",
+                      {{2, 4, 3, 4}, {4, 3, 3, 2}},
+                      attrs({{"group", int64_t{2}}, {"strides", Ints{2, 2}}, {"pads", Ints{1, 0, 1, 1}}})},
+                     6);
+  // output_padding makes the transposed convolution's end pad negative: oneDNN declines.
+  compareGradKernels(
+      {"ConvTranspose", {{1, 2, 3, 3}, {2, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_padding", Ints{1, 1}}})},
+      7, false);
+}
+
+TEST(DnnlVsReference, AveragePoolGradKernel) {
+  for (int64_t include : {0, 1}) {
+    compareGradKernels({"AveragePool",
+                        {{2, 3, 7, 8}},
+                        attrs({{"kernel_shape", Ints{3, 2}},
+                               {"strides", Ints{2, 2}},
+                               {"pads", Ints{1, 0, 1, 1}},
+                               {"count_include_pad", include}})},
+                       8);
+    compareGradKernels({"AveragePool", {{2, 3, 9}}, attrs({{"kernel_shape", Ints{3}}, {"count_include_pad", include}})},
+                       9);
+    compareGradKernels({"AveragePool",
+                        {{1, 2, 4, 5, 6}},
+                        attrs({{"kernel_shape", Ints{2, 2, 3}},
+                               {"strides", Ints{1, 2, 2}},
+                               {"auto_pad", std::string("SAME_UPPER")},
+                               {"count_include_pad", include}})},
+                       10);
+  }
+  compareGradKernels({"AveragePool",
+                      {{1, 2, 6, 7}},
+                      attrs({{"kernel_shape", Ints{3, 3}}, {"strides", Ints{2, 2}}, {"ceil_mode", int64_t{1}}})},
+                     11);
+  // ceil_mode whose extra window reaches past the end padding, counted with the padding: declined.
+  compareGradKernels({"AveragePool",
+                      {{1, 2, 6, 7}},
+                      attrs({{"kernel_shape", Ints{3, 3}},
+                             {"strides", Ints{2, 2}},
+                             {"ceil_mode", int64_t{1}},
+                             {"count_include_pad", int64_t{1}}})},
+                     12, false);
 }
