@@ -399,3 +399,50 @@ TEST(DnnlVsReference, AveragePoolGradKernel) {
                              {"count_include_pad", int64_t{1}}})},
                      12, false);
 }
+
+namespace {
+
+/// The gradients of \p c's inputs in \p type, from inputs \p values (exact in float16).
+std::vector<std::vector<double>> gradientsIn(const Case &c, DataType type,
+                                             const std::vector<std::vector<double>> &values) {
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, type, &grads);
+  backend_cpu::ExecutionPlan plan(*g, {});
+  for (size_t i = 0; i < values.size(); ++i) {
+    TensorData t = TensorData::fromDoubles(type, c.shapes[i], values[i]);
+    std::memcpy(plan.address(name(i)), t.data(), static_cast<size_t>(t.byteCount()));
+  }
+  plan.run();
+  std::vector<std::vector<double>> out;
+  for (const auto &id : grads) {
+    TensorData t(plan.info(id));
+    std::memcpy(t.data(), plan.address(id), static_cast<size_t>(t.byteCount()));
+    out.push_back(t.toDoubleVector());
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(AutodiffConv, Float16GradOpsMatchFloat) {
+  // Inputs on a coarse grid (exact in float16); the 16-bit kernels sum in float scratch. The
+  // tolerance covers rounding of the loss weights and of each op's result to float16.
+  for (const Case &c :
+       {Case{"Conv", {{2, 4, 6, 5}, {6, 2, 3, 3}}, attrs({{"group", int64_t{2}}, {"pads", Ints{1, 0, 1, 2}}})},
+        Case{"AveragePool", {{2, 3, 7, 6}}, attrs({{"kernel_shape", Ints{3, 2}}, {"strides", Ints{2, 1}}})}}) {
+    std::mt19937 rng(31);
+    std::uniform_int_distribution<int> d(-8, 8);
+    std::vector<std::vector<double>> values;
+    for (const Shape &s : c.shapes) {
+      values.emplace_back(static_cast<size_t>(shapeElementCount(s)));
+      for (double &v : values.back())
+        v = d(rng) / 8.0;
+    }
+    auto half = gradientsIn(c, DataType::FLOAT16, values), full = gradientsIn(c, DataType::FLOAT, values);
+    ASSERT_EQ(half.size(), full.size());
+    for (size_t i = 0; i < half.size(); ++i)
+      for (size_t k = 0; k < half[i].size(); ++k)
+        ASSERT_NEAR(half[i][k], full[i][k], 1e-2 * (1 + std::fabs(full[i][k])))
+            << c.type << " d/dx" << i << "[" << k << "]";
+  }
+}
