@@ -70,8 +70,12 @@ void convTransposeRule(GradContext &c) {
   ir::WindowGeometry g = ir::resolveWindow(op, x, y, spatialOf(w), true);
   auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(nsp, 0));
   std::vector<int64_t> padEnd(nsp);
-  for (size_t i = 0; i < nsp; ++i)
+  for (size_t i = 0; i < nsp; ++i) {
     padEnd[i] = g.padEnd[i] - outPad[i];
+    // Any end pad up to stride - 1 more gives K the same output length and values: prefer one
+    // that is not negative (no crop below, and oneDNN takes the weight gradient).
+    if (padEnd[i] < 0) padEnd[i] = std::min<int64_t>(0, padEnd[i] + g.strides[i] - 1);
+  }
   int64_t group = op.attrs.getInt("group", 1);
   TensorId dy = c.outGrad(0);
 

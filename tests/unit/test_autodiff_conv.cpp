@@ -194,6 +194,8 @@ TEST(AutodiffConvTranspose, OutputShapeAndAutoPad) {
                  {{1, 2, 3, 3}, {2, 1, 3, 3}, {1}},
                  attrs({{"strides", Ints{2, 2}}, {"output_shape", Ints{6, 5}}})},
                 14);
+  // Stride 1, two beyond the natural 4: both pads -1, so dY is cropped at both ends.
+  checkGradient({"ConvTranspose", {{2, 2, 3}, {2, 2, 2}, {2}}, attrs({{"output_shape", Ints{6}}})}, 18);
   for (const char *ap : {"SAME_UPPER", "SAME_LOWER"})
     checkGradient({"ConvTranspose",
                    {{1, 2, 3, 4}, {2, 1, 3, 2}, {1}},
@@ -361,10 +363,14 @@ TEST(DnnlVsReference, ConvTransposeWeightGradKernel) {
                       {{2, 4, 3, 4}, {4, 3, 3, 2}},
                       attrs({{"group", int64_t{2}}, {"strides", Ints{2, 2}}, {"pads", Ints{1, 0, 1, 1}}})},
                      6);
-  // output_padding makes the transposed convolution's end pad negative: oneDNN declines.
+  // output_padding below the stride: the end pad of the transposed convolution stays >= 0.
   compareGradKernels(
       {"ConvTranspose", {{1, 2, 3, 3}, {2, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_padding", Ints{1, 1}}})},
-      7, false);
+      7);
+  // output_shape beyond the natural size: a negative begin pad, which oneDNN declines.
+  compareGradKernels(
+      {"ConvTranspose", {{1, 2, 3, 3}, {2, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_shape", Ints{9, 9}}})},
+      13, false);
 }
 
 TEST(DnnlVsReference, AveragePoolGradKernel) {
