@@ -15,6 +15,11 @@ Nothing is committed but this script: models and references are generated at tes
 Debian's python3-torch. Exits nonzero on any mismatch.
 
 Usage: parity.py --popart-run PATH [--filter SUBSTR] [--keep DIR] [--verbose] [--torch-only]
+                 [--forward] [--sensitivity]
+  --torch-only   export and train in torch only; with --verbose prints ops and initializers
+  --forward      also compare popart-run's inference loss on the first batch with torch's
+  --sensitivity  retrain in torch with one setting changed at a time and print how many
+                 tolerances that moves the weights (shows what the comparison can detect)
 """
 
 import argparse
@@ -231,10 +236,10 @@ CASES = [
     case("mlp", "adam", "l2", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01),
     case("mlp", "adamw", **ADAMW),
     case("mlp", "adamax", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01),
-    case("mlp", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01),
-    case("mlp", "lamb", "maxnorm", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01,
+    case("mlp", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1),
+    case("mlp", "lamb", "maxnorm", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1,
          max_weight_norm=1.0),
-    case("mlp", "lambnobias", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01),
+    case("mlp", "lambnobias", lr=0.05, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.3),
     case("mlp", "rmsprop", lr=0.005, alpha=0.9, eps=1e-8, weight_decay=0.01),
     case("mlp", "rmsprop", "centered-momentum", lr=0.005, alpha=0.9, eps=1e-8, momentum=0.5,
          centered=True),
@@ -247,7 +252,7 @@ CASES = [
     case("cnn", "adamw", **ADAMW),
     case("transformer", "sgd", "momentum", **SGD_MOMENTUM),
     case("transformer", "adamw", **ADAMW),
-    case("transformer", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01),
+    case("transformer", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1),
 ]
 
 
@@ -332,6 +337,75 @@ class Failure(Exception):
     pass
 
 
+def train_torch(c, wrapper, data):
+    """Trains \p wrapper in place for STEPS updates of case \p c on \p data; each update
+    consumes c.accumulate consecutive batches and uses the mean of their gradients. Returns the
+    trained float state, the loss of every micro-batch and how many updates were clipped."""
+    batch = MODELS[c.model].batch
+    params = [p for p in wrapper.parameters() if p.requires_grad]
+    optimizer = torch_optimizer(c, params)
+    tensors = [torch.from_numpy(a) for a in data.values()]
+    clipped = 0
+    losses = []
+    for step in range(STEPS):
+        optimizer.zero_grad()
+        for micro in range(c.accumulate):
+            k = step * c.accumulate + micro
+            loss = wrapper(*[t[k * batch:(k + 1) * batch] for t in tensors])
+            losses.append(loss.item())
+            (loss / c.accumulate).backward()
+        if c.clip:
+            norm = torch.nn.utils.clip_grad_norm_(params, c.clip)
+            clipped += int(norm > c.clip)
+        optimizer.step()
+    return float_state(wrapper), losses, clipped
+
+
+def sensitivity(c, state0, data):
+    """Shows that the tolerance separates this case from its neighbours: retrains in torch with
+    one setting changed at a time and prints the largest difference in units of the tolerance
+    (below 1: the comparison could not tell that setting's effect from rounding)."""
+    variants = {}
+    for key, value in c.hyper.items():
+        if isinstance(value, bool):
+            variants[f"{key}={not value}"] = c._replace(hyper=dict(c.hyper, **{key: not value}))
+        elif key in ("lr", "beta1", "beta2", "alpha"):
+            variants[f"{key}*0.9"] = c._replace(hyper=dict(c.hyper, **{key: value * 0.9}))
+        else:
+            variants[f"{key}=0"] = c._replace(hyper=dict(c.hyper, **{key: 0.0}))
+    if c.clip:
+        variants["no clipping"] = c._replace(clip=0.0)
+    if c.opt in ("lamb", "lambnobias"):
+        other = "lambnobias" if c.opt == "lamb" else "lamb"
+        variants[other] = c._replace(opt=other)
+    if c.opt in ("adam", "adamw") and c.hyper.get("weight_decay"):
+        other = "adam" if c.opt == "adamw" else "adamw"
+        variants[other] = c._replace(opt=other)
+    reference, _, _ = train_torch(c, fresh_module(c, state0), data)
+    for label, variant in variants.items():
+        if variant.opt == "sgd" and variant.hyper.get("nesterov") and (
+                not variant.hyper.get("momentum") or variant.hyper.get("dampening")):
+            continue  # torch rejects Nesterov without momentum or with dampening.
+        trained, _, _ = train_torch(variant, fresh_module(c, state0), data)
+        # A NaN (say 0/0 with eps=0) counts as an infinite difference.
+        worst, name = max((float(np.nan_to_num(np.max(
+            np.abs(trained[k].numpy() - reference[k].numpy()) /
+            (ATOL + RTOL * np.abs(reference[k].numpy()))), nan=np.inf)), k) for k in reference)
+        flag = "" if worst > 1 else "  <- within tolerance"
+        print(f"  sensitivity {label}: {worst:.3g} x tolerance ({name}){flag}")
+
+
+def fresh_module(c, state):
+    torch.manual_seed(1234)
+    wrapper = WithLoss(MODELS[c.model]())
+    wrapper.train()
+    with torch.no_grad():
+        for k, v in wrapper.state_dict().items():
+            if k in state:
+                v.copy_(state[k])
+    return wrapper
+
+
 def forward_check(args, model_path, data, batch, torch_loss, workdir):
     """Runs popart-run in inference on the first batch and compares the loss with torch's."""
     files = []
@@ -396,28 +470,15 @@ def run_case(c, args, workdir):
         np.save(path, array)
         input_files += ["--input", f"{name}={path}"]
 
-    # Torch reference: each update consumes `accumulate` consecutive batches and uses the mean
-    # of their gradients.
-    params = [p for p in wrapper.parameters() if p.requires_grad]
-    optimizer = torch_optimizer(c, params)
-    tensors = [torch.from_numpy(a) for a in data.values()]
-    clipped = 0
-    losses = []
-    for step in range(STEPS):
-        optimizer.zero_grad()
-        for micro in range(c.accumulate):
-            k = step * c.accumulate + micro
-            batch_inputs = [t[k * batch:(k + 1) * batch] for t in tensors]
-            loss = wrapper(*batch_inputs)
-            losses.append(loss.item())
-            (loss / c.accumulate).backward()
-        if c.clip:
-            norm = torch.nn.utils.clip_grad_norm_(params, c.clip)
-            clipped += int(norm > c.clip)
-        optimizer.step()
+    expected, losses, clipped = train_torch(c, wrapper, data)
     if c.clip and not clipped:
         raise Failure(f"clip norm {c.clip} never clipped; choose a smaller one")
-    expected = float_state(wrapper)
+    if args.sensitivity:
+        sensitivity(c, state0, data)
+    with torch.no_grad():  # Leave the module as exported for later trainings.
+        for k, v in wrapper.state_dict().items():
+            if k in state0:
+                v.copy_(state0[k])
     if args.verbose:
         print(f"  torch losses: {' '.join(f'{v:.5f}' for v in losses)}")
     for k, v in expected.items():
@@ -473,6 +534,8 @@ def main():
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--torch-only", action="store_true",
                         help="export and train in torch only (no popart-run --train)")
+    parser.add_argument("--sensitivity", action="store_true",
+                        help="show how far each case is, in tolerances, from its neighbours")
     parser.add_argument("--forward", action="store_true",
                         help="also compare popart-run's inference loss on the first batch")
     args = parser.parse_args()
