@@ -256,19 +256,30 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                                                                                                    : 0.001;
   auto optimizer = makeOptimizer(o, baseLr);
 
-  // The loss is needed for the anchor: a first session without anchors finds it.
-  auto probe = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), o.loss,
-                                                    *optimizer, so);
-  probe->prepareDevice();
-  TensorId lossId = probe->getLossId();
-  std::vector<TensorId> inputIds = probe->getInputIds();
-  std::map<TensorId, TensorInfo> infos;
-  for (const auto &id : inputIds)
-    infos[id] = probe->getInfo(id);
-  probe.reset();
+  // The loss is anchored, so its name is needed first: the model's only declared scalar output,
+  // else a session without anchors finds it (that compiles the graph once more).
+  TensorId lossId = o.loss;
+  if (lossId.empty()) {
+    auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), so);
+    std::vector<TensorId> scalars;
+    for (const auto &id : declared->getOutputIds())
+      if (TensorInfo info = declared->getInfo(id); info.isKnown() && info.elementCount() == 1) scalars.push_back(id);
+    if (scalars.size() == 1) {
+      lossId = scalars[0];
+    } else {
+      auto probe = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "",
+                                                        *optimizer, so);
+      probe->prepareDevice();
+      lossId = probe->getLossId();
+    }
+  }
   auto session =
       TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId, *optimizer, so);
   session->prepareDevice();
+  std::vector<TensorId> inputIds = session->getInputIds();
+  std::map<TensorId, TensorInfo> infos;
+  for (const auto &id : inputIds)
+    infos[id] = session->getInfo(id);
 
   int64_t batch = -1;
   for (const auto &id : inputIds) {
