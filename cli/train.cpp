@@ -24,7 +24,7 @@ namespace {
 
 const char *const kTrainOnly[] = {"--loss",         "--optimizer",  "--lr",          "--momentum",     "--dampening",
                                   "--nesterov",     "--weight-decay", "--beta1",     "--beta2",        "--eps",
-                                  "--alpha",        "--centered",   "--max-weight-norm", "--lr-schedule", "--warmup-steps",
+                                  "--alpha",        "--centered",   "--lr-decay",    "--initial-accumulator",   "--max-weight-norm", "--lr-schedule", "--warmup-steps",
                                   "--lr-step-size", "--lr-gamma",   "--lr-min",      "--loss-scaling", "--clip-norm",
                                   "--accumulate",   "--steps",      "--epochs",      "--shuffle",      "--save",
                                   "--checkpoint",   "--checkpoint-every", "--resume"};
@@ -81,6 +81,8 @@ std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
     p["defaultMomentum"] = {f(o.momentum), true};
     return std::make_unique<Adaptive>(p, o.centered ? AdaptiveMode::CenteredRMSProp : AdaptiveMode::RMSProp, clip);
   }
+  p["defaultLearningRateDecay"] = {f(o.lrDecay), true};
+  p["defaultInitialAccumulator"] = {f(o.initialAccumulator), true};
   return std::make_unique<Adaptive>(p, AdaptiveMode::AdaGrad, clip);
 }
 
@@ -102,6 +104,8 @@ void checkFlags(const CLI::App &app, const TrainOptions &o) {
   only("--alpha", {"rmsprop"});
   only("--centered", {"rmsprop"});
   only("--max-weight-norm", {"lamb", "lambnobias"});
+  only("--lr-decay", {"adagrad"});
+  only("--initial-accumulator", {"adagrad"});
   if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
   if (given(app, "--checkpoint-every") && o.checkpoint.empty()) throw error("--checkpoint-every needs --checkpoint DIR");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
@@ -198,6 +202,8 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_option("--eps", o.eps, "epsilon (default: 1e-8; lamb 1e-6; adagrad 1e-10)");
   app.add_option("--alpha", o.alpha, "square average decay (rmsprop, default 0.99)");
   app.add_flag("--centered", o.centered, "centered RMSprop");
+  app.add_option("--lr-decay", o.lrDecay, "adagrad: lr / (1 + (t-1) * decay)");
+  app.add_option("--initial-accumulator", o.initialAccumulator, "adagrad: initial value of the square sum");
   app.add_option("--max-weight-norm", o.maxWeightNorm, "clamp of ||w|| in the LAMB trust ratio (0: none)");
   app.add_option("--lr-schedule", o.lrSchedule, "constant | cosine | step (each with optional --warmup-steps)")
       ->check(CLI::IsMember({"constant", "cosine", "step"}));

@@ -16,7 +16,7 @@ struct TrainOptions {
   double lr = -1; ///< < 0: the optimiser's default
   double momentum = 0, dampening = 0, weightDecay = 0;
   bool nesterov = false, centered = false;
-  double beta1 = 0.9, beta2 = 0.999, eps = -1, alpha = 0.99, maxWeightNorm = 0;
+  double beta1 = 0.9, beta2 = 0.999, eps = -1, alpha = 0.99, maxWeightNorm = 0, lrDecay = 0, initialAccumulator = 0;
   std::string lrSchedule = "constant";
   int64_t warmupSteps = 0, lrStepSize = 0;
   double lrGamma = 0.1, lrMin = 0;

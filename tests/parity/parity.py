@@ -244,6 +244,7 @@ CASES = [
     case("mlp", "rmsprop", "centered-momentum", lr=0.005, alpha=0.9, eps=1e-8, momentum=0.5,
          centered=True),
     case("mlp", "adagrad", lr=0.05, eps=1e-10, weight_decay=0.01),
+    case("mlp", "adagrad", "decay-init", lr=0.05, eps=1e-10, lr_decay=0.5, initial_accumulator=0.1),
     case("mlp", "sgd", "scale-clip-accum", accumulate=2, clip=0.5, loss_scaling=1024.0,
          **SGD_MOMENTUM),
     case("mlp", "adam", "scale-clip-accum", accumulate=2, clip=0.5, loss_scaling=1024.0,
@@ -279,7 +280,8 @@ def torch_optimizer(c, params):
                                    centered=h.get("centered", False))
     if c.opt == "adagrad":
         return torch.optim.Adagrad(params, lr=h["lr"], lr_decay=h.get("lr_decay", 0.0),
-                                   weight_decay=wd, initial_accumulator_value=0.0, eps=h["eps"])
+                                   weight_decay=wd, initial_accumulator_value=h.get("initial_accumulator", 0.0),
+                                   eps=h["eps"])
     raise ValueError(f"unknown optimiser {c.opt}")
 
 
