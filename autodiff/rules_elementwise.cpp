@@ -1,8 +1,13 @@
-// Gradient rules of elementwise ops.
+// Gradient rules of elementwise ops. The common activations of floating-point tensors use the
+// ai.graphcore ActivationGrad op (ir/ops/actgrad.cpp), which has a oneDNN eltwise_backward kernel;
+// other types and forms keep their composition of forward ops.
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/ops/actgrad.hpp"
 
 #include <popart/error.hpp>
+
+#include <cmath>
 
 namespace popart::autodiff {
 
@@ -19,6 +24,49 @@ void minMaxRule(GradContext &c, const char *beats) {
   TensorId secondWins = c.add(beats, {c.in(1), c.in(0)});
   c.setInGrad(0, c.add("Where", {secondWins, c.scalar(0), c.outGrad(0)}));
   c.setInGrad(1, c.add("Where", {secondWins, c.outGrad(0), c.scalar(0)}));
+}
+
+/// Sets dX to ActivationGrad(X or Y, dY) with activation \p act and \returns true, if \p c's op
+/// is floating point (and its parameters fit: Elu's alpha >= 0, Clip's bounds constants that a
+/// float attribute holds exactly); else \returns false and the caller composes.
+bool activationGrad(GradContext &c, const std::string &act) {
+  const ir::Op &op = c.op();
+  if (!isFloatingPoint(op.inInfo(0).dataType()) || c.outGrad(0).empty()) return false;
+  bool takesOutput = false;
+  if (!ir::activationGradForm(act, takesOutput)) return false;
+  ir::Attributes a;
+  a.set("activation", act);
+  if (act == "LeakyRelu") a.set("alpha", op.attrs.getFloat("alpha", 0.01f));
+  if (act == "Elu") {
+    float alpha = op.attrs.getFloat("alpha", 1.f);
+    if (alpha < 0) return false;
+    a.set("alpha", alpha);
+  }
+  if (act == "Clip") {
+    float bounds[2] = {-INFINITY, INFINITY};
+    for (size_t i : {1, 2}) {
+      if (!op.hasInput(i)) continue;
+      if (!op.input(i).isConst()) return false;
+      std::vector<double> v = op.input(i).data()->toDoubleVector();
+      if (v.size() != 1 || static_cast<double>(static_cast<float>(v[0])) != v[0]) return false;
+      bounds[i - 1] = static_cast<float>(v[0]);
+    }
+    a.set("alpha", bounds[0]);
+    a.set("beta", bounds[1]);
+  }
+  TensorId dx = c.graph().uniqueId(c.out(0) + "_grad_ActivationGrad");
+  ir::Op &grad = c.graph().addOp("ActivationGrad", "ai.graphcore", 1, "", std::move(a),
+                                 {takesOutput ? c.out(0) : c.in(0), c.outGrad(0)}, {dx});
+  grad.def->setup(grad);
+  c.setInGrad(0, dx);
+  return true;
+}
+
+/// Wraps \p composed: ActivationGrad where it applies, else \p composed.
+GradRule orActivationGrad(const char *act, GradRule composed) {
+  return [act, composed](GradContext &c) {
+    if (!activationGrad(c, act)) composed(c);
+  };
 }
 
 } // namespace
@@ -178,6 +226,8 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
          c.setInGrad(0, g);
        }},
   };
+  for (const char *act : {"Relu", "Elu", "Tanh", "Sigmoid", "Exp", "Sqrt", "LeakyRelu", "Abs", "Clip"})
+    rules[act] = orActivationGrad(act, rules.at(act));
   r.insert(rules.begin(), rules.end());
 }
 

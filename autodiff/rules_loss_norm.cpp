@@ -117,12 +117,48 @@ int64_t countOver(const Shape &x, const std::vector<int64_t> &axes) {
   return count;
 }
 
+/// The ai.graphcore LayerNormalizationGrad op's dX, dScale and dBias, when no gradient arrives at
+/// the saved Mean and InvStdDev outputs. The forward's statistics are passed on where it has them
+/// in X's type, else the grad op recomputes them.
+void layerNormGradOp(GradContext &c, int64_t axis) {
+  const ir::Op &op = c.op();
+  const Shape &x = c.inShape(0);
+  Shape norm(x.begin() + axis, x.end());
+  TensorId scale = c.in(1);
+  // The op wants a scale of the normalised size: a broadcast one is expanded.
+  if (op.inInfo(1).elementCount() != shapeElementCount(norm)) scale = c.add("Expand", {scale, shapeConst(c, norm)});
+  std::vector<TensorId> inputs{c.in(0), scale, c.outGrad(0)};
+  DataType type = op.inInfo(0).dataType();
+  if (op.hasOutput(1) && op.hasOutput(2) && op.outInfo(1).dataType() == type && op.outInfo(2).dataType() == type) {
+    inputs.push_back(c.out(1));
+    inputs.push_back(c.out(2));
+  }
+  ir::Graph &g = c.graph();
+  std::string base = c.out(0) + "_grad_";
+  std::vector<TensorId> outs{g.uniqueId(base + "dX"), g.uniqueId(base + "dScale")};
+  if (op.hasInput(2)) outs.push_back(g.uniqueId(base + "dBias"));
+  ir::Attributes attrs;
+  attrs.set("axis", axis);
+  attrs.set("epsilon", op.attrs.getFloat("epsilon", 1e-5f));
+  ir::Op &grad = g.addOp("LayerNormalizationGrad", "ai.graphcore", 1, "", std::move(attrs), inputs, outs);
+  grad.def->setup(grad);
+  c.setInGrad(0, outs[0]);
+  c.setInGrad(1, outs[1]);
+  if (op.hasInput(2)) c.setInGrad(2, outs[2]);
+}
+
 void layerNormRule(GradContext &c) {
   const Shape &x = c.inShape(0);
   int64_t rank = static_cast<int64_t>(x.size());
   int64_t axis = c.op().attrs.getInt("axis", -1);
   if (axis < -rank || axis >= rank) throw error(c.op().debugName(), ": axis ", axis, " out of range for rank ", rank);
   if (axis < 0) axis += rank;
+  bool statGrads = (c.op().hasOutput(1) && !c.outGrad(1).empty()) || (c.op().hasOutput(2) && !c.outGrad(2).empty());
+  if (!statGrads) {
+    if (!c.outGrad(0).empty()) layerNormGradOp(c, axis);
+    return;
+  }
+  // Gradients through the saved statistics too: composed of forward ops.
   std::vector<int64_t> axes;
   for (int64_t d = axis; d < rank; ++d)
     axes.push_back(d);

@@ -1,4 +1,5 @@
-// Gradient rules: matmul and reduce ops (and softmax, which is a normalised reduction).
+// Gradient rules: matmul and reduce ops (and softmax, which is a normalised reduction, through
+// the ai.graphcore SoftmaxGrad and LogSoftmaxGrad ops).
 
 #include "autodiff/grad_rules.hpp"
 
@@ -145,16 +146,28 @@ void reduceValueRule(GradContext &c) {
   }
 }
 
-/// Axes normalised by (Log)Softmax: the single axis from opset 13, else axis.. last (flattened).
-std::vector<int64_t> softmaxAxes(const GradContext &c) {
-  int64_t rank = static_cast<int64_t>(c.inShape(0).size());
-  int64_t axis = c.op().attrs.getInt("axis", c.op().version < 13 ? 1 : -1);
+/// (Log)Softmax: ai.graphcore SoftmaxGrad / LogSoftmaxGrad of (y, dY) over the single axis; the
+/// flattened form of opsets < 13 is viewed as 2-D [outer, rest] for it.
+void softmaxRule(GradContext &c) {
+  const ir::Op &op = c.op();
+  const Shape &x = c.inShape(0);
+  int64_t rank = static_cast<int64_t>(x.size());
+  int64_t axis = op.attrs.getInt("axis", op.version < 13 ? 1 : -1);
+  if (axis < -rank || axis >= rank) throw error(op.debugName(), ": axis ", axis, " out of range for rank ", rank);
   if (axis < 0) axis += rank;
-  std::vector<int64_t> axes{axis};
-  if (c.op().version < 13)
-    for (int64_t d = axis + 1; d < rank; ++d)
-      axes.push_back(d);
-  return axes;
+  TensorId y = c.out(0), dy = c.outGrad(0);
+  bool flatten = op.version < 13 && axis != rank - 1;
+  if (flatten) {
+    Shape view{shapeElementCount(Shape(x.begin(), x.begin() + axis)),
+               shapeElementCount(Shape(x.begin() + axis, x.end()))};
+    y = c.add("Reshape", {y, shapeConst(c, view)});
+    dy = c.add("Reshape", {dy, shapeConst(c, view)});
+    axis = 1;
+  }
+  TensorId dx = c.graph().uniqueId(c.out(0) + "_grad_" + op.type + "Grad");
+  ir::Op &grad = c.graph().addOp(op.type + "Grad", "ai.graphcore", 1, "", intAttr("axis", axis), {y, dy}, {dx});
+  grad.def->setup(grad);
+  c.setInGrad(0, flatten ? c.add("Reshape", {dx, shapeConst(c, x)}) : dx);
 }
 
 } // namespace
@@ -196,15 +209,8 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
     a.set("reverse", int64_t{c.op().attrs.getInt("reverse", 0) == 0 ? 1 : 0});
     c.setInGrad(0, c.add("CumSum", {c.outGrad(0), c.in(1)}, a));
   };
-  r["Softmax"] = [](GradContext &c) { // y·(dY − Σ dY·y)
-    TensorId s = c.add("ReduceSum", {c.add("Mul", {c.outGrad(0), c.out(0)}), axesConst(c, softmaxAxes(c))},
-                       intAttr("keepdims", 1));
-    c.setInGrad(0, c.add("Mul", {c.out(0), c.add("Sub", {c.outGrad(0), s})}));
-  };
-  r["LogSoftmax"] = [](GradContext &c) { // dY − exp(y)·Σ dY
-    TensorId s = c.add("ReduceSum", {c.outGrad(0), axesConst(c, softmaxAxes(c))}, intAttr("keepdims", 1));
-    c.setInGrad(0, c.add("Sub", {c.outGrad(0), c.add("Mul", {c.add("Exp", {c.out(0)}), s})}));
-  };
+  r["Softmax"] = softmaxRule;
+  r["LogSoftmax"] = softmaxRule;
 }
 
 } // namespace popart::autodiff

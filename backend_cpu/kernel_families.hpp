@@ -26,5 +26,6 @@ void registerReferenceStringKernels(KernelRegistry &registry);
 void registerReferenceTrainingKernels(KernelRegistry &registry);
 void registerReferenceVarUpdateKernels(KernelRegistry &registry);
 void registerReferenceConvGradKernels(KernelRegistry &registry);
+void registerReferenceActGradKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

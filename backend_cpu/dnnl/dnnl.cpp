@@ -11,6 +11,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlSoftmaxKernels(r);
   registerDnnlReduceKernels(r);
   registerDnnlConvGradKernels(r);
+  registerDnnlActGradKernels(r);
 }
 
 } // namespace popart::backend_cpu

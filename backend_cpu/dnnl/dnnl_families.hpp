@@ -12,5 +12,6 @@ void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);
 void registerDnnlReduceKernels(KernelRegistry &registry);
 void registerDnnlConvGradKernels(KernelRegistry &registry);
+void registerDnnlActGradKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -21,6 +21,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceTrainingKernels(r);
   registerReferenceVarUpdateKernels(r);
   registerReferenceConvGradKernels(r);
+  registerReferenceActGradKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -23,5 +23,6 @@ void registerStringOps(OpRegistry &registry);
 void registerTrainingOps(OpRegistry &registry);
 void registerVarUpdateOps(OpRegistry &registry);
 void registerConvGradOps(OpRegistry &registry);
+void registerActGradOps(OpRegistry &registry);
 
 } // namespace popart::ir

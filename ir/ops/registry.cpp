@@ -26,6 +26,7 @@ void registerBuiltinOps() {
     registerTrainingOps(r);
     registerVarUpdateOps(r);
     registerConvGradOps(r);
+    registerActGradOps(r);
   });
 }
 

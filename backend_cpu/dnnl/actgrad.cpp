@@ -1,0 +1,212 @@
+// oneDNN kernels, f32, of the ai.graphcore gradient ops of ir/ops/actgrad.cpp: SoftmaxGrad and
+// LogSoftmaxGrad (softmax_v2_backward on an [outer, n, inner] view), LayerNormalizationGrad
+// (layer_normalization_backward on [rows, normalised]) and ActivationGrad (eltwise_backward, from
+// the forward output where oneDNN has a use_dst algorithm).
+
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using namespace dnnl;
+
+bool allFloat(const ir::Op &op) {
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  return op.inInfo(0).elementCount() > 0;
+}
+
+/// One backward primitive reading input 0 as \p dataArg (DST or SRC) and input 1 as DIFF_DST,
+/// writing output 0 as DIFF_SRC.
+class DiffKernel : public Kernel {
+public:
+  DiffKernel(primitive prim, int dataArg, const memory::desc &md) : prim_(std::move(prim)), dataArg_(dataArg) {
+    auto &eng = dnnl_util::engine();
+    data_ = memory(md, eng, DNNL_MEMORY_NONE);
+    diffDst_ = memory(md, eng, DNNL_MEMORY_NONE);
+    diffSrc_ = memory(md, eng, DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    data_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    diffDst_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    diffSrc_.set_data_handle(args.outputs[0]);
+    dnnl_util::execute(prim_, args_, {{dataArg_, data_}, {DNNL_ARG_DIFF_DST, diffDst_}, {DNNL_ARG_DIFF_SRC, diffSrc_}});
+  }
+
+private:
+  primitive prim_;
+  int dataArg_;
+  std::vector<dnnl_exec_arg_t> args_;
+  memory data_, diffDst_, diffSrc_;
+};
+
+bool supportsSoftmaxGrad(const ir::Op &op) { return allFloat(op); }
+
+std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
+  const Shape &s = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(s.size()), axis = op.attrs.getInt("axis", -1);
+  if (axis < 0) axis += rank;
+  memory::dims dims{shapeElementCount(Shape(s.begin(), s.begin() + axis)), s[static_cast<size_t>(axis)],
+                    shapeElementCount(Shape(s.begin() + axis + 1, s.end()))};
+  memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  algorithm alg = op.type == "LogSoftmaxGrad" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto &eng = dnnl_util::engine();
+  softmax_v2_forward::primitive_desc hint(softmax_v2_forward::desc(prop_kind::forward_training, alg, md, md, 1), eng);
+  softmax_v2_backward::primitive_desc pd(softmax_v2_backward::desc(alg, md, md, md, 1), eng, hint);
+  return std::make_unique<DiffKernel>(softmax_v2_backward(pd), DNNL_ARG_DST, md);
+}
+
+bool supportsLayerNormGrad(const ir::Op &op) { return allFloat(op); }
+
+/// oneDNN's backward pass wants the row mean and variance. Given the forward's Mean and InvStdDev,
+/// the variance is 1/InvStdDev² − ε (oneDNN adds ε back); else a statistics-only forward pass
+/// computes both, its normalised output landing in dX's buffer, which the backward pass then
+/// overwrites. Buffers for omitted outputs are owned, allocated at creation.
+class LayerNormGradKernel : public Kernel {
+public:
+  explicit LayerNormGradKernel(const ir::Op &op) : givenStats_(op.hasInput(3)) {
+    const Shape &x = op.inInfo(0).shape();
+    int64_t rank = static_cast<int64_t>(x.size()), axis = op.attrs.getInt("axis", -1);
+    if (axis < 0) axis += rank;
+    rows_ = shapeElementCount(Shape(x.begin(), x.begin() + axis));
+    int64_t inner = shapeElementCount(Shape(x.begin() + axis, x.end()));
+    eps_ = op.attrs.getFloat("epsilon", 1e-5f);
+    memory::desc mdX({rows_, inner}, memory::data_type::f32, memory::dims{inner, 1});
+    memory::desc mdStat({rows_}, memory::data_type::f32, memory::dims{1});
+    memory::desc mdC({inner}, memory::data_type::f32, memory::dims{1});
+    auto &eng = dnnl_util::engine();
+    auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+    layer_normalization_forward::primitive_desc hint(
+        layer_normalization_forward::desc(prop_kind::forward_training, mdX, mdStat, eps_, flags), eng);
+    layer_normalization_backward::desc bd(prop_kind::backward, mdX, mdX, mdStat, eps_, flags);
+    backward_ = layer_normalization_backward(layer_normalization_backward::primitive_desc(bd, eng, hint));
+    if (!givenStats_) {
+      layer_normalization_forward::desc sd(prop_kind::forward_training, mdX, mdStat, eps_, normalization_flags::none);
+      stats_ = layer_normalization_forward(layer_normalization_forward::primitive_desc(sd, eng));
+    }
+    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    dy_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    scale_ = memory(mdC, eng, DNNL_MEMORY_NONE);
+    mean_ = givenStats_ ? memory(mdStat, eng, DNNL_MEMORY_NONE) : memory(mdStat, eng);
+    var_ = memory(mdStat, eng);
+    hasOut_[0] = op.hasOutput(0);
+    hasOut_[1] = op.hasOutput(1);
+    hasOut_[2] = op.hasOutput(2);
+    dx_ = hasOut_[0] ? memory(mdX, eng, DNNL_MEMORY_NONE) : memory(mdX, eng);
+    dScale_ = hasOut_[1] ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    dBias_ = hasOut_[2] ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    // oneDNN 2.6 wants a SHIFT argument when use_shift asks it for dBias; dX does not depend on it.
+    shift_ = memory(mdC, eng);
+    std::fill_n(static_cast<float *>(shift_.get_data_handle()), inner, 0.f);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    dy_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    if (hasOut_[0]) dx_.set_data_handle(args.outputs[0]);
+    if (hasOut_[1]) dScale_.set_data_handle(args.outputs[1]);
+    if (hasOut_[2]) dBias_.set_data_handle(args.outputs[2]);
+    if (givenStats_) {
+      mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
+      const float *inv = args.in<float>(4);
+      auto *var = static_cast<float *>(var_.get_data_handle());
+      for (int64_t r = 0; r < rows_; ++r)
+        var[r] = 1.f / (inv[r] * inv[r]) - eps_;
+    } else {
+      dnnl_util::execute(stats_, statsArgs_,
+                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, dx_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_}});
+    }
+    dnnl_util::execute(backward_, args_,
+                       {{DNNL_ARG_SRC, x_},
+                        {DNNL_ARG_MEAN, mean_},
+                        {DNNL_ARG_VARIANCE, var_},
+                        {DNNL_ARG_DIFF_DST, dy_},
+                        {DNNL_ARG_SCALE, scale_},
+                        {DNNL_ARG_SHIFT, shift_},
+                        {DNNL_ARG_DIFF_SRC, dx_},
+                        {DNNL_ARG_DIFF_SCALE, dScale_},
+                        {DNNL_ARG_DIFF_SHIFT, dBias_}});
+  }
+
+private:
+  bool givenStats_;
+  bool hasOut_[3] = {};
+  int64_t rows_ = 0;
+  float eps_ = 1e-5f;
+  primitive backward_, stats_;
+  std::vector<dnnl_exec_arg_t> args_, statsArgs_;
+  memory x_, dy_, dx_, scale_, shift_, mean_, var_, dScale_, dBias_;
+};
+
+struct EltwiseGradSpec {
+  algorithm alg;
+  float alpha = 0, beta = 0;
+  bool fromDst = false;
+};
+
+/// oneDNN's algorithm for \p op's activation, with parameters giving exactly the op's formula.
+bool eltwiseGradSpec(const ir::Op &op, EltwiseGradSpec &spec) {
+  std::string act = op.attrs.getString("activation", "");
+  float alpha = op.attrs.getFloat("alpha", act == "LeakyRelu" ? 0.01f : 1.f);
+  if (act == "Relu")
+    spec = {algorithm::eltwise_relu_use_dst_for_bwd, 0.f, 0.f, true};
+  else if (act == "Elu")
+    spec = {algorithm::eltwise_elu_use_dst_for_bwd, alpha, 0.f, true};
+  else if (act == "Tanh")
+    spec = {algorithm::eltwise_tanh_use_dst_for_bwd, 0.f, 0.f, true};
+  else if (act == "Sigmoid")
+    spec = {algorithm::eltwise_logistic_use_dst_for_bwd, 0.f, 0.f, true};
+  else if (act == "Exp")
+    spec = {algorithm::eltwise_exp_use_dst_for_bwd, 0.f, 0.f, true};
+  else if (act == "Sqrt")
+    spec = {algorithm::eltwise_sqrt_use_dst_for_bwd, 0.f, 0.f, true};
+  else if (act == "LeakyRelu")
+    spec = {algorithm::eltwise_relu, alpha, 0.f, false};
+  else if (act == "Abs")
+    spec = {algorithm::eltwise_abs, 0.f, 0.f, false};
+  else if (act == "Clip") {
+    // oneDNN passes dY where alpha < x <= beta; the op where lo <= x <= hi. For float x,
+    // lo <= x is x > the float below lo; without a lower bound (lo = −inf) no alpha gives x = −inf
+    // its gradient, so that case is declined.
+    float lo = op.attrs.getFloat("alpha", -INFINITY), hi = op.attrs.getFloat("beta", INFINITY);
+    if (std::isinf(lo) && lo < 0) return false;
+    if (std::isnan(lo) || std::isnan(hi) || lo > hi) return false; // oneDNN wants alpha <= beta
+    spec = {algorithm::eltwise_clip, std::nextafter(lo, -INFINITY), hi, false};
+  } else
+    return false;
+  return true;
+}
+
+bool supportsActivationGrad(const ir::Op &op) {
+  EltwiseGradSpec spec;
+  return allFloat(op) && eltwiseGradSpec(op, spec);
+}
+
+std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
+  EltwiseGradSpec spec;
+  eltwiseGradSpec(op, spec);
+  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto &eng = dnnl_util::engine();
+  eltwise_forward::primitive_desc hint(
+      eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta), eng);
+  eltwise_backward::primitive_desc pd(eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), eng, hint);
+  return std::make_unique<DiffKernel>(eltwise_backward(pd), spec.fromDst ? DNNL_ARG_DST : DNNL_ARG_SRC, md);
+}
+
+} // namespace
+
+void registerDnnlActGradKernels(KernelRegistry &r) {
+  for (const char *t : {"SoftmaxGrad", "LogSoftmaxGrad"})
+    r.add({"ai.graphcore", t, KernelProvider::Dnnl, supportsSoftmaxGrad, createSoftmaxGrad});
+  r.add({"ai.graphcore", "LayerNormalizationGrad", KernelProvider::Dnnl, supportsLayerNormGrad,
+         makeKernel<LayerNormGradKernel>});
+  r.add({"ai.graphcore", "ActivationGrad", KernelProvider::Dnnl, supportsActivationGrad, createActivationGrad});
+}
+
+} // namespace popart::backend_cpu

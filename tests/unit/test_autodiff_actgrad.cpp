@@ -1,0 +1,398 @@
+// The ai.graphcore grad ops of softmax, layer normalisation and the activations: the rules create
+// them (and keep the composition where they do not apply), their gradients match central finite
+// differences in double where the other suites do not reach (LayerNormalization with saved but
+// unweighted statistics), and their oneDNN kernels match the reference kernels on random fp32 data.
+
+#include "autodiff/autodiff.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/passes/passes.hpp"
+#include <popart/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+
+using namespace popart;
+using backend_cpu::KernelProvider;
+
+namespace {
+
+ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
+  ir::Attributes a;
+  for (const auto &[k, v] : kv)
+    a.set(k, v);
+  return a;
+}
+
+std::string name(size_t i) {
+  std::string s = std::to_string(i);
+  s.insert(s.begin(), 'x'); // not "x" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  return s;
+}
+
+/// One forward op: stream inputs of \p shapes, constant inputs \p consts after them (Clip's
+/// bounds), \p outputs outputs of which only the first is weighed into the loss.
+struct Case {
+  std::string type;
+  std::vector<Shape> shapes;
+  ir::Attributes attrs = {};
+  int opset = 17;
+  std::vector<TensorData> consts = {};
+  size_t outputs = 1;
+};
+
+/// y = Σ w·op(x...)[0], with the gradients of the stream inputs if \p grads.
+std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
+  ir::registerBuiltinOps();
+  auto g = std::make_unique<ir::Graph>();
+  g->opsets()["ai.onnx"] = c.opset;
+  std::vector<TensorId> ids, ins;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    ids.push_back(name(i));
+    g->addTensor(ids[i], ir::TensorKind::Stream, TensorInfo(type, c.shapes[i]));
+    g->addInput(ids[i]);
+  }
+  ins = ids;
+  for (size_t i = 0; i < c.consts.size(); ++i) {
+    if (c.consts[i].data() == nullptr) { // TensorData(): an absent optional input
+      ins.push_back("");
+      continue;
+    }
+    std::string id = std::to_string(i);
+    id.insert(0, "bound"); // not "bound" + ...: GCC 12 warns falsely (-Wrestrict) on that
+    g->addConst(id, TensorData::fromDoubles(type, {}, c.consts[i].toDoubleVector()));
+    ins.push_back(id);
+  }
+  std::vector<TensorId> outs{"y0"};
+  for (size_t i = 1; i < c.outputs; ++i) {
+    outs.push_back(std::to_string(i));
+    outs.back().insert(0, "extra");
+  }
+  g->addOp(c.type, "", c.opset, "op", c.attrs, ins, outs);
+  ir::inferShapes(*g, nullptr);
+  const TensorInfo &y0 = g->tensor("y0").info();
+  std::vector<double> w(static_cast<size_t>(y0.elementCount()));
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
+  g->addConst("w", TensorData::fromDoubles(type, y0.shape(), w));
+  g->addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
+  g->addOutput("y");
+  ir::inferShapes(*g, nullptr);
+  if (grads) {
+    *grads = autodiff::buildGradients(*g, "y", ids);
+    for (const auto &id : *grads)
+      g->addOutput(id);
+    ir::inferShapes(*g, nullptr);
+  }
+  return g;
+}
+
+/// Types of the ops that the gradient added in an fp32 graph of \p c (with their domain's
+/// "ai.graphcore." prefix where it applies).
+std::vector<std::string> gradOpTypes(const Case &c, DataType type = DataType::FLOAT) {
+  auto forward = buildGraph(c, type, nullptr);
+  size_t skip = forward->ops().size();
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, type, &grads);
+  std::vector<std::string> types;
+  for (size_t i = 0; i < g->ops().size(); ++i) {
+    const auto &op = g->ops()[i];
+    if (i < skip && op->domain != "ai.graphcore") continue;
+    types.push_back(op->domain == "ai.graphcore" ? "ai.graphcore." + op->type : op->type);
+  }
+  return types;
+}
+
+bool contains(const std::vector<std::string> &v, const std::string &s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+double sum(const std::vector<double> &v) {
+  double s = 0;
+  for (double x : v)
+    s += x;
+  return s;
+}
+
+std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs,
+                             std::vector<std::vector<double>> *grads) {
+  std::vector<TensorId> gradIds;
+  auto g = buildGraph(c, DataType::DOUBLE, grads ? &gradIds : nullptr);
+  backend_cpu::ExecutionPlan plan(*g, {});
+  for (size_t i = 0; i < inputs.size(); ++i)
+    std::memcpy(plan.address(name(i)), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
+  plan.run();
+  const auto *yp = static_cast<const double *>(plan.address("y"));
+  std::vector<double> y(yp, yp + plan.info("y").elementCount());
+  if (grads) {
+    grads->clear();
+    for (const auto &id : gradIds) {
+      const auto *p = static_cast<const double *>(plan.address(id));
+      grads->emplace_back(p, p + plan.info(id).elementCount());
+    }
+  }
+  return y;
+}
+
+void checkGradient(const Case &c, unsigned seed) {
+  SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-2, 2);
+  std::vector<TensorData> inputs;
+  for (const Shape &s : c.shapes) {
+    TensorData t(TensorInfo(DataType::DOUBLE, s));
+    for (int64_t i = 0; i < t.info().elementCount(); ++i)
+      t.as<double>()[i] = d(rng);
+    inputs.push_back(std::move(t));
+  }
+  std::vector<std::vector<double>> analytic;
+  evaluate(c, inputs, &analytic);
+  ASSERT_EQ(analytic.size(), inputs.size());
+  const double h = 1e-6;
+  for (size_t which = 0; which < inputs.size(); ++which)
+    for (int64_t i = 0; i < inputs[which].info().elementCount(); ++i) {
+      std::vector<TensorData> plus = inputs, minus = inputs;
+      plus[which].as<double>()[i] += h;
+      minus[which].as<double>()[i] -= h;
+      double numeric = (sum(evaluate(c, plus, nullptr)) - sum(evaluate(c, minus, nullptr))) / (2 * h);
+      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
+          << c.type << " d/dx" << which << "[" << i << "] seed " << seed;
+    }
+}
+
+TensorData scalar(double v) { return TensorData::fromDoubles(DataType::DOUBLE, {}, {v}); }
+
+} // namespace
+
+TEST(ActGradRules, SoftmaxFamilyUsesTheGradOps) {
+  for (const char *type : {"Softmax", "LogSoftmax"}) {
+    std::string grad = std::string("ai.graphcore.") + type + "Grad";
+    auto single = gradOpTypes({type, {{2, 3, 4}}, attrs({{"axis", int64_t{1}}})});
+    EXPECT_TRUE(contains(single, grad)) << type;
+    for (const char *composed : {"ReduceSum", "Sub", "Exp", "Reshape"})
+      EXPECT_FALSE(contains(single, composed)) << type << " " << composed;
+    // Opset 11's flattened axis: viewed as 2-D around the grad op.
+    auto old = gradOpTypes({type, {{2, 3, 4}}, attrs({{"axis", int64_t{1}}}), 11});
+    EXPECT_TRUE(contains(old, grad)) << type;
+    EXPECT_TRUE(contains(old, "Reshape")) << type;
+    EXPECT_FALSE(contains(old, "ReduceSum")) << type;
+  }
+}
+
+TEST(ActGradRules, LayerNormalizationUsesTheGradOpUnlessStatisticsGetGradients) {
+  ir::Attributes a = attrs({{"axis", int64_t{1}}});
+  EXPECT_TRUE(contains(gradOpTypes({"LayerNormalization", {{2, 3, 4}, {3, 4}, {3, 4}}, a}),
+                       "ai.graphcore.LayerNormalizationGrad"));
+  // A scale broadcast over the normalised shape is expanded for it.
+  auto broadcast = gradOpTypes({"LayerNormalization", {{2, 3, 4}, {4}}, a});
+  EXPECT_TRUE(contains(broadcast, "ai.graphcore.LayerNormalizationGrad"));
+  EXPECT_TRUE(contains(broadcast, "Expand"));
+  EXPECT_FALSE(contains(broadcast, "ReduceMean"));
+}
+
+TEST(ActGradRules, ActivationsUseActivationGradForFloats) {
+  for (const char *type : {"Relu", "Elu", "Tanh", "Sigmoid", "Exp", "Sqrt", "LeakyRelu", "Abs"})
+    EXPECT_TRUE(contains(gradOpTypes({type, {{3, 4}}}), "ai.graphcore.ActivationGrad")) << type;
+  EXPECT_TRUE(
+      contains(gradOpTypes({"Clip", {{3, 4}}, {}, 13, {scalar(-1), scalar(0.5)}}), "ai.graphcore.ActivationGrad"));
+  // Elu from its output needs alpha >= 0; a bound that a float attribute cannot hold exactly, in
+  // double, keeps the composition.
+  EXPECT_FALSE(contains(gradOpTypes({"Elu", {{3, 4}}, attrs({{"alpha", -0.5f}})}), "ai.graphcore.ActivationGrad"));
+  EXPECT_FALSE(contains(gradOpTypes({"Clip", {{3, 4}}, {}, 13, {scalar(0.1)}}, DataType::DOUBLE),
+                        "ai.graphcore.ActivationGrad"));
+  EXPECT_TRUE(contains(gradOpTypes({"Clip", {{3, 4}}, {}, 13, {scalar(0.25)}}, DataType::DOUBLE),
+                       "ai.graphcore.ActivationGrad"));
+}
+
+TEST(ActGradRules, FiniteDifferencesOfTheFallbacksAndNewPaths) {
+  // Saved statistics in X's type but no gradient at them: the grad op takes them as inputs.
+  for (unsigned seed = 700; seed < 703; ++seed)
+    for (int64_t axis : {-1, 1}) {
+      ir::Attributes a = attrs({{"axis", axis}, {"epsilon", 0.01f}, {"stash_type", int64_t{11}}});
+      Shape norm = axis == 1 ? Shape{3, 4} : Shape{4};
+      checkGradient({"LayerNormalization", {{2, 3, 4}, norm, norm}, a, 17, {}, 3}, seed);
+      checkGradient({"LayerNormalization", {{2, 3, 4}, {4}}, a, 17, {}, 3}, seed); // scale broadcast
+    }
+  // Elu with a negative alpha (composition) and Clip with a bound not exact in float.
+  checkGradient({"Elu", {{3, 4}}, attrs({{"alpha", -0.5f}})}, 710);
+  checkGradient({"Clip", {{3, 5}}, {}, 13, {scalar(0.1), scalar(1.3)}}, 711);
+  checkGradient({"Clip", {{3, 5}}, {}, 13, {scalar(-0.75), scalar(1.5)}}, 712);
+  // Opset 11's flattened softmax over the last two axes of three.
+  for (const char *type : {"Softmax", "LogSoftmax"})
+    checkGradient({type, {{2, 3, 4}}, attrs({{"axis", int64_t{1}}}), 11}, 713);
+}
+
+namespace {
+
+/// An op of \p type in domain ai.graphcore over float inputs of \p shapes; \p fill gives input i's
+/// random values.
+struct GradOpCase {
+  std::string type;
+  std::vector<Shape> shapes;
+  ir::Attributes attrs = {};
+  size_t outputs = 1;
+  std::function<float(size_t input, std::mt19937 &rng)> fill;
+};
+
+double maxRelDiff(const TensorData &a, const TensorData &b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
+    double x = a.as<float>()[i], y = b.as<float>()[i];
+    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
+  }
+  return worst;
+}
+
+/// Runs \p c with oneDNN (which must accept it unless \p dnnl is false) and the reference kernel.
+void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
+  SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  ir::Graph g;
+  std::vector<TensorId> ins, outs;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    ins.push_back(name(i));
+    g.addTensor(ins.back(), ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, c.shapes[i]));
+  }
+  for (size_t i = 0; i < c.outputs; ++i) {
+    outs.push_back(std::to_string(i));
+    outs.back().insert(0, "out");
+  }
+  ir::Op &op = g.addOp(c.type, "ai.graphcore", 1, "grad", c.attrs, ins, outs);
+  op.def->setup(op);
+  const backend_cpu::KernelEntry *fast = backend_cpu::KernelRegistry::instance().find(op, KernelProvider::Dnnl);
+  ASSERT_EQ(fast != nullptr, dnnl) << c.type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
+  if (!fast) return;
+  std::mt19937 rng(seed);
+  std::vector<TensorData> inputs;
+  std::vector<const void *> in;
+  for (size_t i = 0; i < op.inputCount(); ++i) {
+    inputs.emplace_back(op.inInfo(i));
+    for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
+      inputs.back().as<float>()[k] = c.fill(i, rng);
+  }
+  for (auto &t : inputs)
+    in.push_back(t.data());
+  std::vector<TensorData> ref, out;
+  std::vector<void *> refp, outp;
+  for (size_t i = 0; i < c.outputs; ++i) {
+    ref.emplace_back(op.outInfo(i));
+    out.emplace_back(op.outInfo(i));
+    // Stale output values must not leak into the result: fill both with garbage first.
+    for (int64_t k = 0; k < ref.back().info().elementCount(); ++k)
+      ref.back().as<float>()[k] = out.back().as<float>()[k] = 1e6f;
+    refp.push_back(ref.back().data());
+    outp.push_back(out.back().data());
+  }
+  backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refp.data(), refp.size()});
+  auto kernel = backend_cpu::createKernel(op, KernelProvider::Dnnl);
+  kernel->run({in.data(), in.size(), outp.data(), outp.size()});
+  kernel->run({in.data(), in.size(), outp.data(), outp.size()}); // a second run must not accumulate
+  for (size_t i = 0; i < c.outputs; ++i)
+    EXPECT_LT(maxRelDiff(out[i], ref[i]), 1e-4) << c.type << " output " << i;
+}
+
+float uniform(std::mt19937 &rng, float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
+
+} // namespace
+
+TEST(DnnlVsReference, SoftmaxGradKernels) {
+  auto fill = [](size_t, std::mt19937 &rng) { return uniform(rng, -2.f, 2.f); };
+  unsigned seed = 800;
+  for (const char *type : {"SoftmaxGrad", "LogSoftmaxGrad"})
+    for (int64_t axis : {-1, 0, 1}) {
+      compareKernels({type, {{4, 7, 5}, {4, 7, 5}}, attrs({{"axis", axis}}), 1, fill}, ++seed);
+      compareKernels({type, {{64, 33}, {64, 33}}, attrs({{"axis", axis == 0 ? int64_t{0} : int64_t{1}}}), 1, fill},
+                     ++seed);
+    }
+}
+
+TEST(DnnlVsReference, LayerNormalizationGradKernel) {
+  unsigned seed = 820;
+  for (int64_t axis : {-1, 1, 2}) {
+    Shape x{3, 5, 8}, norm(x.begin() + (axis < 0 ? 2 : axis), x.end());
+    ir::Attributes a = attrs({{"axis", axis}, {"epsilon", 1e-3f}});
+    auto fill = [](size_t, std::mt19937 &rng) { return uniform(rng, -2.f, 2.f); };
+    compareKernels({"LayerNormalizationGrad", {x, norm, x}, a, 3, fill}, ++seed);
+    // With the forward's Mean and InvStdDev (positive) given.
+    Shape stat = x;
+    for (size_t d = static_cast<size_t>(axis < 0 ? 2 : axis); d < x.size(); ++d)
+      stat[d] = 1;
+    auto withStats = [](size_t i, std::mt19937 &rng) {
+      return i == 4 ? uniform(rng, 0.3f, 3.f) : uniform(rng, -2.f, 2.f);
+    };
+    compareKernels({"LayerNormalizationGrad", {x, norm, x, stat, stat}, a, 3, withStats}, ++seed);
+  }
+  auto fill = [](size_t, std::mt19937 &rng) { return uniform(rng, -2.f, 2.f); };
+  compareKernels({"LayerNormalizationGrad", {{16, 256}, {256}, {16, 256}}, attrs({}), 3, fill}, ++seed);
+}
+
+TEST(DnnlVsReference, ActivationGradKernels) {
+  // Input 0 is Y or X: values in each activation's range, with exact zeros and, for Clip, exact
+  // bounds mixed in so that the conventions at the kinks are compared too.
+  auto mixed = [](std::vector<float> specials, float lo, float hi) {
+    return [specials, lo, hi](size_t i, std::mt19937 &rng) {
+      if (i == 0 && !specials.empty() && rng() % 4 == 0) return specials[rng() % specials.size()];
+      return i == 0 ? uniform(rng, lo, hi) : uniform(rng, -2.f, 2.f);
+    };
+  };
+  struct Act {
+    const char *name;
+    ir::Attributes attrs;
+    std::function<float(size_t, std::mt19937 &)> fill;
+  };
+  std::vector<Act> acts{
+      {"Relu", {}, mixed({0.f}, 0.f, 3.f)},
+      {"Elu", attrs({{"alpha", 0.7f}}), mixed({0.f}, -0.69f, 3.f)},
+      {"Elu", attrs({{"alpha", 0.f}}), mixed({0.f}, 0.f, 3.f)},
+      {"Tanh", {}, mixed({}, -1.f, 1.f)},
+      {"Sigmoid", {}, mixed({}, 0.f, 1.f)},
+      {"Exp", {}, mixed({}, 0.f, 5.f)},
+      {"Sqrt", {}, mixed({}, 0.1f, 3.f)},
+      {"LeakyRelu", attrs({{"alpha", 0.2f}}), mixed({0.f}, -3.f, 3.f)},
+      {"LeakyRelu", attrs({{"alpha", -0.5f}}), mixed({0.f}, -3.f, 3.f)},
+      {"Abs", {}, mixed({0.f}, -3.f, 3.f)},
+      {"Clip", attrs({{"alpha", -0.5f}, {"beta", 1.25f}}), mixed({-0.5f, 1.25f}, -2.f, 2.f)},
+      {"Clip", attrs({{"alpha", 0.f}, {"beta", INFINITY}}), mixed({0.f, INFINITY}, -2.f, 2.f)},
+  };
+  unsigned seed = 840;
+  for (auto &act : acts) {
+    ir::Attributes a = act.attrs;
+    a.set("activation", std::string(act.name));
+    for (const Shape &s : {Shape{7, 13}, Shape{2, 3, 4, 5}})
+      compareKernels({"ActivationGrad", {s, s}, a, 1, act.fill}, ++seed);
+  }
+  // No lower bound: oneDNN's clip cannot give x = −inf its gradient; min > max: oneDNN wants
+  // alpha <= beta. Both declined.
+  auto fill = mixed({}, -2.f, 2.f);
+  for (auto [lo, hi] : {std::pair{-INFINITY, 1.f}, std::pair{1.f, -1.f}})
+    compareKernels({"ActivationGrad",
+                    {{4, 4}, {4, 4}},
+                    attrs({{"activation", std::string("Clip")}, {"alpha", lo}, {"beta", hi}}),
+                    1,
+                    fill},
+                   ++seed, false);
+}
+
+TEST(ActGradOps, SetupChecksInputs) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.addTensor("y", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3}));
+  g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2}));
+  ir::Op &op = g.addOp("SoftmaxGrad", "ai.graphcore", 1, "sg", {}, {"y", "dy"}, {"dx"});
+  EXPECT_THROW(op.def->setup(op), error);
+  g.addTensor("dy2", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3}));
+  ir::Op &act = g.addOp("ActivationGrad", "ai.graphcore", 1, "ag", attrs({{"activation", std::string("Gelu")}}),
+                        {"y", "dy2"}, {"dx2"});
+  try {
+    act.def->setup(act);
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("activation 'Gelu' has no ActivationGrad form"), std::string::npos)
+        << e.what();
+  }
+}
