@@ -24,5 +24,6 @@ void registerReferenceRnnKernels(KernelRegistry &registry);
 void registerReferenceDetectionKernels(KernelRegistry &registry);
 void registerReferenceStringKernels(KernelRegistry &registry);
 void registerReferenceTrainingKernels(KernelRegistry &registry);
+void registerReferenceVarUpdateKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -46,6 +46,9 @@ public:
   void addInput(const TensorId &id) { inputs_.push_back(id); }
   void addOutput(const TensorId &id) { outputs_.push_back(id); }
   void setOutputs(std::vector<TensorId> ids) { outputs_ = std::move(ids); }
+  /// The model's initializers in model order (weights are reported in this order).
+  const std::vector<TensorId> &initializers() const { return initializers_; }
+  void addInitializer(const TensorId &id) { initializers_.push_back(id); }
 
   /// Opset version per domain ("ai.onnx" → 13).
   std::map<std::string, int> &opsets() { return opsets_; }
@@ -67,6 +70,7 @@ private:
   std::vector<std::unique_ptr<Op>> ops_;
   std::vector<TensorId> inputs_;
   std::vector<TensorId> outputs_;
+  std::vector<TensorId> initializers_;
   std::map<std::string, int> opsets_;
   int64_t nextOpId_ = 0;
   int64_t nextUniqueId_ = 0;

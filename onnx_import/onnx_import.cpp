@@ -252,6 +252,7 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
     TensorData data = tensorFromProto(init, baseDir);
     ir::Tensor &t = graph->addTensor(init.name(), initKind, data.info());
     t.setData(std::make_shared<TensorData>(std::move(data)));
+    graph->addInitializer(init.name());
   }
   for (const auto &input : g.input()) {
     if (graph->hasTensor(input.name())) continue; // an initializer listed as input (IR version < 4)
@@ -309,6 +310,24 @@ std::string serializeTensorProto(const TensorData &data, const std::string &name
     t.set_raw_data(data.data(), static_cast<size_t>(data.byteCount()));
   }
   return t.SerializeAsString();
+}
+
+std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values) {
+  onnx::ModelProto m;
+  if (!parseProto(m, modelBytes)) throw error("cannot parse the model to write its weights");
+  std::map<TensorId, const TensorData *> pending = values;
+  for (auto &init : *m.mutable_graph()->mutable_initializer()) {
+    auto it = pending.find(init.name());
+    if (it == pending.end()) continue;
+    onnx::TensorProto t;
+    if (!t.ParseFromString(serializeTensorProto(*it->second, init.name())))
+      throw error("cannot serialize initializer '", init.name(), "'");
+    if (init.has_doc_string()) t.set_doc_string(init.doc_string());
+    init = std::move(t);
+    pending.erase(it);
+  }
+  if (!pending.empty()) throw error("'", pending.begin()->first, "' is not an initializer of the model");
+  return m.SerializeAsString();
 }
 
 bool looksLikeModelProto(const std::string &bytes) {

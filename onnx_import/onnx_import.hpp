@@ -4,6 +4,7 @@
 #include "core/tensordata.hpp"
 #include "ir/graph.hpp"
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
 TensorData readTensorProtoFile(const std::string &path);
 /// Serializes \p data as a TensorProto named \p name.
 std::string serializeTensorProto(const TensorData &data, const std::string &name);
+/// The model \p modelBytes with the initializers named in \p values replaced by those values
+/// (stored inline; external data references of replaced initializers are dropped). Throws
+/// naming a value that is not an initializer of the model.
+std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values);
 /// True if \p bytes parse as a ModelProto (to tell a model from a file name).
 bool looksLikeModelProto(const std::string &bytes);
 

@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include "session/session_common.hpp"
 #include "session/threads.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -14,8 +15,6 @@
 #include <sstream>
 
 namespace popart {
-
-namespace fs = std::filesystem;
 
 struct InferenceSession::Impl {
   std::string modelBytes;
@@ -40,14 +39,8 @@ struct InferenceSession::Impl {
     return onnx_import::importModelBytes(modelBytes, baseDir, io, sourceName);
   }
 
-  /// The shape an input will have: explicit shape, else the declared one with the batch size set.
   TensorInfo resolvedInfo(const TensorId &id) const {
-    if (inputShapes.has(id)) return inputShapes.get(id);
-    TensorInfo info = declared->tensor(id).info();
-    Shape s = info.shape();
-    if (options.batchSize > 0 && !s.empty() && s[0] < 0) s[0] = options.batchSize;
-    info.setShape(s);
-    return info;
+    return session::resolvedInputInfo(*declared, id, inputShapes, options);
   }
 
   void compile(const std::map<TensorId, TensorInfo> &infos, const std::map<TensorId, const IArray *> &values) {
@@ -82,6 +75,7 @@ struct InferenceSession::Impl {
         keep.push_back(a);
       }
     ir::removeDeadCode(*g, keep);
+    g->setOutputs(keep); // anchors keep their buffers to the end of the run
     backend_cpu::CompileOptions co;
     if (options.kernels == "reference")
       co.provider = backend_cpu::KernelProvider::Reference;
@@ -133,23 +127,10 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.options = options;
   m.inputShapes = inputShapes;
   setThreadCount(options.numThreads);
-  std::error_code ec;
-  bool isPath = model.size() < 4096 && model.find('\0') == std::string::npos && fs::is_regular_file(model, ec);
-  if (isPath) {
-    std::ifstream in(model, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    m.modelBytes = ss.str();
-    m.sourceName = model;
-    std::string dir = fs::path(model).parent_path().string();
-    m.baseDir = dir.empty() ? "." : dir;
-  } else {
-    if (model.size() < 4096 && (model.size() > 5 && model.substr(model.size() - 5) == ".onnx"))
-      throw error("model file '", model, "' does not exist");
-    m.modelBytes = model;
-    m.sourceName = "<model bytes>";
-    m.baseDir = ".";
-  }
+  session::ModelSource src = session::loadModel(model);
+  m.modelBytes = std::move(src.bytes);
+  m.baseDir = std::move(src.baseDir);
+  m.sourceName = std::move(src.sourceName);
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
   m.outputIds = m.declared->outputs();
@@ -201,14 +182,7 @@ void InferenceSession::run(StepIO &stepio) {
   for (const auto &[id, arr] : stepio.inputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
       throw error(
-          "StepIO input '", id, "' is not an input of the model (inputs: ",
-          [&] {
-            std::string s;
-            for (const auto &i : m.inputIds)
-              s += (s.empty() ? "" : ", ") + i;
-            return s;
-          }(),
-          ")");
+          "StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
   for (const auto &id : m.inputIds) {
     auto it = stepio.inputs().find(id);
     if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
@@ -265,8 +239,6 @@ void InferenceSession::run(StepIO &stepio) {
     for (const auto &[id, arr] : stepio.outputs()) {
       const AnchorReturnType &art = m.dataFlow.art(id);
       const TensorInfo &info = m.plan->info(id);
-      int64_t bytes = info.byteCount();
-      auto *dst = static_cast<uint8_t *>(arr.data());
       const void *src = m.plan->address(id);
       if (info.dataType() == DataType::STRING) {
         const TensorData *c = m.plan->constData(id);
@@ -274,29 +246,7 @@ void InferenceSession::run(StepIO &stepio) {
         std::copy(c->strings().begin(), c->strings().end(), static_cast<std::string *>(arr.data()));
         continue;
       }
-      if (bytes == 0) continue; // empty anchors: the user's buffer may be null
-      switch (art.id()) {
-      case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
-      case AnchorReturnTypeId::Final:
-        if (b == bps - 1) std::memcpy(dst, src, static_cast<size_t>(bytes));
-        break;
-      case AnchorReturnTypeId::EveryN:
-        if ((b + 1) % art.rp() == 0)
-          std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
-        break;
-      case AnchorReturnTypeId::Sum:
-        if (b == 0)
-          std::memcpy(dst, src, static_cast<size_t>(bytes));
-        else
-          dispatchNumeric(info.dataType(), "SUM anchor", [&](auto tag) {
-            using T = typename decltype(tag)::type;
-            auto *d = reinterpret_cast<T *>(dst);
-            const auto *s = static_cast<const T *>(src);
-            for (int64_t i = 0; i < info.elementCount(); ++i)
-              d[i] = static_cast<T>(static_cast<compute_t<T>>(d[i]) + static_cast<compute_t<T>>(s[i]));
-          });
-        break;
-      }
+      session::writeAnchor(art, info, src, arr, b, bps);
     }
   }
 }

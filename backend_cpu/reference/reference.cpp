@@ -19,6 +19,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceDetectionKernels(r);
   registerReferenceStringKernels(r);
   registerReferenceTrainingKernels(r);
+  registerReferenceVarUpdateKernels(r);
 }
 
 } // namespace popart::backend_cpu

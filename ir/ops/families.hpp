@@ -21,5 +21,6 @@ void registerRnnOps(OpRegistry &registry);
 void registerDetectionOps(OpRegistry &registry);
 void registerStringOps(OpRegistry &registry);
 void registerTrainingOps(OpRegistry &registry);
+void registerVarUpdateOps(OpRegistry &registry);
 
 } // namespace popart::ir

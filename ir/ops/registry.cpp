@@ -24,6 +24,7 @@ void registerBuiltinOps() {
     registerDetectionOps(r);
     registerStringOps(r);
     registerTrainingOps(r);
+    registerVarUpdateOps(r);
   });
 }
 

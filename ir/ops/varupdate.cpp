@@ -1,0 +1,83 @@
+// ai.graphcore ops that update Variables in place during training: the optimiser updates
+// (SGDUpdate, AdamUpdate, AdaptiveUpdate), gradient accumulation (Accumulate, ResetVar),
+// copies into a variable (CopyVar: BatchNormalization running statistics) and AllFinite (the
+// inf/NaN check of dynamic loss scaling).
+//
+// Update ops take [weight, gradient, hyperparameters (FLOAT [K]), gradient scale (FLOAT scalar),
+// state...] and output the weight and state updated in place. The gradient is multiplied by the
+// gradient scale first (1 / (loss scale · accumulation factor), times the clipping factor).
+
+#include "ir/ops/families.hpp"
+#include "ir/ops/helpers.hpp"
+
+namespace popart::ir {
+
+namespace {
+
+/// Hyperparameter count of each update op (layouts: docs/training.md).
+size_t hyperParameterCount(const std::string &type) {
+  if (type == "SGDUpdate") return 6;
+  if (type == "AdamUpdate") return 8;
+  return 6; // AdaptiveUpdate
+}
+
+void setupUpdate(Op &op) {
+  if (op.inputCount() < 4) throw error(op.debugName(), ": expected weight, gradient, hyperparameters, gradient scale");
+  const TensorInfo &w = op.inInfo(0);
+  requireType(op, 0, {DataType::FLOAT});
+  if (op.inInfo(1) != w)
+    throw error(op.debugName(), ": gradient ", op.inInfo(1).toString(), " does not match weight ", w.toString());
+  if (op.inInfo(2).dataType() != DataType::FLOAT || op.inInfo(2).elementCount() != int64_t(hyperParameterCount(op.type)))
+    throw error(op.debugName(), ": expected ", hyperParameterCount(op.type), " FLOAT hyperparameters, got ",
+                op.inInfo(2).toString());
+  if (op.inInfo(3).dataType() != DataType::FLOAT || op.inInfo(3).elementCount() != 1)
+    throw error(op.debugName(), ": the gradient scale must be a FLOAT scalar, got ", op.inInfo(3).toString());
+  op.setOutInfo(0, w);
+  for (size_t i = 4; i < op.inputCount(); ++i) {
+    if (!op.hasInput(i)) continue;
+    if (op.inInfo(i) != w)
+      throw error(op.debugName(), ": state input ", i, " is ", op.inInfo(i).toString(), ", expected ", w.toString());
+    op.setOutInfo(i - 3, w);
+  }
+}
+
+void setupAccumulate(Op &op) {
+  requireInputCount(op, 2, 2);
+  if (op.inInfo(1) != op.inInfo(0))
+    throw error(op.debugName(), ": cannot accumulate ", op.inInfo(1).toString(), " into ", op.inInfo(0).toString());
+  op.setOutInfo(0, op.inInfo(0));
+}
+
+void setupCopyVar(Op &op) {
+  requireInputCount(op, 2, 2);
+  if (op.inInfo(1) != op.inInfo(0))
+    throw error(op.debugName(), ": cannot copy ", op.inInfo(1).toString(), " into ", op.inInfo(0).toString());
+  op.setOutInfo(0, op.inInfo(0));
+}
+
+void setupAllFinite(Op &op) {
+  if (op.inputCount() == 0) throw error(op.debugName(), ": needs at least one input");
+  op.setOutInfo(0, TensorInfo(DataType::BOOL, {}));
+}
+
+OpDef def(const char *type, void (*setup)(Op &), std::vector<OpDef::InPlace> modifies) {
+  OpDef d = makeDef(type, 1, 1000, setup);
+  d.domain = "ai.graphcore";
+  d.foldable = false;
+  d.modifies = std::move(modifies);
+  return d;
+}
+
+} // namespace
+
+void registerVarUpdateOps(OpRegistry &r) {
+  r.add(def("SGDUpdate", setupUpdate, {{0, 0}, {1, 4}}));
+  r.add(def("AdamUpdate", setupUpdate, {{0, 0}, {1, 4}, {2, 5}}));
+  r.add(def("AdaptiveUpdate", setupUpdate, {{0, 0}, {1, 4}, {2, 5}, {3, 6}}));
+  r.add(def("Accumulate", setupAccumulate, {{0, 0}}));
+  r.add(def("ResetVar", setupSameAsInput0, {{0, 0}}));
+  r.add(def("CopyVar", setupCopyVar, {{0, 0}}));
+  r.add(def("AllFinite", setupAllFinite, {}));
+}
+
+} // namespace popart::ir

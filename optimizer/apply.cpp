@@ -1,0 +1,229 @@
+#include "optimizer/apply.hpp"
+#include <popart/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+namespace popart::optimizer {
+
+namespace {
+
+/// Adds an op of \p phase with one output (or none when \p out is empty) and runs its setup.
+TensorId addOp(ir::Graph &g, int phase, const std::string &domain, const std::string &type,
+               const std::vector<TensorId> &inputs, std::vector<TensorId> outputs, ir::Attributes attrs = {},
+               const std::string &name = "") {
+  int version = domain == "ai.onnx" ? (g.opsets().count("ai.onnx") ? g.opsets().at("ai.onnx") : 17) : 1;
+  ir::Op &op = g.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
+  op.phase = phase;
+  op.def->setup(op);
+  return outputs.empty() ? "" : outputs[0];
+}
+
+TensorId onnxOp(ir::Graph &g, int phase, const std::string &type, const std::vector<TensorId> &inputs,
+                const std::string &hint, ir::Attributes attrs = {}) {
+  return addOp(g, phase, "ai.onnx", type, inputs, {g.uniqueId(hint)}, std::move(attrs));
+}
+
+TensorId variable(ir::Graph &g, const std::string &hint, const TensorInfo &info, float fill = 0.0f) {
+  TensorId id = g.uniqueId(hint);
+  ir::Tensor &t = g.addTensor(id, ir::TensorKind::Variable, info);
+  auto data = std::make_shared<TensorData>(info);
+  if (fill != 0.0f)
+    for (int64_t i = 0; i < info.elementCount(); ++i)
+      data->as<float>()[i] = fill;
+  t.setData(std::move(data));
+  return id;
+}
+
+size_t hyperParameterCount(const Optimizer &o) {
+  if (dynamic_cast<const Adam *>(&o)) return 8;
+  return 6;
+}
+
+} // namespace
+
+AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
+                                const std::vector<std::pair<TensorId, TensorId>> &weightGrads,
+                                const ApplyOptions &options) {
+  if (options.accumulationFactor < 1) throw error("the accumulation factor must be at least 1");
+  AppliedOptimizer result;
+  const TensorInfo scalar(DataType::FLOAT, {});
+  result.gradScale = variable(g, "popart_grad_scale", scalar, 1.0f);
+
+  // Effective gradients: accumulated over the micro-batches when accumulating.
+  std::vector<TensorId> grads;
+  std::vector<WeightUpdate> updates;
+  for (const auto &[w, grad] : weightGrads) {
+    const TensorInfo &info = g.tensor(w).info();
+    if (info.dataType() != DataType::FLOAT)
+      throw error("weight '", w, "' is ", toString(info.dataType()), ": only FLOAT weights can be trained");
+    WeightUpdate u;
+    u.weight = w;
+    TensorId eff = grad;
+    if (options.accumulationFactor > 1) {
+      u.accumulator = variable(g, "accum_" + w, info);
+      eff = addOp(g, MicroBatch, "ai.graphcore", "Accumulate", {u.accumulator, grad}, {g.uniqueId(u.accumulator + "_sum")});
+    }
+    grads.push_back(eff);
+    updates.push_back(u);
+  }
+
+  // Clipping by global norm: one scale per group, computed from the unscaled gradients.
+  std::map<TensorId, TensorId> scaleOf;
+  for (size_t c = 0; c < opt.clipNormSettings().size(); ++c) {
+    const ClipNormSettings &clip = opt.clipNormSettings()[c];
+    std::vector<size_t> members;
+    for (size_t i = 0; i < updates.size(); ++i)
+      if (clip.weightIds.empty() ||
+          std::find(clip.weightIds.begin(), clip.weightIds.end(), updates[i].weight) != clip.weightIds.end())
+        members.push_back(i);
+    for (const auto &id : clip.weightIds)
+      if (std::none_of(updates.begin(), updates.end(), [&](const WeightUpdate &u) { return u.weight == id; }))
+        throw error("gradient clipping names '", id, "', which is not a trained weight");
+    if (members.empty()) continue;
+    std::vector<TensorId> squares;
+    for (size_t i : members) {
+      ir::Attributes keep;
+      keep.set("keepdims", int64_t{0});
+      squares.push_back(onnxOp(g, PreUpdate, "ReduceSumSquare", {grads[i]}, "clip_sumsq", keep));
+    }
+    TensorId total = squares.size() == 1 ? squares[0] : onnxOp(g, PreUpdate, "Sum", squares, "clip_total");
+    TensorId norm = onnxOp(g, PreUpdate, "Mul", {onnxOp(g, PreUpdate, "Sqrt", {total}, "clip_norm"), result.gradScale},
+                           "clip_norm_unscaled");
+    TensorId maxNorm = g.uniqueId("clip_max");
+    g.addConst(maxNorm, TensorData::scalarFloat(clip.maxNorm));
+    TensorId tiny = g.uniqueId("clip_eps");
+    g.addConst(tiny, TensorData::scalarFloat(1e-6f));
+    TensorId one = g.uniqueId("clip_one");
+    g.addConst(one, TensorData::scalarFloat(1.0f));
+    TensorId coef =
+        onnxOp(g, PreUpdate, "Div", {maxNorm, onnxOp(g, PreUpdate, "Add", {norm, tiny}, "clip_denom")}, "clip_coef");
+    TensorId factor = onnxOp(g, PreUpdate, "Min", {coef, one}, "clip_factor");
+    TensorId scale = onnxOp(g, PreUpdate, "Mul", {factor, result.gradScale}, "clip_grad_scale");
+    for (size_t i : members) {
+      if (scaleOf.count(updates[i].weight))
+        throw error("weight '", updates[i].weight, "' is in more than one gradient clipping group");
+      scaleOf[updates[i].weight] = scale;
+    }
+  }
+
+  if (options.checkFinite && !grads.empty())
+    result.allFinite = addOp(g, PreUpdate, "ai.graphcore", "AllFinite", grads, {g.uniqueId("popart_all_finite")});
+
+  const auto *sgd = dynamic_cast<const SGD *>(&opt);
+  const auto *adam = dynamic_cast<const Adam *>(&opt);
+  const auto *adaptive = dynamic_cast<const Adaptive *>(&opt);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    WeightUpdate &u = updates[i];
+    const TensorInfo &info = g.tensor(u.weight).info();
+    u.hyperParameters = variable(g, "hp_" + u.weight, TensorInfo(DataType::FLOAT, {int64_t(hyperParameterCount(opt))}));
+    auto hp = hyperParameters(opt, u.weight, 1);
+    std::copy(hp.begin(), hp.end(), g.tensor(u.hyperParameters).data()->as<float>());
+    TensorId gs = scaleOf.count(u.weight) ? scaleOf.at(u.weight) : result.gradScale;
+    std::vector<TensorId> in{u.weight, grads[i], u.hyperParameters, gs};
+    std::vector<TensorId> out{g.uniqueId(u.weight + "_updated")};
+    ir::Attributes attrs;
+    std::string type;
+    auto addState = [&](const std::string &prefix, float fill = 0.0f) {
+      TensorId s = variable(g, prefix + "_" + u.weight, info, fill);
+      u.state.push_back(s);
+      in.push_back(s);
+      out.push_back(g.uniqueId(s + "_updated"));
+    };
+    auto skipState = [&] {
+      in.push_back("");
+      out.push_back("");
+    };
+    if (sgd) {
+      type = "SGDUpdate";
+      OptimizerValue mom = opt.get("momentum", u.weight);
+      bool nesterov = opt.get("nesterov", u.weight).val() != 0.0f;
+      if (!opt.get("nesterov", u.weight).isConst()) throw error("SGD: nesterov must be const");
+      if (nesterov && (mom.val() <= 0.0f || opt.get("dampening", u.weight).val() != 0.0f))
+        throw error("SGD: Nesterov momentum needs a positive momentum and zero dampening (weight '", u.weight, "')");
+      if (!opt.get("velocityScaling", u.weight).isConst() || opt.get("velocityScaling", u.weight).val() <= 0.0f)
+        throw error("SGD: velocityScaling must be const and positive");
+      attrs.set("nesterov", int64_t{nesterov ? 1 : 0});
+      if (!mom.isConst() || mom.val() != 0.0f) addState("velocity");
+    } else if (adam) {
+      type = "AdamUpdate";
+      AdamMode mode = adam->mode();
+      attrs.set("mode", std::string(mode == AdamMode::AdaMax                                   ? "adamax"
+                                    : mode == AdamMode::Lamb || mode == AdamMode::LambNoBias ? "lamb"
+                                                                                             : "adam"));
+      attrs.set("decoupled", int64_t{adam->decayMode() == WeightDecayMode::Decay ? 1 : 0});
+      addState("adam_m");
+      addState(mode == AdamMode::AdaMax ? "adamax_u" : "adam_v");
+    } else if (adaptive) {
+      type = "AdaptiveUpdate";
+      AdaptiveMode mode = adaptive->mode();
+      attrs.set("mode", adaptive->name());
+      if (mode == AdaptiveMode::AdaGrad) {
+        addState("adagrad_sum", opt.get("initialAccumulator", u.weight).val());
+      } else {
+        addState("rmsprop_sq");
+        if (mode == AdaptiveMode::CenteredRMSProp)
+          addState("rmsprop_avg");
+        else
+          skipState();
+        OptimizerValue mom = opt.get("momentum", u.weight);
+        if (!mom.isConst() || mom.val() != 0.0f) addState("rmsprop_buf");
+      }
+    } else {
+      throw error("unsupported optimiser '", opt.name(), "'");
+    }
+    while (!out.empty() && out.back().empty()) {
+      out.pop_back();
+      in.pop_back();
+    }
+    addOp(g, Update, "ai.graphcore", type, in, out, std::move(attrs), "update_" + u.weight);
+    if (!u.accumulator.empty())
+      addOp(g, PostUpdate, "ai.graphcore", "ResetVar", {grads[i]}, {g.uniqueId(u.accumulator + "_reset")});
+  }
+  result.updates = std::move(updates);
+  return result;
+}
+
+std::vector<float> hyperParameters(const Optimizer &opt, const TensorId &w, int64_t step) {
+  auto v = [&](const char *name) { return opt.get(name, w).val(); };
+  if (dynamic_cast<const SGD *>(&opt))
+    return {v("learningRate"), v("momentum"), v("dampening"), v("weightDecay"), v("velocityScaling"),
+            step == 1 ? 1.0f : 0.0f};
+  if (const auto *adam = dynamic_cast<const Adam *>(&opt)) {
+    bool bias = adam->mode() == AdamMode::Adam || adam->mode() == AdamMode::AdaMax || adam->mode() == AdamMode::Lamb;
+    double t = static_cast<double>(step);
+    float bc1 = bias ? static_cast<float>(1.0 - std::pow(double(v("beta1")), t)) : 1.0f;
+    float bc2 = bias && adam->mode() != AdamMode::AdaMax ? static_cast<float>(1.0 - std::pow(double(v("beta2")), t)) : 1.0f;
+    return {v("learningRate"), v("beta1"), v("beta2"), v("eps"), v("weightDecay"), bc1, bc2, v("maxWeightNorm")};
+  }
+  if (const auto *ad = dynamic_cast<const Adaptive *>(&opt)) {
+    float lr = v("learningRate");
+    if (ad->mode() == AdaptiveMode::AdaGrad)
+      lr = static_cast<float>(double(lr) / (1.0 + double(step - 1) * double(v("learningRateDecay"))));
+    return {lr, v("alpha"), v("momentum"), v("eps"), v("weightDecay"), 0.0f};
+  }
+  throw error("unsupported optimiser '", opt.name(), "'");
+}
+
+void checkReplaceable(const Optimizer &current, const Optimizer &next, const std::vector<TensorId> &weights) {
+  if (current.name() != next.name())
+    throw error("updateOptimizerFromHost: the session was compiled for ", current.name(), ", not ", next.name());
+  if (current.clipNormSettings().size() != next.clipNormSettings().size())
+    throw error("updateOptimizerFromHost: gradient clipping cannot be added or removed after compilation");
+  if (current.lossScaling().isConst() && !(current.lossScaling() == next.lossScaling()))
+    throw error("updateOptimizerFromHost: lossScaling is const (", current.lossScaling().val(), ")");
+  std::vector<TensorId> ids = weights;
+  ids.insert(ids.begin(), "");
+  for (const auto &name : current.hyperParameterNames())
+    for (const auto &w : ids) {
+      OptimizerValue a = current.get(name, w), b = next.get(name, w);
+      if (a.isConst() != b.isConst() || (a.isConst() && a.val() != b.val()))
+        throw error("updateOptimizerFromHost: hyperparameter '", name, "'", w.empty() ? "" : " of '" + w + "'",
+                    " is const in the compiled session (", a.val(), ") and cannot change to ", b.val(),
+                    b.isConst() ? " (const)" : " (non-const)");
+    }
+}
+
+} // namespace popart::optimizer

@@ -1,0 +1,53 @@
+#pragma once
+// Adds an optimiser to a graph with gradients: per weight its state Variables and one in-place
+// update op, plus gradient accumulation, clipping by global norm and the finiteness check of
+// dynamic loss scaling. Host-side values (hyperparameters per step) come from hyperParameters().
+
+#include "ir/graph.hpp"
+#include <popart/optimizer.hpp>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace popart::optimizer {
+
+/// Phases of the training graph (ir::Op::phase): forward, backward and accumulation run per
+/// micro-batch; the others once per weight update, in order.
+enum Phase : int { MicroBatch = 0, PreUpdate = 1, Update = 2, PostUpdate = 3 };
+
+/// One weight's update: the tensors the host writes or reads.
+struct WeightUpdate {
+  TensorId weight;
+  TensorId hyperParameters;     ///< FLOAT [K] Variable the host writes before each update
+  std::vector<TensorId> state;  ///< optimiser state Variables (checkpointed)
+  TensorId accumulator;         ///< gradient accumulator Variable ("" without accumulation)
+};
+
+struct ApplyOptions {
+  int accumulationFactor = 1;
+  /// Adds an AllFinite op over every gradient (dynamic loss scaling).
+  bool checkFinite = false;
+};
+
+struct AppliedOptimizer {
+  std::vector<WeightUpdate> updates;
+  /// FLOAT scalar Variable the host sets to 1 / (loss scale · accumulation factor).
+  TensorId gradScale;
+  /// BOOL scalar, true when every gradient is finite ("" unless checkFinite).
+  TensorId allFinite;
+};
+
+/// Adds the optimiser for \p weightGrads ({weight, gradient of the scaled loss}) to \p graph.
+AppliedOptimizer applyOptimizer(ir::Graph &graph, const Optimizer &optimizer,
+                                const std::vector<std::pair<TensorId, TensorId>> &weightGrads,
+                                const ApplyOptions &options);
+
+/// The hyperparameter tensor of \p weight for the \p step-th update (1-based).
+std::vector<float> hyperParameters(const Optimizer &optimizer, const TensorId &weight, int64_t step);
+
+/// Throws unless \p next can replace \p current in a compiled session: same kind, same
+/// clipping, same const values (naming the first that differs).
+void checkReplaceable(const Optimizer &current, const Optimizer &next, const std::vector<TensorId> &weights);
+
+} // namespace popart::optimizer

@@ -1,0 +1,107 @@
+#include "session/session_common.hpp"
+#include "core/dispatch.hpp"
+#include <popart/error.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace popart::session {
+
+namespace fs = std::filesystem;
+
+ModelSource loadModel(const std::string &model) {
+  ModelSource m;
+  std::error_code ec;
+  bool isPath = model.size() < 4096 && model.find('\0') == std::string::npos && fs::is_regular_file(model, ec);
+  if (isPath) {
+    std::ifstream in(model, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    m.bytes = ss.str();
+    m.sourceName = model;
+    std::string dir = fs::path(model).parent_path().string();
+    m.baseDir = dir.empty() ? "." : dir;
+    return m;
+  }
+  if (model.size() < 4096 && (model.size() > 5 && model.substr(model.size() - 5) == ".onnx"))
+    throw error("model file '", model, "' does not exist");
+  m.bytes = model;
+  m.sourceName = "<model bytes>";
+  m.baseDir = ".";
+  return m;
+}
+
+TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, const InputShapeInfo &shapes,
+                             const SessionOptions &options) {
+  if (shapes.has(id)) return shapes.get(id);
+  TensorInfo info = declared.tensor(id).info();
+  Shape s = info.shape();
+  if (options.batchSize > 0 && !s.empty() && s[0] < 0) s[0] = options.batchSize;
+  info.setShape(s);
+  return info;
+}
+
+std::string joinIds(const std::vector<TensorId> &ids) {
+  std::string s;
+  for (const auto &i : ids)
+    s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+void checkInputArray(const TensorId &id, const IArray &arr, const TensorInfo &info, const Shape &prefix) {
+  if (arr.dataType() != info.dataType())
+    throw error("input '", id, "' has type ", toString(arr.dataType()), " but the model expects ",
+                toString(info.dataType()));
+  Shape expected = prefix;
+  expected.insert(expected.end(), info.shape().begin(), info.shape().end());
+  if (arr.shape() != expected)
+    throw error("input '", id, "' has shape ", toString(arr.shape()), " but the step needs ", toString(expected),
+                prefix.empty() ? "" : " (leading dimensions: batches per step, accumulation factor)");
+}
+
+Shape anchorShape(const AnchorReturnType &art, const TensorInfo &info, const Shape &prefix, int count) {
+  Shape s;
+  switch (art.id()) {
+  case AnchorReturnTypeId::All: s = prefix; break;
+  case AnchorReturnTypeId::EveryN:
+    if (count / art.rp() > 1) s = {count / art.rp()};
+    break;
+  case AnchorReturnTypeId::Final:
+  case AnchorReturnTypeId::Sum: break;
+  }
+  s.insert(s.end(), info.shape().begin(), info.shape().end());
+  return s;
+}
+
+void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &arr, int b,
+                 int count) {
+  int64_t bytes = info.byteCount();
+  if (bytes == 0) return; // empty anchors: the user's buffer may be null
+  auto *dst = static_cast<uint8_t *>(arr.data());
+  switch (art.id()) {
+  case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
+  case AnchorReturnTypeId::Final:
+    if (b == count - 1) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    break;
+  case AnchorReturnTypeId::EveryN:
+    if ((b + 1) % art.rp() == 0) std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
+    break;
+  case AnchorReturnTypeId::Sum:
+    if (b == 0) {
+      std::memcpy(dst, src, static_cast<size_t>(bytes));
+      break;
+    }
+    dispatchNumeric(info.dataType(), "SUM anchor", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      auto *d = reinterpret_cast<T *>(dst);
+      const auto *s = static_cast<const T *>(src);
+      for (int64_t i = 0; i < info.elementCount(); ++i)
+        d[i] = static_cast<T>(static_cast<compute_t<T>>(d[i]) + static_cast<compute_t<T>>(s[i]));
+    });
+    break;
+  }
+}
+
+} // namespace popart::session

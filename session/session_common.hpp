@@ -1,0 +1,44 @@
+#pragma once
+// Parts shared by InferenceSession and TrainingSession: reading the model argument, resolving
+// input shapes, and copying anchors into the host buffers.
+
+#include "ir/graph.hpp"
+#include <popart/dataflow.hpp>
+#include <popart/sessionoptions.hpp>
+#include <popart/stepio.hpp>
+
+#include <string>
+
+namespace popart::session {
+
+/// A model given as a path or as serialized bytes.
+struct ModelSource {
+  std::string bytes;
+  std::string baseDir;    ///< where external data is resolved
+  std::string sourceName; ///< the path, or "<model bytes>", for messages
+};
+
+/// Reads \p model, a path to an .onnx file or a serialized ModelProto.
+ModelSource loadModel(const std::string &model);
+
+/// The shape input \p id will have: InputShapeInfo's, else the declared one with an unknown
+/// leading dimension set to options.batchSize.
+TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, const InputShapeInfo &shapes,
+                             const SessionOptions &options);
+
+/// "a, b, c".
+std::string joinIds(const std::vector<TensorId> &ids);
+
+/// Checks \p arr holds \p prefix (batches per step, accumulation...; dimensions of 1 omitted)
+/// followed by \p info's shape, of its type; throws naming input \p id otherwise.
+void checkInputArray(const TensorId &id, const IArray &arr, const TensorInfo &info, const Shape &prefix);
+
+/// The shape an anchor's host buffer needs when a step runs \p count micro-batches whose
+/// shape as a prefix is \p prefix.
+Shape anchorShape(const AnchorReturnType &art, const TensorInfo &info, const Shape &prefix, int count);
+
+/// Writes the value \p src of an anchor after micro-batch \p index (0-based) of \p count.
+void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &dst, int index,
+                 int count);
+
+} // namespace popart::session

@@ -1,0 +1,593 @@
+// TrainingSession: import with initializers as Variables, backward graph of the (scaled) loss,
+// optimiser update ops, one execution plan run phase by phase; checkpoints and weight I/O.
+
+#include "autodiff/autodiff.hpp"
+#include "backend_cpu/plan.hpp"
+#include "core/log.hpp"
+#include "ir/passes/passes.hpp"
+#include "onnx_import/onnx_import.hpp"
+#include "optimizer/apply.hpp"
+#include "session/session_common.hpp"
+#include "session/threads.hpp"
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace popart {
+
+namespace {
+constexpr char kCheckpointMagic[8] = {'P', 'O', 'P', 'A', 'R', 'T', 'C', 'K'};
+constexpr int kCheckpointVersion = 1;
+
+/// 64-bit FNV-1a of the model bytes: a checkpoint belongs to one model.
+uint64_t fingerprint(const std::string &bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes)
+    h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
+  backend_cpu::CompileOptions co;
+  if (options.kernels == "reference")
+    co.provider = backend_cpu::KernelProvider::Reference;
+  else if (options.kernels == "dnnl")
+    co.provider = backend_cpu::KernelProvider::Dnnl;
+  else if (options.kernels != "any")
+    throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+  return co;
+}
+} // namespace
+
+struct TrainingSession::Impl {
+  session::ModelSource model;
+  DataFlow dataFlow;
+  SessionOptions options;
+  InputShapeInfo inputShapes;
+  std::unique_ptr<Optimizer> optimizer;
+  TensorId lossId;
+
+  std::unique_ptr<ir::Graph> declared;
+  std::vector<TensorId> inputIds;
+  std::unique_ptr<ir::Graph> graph;
+  std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+  optimizer::AppliedOptimizer applied;
+  std::vector<TensorId> weightIds;     ///< trained weights, model order
+  std::vector<TensorId> runningStats;  ///< BatchNormalization running mean/var (updated, not trained)
+  std::vector<TensorId> stateIds;      ///< optimiser state
+  TensorId lossScaleId;                ///< FLOAT scalar Variable multiplying the loss
+  TensorId rngStateId;                 ///< INT64 [2] Variable {seed, counter} for random ops
+  std::map<TensorId, TensorData> initialValues;
+
+  int64_t step = 0, skipped = 0, goodSteps = 0;
+  float lossScale = 1.0f;
+  uint64_t seed = 0;
+  int64_t rngCounter = 0;
+
+  int accumulation() const { return options.enableGradientAccumulation ? options.accumulationFactor : 1; }
+  bool dynamicScaling() const { return options.automaticLossScalingSettings.enabled; }
+
+  /// Variables whose values persist across steps and go into checkpoints.
+  std::vector<TensorId> persistentIds() const {
+    std::vector<TensorId> ids = weightIds;
+    ids.insert(ids.end(), runningStats.begin(), runningStats.end());
+    ids.insert(ids.end(), stateIds.begin(), stateIds.end());
+    return ids;
+  }
+
+  TensorData &variable(const TensorId &id) const { return *graph->tensor(id).data(); }
+
+  std::unique_ptr<ir::Graph> import() const {
+    onnx_import::ImportOptions io;
+    io.check = options.checkModel;
+    io.initializersAsVariables = true;
+    return onnx_import::importModelBytes(model.bytes, model.baseDir, io, model.sourceName);
+  }
+
+  void compile();
+  void writeHostScalars();
+  void resetState();
+};
+
+/// Initializers that decide shapes (through value inputs) or are not floating point are constants.
+static void freezeNonTrainable(ir::Graph &g) {
+  std::vector<ir::Tensor *> stack;
+  for (const auto &op : g.ops()) {
+    std::vector<int> idx = op->def->valueInputs;
+    if (op->def->allInputsAreValueInputs)
+      for (size_t i = 0; i < op->inputCount(); ++i)
+        idx.push_back(static_cast<int>(i));
+    for (int i : idx)
+      if (op->hasInput(static_cast<size_t>(i))) stack.push_back(&op->input(static_cast<size_t>(i)));
+  }
+  std::set<ir::Tensor *> seen;
+  while (!stack.empty()) {
+    ir::Tensor *t = stack.back();
+    stack.pop_back();
+    if (!seen.insert(t).second) continue;
+    if (t->kind() == ir::TensorKind::Variable) t->setKind(ir::TensorKind::Const);
+    if (ir::Op *p = t->producer())
+      for (ir::Tensor *in : p->inputs)
+        if (in) stack.push_back(in);
+  }
+  for (const auto &[id, t] : g.tensors())
+    if (t->kind() == ir::TensorKind::Variable && !isFloatingPoint(t->info().dataType())) t->setKind(ir::TensorKind::Const);
+}
+
+void TrainingSession::Impl::compile() {
+  auto g = import();
+  for (const auto &id : inputIds) {
+    TensorInfo info = session::resolvedInputInfo(*declared, id, inputShapes, options);
+    if (!info.isKnown())
+      throw error("input '", id, "' has shape ", toString(info.shape()),
+                  ": training needs every input shape (set SessionOptions::batchSize or an InputShapeInfo)");
+    g->tensor(id).setInfo(info);
+  }
+  freezeNonTrainable(*g);
+  backend_cpu::ReferenceEvaluator evaluator;
+  ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+
+  // The loss.
+  if (lossId.empty()) {
+    std::vector<TensorId> scalars;
+    for (const auto &o : g->outputs())
+      if (g->tensor(o).info().elementCount() == 1) scalars.push_back(o);
+    if (scalars.size() != 1)
+      throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (",
+                  session::joinIds(scalars), "): name the loss tensor");
+    lossId = scalars[0];
+  }
+  if (!g->hasTensor(lossId)) throw error("loss '", lossId, "' is not a tensor of model '", model.sourceName, "'");
+  const TensorInfo &lossInfo = g->tensor(lossId).info();
+  if (lossInfo.elementCount() != 1 || !isFloatingPoint(lossInfo.dataType()))
+    throw error("loss '", lossId, "' must be a floating-point scalar, got ", lossInfo.toString());
+
+  // Random ops draw from {seed, counter}; the counter moves every micro-batch.
+  rngStateId = g->uniqueId("popart_rng_state");
+  {
+    TensorInfo info(DataType::INT64, {2});
+    g->addTensor(rngStateId, ir::TensorKind::Variable, info).setData(std::make_shared<TensorData>(info));
+  }
+  // BatchNormalization in training mode writes its running statistics back.
+  std::vector<ir::Op *> bnOps;
+  for (const auto &op : g->ops())
+    if (op->type == "BatchNormalization" && op->version >= 14 && op->attrs.getInt("training_mode", 0) != 0)
+      bnOps.push_back(op.get());
+  for (ir::Op *bn : bnOps) {
+    bn->attrs.set("popart_unbiased_running_var", int64_t{options.batchNormUnbiasedRunningVariance ? 1 : 0});
+    for (size_t k : {size_t{3}, size_t{4}}) {
+      ir::Tensor &stat = bn->input(k);
+      if (stat.kind() != ir::TensorKind::Variable) continue;
+      if (!bn->hasOutput(k - 2)) {
+        while (bn->outputs.size() <= k - 2)
+          bn->outputs.push_back(nullptr);
+        ir::Tensor &t = g->addTensor(g->uniqueId(stat.id() + "_batch"), ir::TensorKind::ActGrad, stat.info());
+        t.setProducer(bn);
+        bn->outputs[k - 2] = &t;
+      }
+      ir::Op &copy = g->addOp("CopyVar", "ai.graphcore", 1, "update_" + stat.id(), {},
+                              {stat.id(), bn->output(k - 2).id()}, {g->uniqueId(stat.id() + "_updated")});
+      copy.def->setup(copy);
+      runningStats.push_back(stat.id());
+    }
+    bn->def->setup(*bn);
+  }
+
+  // Trained weights: floating-point Variables the loss depends on (not running statistics).
+  std::set<const ir::Tensor *> upstream;
+  {
+    std::vector<const ir::Tensor *> stack{&g->tensor(lossId)};
+    while (!stack.empty()) {
+      const ir::Tensor *t = stack.back();
+      stack.pop_back();
+      if (!upstream.insert(t).second) continue;
+      if (const ir::Op *p = t->producer())
+        for (const ir::Tensor *in : p->inputs)
+          if (in) stack.push_back(in);
+    }
+  }
+  weightIds.clear();
+  for (const auto &id : g->initializers())
+    if (g->hasTensor(id)) {
+      const ir::Tensor &t = g->tensor(id);
+      if (t.kind() == ir::TensorKind::Variable && upstream.count(&t) &&
+          std::find(runningStats.begin(), runningStats.end(), id) == runningStats.end())
+        weightIds.push_back(id);
+    }
+  if (weightIds.empty()) throw error("loss '", lossId, "' depends on no trainable weight");
+
+  // Loss scaling multiplies the loss, so the whole backward pass sees scaled gradients.
+  lossScaleId = g->uniqueId("popart_loss_scale");
+  g->addTensor(lossScaleId, ir::TensorKind::Variable, TensorInfo(DataType::FLOAT, {}))
+      .setData(std::make_shared<TensorData>(TensorData::scalarFloat(1.0f)));
+  TensorId lossF = lossId;
+  if (lossInfo.dataType() != DataType::FLOAT) {
+    ir::Attributes to;
+    to.set("to", int64_t{static_cast<int64_t>(DataType::FLOAT)});
+    lossF = g->uniqueId(lossId + "_float");
+    ir::Op &cast = g->addOp("Cast", "ai.onnx", 13, "", to, {lossId}, {lossF});
+    cast.def->setup(cast);
+  }
+  TensorId reshaped = g->uniqueId(lossId + "_scalar");
+  TensorId emptyShape = g->uniqueId("popart_scalar_shape");
+  g->addConst(emptyShape, TensorData::fromInt64({0}, {}));
+  ir::Op &rs = g->addOp("Reshape", "ai.onnx", 13, "", {}, {lossF, emptyShape}, {reshaped});
+  rs.def->setup(rs);
+  TensorId scaled = g->uniqueId(lossId + "_scaled");
+  ir::Op &mul = g->addOp("Mul", "ai.onnx", 13, "", {}, {reshaped, lossScaleId}, {scaled});
+  mul.def->setup(mul);
+
+  std::vector<TensorId> grads = autodiff::buildGradients(*g, scaled, weightIds);
+  std::vector<std::pair<TensorId, TensorId>> weightGrads;
+  for (size_t i = 0; i < weightIds.size(); ++i)
+    weightGrads.emplace_back(weightIds[i], grads[i]);
+  optimizer::ApplyOptions ao;
+  ao.accumulationFactor = accumulation();
+  ao.checkFinite = dynamicScaling();
+  applied = optimizer::applyOptimizer(*g, *optimizer, weightGrads, ao);
+  stateIds.clear();
+  for (const auto &u : applied.updates)
+    stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
+
+  ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  std::vector<TensorId> keep{lossId};
+  for (const auto &a : dataFlow.anchors()) {
+    if (!g->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of the model");
+    if (std::find(keep.begin(), keep.end(), a) == keep.end()) keep.push_back(a);
+  }
+  if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
+  ir::removeDeadCode(*g, keep);
+  g->setOutputs(keep);
+  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compileOptions(options));
+  graph = std::move(g);
+  initialValues.clear();
+  for (const auto &id : persistentIds())
+    initialValues.emplace(id, variable(id));
+  logging::logger().info("training {} weights of '{}' with {}; {} ops, arena {} bytes", weightIds.size(),
+                         model.sourceName, optimizer->name(), plan->stepCount(), plan->memoryPlan().arenaBytes);
+}
+
+void TrainingSession::Impl::resetState() {
+  for (const auto &[id, data] : initialValues)
+    std::memcpy(variable(id).data(), data.data(), static_cast<size_t>(data.byteCount()));
+  for (const auto &u : applied.updates)
+    if (!u.accumulator.empty()) std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
+  step = skipped = goodSteps = 0;
+  rngCounter = 0;
+  lossScale = dynamicScaling() ? options.automaticLossScalingSettings.initialScale : optimizer->lossScaling().val();
+}
+
+void TrainingSession::Impl::writeHostScalars() {
+  *variable(lossScaleId).as<float>() = lossScale;
+  *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulation()));
+  for (const auto &u : applied.updates) {
+    std::vector<float> hp = optimizer::hyperParameters(*optimizer, u.weight, step + 1);
+    std::copy(hp.begin(), hp.end(), variable(u.hyperParameters).as<float>());
+  }
+}
+
+TrainingSession::TrainingSession() : impl_(std::make_unique<Impl>()) {}
+TrainingSession::~TrainingSession() = default;
+
+std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std::string &model,
+                                                                      const DataFlow &dataFlow, const TensorId &loss,
+                                                                      const Optimizer &optimizer,
+                                                                      const SessionOptions &options,
+                                                                      const InputShapeInfo &inputShapes) {
+  std::unique_ptr<TrainingSession> s(new TrainingSession());
+  Impl &m = *s->impl_;
+  m.model = session::loadModel(model);
+  m.dataFlow = dataFlow;
+  m.options = options;
+  m.inputShapes = inputShapes;
+  m.optimizer = optimizer.clone();
+  m.lossId = loss;
+  if (options.accumulationFactor < 1) throw error("SessionOptions.accumulationFactor must be at least 1");
+  if (options.accumulationFactor > 1 && !options.enableGradientAccumulation)
+    throw error("SessionOptions.accumulationFactor is ", options.accumulationFactor,
+                " but enableGradientAccumulation is false");
+  const auto &als = options.automaticLossScalingSettings;
+  if (als.enabled && !(als.initialScale > 0.0f && als.growthFactor >= 1.0f && als.backoffFactor > 0.0f &&
+                       als.backoffFactor <= 1.0f && als.growthInterval > 0))
+    throw error("automaticLossScalingSettings: need initialScale > 0, growthFactor >= 1, 0 < backoffFactor <= 1 "
+                "and growthInterval > 0");
+  if (als.enabled && m.optimizer->lossScaling().val() != 1.0f)
+    throw error("dynamic loss scaling replaces the optimiser's static lossScaling; set one or the other");
+  setThreadCount(options.numThreads);
+  m.declared = m.import();
+  m.inputIds = m.declared->inputs();
+  for (const auto &[id, info] : inputShapes.getAll())
+    if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
+      throw error("InputShapeInfo names '", id, "', which is not an input of the model");
+  for (const auto &a : dataFlow.anchors())
+    if (!m.declared->hasTensor(a) && a != loss)
+      throw error("anchor '", a, "' is not a tensor of model '", m.model.sourceName, "'");
+  return s;
+}
+
+void TrainingSession::prepareDevice() {
+  Impl &m = *impl_;
+  if (m.plan) return;
+  m.compile();
+  m.resetState();
+}
+
+void TrainingSession::weightsFromHost() {
+  prepareDevice();
+  impl_->resetState();
+}
+
+void TrainingSession::run(StepIO &stepio) {
+  Impl &m = *impl_;
+  prepareDevice();
+  const int bps = m.dataFlow.batchesPerStep(), accum = m.accumulation();
+  const int micro = bps * accum;
+  Shape prefix;
+  if (bps > 1) prefix.push_back(bps);
+  if (accum > 1) prefix.push_back(accum);
+  for (const auto &[id, arr] : stepio.inputs())
+    if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
+      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
+  for (const auto &id : m.inputIds) {
+    auto it = stepio.inputs().find(id);
+    if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
+    session::checkInputArray(id, it->second, m.plan->info(id), prefix);
+  }
+  for (const auto &[id, arr] : stepio.outputs()) {
+    if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
+    const TensorInfo &info = m.plan->info(id);
+    Shape expected = session::anchorShape(m.dataFlow.art(id), info, prefix, micro);
+    if (arr.dataType() != info.dataType() || arr.shape() != expected)
+      throw error("output buffer for anchor '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", expected ", toString(info.dataType()), " ", toString(expected));
+  }
+  auto [p0b, p0e] = m.plan->phaseSteps(optimizer::MicroBatch);
+  auto [p1b, p1e] = m.plan->phaseSteps(optimizer::PreUpdate);
+  auto [p2b, p2e] = m.plan->phaseSteps(optimizer::Update);
+  auto [p3b, p3e] = m.plan->phaseSteps(optimizer::PostUpdate);
+  int64_t *rng = m.variable(m.rngStateId).as<int64_t>();
+  for (int b = 0; b < bps; ++b) {
+    m.writeHostScalars();
+    for (int a = 0; a < accum; ++a) {
+      int k = b * accum + a;
+      for (const auto &id : m.inputIds) {
+        IArray &arr = stepio.inputs().at(id);
+        int64_t bytes = m.plan->info(id).byteCount();
+        if (bytes > 0)
+          std::memcpy(m.plan->address(id), static_cast<uint8_t *>(arr.data()) + k * bytes, static_cast<size_t>(bytes));
+      }
+      rng[0] = static_cast<int64_t>(m.seed);
+      rng[1] = m.rngCounter++;
+      m.plan->run(p0b, p0e);
+      for (const auto &[id, arr] : stepio.outputs())
+        session::writeAnchor(m.dataFlow.art(id), m.plan->info(id), m.plan->address(id), arr, k, micro);
+    }
+    m.plan->run(p1b, p1e);
+    bool finite = true;
+    if (!m.applied.allFinite.empty()) finite = *static_cast<const bool *>(m.plan->address(m.applied.allFinite));
+    if (finite) {
+      m.plan->run(p2b, p2e);
+      ++m.step;
+    } else {
+      ++m.skipped;
+    }
+    m.plan->run(p3b, p3e);
+    if (m.dynamicScaling()) {
+      const auto &als = m.options.automaticLossScalingSettings;
+      if (!finite) {
+        m.lossScale *= als.backoffFactor;
+        m.goodSteps = 0;
+        logging::logger().info("non-finite gradients: update skipped, loss scale now {}", m.lossScale);
+      } else if (++m.goodSteps >= als.growthInterval) {
+        m.lossScale *= als.growthFactor;
+        m.goodSteps = 0;
+      }
+    }
+  }
+}
+
+void TrainingSession::readWeights(const WeightsIO &weights) const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("readWeights: call prepareDevice() first");
+  std::vector<TensorId> ids = m.persistentIds();
+  for (const auto &[id, arr] : weights.all()) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end())
+      throw error("readWeights: '", id, "' is not a weight or optimiser state tensor of the session");
+    const TensorData &d = m.variable(id);
+    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
+      throw error("readWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the weight is ", d.info().toString());
+    std::memcpy(arr.data(), d.data(), static_cast<size_t>(d.byteCount()));
+  }
+}
+
+void TrainingSession::writeWeights(const WeightsIO &weights) {
+  Impl &m = *impl_;
+  prepareDevice();
+  std::vector<TensorId> ids = m.persistentIds();
+  for (const auto &[id, arr] : weights.all()) {
+    if (std::find(ids.begin(), ids.end(), id) == ids.end())
+      throw error("writeWeights: '", id, "' is not a weight or optimiser state tensor of the session");
+    const TensorData &d = m.variable(id);
+    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
+      throw error("writeWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the weight is ", d.info().toString());
+  }
+  for (const auto &[id, arr] : weights.all())
+    std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(), static_cast<size_t>(m.variable(id).byteCount()));
+}
+
+void TrainingSession::modelToHost(const std::string &path) const {
+  const Impl &m = *impl_;
+  std::map<TensorId, const TensorData *> values;
+  if (m.plan) {
+    for (const auto &id : m.weightIds)
+      values[id] = &m.variable(id);
+    for (const auto &id : m.runningStats)
+      values[id] = &m.variable(id);
+  }
+  std::string bytes = onnx_import::withInitializers(m.model.bytes, values);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("modelToHost: cannot write '", tmp, "'");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw error("modelToHost: writing '", tmp, "' failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw error("modelToHost: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+void TrainingSession::updateOptimizerFromHost(const Optimizer *optimizer) {
+  Impl &m = *impl_;
+  if (!optimizer) throw error("updateOptimizerFromHost: null optimiser");
+  optimizer::checkReplaceable(*m.optimizer, *optimizer, m.weightIds);
+  for (const auto &[w, params] : optimizer->specifics())
+    if (std::find(m.weightIds.begin(), m.weightIds.end(), w) == m.weightIds.end())
+      throw error("updateOptimizerFromHost: insertSpecific names '", w, "', which is not a trained weight");
+  m.optimizer = optimizer->clone();
+  if (!m.dynamicScaling()) m.lossScale = m.optimizer->lossScaling().val();
+}
+
+void TrainingSession::saveCheckpoint(const std::string &path) const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("saveCheckpoint: call prepareDevice() first");
+  nlohmann::json header;
+  header["version"] = kCheckpointVersion;
+  header["model"] = std::to_string(fingerprint(m.model.bytes));
+  header["optimizer"] = m.optimizer->name();
+  header["step"] = m.step;
+  header["skipped"] = m.skipped;
+  header["goodSteps"] = m.goodSteps;
+  header["lossScale"] = m.lossScale;
+  header["seed"] = std::to_string(m.seed);
+  header["rngCounter"] = m.rngCounter;
+  int64_t offset = 0;
+  std::vector<TensorId> ids = m.persistentIds();
+  for (const auto &id : ids) {
+    const TensorData &d = m.variable(id);
+    header["tensors"].push_back({{"id", id},
+                                 {"type", toString(d.info().dataType())},
+                                 {"shape", d.info().shape()},
+                                 {"offset", offset},
+                                 {"bytes", d.byteCount()}});
+    offset += d.byteCount();
+  }
+  std::string h = header.dump();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("saveCheckpoint: cannot write '", tmp, "'");
+    uint64_t n = h.size();
+    out.write(kCheckpointMagic, sizeof kCheckpointMagic);
+    out.write(reinterpret_cast<const char *>(&n), sizeof n);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto &id : ids) {
+      const TensorData &d = m.variable(id);
+      out.write(static_cast<const char *>(d.data()), static_cast<std::streamsize>(d.byteCount()));
+    }
+    if (!out.flush()) throw error("saveCheckpoint: writing '", tmp, "' failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw error("saveCheckpoint: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+void TrainingSession::loadCheckpoint(const std::string &path) {
+  Impl &m = *impl_;
+  prepareDevice();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error("loadCheckpoint: cannot open '", path, "'");
+  char magic[sizeof kCheckpointMagic];
+  uint64_t n = 0;
+  in.read(magic, sizeof magic);
+  in.read(reinterpret_cast<char *>(&n), sizeof n);
+  if (!in || std::memcmp(magic, kCheckpointMagic, sizeof magic) != 0 || n > (1u << 30))
+    throw error("loadCheckpoint: '", path, "' is not a checkpoint");
+  std::string h(n, '\0');
+  in.read(h.data(), static_cast<std::streamsize>(n));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has a corrupt header: ", e.what());
+  }
+  try {
+    if (header.at("version").get<int>() != kCheckpointVersion)
+      throw error("version ", header.at("version").get<int>(), " (expected ", kCheckpointVersion, ")");
+    if (header.at("model").get<std::string>() != std::to_string(fingerprint(m.model.bytes)))
+      throw error("it was written for a different model");
+    if (header.at("optimizer").get<std::string>() != m.optimizer->name())
+      throw error("it holds ", header.at("optimizer").get<std::string>(), " state, the session uses ",
+                  m.optimizer->name());
+    std::vector<TensorId> ids = m.persistentIds();
+    const auto &tensors = header.at("tensors");
+    if (tensors.size() != ids.size())
+      throw error("it holds ", tensors.size(), " tensors, the session has ", ids.size());
+    std::vector<TensorData> values;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const auto &t = tensors[i];
+      const TensorData &d = m.variable(ids[i]);
+      if (t.at("id").get<std::string>() != ids[i]) throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
+      if (t.at("shape").get<Shape>() != d.info().shape() || t.at("type").get<std::string>() != toString(d.info().dataType()))
+        throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ", toString(t.at("shape").get<Shape>()),
+                    ", the session has ", d.info().toString());
+      TensorData v(d.info());
+      in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(v.byteCount()));
+      if (!in) throw error("it is truncated in tensor '", ids[i], "'");
+      values.push_back(std::move(v));
+    }
+    // Everything read and checked: only now change the session.
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));
+    m.step = header.at("step").get<int64_t>();
+    m.skipped = header.at("skipped").get<int64_t>();
+    m.goodSteps = header.at("goodSteps").get<int64_t>();
+    m.lossScale = header.at("lossScale").get<float>();
+    m.seed = std::stoull(header.at("seed").get<std::string>());
+    m.rngCounter = header.at("rngCounter").get<int64_t>();
+  } catch (const nlohmann::json::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+  } catch (const error &e) {
+    throw error("loadCheckpoint: '", path, "': ", e.what());
+  }
+}
+
+void TrainingSession::setRandomSeed(uint64_t seed) {
+  impl_->seed = seed;
+  impl_->rngCounter = 0;
+}
+
+std::vector<TensorId> TrainingSession::getInputIds() const { return impl_->inputIds; }
+std::vector<TensorId> TrainingSession::getWeightIds() const {
+  const_cast<TrainingSession *>(this)->prepareDevice();
+  return impl_->weightIds;
+}
+std::vector<TensorId> TrainingSession::getOptimizerStateIds() const {
+  const_cast<TrainingSession *>(this)->prepareDevice();
+  return impl_->stateIds;
+}
+const TensorId &TrainingSession::getLossId() const {
+  const_cast<TrainingSession *>(this)->prepareDevice();
+  return impl_->lossId;
+}
+TensorInfo TrainingSession::getInfo(const TensorId &id) const {
+  const_cast<TrainingSession *>(this)->prepareDevice();
+  return impl_->plan->info(id);
+}
+int64_t TrainingSession::getStepCount() const { return impl_->step; }
+float TrainingSession::getLossScale() const { return impl_->lossScale; }
+int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
+std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
+int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+} // namespace popart
