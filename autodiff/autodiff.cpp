@@ -10,6 +10,8 @@
 
 namespace popart::autodiff {
 
+void registerConvRules(std::map<std::string, GradRule> &rules);
+
 namespace {
 
 bool differentiable(const ir::Tensor &t) { return isFloatingPoint(t.info().dataType()); }
@@ -28,6 +30,7 @@ void registerBuiltinRules() {
     registerMatMulReduceRules(gradRules());
     registerShapeRules(gradRules());
     registerLossNormRules(gradRules());
+    registerConvRules(gradRules());
   });
 }
 

@@ -1,7 +1,8 @@
 // Gradient rules: losses (NegativeLogLikelihoodLoss, SoftmaxCrossEntropyLoss) and normalisations
-// (LayerNormalization, InstanceNormalization, BatchNormalization in inference form).
+// (LayerNormalization, InstanceNormalization, BatchNormalization in inference and training form).
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/ops/norm.hpp"
 
 #include <popart/error.hpp>
 
@@ -163,11 +164,42 @@ void instanceNormRule(GradContext &c) {
   c.setInGrad(0, normalizedInputGrad(c, n, c.add("Mul", {dy, scale}), axes));
 }
 
+/// Training form: y = x̂·γ + β with the batch statistics, so the statistics depend on x too. One
+/// ai.graphcore BatchNormalizationGrad op gives dX, dScale and dBias. The running statistics
+/// (outputs 1, 2) are state, not functions to differentiate: gradients arriving there are dropped,
+/// and the running inputs 3, 4 get none, as in PyTorch.
+void batchNormTrainingRule(GradContext &c) {
+  const ir::Op &op = c.op();
+  for (size_t i : {3, 4})
+    if (op.hasOutput(i) && !c.outGrad(i).empty())
+      throw error(op.debugName(), ": the gradient through the saved batch statistics (output ", i,
+                  ") is not supported");
+  TensorId dy = c.outGrad(0);
+  if (dy.empty()) return;
+  if (op.attrs.getInt("spatial", 1) == 0)
+    throw error(op.debugName(), ": the training-mode gradient with spatial=0 is not supported");
+  std::vector<TensorId> inputs{c.in(0), c.in(1), dy};
+  // Opset 9-13 forms may output the batch statistics; the gradient op then need not recompute them.
+  if (op.hasOutput(3) && op.hasOutput(4)) {
+    inputs.push_back(c.out(3));
+    inputs.push_back(c.out(4));
+  }
+  ir::Graph &g = c.graph();
+  std::string base = c.out(0) + "_grad_";
+  std::vector<TensorId> outs{g.uniqueId(base + "dX"), g.uniqueId(base + "dScale"), g.uniqueId(base + "dBias")};
+  ir::Attributes attrs;
+  attrs.set("epsilon", op.attrs.getFloat("epsilon", 1e-5f));
+  ir::Op &grad = g.addOp("BatchNormalizationGrad", "ai.graphcore", 1, "", std::move(attrs), inputs, outs);
+  grad.def->setup(grad);
+  c.setInGrad(0, outs[0]);
+  c.setInGrad(1, outs[1]);
+  // dBias comes shaped like scale; both hold C values.
+  c.setInGrad(2, c.inShape(2) == c.inShape(1) ? outs[2] : reshape(c, outs[2], c.inShape(2)));
+}
+
 /// Inference form: the statistics are inputs, so y is affine in x: y = (x − m)·γ·r + β, r = 1/√(v + ε).
 void batchNormRule(GradContext &c) {
-  if (c.op().attrs.getInt("training_mode", 0) != 0 || (c.op().hasOutput(1) && !c.outGrad(1).empty()) ||
-      (c.op().hasOutput(2) && !c.outGrad(2).empty()))
-    throw error(c.op().debugName(), ": only the gradient of BatchNormalization in inference form is supported");
+  if (ir::batchNormTraining(c.op())) return batchNormTrainingRule(c);
   const Shape &x = c.inShape(0);
   if (x.size() < 2) throw error(c.op().debugName(), ": input must have rank >= 2, got ", x.size());
   Shape ch = channelShape(x);

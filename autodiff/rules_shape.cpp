@@ -1,10 +1,12 @@
 // Gradient rules: shape ops (data movement only, so every gradient is a linear re-arrangement).
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/ops/dropout.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 namespace popart::autodiff {
 
@@ -175,14 +177,56 @@ void whereRule(GradContext &c) {
   c.setInGrad(2, c.add("Where", {c.in(0), zeroScalar(c, type), g}));
 }
 
+/// The value of constant scalar input \p i, or nothing if it is computed at run time.
+std::optional<double> constScalar(const GradContext &c, size_t i) {
+  const ir::Tensor &t = c.op().input(i);
+  if (!t.isConst() || t.info().elementCount() != 1) return std::nullopt;
+  return t.data()->valueAsDouble(0);
+}
+
+/// Dropout: y = x·mask/(1 − ratio). The mask is reproducible when it comes from the (seed, counter)
+/// input or a seed attribute: the gradient is then the same Dropout applied to dY (same inputs,
+/// same salt), which recomputes the mask and is also right, as identity, when training_mode is off
+/// at run time. Otherwise the mask output must be there.
 void dropoutRule(GradContext &c) {
-  bool training = false;
-  if (c.op().hasInput(2)) {
-    const TensorData &t = c.op().constInput(2, "training_mode");
-    training = t.info().elementCount() > 0 && *t.as<bool>();
+  const ir::Op &op = c.op();
+  TensorId dy = c.outGrad(0);
+  if (dy.empty()) return;
+  std::optional<bool> training;
+  std::optional<double> ratio;
+  if (op.version >= 12) {
+    if (!op.hasInput(2))
+      training = false;
+    else if (auto t = constScalar(c, 2))
+      training = *t != 0;
+    if (!op.hasInput(1))
+      ratio = 0.5;
+    else
+      ratio = constScalar(c, 1);
+  } else {
+    training = ir::dropoutTraining(op, false);
+    ratio = op.attrs.getFloat("ratio", 0.5f);
   }
-  if (training) throw error(c.op().debugName(), ": only the gradient of inference-mode Dropout is supported");
-  c.setInGrad(0, c.outGrad(0));
+  if (training == false || ratio == 0.0) return c.setInGrad(0, dy);
+  if (op.hasInput(3) || op.attrs.has("seed")) {
+    ir::Attributes gradAttrs = op.attrs;
+    gradAttrs.set("popart_salt", ir::dropoutSalt(op));
+    std::vector<TensorId> inputs{dy};
+    for (size_t i = 1; i < op.inputCount(); ++i)
+      inputs.push_back(op.hasInput(i) ? c.in(i) : "");
+    TensorId out = c.graph().uniqueId(c.out(0) + "_grad_Dropout");
+    ir::Op &grad = c.graph().addOp("Dropout", "ai.onnx", op.version, "", std::move(gradAttrs), inputs, {out});
+    grad.def->setup(grad);
+    return c.setInGrad(0, out);
+  }
+  if (op.hasOutput(1) && training == true && ratio) {
+    DataType type = op.outInfo(0).dataType();
+    TensorId scaled = c.add("Mul", {dy, c.constant(TensorData::fromDoubles(type, {}, {1.0 / (1.0 - *ratio)}))});
+    // Only opset 12+ trains without input 3, and its mask is BOOL.
+    return c.setInGrad(0, c.add("Where", {c.out(1), scaled, zeroScalar(c, type)}));
+  }
+  throw error(op.debugName(), ": the gradient of training-mode Dropout needs a reproducible mask: a seed attribute, "
+                              "the (seed, counter) input 3, or the mask output with constant ratio and training_mode");
 }
 
 } // namespace

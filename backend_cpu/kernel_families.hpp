@@ -25,5 +25,6 @@ void registerReferenceDetectionKernels(KernelRegistry &registry);
 void registerReferenceStringKernels(KernelRegistry &registry);
 void registerReferenceTrainingKernels(KernelRegistry &registry);
 void registerReferenceVarUpdateKernels(KernelRegistry &registry);
+void registerReferenceConvGradKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

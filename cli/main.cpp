@@ -1,6 +1,7 @@
 // popart-run: run an ONNX model from the shell.
 
 #include "backend_cpu/kernel.hpp"
+#include "cli/train.hpp"
 #include "core/dispatch.hpp"
 #include "ir/op.hpp"
 #include "onnx_import/onnx_import.hpp"
@@ -319,6 +320,8 @@ int main(int argc, char **argv) {
   app.add_option("--seed", opt.seed, "seed for random inputs");
   app.add_option("--kernels", opt.kernels, "any | reference | dnnl")
       ->check(CLI::IsMember({"any", "reference", "dnnl"}));
+  cli::TrainOptions train;
+  cli::addTrainOptions(app, train);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -331,6 +334,18 @@ int main(int argc, char **argv) {
       return 0;
     }
     if (opt.model.empty()) throw error("no model given (usage: popart-run MODEL.onnx [options]; see --help)");
+    if (train.train) {
+      for (const char *f : {"--data-dir", "--iterations", "--save-outputs", "--rtol", "--atol"})
+        if (app.count(f)) throw error(f, " applies to inference and cannot be combined with --train");
+      cli::checkTrainFlags(app, train);
+      train.inputs = opt.inputs;
+      train.seed = opt.seed;
+      train.threads = opt.threads;
+      train.batch = opt.batch;
+      train.kernels = opt.kernels;
+      return cli::runTraining(opt.model, train);
+    }
+    if (std::string f = cli::trainOnlyFlagGiven(app); !f.empty()) throw error(f, " needs --train");
     return run(opt);
   } catch (const std::exception &e) {
     std::string msg = e.what();

@@ -156,6 +156,11 @@ void TrainingSession::Impl::compile() {
     TensorInfo info(DataType::INT64, {2});
     g->addTensor(rngStateId, ir::TensorKind::Variable, info).setData(std::make_shared<TensorData>(info));
   }
+  for (const auto &op : g->ops())
+    if (op->type == "Dropout" && op->domain == "ai.onnx") {
+      g->setOpInput(*op, 3, &g->tensor(rngStateId)); // pads inputs 1-2 with "absent" if needed
+      op->def->setup(*op);
+    }
   // BatchNormalization in training mode writes its running statistics back.
   std::vector<ir::Op *> bnOps;
   for (const auto &op : g->ops())

@@ -4,6 +4,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "ir/ops/window.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -19,40 +20,18 @@ struct Window {
   memory::dims kernel, strides, dilates, padL, padR;
 };
 
-/// \p transposed: ConvTranspose's rules for output_shape / auto_pad. padR is the ONNX end
-/// padding; callers adapt it to oneDNN's size formula.
+/// \p transposed: ConvTranspose's rules for output_shape / auto_pad (see ir::resolveWindow).
+/// padR is the ONNX end padding; callers adapt it to oneDNN's size formula.
 Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
                   bool transposed) {
-  size_t nsp = x.size() - 2;
+  ir::WindowGeometry g = ir::resolveWindow(op, x, y, kernel, transposed);
   Window w;
-  auto strides = op.attrs.getInts("strides", std::vector<int64_t>(nsp, 1));
-  auto dil = op.attrs.getInts("dilations", std::vector<int64_t>(nsp, 1));
-  auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * nsp, 0));
-  auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(nsp, 0));
-  std::string ap = op.attrs.getString("auto_pad", "NOTSET");
-  bool same = ap == "SAME_UPPER" || ap == "SAME_LOWER";
-  for (size_t i = 0; i < nsp; ++i) {
-    int64_t in = x[i + 2], out = y[i + 2], dk = (kernel[i] - 1) * dil[i] + 1, pb, pe;
-    if (ap == "VALID") {
-      pb = pe = 0;
-    } else if (!transposed && same) {
-      int64_t total = std::max<int64_t>(0, (out - 1) * strides[i] + dk - in);
-      pb = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
-      pe = total - pb;
-    } else if (transposed && (same || op.attrs.has("output_shape"))) {
-      int64_t total = strides[i] * (in - 1) + outPad[i] + dk - out;
-      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
-      pb = ap == "SAME_UPPER" ? half : total - half;
-      pe = total - pb;
-    } else {
-      pb = pads[i];
-      pe = pads[i + nsp];
-    }
-    w.kernel.push_back(kernel[i]);
-    w.strides.push_back(strides[i]);
-    w.dilates.push_back(dil[i] - 1); // oneDNN counts the gaps between taps
-    w.padL.push_back(pb);
-    w.padR.push_back(pe);
+  for (size_t i = 0; i < g.spatialRank(); ++i) {
+    w.kernel.push_back(g.kernel[i]);
+    w.strides.push_back(g.strides[i]);
+    w.dilates.push_back(g.dilations[i] - 1); // oneDNN counts the gaps between taps
+    w.padL.push_back(g.padBegin[i]);
+    w.padR.push_back(g.padEnd[i]);
   }
   return w;
 }

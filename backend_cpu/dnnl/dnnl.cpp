@@ -10,6 +10,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlNormKernels(r);
   registerDnnlSoftmaxKernels(r);
   registerDnnlReduceKernels(r);
+  registerDnnlConvGradKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -11,5 +11,6 @@ void registerDnnlConvPoolKernels(KernelRegistry &registry);
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);
 void registerDnnlReduceKernels(KernelRegistry &registry);
+void registerDnnlConvGradKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -1,8 +1,12 @@
-// oneDNN kernels, f32: BatchNormalization (inference, global statistics) and
+// oneDNN kernels, f32: BatchNormalization (inference with global statistics, and training with
+// batch statistics and the running-statistics update), ai.graphcore BatchNormalizationGrad, and
 // LayerNormalization (Y only; the normalised dims are flattened into oneDNN's last dim).
 
+#include "ir/ops/norm.hpp"
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+
+#include <algorithm>
 
 namespace popart::backend_cpu {
 
@@ -22,8 +26,8 @@ bool supportsBatchNorm(const ir::Op &op) {
   if (r < 2 || r > 5) return false;
   if (op.attrs.getInt("spatial", 1) == 0) return false;
   for (size_t i = 1; i < op.outputCount(); ++i)
-    if (op.hasOutput(i)) return false; // training statistics
-  return !(op.version >= 14 && op.attrs.getInt("training_mode", 0) != 0);
+    if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return false;
+  return true;
 }
 
 class BatchNormKernel : public Kernel {
@@ -33,21 +37,34 @@ public:
     auto mdX = dnnl_util::plainDesc(x, x.size());
     memory::desc mdC({x[1]}, memory::data_type::f32, memory::dims{1});
     auto &eng = dnnl_util::engine();
-    batch_normalization_forward::desc d(prop_kind::forward_inference, mdX, op.attrs.getFloat("epsilon", 1e-5f),
-                                        normalization_flags::use_global_stats | normalization_flags::use_scale |
-                                            normalization_flags::use_shift);
+    training_ = ir::batchNormTraining(op);
+    channels_ = x[1];
+    momentum_ = op.attrs.getFloat("momentum", 0.9f);
+    auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+    if (!training_)
+      flags = flags | normalization_flags::use_global_stats;
+    else
+      varFactor_ = static_cast<float>(ir::runningVarianceFactor(op, op.inInfo(0).elementCount() / x[1]));
+    batch_normalization_forward::desc d(training_ ? prop_kind::forward_training : prop_kind::forward_inference, mdX,
+                                        op.attrs.getFloat("epsilon", 1e-5f), flags);
     prim_ = batch_normalization_forward(batch_normalization_forward::primitive_desc(d, eng));
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     y_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    for (auto *m : {&scale_, &shift_, &mean_, &var_})
+    for (auto *m : {&scale_, &shift_})
       *m = memory(mdC, eng, DNNL_MEMORY_NONE);
+    // In training the batch statistics are oneDNN outputs: kept in memories of their own, from
+    // which the running statistics (and opset 9-13's saved statistics) are computed.
+    mean_ = training_ ? memory(mdC, eng) : memory(mdC, eng, DNNL_MEMORY_NONE);
+    var_ = training_ ? memory(mdC, eng) : memory(mdC, eng, DNNL_MEMORY_NONE);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
     shift_.set_data_handle(const_cast<void *>(args.inputs[2]));
-    mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
-    var_.set_data_handle(const_cast<void *>(args.inputs[4]));
+    if (!training_) {
+      mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
+      var_.set_data_handle(const_cast<void *>(args.inputs[4]));
+    }
     y_.set_data_handle(args.outputs[0]);
     dnnl_util::execute(prim_, args_,
                        {{DNNL_ARG_SRC, x_},
@@ -56,12 +73,100 @@ public:
                         {DNNL_ARG_MEAN, mean_},
                         {DNNL_ARG_VARIANCE, var_},
                         {DNNL_ARG_DST, y_}});
+    if (!training_) return;
+    const auto *bm = static_cast<const float *>(mean_.get_data_handle());
+    const auto *bv = static_cast<const float *>(var_.get_data_handle());
+    const float *rm = args.in<float>(3), *rv = args.in<float>(4);
+    for (int64_t c = 0; c < channels_; ++c) {
+      if (args.hasOutput(1)) args.out<float>(1)[c] = rm[c] * momentum_ + bm[c] * (1 - momentum_);
+      if (args.hasOutput(2)) args.out<float>(2)[c] = rv[c] * momentum_ + bv[c] * varFactor_ * (1 - momentum_);
+      if (args.hasOutput(3)) args.out<float>(3)[c] = bm[c];
+      if (args.hasOutput(4)) args.out<float>(4)[c] = bv[c];
+    }
   }
 
 private:
+  bool training_ = false;
+  int64_t channels_ = 0;
+  float momentum_ = 0.9f, varFactor_ = 1.f;
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
   memory x_, y_, scale_, shift_, mean_, var_;
+};
+
+bool supportsBatchNormGrad(const ir::Op &op) {
+  if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
+  int64_t r = op.inInfo(0).rank();
+  return r >= 2 && r <= 5;
+}
+
+/// oneDNN's backward pass needs the batch mean and variance: given as inputs 3 and 4, or computed
+/// first by a statistics-only forward pass whose normalised output lands in dX's buffer (dX is
+/// overwritten by the backward pass right after), so nothing X-sized is allocated.
+class BatchNormGradKernel : public Kernel {
+public:
+  explicit BatchNormGradKernel(const ir::Op &op) : givenStats_(op.hasInput(3)) {
+    const Shape &x = op.inInfo(0).shape();
+    auto mdX = dnnl_util::plainDesc(x, x.size());
+    memory::desc mdC({x[1]}, memory::data_type::f32, memory::dims{1});
+    auto &eng = dnnl_util::engine();
+    float eps = op.attrs.getFloat("epsilon", 1e-5f);
+    auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+    batch_normalization_forward::desc fd(prop_kind::forward_training, mdX, eps, flags);
+    batch_normalization_forward::primitive_desc fpd(fd, eng);
+    batch_normalization_backward::desc bd(prop_kind::backward, mdX, mdX, eps, flags);
+    backward_ = batch_normalization_backward(batch_normalization_backward::primitive_desc(bd, eng, fpd));
+    if (!givenStats_) {
+      batch_normalization_forward::desc sd(prop_kind::forward_training, mdX, eps, normalization_flags::none);
+      stats_ = batch_normalization_forward(batch_normalization_forward::primitive_desc(sd, eng));
+    }
+    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    dy_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    dx_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    scale_ = memory(mdC, eng, DNNL_MEMORY_NONE);
+    // Owned buffers where the op does not provide one.
+    mean_ = givenStats_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    var_ = givenStats_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    dScaleGiven_ = op.hasOutput(1);
+    dBiasGiven_ = op.hasOutput(2);
+    dScale_ = dScaleGiven_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    dBias_ = dBiasGiven_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
+    // oneDNN 2.6 insists on a SHIFT argument when use_shift asks it for dBias, though dX does not
+    // depend on the shift.
+    shift_ = memory(mdC, eng);
+    std::fill_n(static_cast<float *>(shift_.get_data_handle()), x[1], 0.f);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    dy_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    dx_.set_data_handle(args.outputs[0]);
+    if (givenStats_) {
+      mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
+      var_.set_data_handle(const_cast<void *>(args.inputs[4]));
+    } else {
+      dnnl_util::execute(stats_, statsArgs_,
+                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, dx_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_}});
+    }
+    if (dScaleGiven_) dScale_.set_data_handle(args.outputs[1]);
+    if (dBiasGiven_) dBias_.set_data_handle(args.outputs[2]);
+    dnnl_util::execute(backward_, args_,
+                       {{DNNL_ARG_SRC, x_},
+                        {DNNL_ARG_MEAN, mean_},
+                        {DNNL_ARG_VARIANCE, var_},
+                        {DNNL_ARG_DIFF_DST, dy_},
+                        {DNNL_ARG_SCALE, scale_},
+                        {DNNL_ARG_SHIFT, shift_},
+                        {DNNL_ARG_DIFF_SRC, dx_},
+                        {DNNL_ARG_DIFF_SCALE, dScale_},
+                        {DNNL_ARG_DIFF_SHIFT, dBias_}});
+  }
+
+private:
+  bool givenStats_, dScaleGiven_ = false, dBiasGiven_ = false;
+  primitive backward_, stats_;
+  std::vector<dnnl_exec_arg_t> args_, statsArgs_;
+  memory x_, dy_, dx_, scale_, shift_, mean_, var_, dScale_, dBias_;
 };
 
 /// Sizes before and from the normalisation axis.
@@ -127,6 +232,8 @@ private:
 
 void registerDnnlNormKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "BatchNormalization", KernelProvider::Dnnl, supportsBatchNorm, makeKernel<BatchNormKernel>});
+  r.add({"ai.graphcore", "BatchNormalizationGrad", KernelProvider::Dnnl, supportsBatchNormGrad,
+         makeKernel<BatchNormGradKernel>});
   r.add({"ai.onnx", "LayerNormalization", KernelProvider::Dnnl, supportsLayerNorm, makeKernel<LayerNormKernel>});
 }
 

@@ -2,9 +2,9 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
+#include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
 
-#include <array>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -12,114 +12,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-constexpr int kMaxSpatial = 8;
-using Dims = std::array<int64_t, kMaxSpatial>;
-
-/// The sliding-window geometry of one op, with the padding resolved from its attributes and the
-/// output shape that setup inferred.
-struct Geom {
-  int nsp = 0;
-  Dims in{}, out{}, k{}, s{}, d{}, pb{}, pe{};
-  Dims inStride{}, outStride{}, kStride{};
-  int64_t inSize = 1, outSize = 1, kSize = 1;
-};
-
-Geom makeGeom(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel, bool transposed) {
-  Geom g;
-  size_t nsp = x.size() - 2;
-  if (nsp > kMaxSpatial) throw error(op.debugName(), ": at most ", kMaxSpatial, " spatial axes are supported");
-  g.nsp = static_cast<int>(nsp);
-  auto strides = op.attrs.getInts("strides", std::vector<int64_t>(nsp, 1));
-  auto dil = op.attrs.getInts("dilations", std::vector<int64_t>(nsp, 1));
-  auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * nsp, 0));
-  auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(nsp, 0));
-  std::string ap = op.attrs.getString("auto_pad", "NOTSET");
-  bool same = ap == "SAME_UPPER" || ap == "SAME_LOWER";
-  for (size_t i = 0; i < nsp; ++i) {
-    g.in[i] = x[i + 2];
-    g.out[i] = y[i + 2];
-    g.k[i] = kernel[i];
-    g.s[i] = strides[i];
-    g.d[i] = dil[i];
-    int64_t dk = (kernel[i] - 1) * dil[i] + 1;
-    if (ap == "VALID") {
-      g.pb[i] = g.pe[i] = 0;
-    } else if (!transposed && same) {
-      int64_t total = std::max<int64_t>(0, (g.out[i] - 1) * g.s[i] + dk - g.in[i]);
-      g.pb[i] = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
-      g.pe[i] = total - g.pb[i];
-    } else if (transposed && (same || op.attrs.has("output_shape"))) {
-      int64_t total = g.s[i] * (g.in[i] - 1) + outPad[i] + dk - g.out[i];
-      // Floor division: a negative total (output_shape larger than natural) pads at the end.
-      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
-      g.pb[i] = ap == "SAME_UPPER" ? half : total - half;
-      g.pe[i] = total - g.pb[i];
-    } else {
-      g.pb[i] = pads[i];
-      g.pe[i] = pads[i + nsp];
-    }
-  }
-  for (int i = g.nsp - 1; i >= 0; --i) {
-    g.inStride[i] = g.inSize;
-    g.outStride[i] = g.outSize;
-    g.kStride[i] = g.kSize;
-    g.inSize *= g.in[i];
-    g.outSize *= g.out[i];
-    g.kSize *= g.k[i];
-  }
-  return g;
-}
-
-/// Spatial coordinates of flat output index \p o.
-inline void outCoords(const Geom &g, int64_t o, int64_t *oc) {
-  for (int i = 0; i < g.nsp; ++i) {
-    oc[i] = o / g.outStride[i];
-    o -= oc[i] * g.outStride[i];
-  }
-}
-
-/// Calls f(kernelFlat, inputFlat) for each window position of output coordinates \p oc that lies
-/// inside the (unpadded) input.
-template <typename F> inline void forWindow(const Geom &g, const int64_t *oc, F &&f) {
-  int64_t base[kMaxSpatial], lo[kMaxSpatial], hi[kMaxSpatial], j[kMaxSpatial];
-  for (int i = 0; i < g.nsp; ++i) {
-    base[i] = oc[i] * g.s[i] - g.pb[i];
-    lo[i] = base[i] >= 0 ? 0 : (-base[i] + g.d[i] - 1) / g.d[i];
-    if (base[i] > g.in[i] - 1) return;
-    hi[i] = std::min(g.k[i] - 1, (g.in[i] - 1 - base[i]) / g.d[i]);
-    if (lo[i] > hi[i]) return;
-    j[i] = lo[i];
-  }
-  while (true) {
-    int64_t kf = 0, inf = 0;
-    for (int i = 0; i < g.nsp; ++i) {
-      kf += j[i] * g.kStride[i];
-      inf += (base[i] + j[i] * g.d[i]) * g.inStride[i];
-    }
-    f(kf, inf);
-    int i = g.nsp - 1;
-    for (; i >= 0; --i) {
-      if (++j[i] <= hi[i]) break;
-      j[i] = lo[i];
-    }
-    if (i < 0) return;
-  }
-}
-
-/// Number of window positions of \p oc inside the padded input (count_include_pad).
-inline int64_t paddedWindowCount(const Geom &g, const int64_t *oc) {
-  int64_t count = 1;
-  for (int i = 0; i < g.nsp; ++i) {
-    int64_t base = oc[i] * g.s[i] - g.pb[i], c = 0;
-    for (int64_t j = 0; j < g.k[i]; ++j) {
-      int64_t p = base + j * g.d[i];
-      if (p >= -g.pb[i] && p < g.in[i] + g.pe[i]) ++c;
-    }
-    count *= c;
-  }
-  return count;
-}
 
 std::vector<int64_t> weightKernel(const ir::Op &op) {
   const Shape &w = op.inInfo(1).shape();

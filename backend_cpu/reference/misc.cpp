@@ -3,6 +3,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
+#include "ir/ops/dropout.hpp"
 #include "ir/ops/einsum.hpp"
 
 #include <algorithm>
@@ -18,6 +19,8 @@ namespace {
 template <typename T> double toDouble(T v) { return static_cast<double>(static_cast<compute_t<T>>(v)); }
 template <typename T> T fromDouble(double v) { return static_cast<T>(static_cast<compute_t<T>>(v)); }
 
+/// Dropout. With the (seed, counter) input 3 the mask is the counter-based one of
+/// ir/ops/dropout.hpp; without it, the seed attribute's MT19937 stream as before (see run()).
 class DropoutKernel : public Kernel {
 public:
   explicit DropoutKernel(const ir::Op &op)
@@ -25,7 +28,9 @@ public:
         n_(op.inInfo(0).elementCount()), ratio_(op.attrs.getFloat("ratio", 0.5f)),
         ratioType_(op.hasInput(1) ? op.inInfo(1).dataType() : DataType::FLOAT), seeded_(op.attrs.has("seed")),
         seed_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0))),
-        rng_(seeded_ ? seed_ : std::random_device{}()) {}
+        rng_(seeded_ ? seed_ : std::random_device{}()), counterBased_(op.hasInput(3)),
+        salt_(static_cast<uint64_t>(ir::dropoutSalt(op))), trainsWithoutInput_(ir::dropoutTraining(op, false)),
+        trainsWithInput_(ir::dropoutTraining(op, true)) {}
 
   void run(const KernelArgs &a) override {
     float ratio = ratio_;
@@ -35,15 +40,21 @@ public:
         return static_cast<float>(a.in<R>(1)[0]);
       });
     // Before opset 12 there is no training_mode input: an inference session treats the op as
-    // identity even where opset 1-6's is_test=0 asked for training, like other runtimes do.
-    bool training = a.hasInput(2) && a.in<bool>(2)[0];
+    // identity even where opset 1-6's is_test=0 asked for training, like other runtimes do, unless
+    // the session connects the (seed, counter) input.
+    bool training = a.hasInput(2) && a.in<bool>(2)[0] ? trainsWithInput_ : trainsWithoutInput_;
     if (training && (ratio < 0 || ratio >= 1)) throw error("Dropout: ratio ", ratio, " must be in [0, 1)");
     if (!training) ratio = 0;
+    uint64_t key = 0;
+    if (counterBased_)
+      key =
+          ir::dropoutKey(static_cast<uint64_t>(a.in<int64_t>(3)[0]), static_cast<uint64_t>(a.in<int64_t>(3)[1]), salt_);
     // With a seed attribute the mask is a function of the seed alone, as in the ONNX reference
     // (numpy's legacy MT19937 seeding equals std::mt19937's, and random_sample() takes 53 bits
     // from two draws); without one, the generator runs on across steps.
-    if (seeded_) rng_.seed(seed_);
-    auto uniform = [this] {
+    if (seeded_ && !counterBased_) rng_.seed(seed_);
+    auto uniform = [&](int64_t i) {
+      if (counterBased_) return ir::dropoutUniform(key, static_cast<uint64_t>(i));
       double hi = static_cast<double>(rng_() >> 5), lo = static_cast<double>(rng_() >> 6);
       return (hi * 67108864.0 + lo) / 9007199254740992.0;
     };
@@ -53,7 +64,7 @@ public:
       const T *x = a.in<T>(0);
       T *y = a.out<T>(0);
       for (int64_t i = 0; i < n_; ++i) {
-        bool keep = ratio == 0 || uniform() >= static_cast<double>(ratio);
+        bool keep = ratio == 0 || uniform(i) >= static_cast<double>(ratio);
         y[i] =
             keep ? (ratio == 0 ? x[i] : static_cast<T>(static_cast<compute_t<T>>(x[i]) * scale)) : static_cast<T>(0.f);
         if (a.hasOutput(1)) {
@@ -74,6 +85,9 @@ private:
   bool seeded_;
   std::mt19937::result_type seed_;
   std::mt19937 rng_;
+  bool counterBased_;
+  uint64_t salt_;
+  bool trainsWithoutInput_, trainsWithInput_;
 };
 
 /// Sums the product of the operands over every label missing from the output.

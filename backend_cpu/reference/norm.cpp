@@ -1,6 +1,8 @@
-// Reference kernels: BatchNormalization, LayerNormalization, InstanceNormalization, LRN and
-// MeanVarianceNormalization. Statistics are accumulated in double.
+// Reference kernels: BatchNormalization, LayerNormalization, InstanceNormalization, LRN,
+// MeanVarianceNormalization and ai.graphcore BatchNormalizationGrad. Statistics are accumulated
+// in double.
 
+#include "ir/ops/norm.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
 #include "core/dispatch.hpp"
@@ -29,9 +31,9 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   bool perPosition = op.attrs.getInt("spatial", 1) == 0;
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   double momentum = op.attrs.getFloat("momentum", 0.9f);
-  bool training = op.version >= 14 ? op.attrs.getInt("training_mode", 0) != 0
-                                   : (op.hasOutput(1) || op.hasOutput(2) || op.hasOutput(3) || op.hasOutput(4));
+  bool training = ir::batchNormTraining(op);
   if (training && perPosition) throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
+  double varFactor = training ? ir::runningVarianceFactor(op, n * s) : 1.0;
   int64_t params = perPosition ? c * s : c;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -68,11 +70,66 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
       if (!training) return;
       for (int64_t ch = 0; ch < params; ++ch) {
         double rm = static_cast<double>(mean[ch]) * momentum + bm[ch] * (1 - momentum);
-        double rv = static_cast<double>(var[ch]) * momentum + bv[ch] * (1 - momentum);
+        double rv = static_cast<double>(var[ch]) * momentum + bv[ch] * varFactor * (1 - momentum);
         if (a.hasOutput(1)) a.out<T>(1)[ch] = static_cast<T>(static_cast<compute_t<T>>(rm));
         if (a.hasOutput(2)) a.out<T>(2)[ch] = static_cast<T>(static_cast<compute_t<T>>(rv));
         if (a.hasOutput(3)) a.out<T>(3)[ch] = static_cast<T>(static_cast<compute_t<T>>(bm[ch]));
         if (a.hasOutput(4)) a.out<T>(4)[ch] = static_cast<T>(static_cast<compute_t<T>>(bv[ch]));
+      }
+    });
+  });
+}
+
+/// dX = γ·r·(dY − mean(dY) − x̂·mean(dY·x̂)), dScale = Σ dY·x̂, dBias = Σ dY over (N, spatial), with
+/// the batch statistics given as inputs 3 and 4 or computed from X.
+std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t n = x[0], c = x[1], s = 1;
+  for (size_t i = 2; i < x.size(); ++i)
+    s *= x[i];
+  double eps = op.attrs.getFloat("epsilon", 1e-5f);
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0), *scale = a.in<T>(1), *dY = a.in<T>(2);
+      bool givenStats = a.hasInput(3);
+      double count = static_cast<double>(n * s);
+      auto at = [&](const T *p, int64_t b, int64_t ch, int64_t i) {
+        return static_cast<double>(p[(b * c + ch) * s + i]);
+      };
+      for (int64_t ch = 0; ch < c; ++ch) {
+        double mean = 0, var = 0;
+        if (givenStats) {
+          mean = static_cast<double>(a.in<T>(3)[ch]);
+          var = static_cast<double>(a.in<T>(4)[ch]);
+        } else if (count > 0) {
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t i = 0; i < s; ++i)
+              mean += at(X, b, ch, i);
+          mean /= count;
+          for (int64_t b = 0; b < n; ++b)
+            for (int64_t i = 0; i < s; ++i)
+              var += (at(X, b, ch, i) - mean) * (at(X, b, ch, i) - mean);
+          var /= count;
+        }
+        double r = 1.0 / std::sqrt(var + eps);
+        double sumDy = 0, sumDyXhat = 0;
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < s; ++i) {
+            double dy = at(dY, b, ch, i);
+            sumDy += dy;
+            sumDyXhat += dy * (at(X, b, ch, i) - mean) * r;
+          }
+        if (a.hasOutput(1)) a.out<T>(1)[ch] = static_cast<T>(static_cast<compute_t<T>>(sumDyXhat));
+        if (a.hasOutput(2)) a.out<T>(2)[ch] = static_cast<T>(static_cast<compute_t<T>>(sumDy));
+        if (!a.hasOutput(0) || count == 0) continue;
+        double gr = static_cast<double>(scale[ch]) * r, meanDy = sumDy / count, meanDyXhat = sumDyXhat / count;
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t i = 0; i < s; ++i) {
+            double xhat = (at(X, b, ch, i) - mean) * r;
+            double dx = gr * (at(dY, b, ch, i) - meanDy - xhat * meanDyXhat);
+            a.out<T>(0)[(b * c + ch) * s + i] = static_cast<T>(static_cast<compute_t<T>>(dx));
+          }
       }
     });
   });
@@ -262,6 +319,7 @@ std::unique_ptr<Kernel> createMVN(const ir::Op &op) {
 
 void registerReferenceNormKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "BatchNormalization", KernelProvider::Reference, nullptr, createBatchNorm});
+  r.add({"ai.graphcore", "BatchNormalizationGrad", KernelProvider::Reference, nullptr, createBatchNormGrad});
   r.add({"ai.onnx", "LayerNormalization", KernelProvider::Reference, nullptr, createLayerNorm});
   r.add({"ai.onnx", "InstanceNormalization", KernelProvider::Reference, nullptr, createInstanceNorm});
   r.add({"ai.onnx", "LRN", KernelProvider::Reference, nullptr, createLRN});

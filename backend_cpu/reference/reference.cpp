@@ -20,6 +20,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceStringKernels(r);
   registerReferenceTrainingKernels(r);
   registerReferenceVarUpdateKernels(r);
+  registerReferenceConvGradKernels(r);
 }
 
 } // namespace popart::backend_cpu

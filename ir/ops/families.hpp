@@ -22,5 +22,6 @@ void registerDetectionOps(OpRegistry &registry);
 void registerStringOps(OpRegistry &registry);
 void registerTrainingOps(OpRegistry &registry);
 void registerVarUpdateOps(OpRegistry &registry);
+void registerConvGradOps(OpRegistry &registry);
 
 } // namespace popart::ir

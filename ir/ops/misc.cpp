@@ -1,6 +1,7 @@
 // Misc ops: Dropout, Einsum, MatMulInteger, QuantizeLinear, DequantizeLinear,
 // DynamicQuantizeLinear, Det.
 
+#include "ir/ops/dropout.hpp"
 #include "ir/ops/einsum.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
@@ -12,9 +13,20 @@ namespace popart::ir {
 
 namespace {
 
+/// Dropout. Beyond ONNX: an optional input 3, INT64 [2] = {seed, counter}, selects the
+/// counter-based mask of ir/ops/dropout.hpp, and attribute popart_salt tells two ops apart.
 void setupDropout(Op &op) {
-  requireInputCount(op, 1, op.version >= 12 ? 3 : 1);
+  requireInputCount(op, 1, 4);
+  if (op.version < 12)
+    for (size_t i : {1, 2})
+      if (op.hasInput(i)) throw error(op.debugName(), ": opset ", op.version, " Dropout has no input ", i);
   requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16});
+  if (op.hasInput(3)) {
+    requireType(op, 3, {DataType::INT64});
+    if (op.inInfo(3).elementCount() != 2)
+      throw error(op.debugName(), ": input 3 (seed, counter) has shape ", toString(op.inInfo(3).shape()),
+                  ", expected [2]");
+  }
   float ratio = op.attrs.getFloat("ratio", 0.5f);
   if (op.version < 12 && (ratio < 0 || ratio >= 1))
     throw error(op.debugName(), ": ratio ", ratio, " must be in [0, 1)");
@@ -23,6 +35,27 @@ void setupDropout(Op &op) {
   setupSameAsInput0(op);
   op.setOutInfo(1, TensorInfo(op.version >= 10 ? DataType::BOOL : op.inInfo(0).dataType(), op.inInfo(0).shape()));
 }
+
+} // namespace
+
+int64_t dropoutSalt(const Op &op) {
+  if (op.attrs.has("popart_salt")) return op.attrs.getInt("popart_salt");
+  if (op.attrs.has("seed")) return op.attrs.getInt("seed");
+  // FNV-1a of the output's name: stable across runs and processes, unlike std::hash.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : op.output(0).id()) {
+    h ^= ch;
+    h *= 0x100000001b3ULL;
+  }
+  return static_cast<int64_t>(h);
+}
+
+bool dropoutTraining(const Op &op, bool trainingInput) {
+  if (op.version >= 12) return trainingInput;
+  return op.hasInput(3) && op.attrs.getInt("is_test", 0) == 0;
+}
+
+namespace {
 
 void setupEinsum(Op &op) {
   requireInputCount(op, 1, 1000);

@@ -1,5 +1,5 @@
 // Normalisation ops: BatchNormalization, LayerNormalization, InstanceNormalization, LRN,
-// MeanVarianceNormalization.
+// MeanVarianceNormalization, and ai.graphcore BatchNormalizationGrad (training-mode backward).
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
@@ -16,6 +16,9 @@ void requireChannelVector(const Op &op, size_t i, int64_t c, const char *role) {
     throw error(op.debugName(), ": ", role, " has shape ", toString(op.inInfo(i).shape()), ", expected [", c, "]");
 }
 
+/// BatchNormalization. Internal attribute popart_unbiased_running_var (int, default 0): in training
+/// mode, 1 updates running_var with the unbiased batch variance (·N/(N−1), as PyTorch does) instead
+/// of the population variance the ONNX spec asks for; Y always uses the population variance.
 void setupBatchNorm(Op &op) {
   requireInputCount(op, 5, 5);
   requireType(op, 0, kFloatTypes);
@@ -36,6 +39,32 @@ void setupBatchNorm(Op &op) {
   op.setOutInfo(0, op.inInfo(0));
   for (size_t i = 1; i < op.outputCount(); ++i)
     op.setOutInfo(i, op.inInfo(3));
+}
+
+/// ai.graphcore BatchNormalizationGrad: inputs X, scale, dY and optionally the batch mean and
+/// (biased) variance that the forward computed; without them the kernel recomputes them from X.
+/// Outputs dX, dScale, dBias, each optional. Attribute epsilon as in the forward op.
+void setupBatchNormGrad(Op &op) {
+  requireInputCount(op, 3, 5);
+  requireType(op, 0, kFloatTypes);
+  const Shape &x = op.inInfo(0).shape();
+  if (x.size() < 2) throw error(op.debugName(), ": X has shape ", toString(x), ", expected rank >= 2 (N, C, ...)");
+  requireChannelVector(op, 1, x[1], "scale");
+  if (op.inInfo(2).shape() != x)
+    throw error(op.debugName(), ": dY has shape ", toString(op.inInfo(2).shape()), ", expected ", toString(x));
+  if (op.hasInput(3) != op.hasInput(4))
+    throw error(op.debugName(), ": give both the batch mean and variance, or neither");
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != op.inInfo(0).dataType())
+      throw error(op.debugName(), ": input ", i, " has type ", toString(op.inInfo(i).dataType()), ", expected ",
+                  toString(op.inInfo(0).dataType()), " like X");
+  if (op.hasInput(3)) {
+    requireChannelVector(op, 3, x[1], "mean");
+    requireChannelVector(op, 4, x[1], "var");
+  }
+  op.setOutInfo(0, op.inInfo(0));
+  op.setOutInfo(1, op.inInfo(1));
+  op.setOutInfo(2, op.inInfo(1));
 }
 
 void setupLayerNorm(Op &op) {
@@ -100,6 +129,9 @@ void setupMVN(Op &op) {
 
 void registerNormOps(OpRegistry &r) {
   r.add(makeDef("BatchNormalization", 6, 1000, setupBatchNorm));
+  OpDef bnGrad = makeDef("BatchNormalizationGrad", 1, 1000, setupBatchNormGrad);
+  bnGrad.domain = "ai.graphcore";
+  r.add(bnGrad);
   r.add(makeDef("LayerNormalization", 17, 1000, setupLayerNorm));
   r.add(makeDef("InstanceNormalization", 1, 1000, setupInstanceNorm));
   r.add(makeDef("LRN", 1, 1000, setupLRN));

@@ -25,6 +25,7 @@ void registerBuiltinOps() {
     registerStringOps(r);
     registerTrainingOps(r);
     registerVarUpdateOps(r);
+    registerConvGradOps(r);
   });
 }
 

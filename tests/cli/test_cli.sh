@@ -59,5 +59,44 @@ expect 2 "error: .*must be NAME=FILE" -- "$RUN" "$DATA/node/test_relu/model.onnx
 expect 2 "error: cannot open .npy file" -- "$RUN" "$DATA/node/test_relu/model.onnx" --input "x=$TMP/none.npy"
 expect 2 "--iterations" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations -3
 
+# Training: a model with its loss inside the graph, a dataset of .npy files.
+/usr/bin/python3 "$SRC/tests/cli/make_train_model.py" "$TMP"
+M="$TMP/train_mlp.onnx"
+D=(--input "x=$TMP/x.npy" --input "y=$TMP/y.npy")
+expect 0 "throughput: [0-9.]+ samples/s" -- "$RUN" "$M" --train "${D[@]}" --optimizer adamw --lr 0.01
+expect 0 "10 steps \(10 per epoch\)" -- "$RUN" "$M" --train "${D[@]}"
+expect 0 "30 steps" -- "$RUN" "$M" --train "${D[@]}" --epochs 3 --shuffle --lr-schedule cosine --warmup-steps 3
+expect 0 "x 2 accumulated, 5 steps" -- "$RUN" "$M" --train "${D[@]}" --accumulate 2 --clip-norm 1 --loss-scaling 128
+expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer lamb --loss-scaling dynamic --steps 4
+for o in sgd adam adamax lambnobias rmsprop adagrad; do
+  expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer "$o" --steps 3
+done
+expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer rmsprop --centered --momentum 0.5 --steps 3
+expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --momentum 0.9 --nesterov --lr-schedule step --lr-step-size 2
+# The trained model is an ONNX model that runs for inference.
+expect 0 "saved" -- "$RUN" "$M" --train "${D[@]}" --steps 4 --save "$TMP/trained.onnx"
+expect 0 "loss: FLOAT \[\]" -- "$RUN" "$TMP/trained.onnx" --input "x=$TMP/x4.npy" --input "y=$TMP/y4.npy"
+# A resumed run ends bit-identical to one that never stopped (shuffling and dropout included).
+common=(--train "${D[@]}" --optimizer adam --shuffle --seed 3)
+"$RUN" "$M" "${common[@]}" --steps 20 --save "$TMP/whole.onnx" >/dev/null 2>&1
+"$RUN" "$M" "${common[@]}" --steps 7 --checkpoint "$TMP/ck" >/dev/null 2>&1 ||
+  { echo "FAIL: the first half of the resumed run"; failures=$((failures + 1)); }
+expect 0 "resuming at step 7" -- "$RUN" "$M" "${common[@]}" --steps 20 --resume "$TMP/ck" --save "$TMP/resumed.onnx"
+if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); else
+  echo "FAIL: resumed training differs from uninterrupted training"; failures=$((failures + 1)); fi
+# Training flags that make no sense.
+expect 2 "error: --steps and --epochs exclude each other" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --epochs 1
+expect 2 "error: --nesterov does not apply to --optimizer adam" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --nesterov
+expect 2 "error: --nesterov needs a positive --momentum" -- "$RUN" "$M" --train "${D[@]}" --nesterov
+expect 2 "error: --lr needs --train" -- "$RUN" "$M" --lr 0.1
+expect 2 "error: --iterations applies to inference" -- "$RUN" "$M" --train "${D[@]}" --iterations 3
+expect 2 "error: --checkpoint-every needs --checkpoint" -- "$RUN" "$M" --train "${D[@]}" --checkpoint-every 2
+expect 2 "error: --loss-scaling must be a positive number" -- "$RUN" "$M" --train "${D[@]}" --loss-scaling abc
+expect 2 "error: model input 'y' has no dataset" -- "$RUN" "$M" --train --input "x=$TMP/x.npy"
+expect 2 "error: --input y has 30 samples" -- "$RUN" "$M" --train --input "x=$TMP/x.npy" --input "y=$TMP/y_short.npy"
+expect 2 "error: --input x is INT64" -- "$RUN" "$M" --train --input "x=$TMP/y.npy" --input "y=$TMP/y.npy"
+expect 2 "error: loss 'nope' is not a tensor" -- "$RUN" "$M" --train "${D[@]}" --loss nope
+expect 2 "error: --resume: .*progress.txt' is missing" -- "$RUN" "$M" --train "${D[@]}" --resume "$TMP/nowhere"
+
 echo "cli: $passes passed, $failures failed"
 [[ $failures -eq 0 ]]

@@ -238,24 +238,3 @@ TEST(AutodiffNorm, BatchNormalizationInference) {
                   seed);
   }
 }
-
-TEST(AutodiffNorm, BatchNormalizationTrainingModeIsRejectedByName) {
-  ir::registerBuiltinOps();
-  ir::Graph g;
-  g.opsets()["ai.onnx"] = 15;
-  std::vector<TensorId> ins{"x", "s", "b", "m", "v"};
-  for (const auto &id : ins) {
-    g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, id == "x" ? Shape{2, 3} : Shape{3}));
-    g.addInput(id);
-  }
-  ir::Attributes a;
-  a.set("training_mode", int64_t{1});
-  g.addOp("BatchNormalization", "", 15, "bn1", a, ins, {"y", "rm", "rv"});
-  ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "y", {"x"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("bn1"), std::string::npos) << e.what();
-  }
-}

@@ -439,3 +439,40 @@ TEST(TrainingSession, WriteWeightsAndErrors) {
   s->weightsFromHost(); // back to the model's initializers
   EXPECT_EQ(readWeight(*s, "w")[0], 0.5f);
 }
+
+TEST(TrainingSession, BatchesPerStepRunsOneUpdatePerBatchAndReturnsEveryLoss) {
+  SGD opt({{"defaultLearningRate", {0.1f, false}}, {"defaultMomentum", {0.5f, true}}});
+  auto one = session(opt);
+  for (int k = 0; k < 3; ++k)
+    step(*one, data(k));
+  std::string model = linearModel();
+  auto probe = session(opt, {}, model);
+  TensorId loss = probe->getLossId();
+  auto three = TrainingSession::createFromOnnxModel(model, DataFlow(3, {loss}, AnchorReturnType("ALL")), loss, opt);
+  three->prepareDevice();
+  std::vector<float> x;
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> d = data(k);
+    x.insert(x.end(), d.begin(), d.end());
+  }
+  NDArrayWrapper<float> in(x.data(), {3, kN});
+  std::vector<float> losses(3);
+  NDArrayWrapper<float> out(losses.data(), {3});
+  StepIO io({{"x", in}}, {{loss, out}});
+  three->run(io);
+  EXPECT_EQ(three->getStepCount(), 3);
+  EXPECT_EQ(readWeight(*three, "w"), readWeight(*one, "w"));
+  // The loss of batch k is computed with the weights after k updates: sum(w_k * x_k).
+  auto replay = session(opt);
+  for (int k = 0; k < 3; ++k) {
+    std::vector<float> w = readWeight(*replay, "w"), d = data(k);
+    double expected = 0;
+    for (size_t i = 0; i < kN; ++i)
+      expected += double(w[i]) * d[i];
+    EXPECT_NEAR(losses[size_t(k)], expected, 1e-5) << "batch " << k;
+    step(*replay, d);
+  }
+  NDArrayWrapper<float> wrongOut(losses.data(), {2});
+  StepIO bad({{"x", in}}, {{loss, wrongOut}});
+  EXPECT_THROW(three->run(bad), error);
+}

@@ -1,0 +1,195 @@
+// oneDNN kernels of the grad ops, f32 and plain layouts: ConvDataGrad
+// (convolution_backward_data), ConvWeightGrad (convolution_backward_weights) and
+// AveragePoolGrad (pooling_v2_backward). Primitives and their scratchpads (user mode) are made
+// at creation; supports() builds the kernel once and declines if oneDNN, or we, refuse it.
+
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "ir/ops/window.hpp"
+#include <popart/error.hpp>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using namespace dnnl;
+
+/// The window of a grad op in oneDNN's terms; throws (declines) for negative pads.
+struct Window {
+  memory::dims kernel, strides, dilates, padL, padR;
+};
+
+Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel) {
+  ir::WindowGeometry g = ir::resolveWindow(op, x, y, kernel, false);
+  Window w;
+  for (size_t i = 0; i < g.spatialRank(); ++i) {
+    if (g.padBegin[i] < 0 || g.padEnd[i] < 0)
+      throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+    w.kernel.push_back(g.kernel[i]);
+    w.strides.push_back(g.strides[i]);
+    w.dilates.push_back(g.dilations[i] - 1); // oneDNN counts the gaps between taps
+    w.padL.push_back(g.padBegin[i]);
+    w.padR.push_back(g.padEnd[i]);
+  }
+  return w;
+}
+
+/// ONNX Conv weights (M, C/g, k...) as oneDNN's ([g,] M/g, C/g, k...) over the same buffer.
+memory::desc weightsDesc(const Shape &w, int64_t group) {
+  memory::dims dims{w[0] / group, w[1]}, spatial(w.begin() + 2, w.end());
+  if (group > 1) dims.insert(dims.begin(), group);
+  dims.insert(dims.end(), spatial.begin(), spatial.end());
+  return memory::desc(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+}
+
+primitive_attr userScratchpad() {
+  primitive_attr a;
+  a.set_scratchpad_mode(scratchpad_mode::user);
+  return a;
+}
+
+/// Runs one backward primitive on three roles (or two): input 0, input 1, output 0.
+class BackwardKernel : public Kernel {
+public:
+  void run(const KernelArgs &args) override {
+    in0_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    if (twoInputs_) in1_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    out_.set_data_handle(args.outputs[0]);
+    if (twoInputs_)
+      dnnl_util::execute(prim_, args_,
+                         {{arg0_, in0_}, {arg1_, in1_}, {argOut_, out_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    else
+      dnnl_util::execute(prim_, args_, {{arg0_, in0_}, {argOut_, out_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+  }
+
+protected:
+  /// Sets the primitive, its scratchpad and the memories; \p arg1 < 0 means one input.
+  void init(primitive prim, const memory::desc &scratchpad, int arg0, const memory::desc &md0, int arg1,
+            const memory::desc &md1, int argOut, const memory::desc &mdOut) {
+    auto &eng = dnnl_util::engine();
+    prim_ = std::move(prim);
+    scratch_ = memory(scratchpad, eng); // owned buffer, allocated now
+    arg0_ = arg0, arg1_ = arg1, argOut_ = argOut;
+    twoInputs_ = arg1 >= 0;
+    in0_ = memory(md0, eng, DNNL_MEMORY_NONE);
+    if (twoInputs_) in1_ = memory(md1, eng, DNNL_MEMORY_NONE);
+    out_ = memory(mdOut, eng, DNNL_MEMORY_NONE);
+  }
+
+private:
+  primitive prim_;
+  std::vector<dnnl_exec_arg_t> args_;
+  memory in0_, in1_, out_, scratch_;
+  int arg0_ = 0, arg1_ = -1, argOut_ = 0;
+  bool twoInputs_ = false;
+};
+
+/// The forward convolution both backward primitives take as a hint.
+convolution_forward::primitive_desc convForward(const memory::desc &x, const memory::desc &w, const memory::desc &y,
+                                                const Window &win) {
+  convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, x, w, y, win.strides,
+                              win.dilates, win.padL, win.padR);
+  return convolution_forward::primitive_desc(d, dnnl_util::engine());
+}
+
+class ConvDataGradKernel : public BackwardKernel {
+public:
+  explicit ConvDataGradKernel(const ir::Op &op) {
+    const Shape &dy = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &x = op.outInfo(0).shape();
+    Window win = makeWindow(op, x, dy, Shape(w.begin() + 2, w.end()));
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
+    auto mdW = weightsDesc(w, op.attrs.getInt("group", 1));
+    convolution_backward_data::desc d(algorithm::convolution_direct, mdX, mdW, mdY, win.strides, win.dilates, win.padL,
+                                      win.padR);
+    convolution_backward_data::primitive_desc pd(d, userScratchpad(), dnnl_util::engine(),
+                                                 convForward(mdX, mdW, mdY, win));
+    init(convolution_backward_data(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, DNNL_ARG_WEIGHTS, mdW,
+         DNNL_ARG_DIFF_SRC, mdX);
+  }
+};
+
+class ConvWeightGradKernel : public BackwardKernel {
+public:
+  explicit ConvWeightGradKernel(const ir::Op &op) {
+    const Shape &dy = op.inInfo(0).shape(), &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape();
+    Window win = makeWindow(op, x, dy, Shape(w.begin() + 2, w.end()));
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
+    auto mdW = weightsDesc(w, op.attrs.getInt("group", 1));
+    convolution_backward_weights::desc d(algorithm::convolution_direct, mdX, mdW, mdY, win.strides, win.dilates,
+                                         win.padL, win.padR);
+    convolution_backward_weights::primitive_desc pd(d, userScratchpad(), dnnl_util::engine(),
+                                                    convForward(mdX, mdW, mdY, win));
+    init(convolution_backward_weights(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, DNNL_ARG_SRC, mdX,
+         DNNL_ARG_DIFF_WEIGHTS, mdW);
+  }
+};
+
+class AveragePoolGradKernel : public BackwardKernel {
+public:
+  explicit AveragePoolGradKernel(const ir::Op &op) {
+    const Shape &dy = op.inInfo(0).shape(), &x = op.outInfo(0).shape();
+    Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
+    bool includePad = op.attrs.getInt("count_include_pad", 0) != 0;
+    for (size_t i = 0; i < win.padR.size(); ++i) {
+      // A window wholly in the padding: ONNX counts nothing, oneDNN would divide by zero.
+      if (win.padL[i] >= win.kernel[i] || win.padR[i] >= win.kernel[i])
+        throw ::popart::error(op.debugName(), ": pads as large as the kernel are left to the reference kernel");
+      int64_t in = x[i + 2], out = dy[i + 2], dk = (win.kernel[i] - 1) * (win.dilates[i] + 1) + 1;
+      if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 == out) continue;
+      // ceil_mode: extend the end padding so that oneDNN's floor formula gives the ceil size;
+      // averaging that excludes padding ignores the extension, averaging that counts it would not.
+      int64_t needed = (out - 1) * win.strides[i] + dk - in - win.padL[i];
+      if (includePad && needed > win.padR[i])
+        throw ::popart::error(op.debugName(), ": ceil_mode with count_include_pad is left to the reference kernel");
+      win.padR[i] = needed;
+    }
+    algorithm alg = includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
+    auto &eng = dnnl_util::engine();
+    pooling_v2_forward::desc fd(prop_kind::forward_training, alg, mdX, mdY, win.strides, win.kernel, win.dilates,
+                                win.padL, win.padR);
+    pooling_v2_forward::primitive_desc fpd(fd, eng);
+    pooling_v2_backward::desc d(alg, mdX, mdY, win.strides, win.kernel, win.dilates, win.padL, win.padR);
+    pooling_v2_backward::primitive_desc pd(d, userScratchpad(), eng, fpd);
+    init(pooling_v2_backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, -1, memory::desc(), DNNL_ARG_DIFF_SRC,
+         mdX);
+  }
+};
+
+bool allFloat(const ir::Op &op) {
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  return op.outInfo(0).dataType() == DataType::FLOAT;
+}
+
+bool shapesOk(const ir::Op &op) {
+  int64_t r = op.outInfo(0).rank();
+  if (r < 3 || r > 5 || op.outInfo(0).elementCount() == 0) return false;
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.inInfo(i).elementCount() == 0) return false;
+  return true;
+}
+
+/// True if \p K can be built for \p op; oneDNN's refusal (or ours) means "use the reference".
+template <typename K> bool supports(const ir::Op &op) {
+  if (!allFloat(op) || !shapesOk(op)) return false;
+  try {
+    K k(op);
+    return true;
+  } catch (const std::exception &) { // dnnl::error or our own refusal
+    return false;
+  }
+}
+
+} // namespace
+
+void registerDnnlConvGradKernels(KernelRegistry &r) {
+  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supports<ConvDataGradKernel>,
+         makeKernel<ConvDataGradKernel>});
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, supports<ConvWeightGradKernel>,
+         makeKernel<ConvWeightGradKernel>});
+  r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
+         makeKernel<AveragePoolGradKernel>});
+}
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,158 @@
+// Reference kernels of the convolution and average-pool gradient ops (ir/ops/convgrad.cpp):
+// scatter-adds over the forward windows. Sums are kept in the compute type: straight into the
+// output for float and double, in scratch made at creation for the 16-bit types.
+
+#include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loop_kernel.hpp"
+#include "backend_cpu/reference/window.hpp"
+#include "core/dispatch.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+std::vector<int64_t> spatialOf(const Shape &s) { return std::vector<int64_t>(s.begin() + 2, s.end()); }
+
+/// Where a kernel of element type T sums: the output itself, or scratch of the compute type.
+template <typename T> class Sums {
+public:
+  using C = compute_t<T>;
+  explicit Sums(int64_t size) : size_(size) {
+    if constexpr (!std::is_same_v<T, C>) scratch_ = std::make_shared<std::vector<C>>(static_cast<size_t>(size));
+  }
+  /// Zeroed storage for the sums of output \p out.
+  C *begin(T *out) const {
+    C *p;
+    if constexpr (std::is_same_v<T, C>)
+      p = out;
+    else
+      p = scratch_->data();
+    std::fill(p, p + size_, C(0));
+    return p;
+  }
+  void finish(T *out) const {
+    if constexpr (!std::is_same_v<T, C>)
+      for (int64_t i = 0; i < size_; ++i)
+        out[i] = static_cast<T>((*scratch_)[static_cast<size_t>(i)]);
+  }
+
+private:
+  int64_t size_;
+  std::shared_ptr<std::vector<C>> scratch_; // shared: the loop is copied into a std::function
+};
+
+/// dX[b, c, i] = Σ dY[b, m, o] · W[m, c - group offset, k] over the windows (o, k) that read i.
+std::unique_ptr<Kernel> createConvDataGrad(const ir::Op &op) {
+  const Shape &dy = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &x = op.outInfo(0).shape();
+  Geom g = makeGeom(op, x, dy, spatialOf(w), false);
+  int64_t group = op.attrs.getInt("group", 1);
+  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    Sums<T> sums(shapeElementCount(x));
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *dY = a.in<T>(0), *W = a.in<T>(1);
+      C *dX = sums.begin(a.out<T>(0));
+      int64_t oc[kMaxSpatial];
+      for (int64_t o = 0; o < g.outSize; ++o) {
+        outCoords(g, o, oc);
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t gi = 0; gi < group; ++gi)
+            for (int64_t mo = 0; mo < mg; ++mo) {
+              int64_t mm = gi * mg + mo;
+              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
+              C *xb = dX + (b * c + gi * cg) * g.inSize;
+              const T *wb = W + mm * cg * g.kSize;
+              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
+                for (int64_t ci = 0; ci < cg; ++ci)
+                  xb[ci * g.inSize + inf] += gy * static_cast<C>(wb[ci * g.kSize + kf]);
+              });
+            }
+      }
+      sums.finish(a.out<T>(0));
+    });
+  });
+}
+
+/// dW[m, c, k] = Σ dY[b, m, o] · X[b, c + group offset, i(o, k)] over batch and output positions.
+std::unique_ptr<Kernel> createConvWeightGrad(const ir::Op &op) {
+  const Shape &dy = op.inInfo(0).shape(), &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape();
+  Geom g = makeGeom(op, x, dy, spatialOf(w), false);
+  int64_t group = op.attrs.getInt("group", 1);
+  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    Sums<T> sums(shapeElementCount(w));
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *dY = a.in<T>(0), *X = a.in<T>(1);
+      C *dW = sums.begin(a.out<T>(0));
+      int64_t oc[kMaxSpatial];
+      for (int64_t o = 0; o < g.outSize; ++o) {
+        outCoords(g, o, oc);
+        for (int64_t b = 0; b < n; ++b)
+          for (int64_t gi = 0; gi < group; ++gi)
+            for (int64_t mo = 0; mo < mg; ++mo) {
+              int64_t mm = gi * mg + mo;
+              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
+              const T *xb = X + (b * c + gi * cg) * g.inSize;
+              C *wb = dW + mm * cg * g.kSize;
+              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
+                for (int64_t ci = 0; ci < cg; ++ci)
+                  wb[ci * g.kSize + kf] += gy * static_cast<C>(xb[ci * g.inSize + inf]);
+              });
+            }
+      }
+      sums.finish(a.out<T>(0));
+    });
+  });
+}
+
+/// Each output's gradient, divided by its window's count, goes to every input of the window.
+std::unique_ptr<Kernel> createAveragePoolGrad(const ir::Op &op) {
+  const Shape &dy = op.inInfo(0).shape(), &x = op.outInfo(0).shape();
+  Geom g = makeGeom(op, x, dy, op.attrs.getInts("kernel_shape"), false);
+  int64_t planes = x[0] * x[1];
+  bool includePad = op.attrs.getInt("count_include_pad", 0) != 0;
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    Sums<T> sums(shapeElementCount(x));
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *dY = a.in<T>(0);
+      C *dX = sums.begin(a.out<T>(0));
+      int64_t oc[kMaxSpatial];
+      for (int64_t o = 0; o < g.outSize; ++o) {
+        outCoords(g, o, oc);
+        int64_t count = 0;
+        if (includePad)
+          count = paddedWindowCount(g, oc);
+        else
+          forWindow(g, oc, [&](int64_t, int64_t) { ++count; });
+        if (count == 0) continue; // the forward output is NaN: no input contributed
+        for (int64_t pl = 0; pl < planes; ++pl) {
+          C share = static_cast<C>(dY[pl * g.outSize + o]) / static_cast<C>(count);
+          C *xp = dX + pl * g.inSize;
+          forWindow(g, oc, [&](int64_t, int64_t inf) { xp[inf] += share; });
+        }
+      }
+      sums.finish(a.out<T>(0));
+    });
+  });
+}
+
+} // namespace
+
+void registerReferenceConvGradKernels(KernelRegistry &r) {
+  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvDataGrad});
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Reference, nullptr, createConvWeightGrad});
+  r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Reference, nullptr, createAveragePoolGrad});
+}
+
+} // namespace popart::backend_cpu

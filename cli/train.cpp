@@ -1,0 +1,442 @@
+#include "cli/train.hpp"
+#include "session/npy.hpp"
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <unistd.h>
+
+namespace fs = std::filesystem;
+
+namespace popart::cli {
+
+namespace {
+
+const char *const kTrainOnly[] = {"--loss",         "--optimizer",  "--lr",          "--momentum",     "--dampening",
+                                  "--nesterov",     "--weight-decay", "--beta1",     "--beta2",        "--eps",
+                                  "--alpha",        "--centered",   "--lr-decay",    "--initial-accumulator",   "--max-weight-norm", "--lr-schedule", "--warmup-steps",
+                                  "--lr-step-size", "--lr-gamma",   "--lr-min",      "--loss-scaling", "--clip-norm",
+                                  "--accumulate",   "--steps",      "--epochs",      "--shuffle",      "--save",
+                                  "--checkpoint",   "--checkpoint-every", "--resume"};
+
+bool given(const CLI::App &app, const char *flag) { return app.count(flag) > 0; }
+
+/// The learning rate of step \p step (0-based) of \p total under the schedule.
+double scheduledLr(const TrainOptions &o, double base, int64_t step, int64_t total) {
+  double lr = base;
+  if (o.lrSchedule == "step") {
+    lr = base * std::pow(o.lrGamma, double(step / std::max<int64_t>(o.lrStepSize, 1)));
+  } else if (o.lrSchedule == "cosine") {
+    int64_t span = std::max<int64_t>(total - o.warmupSteps, 1);
+    double p = std::clamp(double(step - o.warmupSteps) / double(span), 0.0, 1.0);
+    lr = o.lrMin + (base - o.lrMin) * 0.5 * (1.0 + std::cos(M_PI * p));
+  }
+  if (o.warmupSteps > 0 && step < o.warmupSteps) lr = base * double(step + 1) / double(o.warmupSteps);
+  return lr;
+}
+
+std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
+  std::vector<ClipNormSettings> clip;
+  if (o.clipNorm > 0) clip.push_back(ClipNormSettings::clipAllWeights(float(o.clipNorm)));
+  float ls = 1.0f;
+  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") ls = std::stof(o.lossScaling);
+  auto f = [](double v) { return float(v); };
+  Optimizer::Params p{{"defaultLearningRate", {f(lr), false}}, {"lossScaling", {ls, true}}};
+  const std::string &n = o.optimizer;
+  if (n == "sgd") {
+    p["defaultMomentum"] = {f(o.momentum), true};
+    p["defaultDampening"] = {f(o.dampening), true};
+    p["defaultWeightDecay"] = {f(o.weightDecay), true};
+    p["defaultNesterov"] = {o.nesterov ? 1.0f : 0.0f, true};
+    return std::make_unique<SGD>(p, clip);
+  }
+  if (n == "adam" || n == "adamw" || n == "adamax" || n == "lamb" || n == "lambnobias") {
+    p["defaultBeta1"] = {f(o.beta1), true};
+    p["defaultBeta2"] = {f(o.beta2), true};
+    p["defaultEps"] = {o.eps >= 0 ? f(o.eps) : (n == "lamb" || n == "lambnobias" ? 1e-6f : 1e-8f), true};
+    p["defaultWeightDecay"] = {f(o.weightDecay), true};
+    p["maxWeightNorm"] = {f(o.maxWeightNorm), true};
+    AdamMode mode = n == "adamax" ? AdamMode::AdaMax
+                    : n == "lamb" ? AdamMode::Lamb
+                    : n == "lambnobias" ? AdamMode::LambNoBias
+                                        : AdamMode::Adam;
+    WeightDecayMode wd = n == "adamw" || n == "lamb" || n == "lambnobias" ? WeightDecayMode::Decay
+                                                                          : WeightDecayMode::L2Regularization;
+    return std::make_unique<Adam>(p, mode, wd, clip);
+  }
+  p["defaultWeightDecay"] = {f(o.weightDecay), true};
+  p["defaultEps"] = {o.eps >= 0 ? f(o.eps) : (n == "adagrad" ? 1e-10f : 1e-8f), true};
+  if (n == "rmsprop") {
+    p["defaultAlpha"] = {f(o.alpha), true};
+    p["defaultMomentum"] = {f(o.momentum), true};
+    return std::make_unique<Adaptive>(p, o.centered ? AdaptiveMode::CenteredRMSProp : AdaptiveMode::RMSProp, clip);
+  }
+  p["defaultLearningRateDecay"] = {f(o.lrDecay), true};
+  p["defaultInitialAccumulator"] = {f(o.initialAccumulator), true};
+  return std::make_unique<Adaptive>(p, AdaptiveMode::AdaGrad, clip);
+}
+
+void checkFlags(const CLI::App &app, const TrainOptions &o) {
+  auto only = [&](const char *flag, std::initializer_list<const char *> optimizers) {
+    if (!given(app, flag)) return;
+    for (const char *n : optimizers)
+      if (o.optimizer == n) return;
+    std::string list;
+    for (const char *n : optimizers)
+      list += (list.empty() ? "" : ", ") + std::string(n);
+    throw error(flag, " does not apply to --optimizer ", o.optimizer, " (only to ", list, ")");
+  };
+  only("--momentum", {"sgd", "rmsprop"});
+  only("--dampening", {"sgd"});
+  only("--nesterov", {"sgd"});
+  only("--beta1", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
+  only("--beta2", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
+  only("--alpha", {"rmsprop"});
+  only("--centered", {"rmsprop"});
+  only("--max-weight-norm", {"lamb", "lambnobias"});
+  only("--lr-decay", {"adagrad"});
+  only("--initial-accumulator", {"adagrad"});
+  if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
+  if (given(app, "--checkpoint-every") && o.checkpoint.empty()) throw error("--checkpoint-every needs --checkpoint DIR");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    throw error("--nesterov needs a positive --momentum and no --dampening");
+  if (o.lrSchedule == "step" && o.lrStepSize <= 0) throw error("--lr-schedule step needs --lr-step-size N > 0");
+  if ((given(app, "--lr-step-size") || given(app, "--lr-gamma")) && o.lrSchedule != "step")
+    throw error("--lr-step-size and --lr-gamma need --lr-schedule step");
+  if (given(app, "--lr-min") && o.lrSchedule != "cosine") throw error("--lr-min needs --lr-schedule cosine");
+  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") {
+    char *end = nullptr;
+    double v = std::strtod(o.lossScaling.c_str(), &end);
+    if (end == o.lossScaling.c_str() || *end != '\0' || !(v > 0))
+      throw error("--loss-scaling must be a positive number or 'dynamic', got '", o.lossScaling, "'");
+  }
+}
+
+std::string formatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60),
+                  (long long)(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lld:%02lld", (long long)(s / 60), (long long)(s % 60));
+  return buf;
+}
+
+/// A training dataset: per input, the samples back to back.
+struct Dataset {
+  std::map<TensorId, TensorData> arrays;
+  int64_t samples = -1;
+};
+
+/// Where a run is, saved next to the checkpoint so that a resumed run takes the same batches.
+struct Progress {
+  int64_t step = 0;
+  uint64_t seed = 0;
+  bool shuffle = false;
+  int64_t samples = 0, batch = 0;
+};
+
+void writeFileAtomically(const fs::path &path, const std::string &bytes) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw error("cannot write '", tmp.string(), "'");
+  }
+  fs::rename(tmp, path);
+}
+
+std::string progressText(const Progress &p) {
+  return "step " + std::to_string(p.step) + "\nseed " + std::to_string(p.seed) + "\nshuffle " +
+         std::to_string(p.shuffle ? 1 : 0) + "\nsamples " + std::to_string(p.samples) + "\nbatch " +
+         std::to_string(p.batch) + "\n";
+}
+
+Progress readProgress(const fs::path &path) {
+  std::ifstream in(path);
+  if (!in) throw error("--resume: '", path.string(), "' is missing");
+  Progress p;
+  std::string key;
+  int64_t v = 0;
+  std::map<std::string, int64_t> kv;
+  while (in >> key >> v)
+    kv[key] = v;
+  for (const char *k : {"step", "seed", "shuffle", "samples", "batch"})
+    if (!kv.count(k)) throw error("--resume: '", path.string(), "' has no '", k, "' entry");
+  p.step = kv["step"];
+  p.seed = static_cast<uint64_t>(kv["seed"]);
+  p.shuffle = kv["shuffle"] != 0;
+  p.samples = kv["samples"];
+  p.batch = kv["batch"];
+  return p;
+}
+
+} // namespace
+
+void addTrainOptions(CLI::App &app, TrainOptions &o) {
+  app.add_flag("--train", o.train, "train the model (its scalar loss output) on the --input datasets");
+  app.add_option("--loss", o.loss, "loss tensor (default: the model's only scalar output)");
+  app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw | adamax | lamb | lambnobias | rmsprop | adagrad")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw", "adamax", "lamb", "lambnobias", "rmsprop", "adagrad"}));
+  app.add_option("--lr", o.lr, "learning rate (default: sgd/rmsprop/adagrad 0.01, adam family 0.001)");
+  app.add_option("--momentum", o.momentum, "momentum (sgd, rmsprop)");
+  app.add_option("--dampening", o.dampening, "dampening (sgd)");
+  app.add_flag("--nesterov", o.nesterov, "Nesterov momentum (sgd)");
+  app.add_option("--weight-decay", o.weightDecay,
+                 "weight decay: L2 for sgd/adam/adamax/rmsprop/adagrad, decoupled for adamw/lamb");
+  app.add_option("--beta1", o.beta1, "first moment decay (adam family, default 0.9)");
+  app.add_option("--beta2", o.beta2, "second moment decay (adam family, default 0.999)");
+  app.add_option("--eps", o.eps, "epsilon (default: 1e-8; lamb 1e-6; adagrad 1e-10)");
+  app.add_option("--alpha", o.alpha, "square average decay (rmsprop, default 0.99)");
+  app.add_flag("--centered", o.centered, "centered RMSprop");
+  app.add_option("--lr-decay", o.lrDecay, "adagrad: lr / (1 + (t-1) * decay)");
+  app.add_option("--initial-accumulator", o.initialAccumulator, "adagrad: initial value of the square sum");
+  app.add_option("--max-weight-norm", o.maxWeightNorm, "clamp of ||w|| in the LAMB trust ratio (0: none)");
+  app.add_option("--lr-schedule", o.lrSchedule, "constant | cosine | step (each with optional --warmup-steps)")
+      ->check(CLI::IsMember({"constant", "cosine", "step"}));
+  app.add_option("--warmup-steps", o.warmupSteps, "linear learning-rate warm-up over N steps")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--lr-step-size", o.lrStepSize, "step schedule: multiply the lr by --lr-gamma every N steps");
+  app.add_option("--lr-gamma", o.lrGamma, "step schedule factor (default 0.1)");
+  app.add_option("--lr-min", o.lrMin, "cosine schedule: final learning rate (default 0)");
+  app.add_option("--loss-scaling", o.lossScaling, "static loss scale S, or 'dynamic' (GradScaler-style)");
+  app.add_option("--clip-norm", o.clipNorm, "clip gradients by their global L2 norm")->check(CLI::PositiveNumber);
+  app.add_option("--accumulate", o.accumulate, "micro-batches per weight update (mean of their gradients)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--steps", o.steps, "weight updates to run (default: one epoch)")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
+  app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
+  app.add_option("--save", o.save, "write the trained model (ONNX) here");
+  app.add_option("--checkpoint", o.checkpoint, "write checkpoints into this folder");
+  app.add_option("--checkpoint-every", o.checkpointEvery, "checkpoint every N steps (default: at the end)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--resume", o.resume, "resume from the checkpoint folder DIR");
+}
+
+std::string trainOnlyFlagGiven(const CLI::App &app) {
+  for (const char *f : kTrainOnly)
+    if (given(app, f)) return f;
+  return "";
+}
+
+int runTraining(const std::string &modelPath, const TrainOptions &o) {
+  Dataset data;
+  for (const auto &spec : o.inputs) {
+    size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE.npy");
+    TensorId name = spec.substr(0, eq);
+    TensorData t = npy::read(spec.substr(eq + 1));
+    if (t.info().shape().empty()) throw error("--input ", name, ": a dataset needs a leading sample dimension");
+    int64_t n = t.info().shape()[0];
+    if (data.samples >= 0 && n != data.samples)
+      throw error("--input ", name, " has ", n, " samples, the other inputs have ", data.samples);
+    data.samples = n;
+    data.arrays.emplace(name, std::move(t));
+  }
+  if (data.arrays.empty()) throw error("--train needs the training data: --input NAME=FILE.npy for each model input");
+
+  SessionOptions so;
+  so.numThreads = o.threads;
+  so.batchSize = o.batch;
+  so.kernels = o.kernels;
+  if (o.accumulate > 1) {
+    so.enableGradientAccumulation = true;
+    so.accumulationFactor = o.accumulate;
+  }
+  if (o.lossScaling == "dynamic") so.automaticLossScalingSettings.enabled = true;
+  double baseLr = o.lr >= 0 ? o.lr
+                  : (o.optimizer == "sgd" || o.optimizer == "rmsprop" || o.optimizer == "adagrad") ? 0.01
+                                                                                                   : 0.001;
+  auto optimizer = makeOptimizer(o, baseLr);
+
+  // The loss is anchored, so its name is needed first: the model's only declared scalar output,
+  // else a session without anchors finds it (that compiles the graph once more).
+  TensorId lossId = o.loss;
+  if (lossId.empty()) {
+    auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), so);
+    std::vector<TensorId> scalars;
+    for (const auto &id : declared->getOutputIds())
+      if (TensorInfo info = declared->getInfo(id); info.isKnown() && info.elementCount() == 1) scalars.push_back(id);
+    if (scalars.size() == 1) {
+      lossId = scalars[0];
+    } else {
+      auto probe = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "",
+                                                        *optimizer, so);
+      probe->prepareDevice();
+      lossId = probe->getLossId();
+    }
+  }
+  auto session =
+      TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId, *optimizer, so);
+  session->prepareDevice();
+  std::vector<TensorId> inputIds = session->getInputIds();
+  std::map<TensorId, TensorInfo> infos;
+  for (const auto &id : inputIds)
+    infos[id] = session->getInfo(id);
+
+  int64_t batch = -1;
+  for (const auto &id : inputIds) {
+    auto it = data.arrays.find(id);
+    if (it == data.arrays.end()) throw error("model input '", id, "' has no dataset: give --input ", id, "=FILE.npy");
+    const TensorInfo &info = infos.at(id);
+    const TensorInfo &have = it->second.info();
+    Shape sample(have.shape().begin() + 1, have.shape().end());
+    Shape want(info.shape().begin() + 1, info.shape().end());
+    if (have.dataType() != info.dataType())
+      throw error("--input ", id, " is ", toString(have.dataType()), ", the model input is ", toString(info.dataType()));
+    if (info.shape().empty() || sample != want)
+      throw error("--input ", id, " has samples of shape ", toString(sample), ", the model input ", info.toString(),
+                  " needs ", toString(want), " after its batch dimension");
+    if (batch >= 0 && info.shape()[0] != batch)
+      throw error("model inputs disagree on the batch size (", batch, " and ", info.shape()[0], ")");
+    batch = info.shape()[0];
+  }
+  for (const auto &[id, t] : data.arrays)
+    if (!infos.count(id)) throw error("--input names '", id, "', which is not an input of the model");
+  const int64_t perStep = batch * o.accumulate;
+  const int64_t stepsPerEpoch = data.samples / perStep;
+  if (stepsPerEpoch == 0)
+    throw error("the dataset has ", data.samples, " samples, fewer than one step needs (batch ", batch,
+                " x accumulation ", o.accumulate, ")");
+  int64_t total = o.steps > 0 ? o.steps
+                  : o.epochs > 0 ? std::max<int64_t>(1, std::llround(o.epochs * double(stepsPerEpoch)))
+                                 : stepsPerEpoch;
+
+  int64_t start = 0;
+  if (!o.resume.empty()) {
+    fs::path dir(o.resume);
+    Progress p = readProgress(dir / "progress.txt");
+    if (p.samples != data.samples || p.batch != perStep || p.shuffle != o.shuffle || p.seed != o.seed)
+      throw error("--resume: the checkpoint in '", o.resume, "' was made with ", p.samples, " samples, ", p.batch,
+                  " samples per step, shuffle ", p.shuffle, ", seed ", p.seed, "; this run differs");
+    start = p.step;
+    if (start >= total) throw error("--resume: the checkpoint is at step ", start, ", at or past the last step ", total);
+  }
+  session->setRandomSeed(o.seed);
+  // The checkpoint holds weights, optimiser state, loss scale and the random state.
+  if (!o.resume.empty()) session->loadCheckpoint((fs::path(o.resume) / "checkpoint.ckpt").string());
+
+  // Step buffers: [accumulate, batch, ...] per input.
+  std::map<TensorId, TensorData> buffers;
+  std::vector<std::unique_ptr<RawArray>> arrays;
+  std::map<TensorId, IArray &> in, out;
+  for (const auto &id : inputIds) {
+    const TensorInfo &info = infos.at(id);
+    Shape s = info.shape();
+    if (o.accumulate > 1) s.insert(s.begin(), o.accumulate);
+    buffers.emplace(id, TensorData(TensorInfo(info.dataType(), s)));
+    arrays.push_back(std::make_unique<RawArray>(buffers.at(id).data(), info.dataType(), s));
+    in.emplace(id, *arrays.back());
+  }
+  std::vector<float> losses(static_cast<size_t>(o.accumulate));
+  Shape lossShape;
+  if (o.accumulate > 1) lossShape.push_back(o.accumulate);
+  TensorInfo lossInfo = session->getInfo(lossId);
+  if (lossInfo.dataType() != DataType::FLOAT)
+    throw error("the CLI reports FLOAT losses; loss '", lossId, "' is ", toString(lossInfo.dataType()));
+  lossShape.insert(lossShape.end(), lossInfo.shape().begin(), lossInfo.shape().end());
+  RawArray lossArr(losses.data(), DataType::FLOAT, lossShape);
+  out.emplace(lossId, lossArr);
+  StepIO io(in, out);
+
+  std::vector<int64_t> order(static_cast<size_t>(data.samples));
+  int64_t orderEpoch = -1;
+  auto fillStep = [&](int64_t step) {
+    int64_t epoch = step / stepsPerEpoch, pos = step % stepsPerEpoch;
+    if (epoch != orderEpoch) {
+      std::iota(order.begin(), order.end(), 0);
+      if (o.shuffle) {
+        std::mt19937_64 rng(o.seed * 1000003ull + static_cast<uint64_t>(epoch));
+        std::shuffle(order.begin(), order.end(), rng);
+      }
+      orderEpoch = epoch;
+    }
+    for (auto &[id, buf] : buffers) {
+      const TensorData &src = data.arrays.at(id);
+      size_t sampleBytes = static_cast<size_t>(src.byteCount() / data.samples);
+      auto *dst = static_cast<uint8_t *>(buf.data());
+      for (int64_t k = 0; k < perStep; ++k)
+        std::memcpy(dst + size_t(k) * sampleBytes,
+                    static_cast<const uint8_t *>(src.data()) + size_t(order[size_t(pos * perStep + k)]) * sampleBytes,
+                    sampleBytes);
+    }
+  };
+
+  auto saveCheckpoint = [&](int64_t stepsDone) {
+    fs::path dir(o.checkpoint);
+    fs::create_directories(dir);
+    session->saveCheckpoint((dir / "checkpoint.ckpt").string());
+    Progress p{stepsDone, o.seed, o.shuffle, data.samples, perStep};
+    writeFileAtomically(dir / "progress.txt", progressText(p));
+  };
+
+  const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::printf("training %s: %zu weights, %s, batch %lld%s, %lld steps (%lld per epoch)%s\n", modelPath.c_str(),
+              session->getWeightIds().size(), o.optimizer.c_str(), (long long)batch,
+              o.accumulate > 1 ? (" x " + std::to_string(o.accumulate) + " accumulated").c_str() : "", (long long)total,
+              (long long)stepsPerEpoch, start > 0 ? (", resuming at step " + std::to_string(start)).c_str() : "");
+  std::fflush(stdout);
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  double lastLoss = NAN;
+  int64_t reportEvery = std::max<int64_t>(1, (total - start) / 20);
+  for (int64_t step = start; step < total; ++step) {
+    if (o.lrSchedule != "constant" || o.warmupSteps > 0) {
+      auto next = makeOptimizer(o, scheduledLr(o, baseLr, step, total));
+      session->updateOptimizerFromHost(next.get());
+    }
+    fillStep(step);
+    session->run(io);
+    lastLoss = std::accumulate(losses.begin(), losses.end(), 0.0) / double(losses.size());
+    if (!std::isfinite(lastLoss) && o.lossScaling != "dynamic")
+      throw error("the loss became ", lastLoss, " at step ", step + 1, " (try a smaller --lr or --clip-norm)");
+    int64_t done = step + 1;
+    double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+    double rate = double((done - start) * perStep) / std::max(elapsed, 1e-9);
+    double eta = double(total - done) * perStep / std::max(rate, 1e-9);
+    if (tty) {
+      int width = 24, filled = static_cast<int>(width * done / total);
+      std::printf("\rstep %lld/%lld [%s%s] loss %.5g  %.1f samples/s  ETA %s   ", (long long)done, (long long)total,
+                  std::string(size_t(filled), '#').c_str(), std::string(size_t(width - filled), '.').c_str(), lastLoss,
+                  rate, formatDuration(eta).c_str());
+      std::fflush(stdout);
+    } else if (done % reportEvery == 0 || done == total) {
+      std::printf("step %lld/%lld loss %.6g %.1f samples/s ETA %s\n", (long long)done, (long long)total, lastLoss, rate,
+                  formatDuration(eta).c_str());
+      std::fflush(stdout);
+    }
+    if (!o.checkpoint.empty() && o.checkpointEvery > 0 && done % o.checkpointEvery == 0 && done < total)
+      saveCheckpoint(done);
+  }
+  if (tty) std::printf("\n");
+  double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  if (session->getSkippedSteps() > 0)
+    std::printf("skipped %lld steps with non-finite gradients; loss scale now %g\n",
+                (long long)session->getSkippedSteps(), session->getLossScale());
+  std::printf("final loss: %.6g\n", lastLoss);
+  if (!o.checkpoint.empty()) saveCheckpoint(total);
+  if (!o.save.empty()) {
+    session->modelToHost(o.save);
+    std::printf("saved %s\n", o.save.c_str());
+  }
+  std::printf("throughput: %.1f samples/s\n", double((total - start) * perStep) / std::max(elapsed, 1e-9));
+  return 0;
+}
+
+void checkTrainFlags(const CLI::App &app, const TrainOptions &o) { checkFlags(app, o); }
+
+
+} // namespace popart::cli

@@ -1,0 +1,48 @@
+#pragma once
+// popart-run --train: trains a model on datasets given as .npy files.
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace popart::cli {
+
+struct TrainOptions {
+  bool train = false;
+  std::string loss;
+  std::string optimizer = "sgd";
+  double lr = -1; ///< < 0: the optimiser's default
+  double momentum = 0, dampening = 0, weightDecay = 0;
+  bool nesterov = false, centered = false;
+  double beta1 = 0.9, beta2 = 0.999, eps = -1, alpha = 0.99, maxWeightNorm = 0, lrDecay = 0, initialAccumulator = 0;
+  std::string lrSchedule = "constant";
+  int64_t warmupSteps = 0, lrStepSize = 0;
+  double lrGamma = 0.1, lrMin = 0;
+  std::string lossScaling;
+  double clipNorm = 0;
+  int accumulate = 1;
+  int64_t steps = 0;
+  double epochs = 0;
+  bool shuffle = false;
+  std::string save, checkpoint, resume;
+  int64_t checkpointEvery = 0;
+  /// Copied from the common options of popart-run.
+  std::vector<std::string> inputs;
+  uint64_t seed = 0;
+  int threads = 0;
+  int64_t batch = 0;
+  std::string kernels = "any";
+};
+
+/// Adds the training flags to \p app.
+void addTrainOptions(CLI::App &app, TrainOptions &options);
+/// Flags of \p app given that only make sense with --train; empty if none.
+std::string trainOnlyFlagGiven(const CLI::App &app);
+/// Throws naming flags that make no sense together.
+void checkTrainFlags(const CLI::App &app, const TrainOptions &options);
+/// Trains \p model; returns the exit status.
+int runTraining(const std::string &model, const TrainOptions &options);
+
+} // namespace popart::cli

@@ -1,0 +1,53 @@
+#include "ir/ops/window.hpp"
+
+#include <algorithm>
+#include <string>
+
+namespace popart::ir {
+
+std::vector<int64_t> WindowGeometry::pads() const {
+  std::vector<int64_t> p = padBegin;
+  p.insert(p.end(), padEnd.begin(), padEnd.end());
+  return p;
+}
+
+WindowGeometry resolveWindow(const Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
+                             bool transposed) {
+  size_t nsp = x.size() - 2;
+  WindowGeometry g;
+  g.strides = op.attrs.getInts("strides", std::vector<int64_t>(nsp, 1));
+  g.dilations = op.attrs.getInts("dilations", std::vector<int64_t>(nsp, 1));
+  auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * nsp, 0));
+  auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(nsp, 0));
+  std::string ap = op.attrs.getString("auto_pad", "NOTSET");
+  bool same = ap == "SAME_UPPER" || ap == "SAME_LOWER";
+  g.in.assign(x.begin() + 2, x.end());
+  g.out.assign(y.begin() + 2, y.end());
+  g.kernel = kernel;
+  g.padBegin.resize(nsp);
+  g.padEnd.resize(nsp);
+  for (size_t i = 0; i < nsp; ++i) {
+    int64_t dk = g.dilatedKernel(i), pb, pe;
+    if (ap == "VALID") {
+      pb = pe = 0;
+    } else if (!transposed && same) {
+      int64_t total = std::max<int64_t>(0, (g.out[i] - 1) * g.strides[i] + dk - g.in[i]);
+      pb = ap == "SAME_UPPER" ? total / 2 : total - total / 2;
+      pe = total - pb;
+    } else if (transposed && (same || op.attrs.has("output_shape"))) {
+      int64_t total = g.strides[i] * (g.in[i] - 1) + outPad[i] + dk - g.out[i];
+      // Floor division: a negative total (output_shape larger than natural) pads at the end.
+      int64_t half = total >= 0 ? total / 2 : -((-total + 1) / 2);
+      pb = ap == "SAME_UPPER" ? half : total - half;
+      pe = total - pb;
+    } else {
+      pb = pads[i];
+      pe = pads[i + nsp];
+    }
+    g.padBegin[i] = pb;
+    g.padEnd[i] = pe;
+  }
+  return g;
+}
+
+} // namespace popart::ir

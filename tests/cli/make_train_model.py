@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Writes a small trainable model (MLP with dropout and a cross-entropy loss inside the graph)
+and a dataset for the command-line training tests. Usage: make_train_model.py OUT_DIR"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+out = sys.argv[1]
+rng = np.random.default_rng(7)
+w1 = numpy_helper.from_array((rng.standard_normal((8, 16)) * 0.3).astype(np.float32), "w1")
+b1 = numpy_helper.from_array(np.zeros(16, np.float32), "b1")
+w2 = numpy_helper.from_array((rng.standard_normal((16, 3)) * 0.3).astype(np.float32), "w2")
+ratio = numpy_helper.from_array(np.array(0.2, np.float32), "ratio")
+training = numpy_helper.from_array(np.array(True), "training")
+nodes = [
+    helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+    helper.make_node("Add", ["h0", "b1"], ["h1"]),
+    helper.make_node("Relu", ["h1"], ["h2"]),
+    helper.make_node("Dropout", ["h2", "ratio", "training"], ["h3"]),
+    helper.make_node("MatMul", ["h3", "w2"], ["logits"]),
+    helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean"),
+]
+graph = helper.make_graph(
+    nodes, "train_mlp",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+     helper.make_tensor_value_info("y", TensorProto.INT64, [4])],
+    [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    [w1, b1, w2, ratio, training])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+onnx.checker.check_model(model)
+onnx.save(model, os.path.join(out, "train_mlp.onnx"))
+x = rng.standard_normal((40, 8)).astype(np.float32)
+y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+np.save(os.path.join(out, "x.npy"), x)
+np.save(os.path.join(out, "y.npy"), y)
+np.save(os.path.join(out, "y_short.npy"), y[:30])
+np.save(os.path.join(out, "x4.npy"), x[:4])
+np.save(os.path.join(out, "y4.npy"), y[:4])

@@ -1,0 +1,454 @@
+// Gradients of Conv, ConvTranspose and AveragePool: the rules checked against central finite
+// differences in double over varied geometry, and the oneDNN kernels of the grad ops they
+// create checked against the reference kernels on random fp32 data.
+
+#include "autodiff/autodiff.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/passes/passes.hpp"
+#include <popart/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace popart;
+using backend_cpu::KernelProvider;
+using Ints = std::vector<int64_t>;
+
+namespace {
+
+/// One forward op whose inputs x0, x1, ... (X, W, B) all get gradients.
+struct Case {
+  std::string type;
+  std::vector<Shape> shapes;
+  ir::Attributes attrs;
+  int opset = 17;
+};
+
+std::string name(size_t i) {
+  std::string s = std::to_string(i);
+  s.insert(s.begin(), 'x'); // not "x" + ...: GCC 12 warns falsely (-Wrestrict) on that
+  return s;
+}
+
+/// Builds y = Σ-weighted op(x...), with the gradients of every x if \p grads.
+std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
+  ir::registerBuiltinOps();
+  auto g = std::make_unique<ir::Graph>();
+  g->opsets()["ai.onnx"] = c.opset;
+  std::vector<TensorId> ids;
+  for (size_t i = 0; i < c.shapes.size(); ++i) {
+    ids.push_back(name(i));
+    g->addTensor(ids[i], ir::TensorKind::Stream, TensorInfo(type, c.shapes[i]));
+    g->addInput(ids[i]);
+  }
+  g->addOp(c.type, "", c.opset, "op", c.attrs, ids, {"y0"});
+  ir::inferShapes(*g, nullptr);
+  // Uneven weights, so that each output element's gradient differs.
+  const TensorInfo &y0 = g->tensor("y0").info();
+  std::vector<double> w(static_cast<size_t>(y0.elementCount()));
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
+  g->addConst("w", TensorData::fromDoubles(type, y0.shape(), w));
+  g->addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
+  g->addOutput("y");
+  ir::inferShapes(*g, nullptr);
+  if (grads) {
+    *grads = autodiff::buildGradients(*g, "y", ids);
+    for (const auto &id : *grads)
+      g->addOutput(id);
+    ir::inferShapes(*g, nullptr);
+  }
+  return g;
+}
+
+std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs,
+                             std::vector<std::vector<double>> *grads) {
+  std::vector<TensorId> gradIds;
+  auto g = buildGraph(c, DataType::DOUBLE, grads ? &gradIds : nullptr);
+  backend_cpu::ExecutionPlan plan(*g, {});
+  for (size_t i = 0; i < inputs.size(); ++i)
+    std::memcpy(plan.address(name(i)), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
+  plan.run();
+  const auto *yp = static_cast<const double *>(plan.address("y"));
+  std::vector<double> y(yp, yp + plan.info("y").elementCount());
+  if (grads) {
+    grads->clear();
+    for (const auto &id : gradIds) {
+      EXPECT_EQ(plan.info(id).shape(), inputs[grads->size()].info().shape()) << c.type << " gradient " << id;
+      const auto *p = static_cast<const double *>(plan.address(id));
+      grads->emplace_back(p, p + plan.info(id).elementCount());
+    }
+  }
+  return y;
+}
+
+double sum(const std::vector<double> &v) {
+  double s = 0;
+  for (double x : v)
+    s += x;
+  return s;
+}
+
+void checkGradient(const Case &c, unsigned seed) {
+  SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> d(-2, 2);
+  std::vector<TensorData> inputs;
+  for (const Shape &s : c.shapes) {
+    TensorData t(TensorInfo(DataType::DOUBLE, s));
+    for (int64_t i = 0; i < t.info().elementCount(); ++i)
+      t.as<double>()[i] = d(rng);
+    inputs.push_back(std::move(t));
+  }
+  std::vector<std::vector<double>> analytic;
+  evaluate(c, inputs, &analytic);
+  ASSERT_EQ(analytic.size(), inputs.size());
+  const double h = 1e-6;
+  for (size_t which = 0; which < inputs.size(); ++which)
+    for (int64_t i = 0; i < inputs[which].info().elementCount(); ++i) {
+      std::vector<TensorData> plus = inputs, minus = inputs;
+      plus[which].as<double>()[i] += h;
+      minus[which].as<double>()[i] -= h;
+      double numeric = (sum(evaluate(c, plus, nullptr)) - sum(evaluate(c, minus, nullptr))) / (2 * h);
+      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
+          << c.type << " d/dx" << which << "[" << i << "] seed " << seed;
+    }
+}
+
+ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
+  ir::Attributes a;
+  for (const auto &[k, v] : kv)
+    a.set(k, v);
+  return a;
+}
+
+/// The ai.graphcore grad ops that the rule for \p c creates (fp32 graph).
+std::vector<std::string> gradOpTypes(const Case &c) {
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, DataType::FLOAT, &grads);
+  std::vector<std::string> types;
+  for (const auto &op : g->ops())
+    if (op->domain == "ai.graphcore") types.push_back(op->type);
+  return types;
+}
+
+} // namespace
+
+TEST(AutodiffConv, TwoDStridesDilationsAsymmetricPads) {
+  checkGradient({"Conv",
+                 {{2, 3, 5, 6}, {4, 3, 3, 2}, {4}},
+                 attrs({{"strides", Ints{2, 1}}, {"pads", Ints{1, 0, 2, 1}}, {"dilations", Ints{1, 2}}})},
+                1);
+  checkGradient({"Conv", {{1, 2, 4, 4}, {3, 2, 2, 2}}, {}}, 2); // no bias
+}
+
+TEST(AutodiffConv, Groups) {
+  checkGradient({"Conv",
+                 {{1, 4, 6, 5}, {6, 2, 3, 3}, {6}},
+                 attrs({{"group", int64_t{2}}, {"dilations", Ints{2, 1}}, {"pads", Ints{0, 1, 1, 0}}})},
+                3);
+  checkGradient({"Conv", {{2, 3, 5, 5}, {3, 1, 2, 2}}, attrs({{"group", int64_t{3}}, {"strides", Ints{2, 2}}})},
+                4); // depthwise
+}
+
+TEST(AutodiffConv, AutoPad) {
+  for (const char *ap : {"SAME_UPPER", "SAME_LOWER"})
+    checkGradient(
+        {"Conv", {{1, 2, 5, 7}, {3, 2, 3, 4}, {3}}, attrs({{"auto_pad", std::string(ap)}, {"strides", Ints{2, 2}}})},
+        5);
+  checkGradient(
+      {"Conv", {{1, 2, 5, 6}, {2, 2, 2, 3}}, attrs({{"auto_pad", std::string("VALID")}, {"strides", Ints{2, 1}}})}, 6);
+}
+
+TEST(AutodiffConv, OneDAndThreeD) {
+  checkGradient({"Conv",
+                 {{2, 3, 9}, {2, 3, 3}, {2}},
+                 attrs({{"strides", Ints{3}}, {"dilations", Ints{2}}, {"pads", Ints{2, 1}}})},
+                7);
+  checkGradient({"Conv",
+                 {{1, 2, 4, 3, 5}, {4, 1, 2, 2, 3}, {4}},
+                 attrs({{"group", int64_t{2}}, {"strides", Ints{1, 2, 1}}, {"pads", Ints{1, 0, 0, 1, 1, 0}}})},
+                8);
+}
+
+TEST(AutodiffConvTranspose, StridesPadsOutputPadding) {
+  checkGradient({"ConvTranspose",
+                 {{1, 2, 3, 4}, {2, 3, 3, 2}, {3}},
+                 attrs({{"strides", Ints{2, 3}}, {"pads", Ints{1, 0, 0, 1}}, {"output_padding", Ints{1, 2}}})},
+                11);
+  checkGradient({"ConvTranspose",
+                 {{2, 4, 3, 3}, {4, 1, 2, 3}, {2}},
+                 attrs({{"group", int64_t{2}}, {"dilations", Ints{2, 1}}, {"strides", Ints{1, 2}}})},
+                12);
+}
+
+TEST(AutodiffConvTranspose, OutputShapeAndAutoPad) {
+  // Larger than the natural 7x7: negative pads, which the rule turns into a crop of dY.
+  checkGradient(
+      {"ConvTranspose", {{1, 1, 3, 3}, {1, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_shape", Ints{8, 9}}})},
+      13);
+  checkGradient({"ConvTranspose",
+                 {{1, 2, 3, 3}, {2, 1, 3, 3}, {1}},
+                 attrs({{"strides", Ints{2, 2}}, {"output_shape", Ints{6, 5}}})},
+                14);
+  // Stride 1, two beyond the natural 4: both pads -1, so dY is cropped at both ends.
+  checkGradient({"ConvTranspose", {{2, 2, 3}, {2, 2, 2}, {2}}, attrs({{"output_shape", Ints{6}}})}, 18);
+  for (const char *ap : {"SAME_UPPER", "SAME_LOWER"})
+    checkGradient({"ConvTranspose",
+                   {{1, 2, 3, 4}, {2, 1, 3, 2}, {1}},
+                   attrs({{"auto_pad", std::string(ap)}, {"strides", Ints{2, 3}}})},
+                  15);
+}
+
+TEST(AutodiffConvTranspose, OneDAndThreeD) {
+  checkGradient(
+      {"ConvTranspose",
+       {{2, 2, 5}, {2, 3, 3}, {3}},
+       attrs({{"strides", Ints{2}}, {"pads", Ints{1, 2}}, {"output_padding", Ints{1}}, {"dilations", Ints{2}}})},
+      16);
+  checkGradient({"ConvTranspose",
+                 {{1, 2, 2, 3, 2}, {2, 1, 2, 2, 3}},
+                 attrs({{"group", int64_t{2}}, {"strides", Ints{2, 1, 2}}, {"pads", Ints{0, 1, 1, 1, 0, 0}}})},
+                17);
+}
+
+TEST(AutodiffAveragePool, PadsAndCountIncludePad) {
+  for (int64_t include : {0, 1})
+    checkGradient({"AveragePool",
+                   {{2, 2, 5, 6}},
+                   attrs({{"kernel_shape", Ints{3, 2}},
+                          {"strides", Ints{2, 1}},
+                          {"pads", Ints{1, 0, 1, 1}},
+                          {"count_include_pad", include}})},
+                  21);
+}
+
+TEST(AutodiffAveragePool, CeilModeAndAutoPad) {
+  for (int64_t include : {0, 1}) {
+    checkGradient({"AveragePool",
+                   {{1, 2, 6, 7}},
+                   attrs({{"kernel_shape", Ints{3, 3}},
+                          {"strides", Ints{2, 2}},
+                          {"pads", Ints{0, 1, 0, 0}},
+                          {"ceil_mode", int64_t{1}},
+                          {"count_include_pad", include}})},
+                  22);
+    for (const char *ap : {"SAME_UPPER", "SAME_LOWER"})
+      checkGradient({"AveragePool",
+                     {{1, 1, 5, 6}},
+                     attrs({{"kernel_shape", Ints{2, 3}},
+                            {"strides", Ints{2, 2}},
+                            {"auto_pad", std::string(ap)},
+                            {"count_include_pad", include}})},
+                    23);
+  }
+}
+
+TEST(AutodiffAveragePool, OneDAndThreeD) {
+  checkGradient(
+      {"AveragePool", {{2, 3, 8}}, attrs({{"kernel_shape", Ints{3}}, {"strides", Ints{2}}, {"pads", Ints{2, 1}}})}, 24);
+  checkGradient({"AveragePool",
+                 {{1, 2, 4, 5, 3}},
+                 attrs({{"kernel_shape", Ints{2, 3, 2}},
+                        {"strides", Ints{2, 2, 1}},
+                        {"pads", Ints{1, 0, 0, 0, 1, 1}},
+                        {"count_include_pad", int64_t{1}}})},
+                25);
+}
+
+TEST(AutodiffConv, RulesUseTheGradOps) {
+  EXPECT_EQ(gradOpTypes({"Conv", {{1, 2, 4, 4}, {3, 2, 2, 2}}, {}}),
+            (std::vector<std::string>{"ConvDataGrad", "ConvWeightGrad"}));
+  EXPECT_EQ(gradOpTypes({"ConvTranspose", {{1, 2, 4, 4}, {2, 3, 2, 2}}, {}}),
+            (std::vector<std::string>{"ConvWeightGrad"})); // dX is a forward Conv
+  EXPECT_EQ(gradOpTypes({"AveragePool", {{1, 2, 4, 4}}, attrs({{"kernel_shape", Ints{2, 2}}})}),
+            (std::vector<std::string>{"AveragePoolGrad"}));
+}
+
+TEST(ConvGradOps, SetupChecksTheGeometry) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 3, 4, 4}));
+  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
+  ir::Attributes a = attrs({{"strides", Ints{1, 1}},
+                            {"dilations", Ints{1, 1}},
+                            {"pads", Ints{0, 0, 0, 0}},
+                            {"input_shape", Ints{1, 2, 7, 6}}}); // gives 5x4 outputs, not 4x4
+  ir::Op &op = g.addOp("ConvDataGrad", "ai.graphcore", 1, "dgrad", a, {"dy", "w"}, {"dx"});
+  try {
+    op.def->setup(op);
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("ConvDataGrad 'dgrad': output gradient has 4 positions on spatial axis 0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+namespace {
+
+double maxRelDiff(const TensorData &a, const TensorData &b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
+    double x = a.as<float>()[i], y = b.as<float>()[i];
+    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
+  }
+  return worst;
+}
+
+/// Runs every grad op that the rule for \p c creates with oneDNN and with the reference kernel on
+/// random inputs and compares; \p dnnl says whether oneDNN is expected to take each of them.
+void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
+  SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
+  backend_cpu::registerBuiltinKernels();
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, DataType::FLOAT, &grads);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-2.f, 2.f);
+  int seen = 0;
+  for (const auto &op : g->ops()) {
+    if (op->domain != "ai.graphcore") continue;
+    ++seen;
+    const backend_cpu::KernelEntry *fast = backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl);
+    ASSERT_EQ(fast != nullptr, dnnl) << op->type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
+    if (!fast) continue;
+    std::vector<TensorData> inputs;
+    std::vector<const void *> in;
+    for (size_t i = 0; i < op->inputCount(); ++i) {
+      inputs.emplace_back(op->inInfo(i));
+      for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
+        inputs.back().as<float>()[k] = d(rng);
+    }
+    for (auto &t : inputs)
+      in.push_back(t.data());
+    TensorData ref(op->outInfo(0)), out(op->outInfo(0));
+    // Stale output values must not leak into the result: fill both with garbage first.
+    for (int64_t k = 0; k < out.info().elementCount(); ++k)
+      out.as<float>()[k] = ref.as<float>()[k] = 1e6f;
+    void *o = ref.data();
+    backend_cpu::createKernel(*op, KernelProvider::Reference)->run({in.data(), in.size(), &o, 1});
+    o = out.data();
+    auto kernel = backend_cpu::createKernel(*op, KernelProvider::Dnnl);
+    kernel->run({in.data(), in.size(), &o, 1});
+    kernel->run({in.data(), in.size(), &o, 1}); // a second run must not accumulate
+    EXPECT_LT(maxRelDiff(out, ref), 1e-4) << op->type;
+  }
+  EXPECT_GT(seen, 0) << "the rule created no grad op";
+}
+
+} // namespace
+
+TEST(DnnlVsReference, ConvGradKernels) {
+  compareGradKernels({"Conv",
+                      {{2, 3, 7, 6}, {4, 3, 3, 2}, {4}},
+                      attrs({{"strides", Ints{2, 1}}, {"pads", Ints{1, 0, 2, 1}}, {"dilations", Ints{1, 2}}})},
+                     1);
+  compareGradKernels(
+      {"Conv", {{2, 4, 6, 5}, {6, 2, 3, 3}}, attrs({{"group", int64_t{2}}, {"auto_pad", std::string("SAME_LOWER")}})},
+      2);
+  compareGradKernels({"Conv", {{3, 3, 10}, {5, 3, 4}}, attrs({{"strides", Ints{3}}, {"pads", Ints{0, 2}}})}, 3);
+  compareGradKernels(
+      {"Conv",
+       {{1, 2, 5, 4, 6}, {3, 2, 2, 3, 2}},
+       attrs({{"strides", Ints{1, 2, 2}}, {"pads", Ints{1, 0, 0, 0, 1, 1}}, {"dilations", Ints{2, 1, 1}}})},
+      4);
+  compareGradKernels({"Conv", {{8, 16, 12, 12}, {32, 16, 3, 3}}, attrs({{"pads", Ints{1, 1, 1, 1}}})}, 5);
+}
+
+TEST(DnnlVsReference, ConvTransposeWeightGradKernel) {
+  compareGradKernels({"ConvTranspose",
+                      {{2, 4, 3, 4}, {4, 3, 3, 2}},
+                      attrs({{"group", int64_t{2}}, {"strides", Ints{2, 2}}, {"pads", Ints{1, 0, 1, 1}}})},
+                     6);
+  // output_padding below the stride: the end pad of the transposed convolution stays >= 0.
+  compareGradKernels(
+      {"ConvTranspose", {{1, 2, 3, 3}, {2, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_padding", Ints{1, 1}}})},
+      7);
+  // output_shape beyond the natural size: a negative begin pad, which oneDNN declines.
+  compareGradKernels(
+      {"ConvTranspose", {{1, 2, 3, 3}, {2, 2, 3, 3}}, attrs({{"strides", Ints{2, 2}}, {"output_shape", Ints{9, 9}}})},
+      13, false);
+}
+
+TEST(DnnlVsReference, AveragePoolGradKernel) {
+  for (int64_t include : {0, 1}) {
+    compareGradKernels({"AveragePool",
+                        {{2, 3, 7, 8}},
+                        attrs({{"kernel_shape", Ints{3, 2}},
+                               {"strides", Ints{2, 2}},
+                               {"pads", Ints{1, 0, 1, 1}},
+                               {"count_include_pad", include}})},
+                       8);
+    compareGradKernels({"AveragePool", {{2, 3, 9}}, attrs({{"kernel_shape", Ints{3}}, {"count_include_pad", include}})},
+                       9);
+    compareGradKernels({"AveragePool",
+                        {{1, 2, 4, 5, 6}},
+                        attrs({{"kernel_shape", Ints{2, 2, 3}},
+                               {"strides", Ints{1, 2, 2}},
+                               {"auto_pad", std::string("SAME_UPPER")},
+                               {"count_include_pad", include}})},
+                       10);
+  }
+  compareGradKernels({"AveragePool",
+                      {{1, 2, 6, 7}},
+                      attrs({{"kernel_shape", Ints{3, 3}}, {"strides", Ints{2, 2}}, {"ceil_mode", int64_t{1}}})},
+                     11);
+  // ceil_mode whose extra window reaches past the end padding, counted with the padding: declined.
+  compareGradKernels({"AveragePool",
+                      {{1, 2, 6, 7}},
+                      attrs({{"kernel_shape", Ints{3, 3}},
+                             {"strides", Ints{2, 2}},
+                             {"ceil_mode", int64_t{1}},
+                             {"count_include_pad", int64_t{1}}})},
+                     12, false);
+}
+
+namespace {
+
+/// The gradients of \p c's inputs in \p type, from inputs \p values (exact in float16).
+std::vector<std::vector<double>> gradientsIn(const Case &c, DataType type,
+                                             const std::vector<std::vector<double>> &values) {
+  std::vector<TensorId> grads;
+  auto g = buildGraph(c, type, &grads);
+  backend_cpu::ExecutionPlan plan(*g, {});
+  for (size_t i = 0; i < values.size(); ++i) {
+    TensorData t = TensorData::fromDoubles(type, c.shapes[i], values[i]);
+    std::memcpy(plan.address(name(i)), t.data(), static_cast<size_t>(t.byteCount()));
+  }
+  plan.run();
+  std::vector<std::vector<double>> out;
+  for (const auto &id : grads) {
+    TensorData t(plan.info(id));
+    std::memcpy(t.data(), plan.address(id), static_cast<size_t>(t.byteCount()));
+    out.push_back(t.toDoubleVector());
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(AutodiffConv, Float16GradOpsMatchFloat) {
+  // Inputs on a coarse grid (exact in float16); the 16-bit kernels sum in float scratch. The
+  // tolerance covers rounding of the loss weights and of each op's result to float16.
+  for (const Case &c :
+       {Case{"Conv", {{2, 4, 6, 5}, {6, 2, 3, 3}}, attrs({{"group", int64_t{2}}, {"pads", Ints{1, 0, 1, 2}}})},
+        Case{"AveragePool", {{2, 3, 7, 6}}, attrs({{"kernel_shape", Ints{3, 2}}, {"strides", Ints{2, 1}}})}}) {
+    std::mt19937 rng(31);
+    std::uniform_int_distribution<int> d(-8, 8);
+    std::vector<std::vector<double>> values;
+    for (const Shape &s : c.shapes) {
+      values.emplace_back(static_cast<size_t>(shapeElementCount(s)));
+      for (double &v : values.back())
+        v = d(rng) / 8.0;
+    }
+    auto half = gradientsIn(c, DataType::FLOAT16, values), full = gradientsIn(c, DataType::FLOAT, values);
+    ASSERT_EQ(half.size(), full.size());
+    for (size_t i = 0; i < half.size(); ++i)
+      for (size_t k = 0; k < half[i].size(); ++k)
+        ASSERT_NEAR(half[i][k], full[i][k], 1e-2 * (1 + std::fabs(full[i][k])))
+            << c.type << " d/dx" << i << "[" << k << "]";
+  }
+}
