@@ -5,6 +5,7 @@
 
 #include <popart/error.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -96,6 +97,11 @@ LoaderPosition DataLoader::position() const {
   return next_;
 }
 
+double DataLoader::waitedSeconds() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return waited_;
+}
+
 std::vector<int64_t> DataLoader::epochOrder(int64_t epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(samples_));
   std::iota(order.begin(), order.end(), int64_t(0));
@@ -155,7 +161,11 @@ Batch &DataLoader::next() {
   std::unique_lock<std::mutex> lock(mutex_);
   holding_ = false;
   cv_.notify_all();
-  cv_.wait(lock, [&] { return ready_ > 0 || failure_; });
+  if (ready_ == 0 && !failure_) {
+    auto t0 = std::chrono::steady_clock::now();
+    cv_.wait(lock, [&] { return ready_ > 0 || failure_; });
+    waited_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   if (failure_ && ready_ == 0) std::rethrow_exception(failure_);
   Batch &batch = slots_[head_];
   head_ = (head_ + 1) % slots_.size();

@@ -82,6 +82,8 @@ public:
   Batch &next();
   /// Makes (\p epoch, \p step) the position of the next batch, dropping prefetched batches.
   void seek(int64_t epoch, int64_t step);
+  /// Seconds next() has spent waiting for the background thread so far.
+  double waitedSeconds() const;
   /// The order in which epoch \p epoch visits the samples.
   std::vector<int64_t> epochOrder(int64_t epoch) const;
 
@@ -105,6 +107,7 @@ private:
   bool holding_ = false; ///< the slot before head_ is held by the consumer
   bool stopping_ = false;
   std::exception_ptr failure_;
+  double waited_ = 0.0;
   LoaderPosition next_;
   std::thread worker_;
 };

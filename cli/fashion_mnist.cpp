@@ -4,6 +4,7 @@
 
 #include "cli/dataloader.hpp"
 #include "cli/idx.hpp"
+#include "cli/train.hpp"
 
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
@@ -168,62 +169,62 @@ int runFashionMnistExample(const FashionMnistOptions &opt) {
   FashionMnistModel m = buildFashionMnistModel(opt.model, opt.seed);
   Dataset train = loadSplit(opt.dataDir, "train", m);
   Dataset test = loadSplit(opt.dataDir, "t10k", m);
-  std::printf("Fashion-MNIST: %s, %ld training and %ld test images, batch %ld, Adam lr %g (%s), %d epoch(s)\n",
-              opt.model.c_str(), static_cast<long>(train[0].info.dim(0)), static_cast<long>(test[0].info.dim(0)),
-              static_cast<long>(batch), lr, opt.lrSchedule.c_str(), opt.epochs);
+  const int64_t trainSamples = train[0].info.dim(0), testSamples = test[0].info.dim(0);
+  DataLoader loader(std::move(train), batch, true, opt.seed);
+  const int64_t perEpoch = loader.stepsPerEpoch();
+  const int64_t total = opt.steps > 0 ? opt.steps : perEpoch * opt.epochs;
+  const int64_t epochs = (total + perEpoch - 1) / perEpoch;
+  std::printf("Fashion-MNIST: %s, %ld training and %ld test images, batch %ld, Adam lr %g (%s), %ld step(s)\n",
+              opt.model.c_str(), static_cast<long>(trainSamples), static_cast<long>(testSamples),
+              static_cast<long>(batch), lr, opt.lrSchedule.c_str(), static_cast<long>(total));
 
   SessionOptions so;
   so.numThreads = opt.threads;
   so.batchSize = batch;
+  so.kernels = opt.kernels;
   Adam adam({{"defaultLearningRate", {lr, false}}}, AdamMode::Adam, WeightDecayMode::L2Regularization);
   auto session = TrainingSession::createFromOnnxModel(m.proto, DataFlow(1, {{m.loss, AnchorReturnType("FINAL")}}),
                                                       m.loss, adam, so);
   session->prepareDevice();
 
-  DataLoader loader(std::move(train), batch, true, opt.seed);
-  const int64_t steps = opt.maxSteps > 0 ? std::min(opt.maxSteps, loader.stepsPerEpoch()) : loader.stepsPerEpoch();
   float loss = 0.0f;
   NDArrayWrapper<float> lossOut(&loss, {});
-  const int64_t totalSteps = steps * opt.epochs;
-  const bool cosine = opt.lrSchedule == "cosine";
   const auto trainStart = Clock::now();
-  int64_t trainedSamples = 0;
-  for (int epoch = 0; epoch < opt.epochs; ++epoch) {
-    if (loader.position().epoch != epoch) loader.seek(epoch, 0);
-    double windowLoss = 0.0;
-    int64_t windowSteps = 0;
-    auto windowStart = Clock::now();
-    for (int64_t step = 0; step < steps; ++step) {
-      Batch &b = loader.next();
-      if (cosine) {
-        // Cosine annealing to 0 over the whole run (torch.optim.lr_scheduler.CosineAnnealingLR).
-        const double t = static_cast<double>(epoch * steps + step) / static_cast<double>(totalSteps);
-        const float stepLr = static_cast<float>(lr * 0.5 * (1.0 + std::cos(std::numbers::pi * t)));
-        Adam next({{"defaultLearningRate", {stepLr, false}}}, AdamMode::Adam, WeightDecayMode::L2Regularization);
-        session->updateOptimizerFromHost(&next);
-      }
-      StepIO io(b.arrays(), {{m.loss, lossOut}});
-      session->run(io);
-      if (!std::isfinite(loss))
-        throw error("Fashion-MNIST: the loss is ", loss, " at epoch ", epoch + 1, " step ", step + 1);
-      windowLoss += loss;
-      ++windowSteps;
-      trainedSamples += batch;
-      if ((step + 1) % opt.logEvery == 0 || step + 1 == steps) {
-        double secs = std::chrono::duration<double>(Clock::now() - windowStart).count();
-        std::printf("epoch %d/%d  step %ld/%ld  loss %.4f  %.0f samples/s\n", epoch + 1, opt.epochs,
-                    static_cast<long>(step + 1), static_cast<long>(steps), windowLoss / windowSteps,
-                    windowSteps * batch / secs);
-        std::fflush(stdout);
-        windowLoss = 0.0;
-        windowSteps = 0;
-        windowStart = Clock::now();
-      }
+  double windowLoss = 0.0;
+  int64_t windowSteps = 0;
+  auto windowStart = trainStart;
+  for (int64_t t = 0; t < total; ++t) {
+    Batch &b = loader.next();
+    const LoaderPosition pos = b.position();
+    if (opt.lrSchedule == "cosine") {
+      // Annealed to 0 over the run, as torch.optim.lr_scheduler.CosineAnnealingLR(T_max = steps).
+      const double progress = static_cast<double>(t) / static_cast<double>(total);
+      const float stepLr = static_cast<float>(lr * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+      Adam next({{"defaultLearningRate", {stepLr, false}}}, AdamMode::Adam, WeightDecayMode::L2Regularization);
+      session->updateOptimizerFromHost(&next);
+    }
+    StepIO io(b.arrays(), {{m.loss, lossOut}});
+    session->run(io);
+    if (!std::isfinite(loss))
+      throw error("Fashion-MNIST: the loss is ", loss, " at epoch ", pos.epoch + 1, " step ", pos.step + 1);
+    windowLoss += loss;
+    ++windowSteps;
+    if ((pos.step + 1) % opt.logEvery == 0 || pos.step + 1 == perEpoch || t + 1 == total) {
+      double secs = std::chrono::duration<double>(Clock::now() - windowStart).count();
+      std::printf("epoch %ld/%ld  step %ld/%ld  loss %.4f  %.0f samples/s\n", static_cast<long>(pos.epoch + 1),
+                  static_cast<long>(epochs), static_cast<long>(pos.step + 1), static_cast<long>(perEpoch),
+                  windowLoss / static_cast<double>(windowSteps), static_cast<double>(windowSteps * batch) / secs);
+      std::fflush(stdout);
+      windowLoss = 0.0;
+      windowSteps = 0;
+      windowStart = Clock::now();
     }
   }
+  const int64_t trainedSamples = total * batch;
   const double trainSecs = std::chrono::duration<double>(Clock::now() - trainStart).count();
-  std::printf("trained %ld samples in %.1f s (%.0f samples/s)\n", static_cast<long>(trainedSamples), trainSecs,
-              trainedSamples / trainSecs);
+  std::printf("trained %ld samples in %.1f s (%.0f samples/s; %.2f s waiting for the data loader)\n",
+              static_cast<long>(trainedSamples), trainSecs, static_cast<double>(trainedSamples) / trainSecs,
+              loader.waitedSeconds());
 
   namespace fs = std::filesystem;
   std::string path = opt.saveModel;
@@ -249,16 +250,58 @@ int runFashionMnistExample(const FashionMnistOptions &opt) {
 }
 
 void addExampleOptions(CLI::App &app, std::string &name, FashionMnistOptions &opt) {
-  app.add_option("--example", name, "run a built-in example instead of a model: fashion-mnist")
+  app.add_option("--example", name,
+                 "train and test a built-in example instead of running a model: fashion-mnist (with --model, "
+                 "--example-data and the training flags --epochs, --steps, --lr, --lr-schedule, --save)")
       ->check(CLI::IsMember({"fashion-mnist"}));
-  app.add_option("--model", opt.model, "example model: mlp | cnn (default mlp)")->check(CLI::IsMember({"mlp", "cnn"}));
-  app.add_option("--epochs", opt.epochs, "example training epochs (default 1)")->check(CLI::PositiveNumber);
-  app.add_option("--lr", opt.lr, "example learning rate of Adam (default 1e-3)")->check(CLI::PositiveNumber);
-  app.add_option("--lr-schedule", opt.lrSchedule, "example: cosine (annealed to 0 over the run) | constant")
-      ->check(CLI::IsMember({"cosine", "constant"}));
+  app.add_option("--model", opt.model, "--example model: mlp | cnn (default mlp)")
+      ->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--example-data", opt.dataDir, "folder of the Fashion-MNIST IDX files (default " + opt.dataDir + ")");
-  app.add_option("--max-steps", opt.maxSteps, "example: stop each epoch after N steps")->check(CLI::PositiveNumber);
-  app.add_option("--save-model", opt.saveModel, "example: write the trained model to this ONNX file");
+}
+
+FashionMnistOptions exampleOptions(const CLI::App &app, const TrainOptions &train, FashionMnistOptions opt) {
+  if (train.train) throw error("--example trains its own model and cannot be combined with --train");
+  for (const char *f : {"--data-dir", "--iterations", "--save-outputs", "--rtol", "--atol", "--input", "--dump-ir"})
+    if (app.count(f)) throw error(f, " applies to a model file and cannot be combined with --example");
+  for (const char *f : {"--loss",
+                        "--optimizer",
+                        "--momentum",
+                        "--dampening",
+                        "--nesterov",
+                        "--weight-decay",
+                        "--beta1",
+                        "--beta2",
+                        "--eps",
+                        "--alpha",
+                        "--centered",
+                        "--lr-decay",
+                        "--initial-accumulator",
+                        "--max-weight-norm",
+                        "--warmup-steps",
+                        "--lr-step-size",
+                        "--lr-gamma",
+                        "--lr-min",
+                        "--loss-scaling",
+                        "--clip-norm",
+                        "--accumulate",
+                        "--checkpoint",
+                        "--checkpoint-every",
+                        "--resume"})
+    if (app.count(f)) throw error(f, " is not supported with --example (it trains with Adam)");
+  if (app.count("--epochs")) {
+    if (train.epochs != std::floor(train.epochs))
+      throw error("--example needs a whole number of --epochs, got ", train.epochs);
+    opt.epochs = static_cast<int>(train.epochs);
+  }
+  if (app.count("--steps")) opt.steps = train.steps;
+  if (app.count("--lr")) opt.lr = static_cast<float>(train.lr);
+  if (app.count("--lr-schedule")) opt.lrSchedule = train.lrSchedule;
+  if (app.count("--save")) opt.saveModel = train.save;
+  opt.seed = train.seed;
+  opt.threads = train.threads;
+  opt.batch = train.batch;
+  opt.kernels = train.kernels;
+  return opt;
 }
 
 } // namespace popart::cli

@@ -13,6 +13,8 @@ class App;
 
 namespace popart::cli {
 
+struct TrainOptions;
+
 /// Settings of the example; zeros choose the model's defaults.
 struct FashionMnistOptions {
   /// "mlp" (784-256-10) or "cnn" (two conv+relu+maxpool blocks, then 128-10).
@@ -30,8 +32,10 @@ struct FashionMnistOptions {
   uint64_t seed = 0;
   /// Folder with the four IDX files (plain or .gz).
   std::string dataDir = "/usr/share/datasets/fashion-mnist";
-  /// Stop each epoch after this many steps (0: the whole epoch); for quick runs.
-  int64_t maxSteps = 0;
+  /// Weight updates in all (0: epochs × the steps of an epoch); for quick runs.
+  int64_t steps = 0;
+  /// "any", "reference" or "dnnl" (SessionOptions::kernels).
+  std::string kernels = "any";
   /// Print a progress line every this many steps.
   int64_t logEvery = 100;
   /// Also write the trained model here (ONNX).
@@ -58,8 +62,13 @@ FashionMnistModel buildFashionMnistModel(const std::string &kind, uint64_t seed)
 /// Trains, evaluates on the test set and prints "test accuracy: NN.N%"; \returns 0.
 int runFashionMnistExample(const FashionMnistOptions &options);
 
-/// The options `--example NAME` and, for it, `--model`, `--epochs`, `--lr`, `--example-data`,
-/// `--lr-schedule`, `--max-steps`, `--save-model`; \p name stays empty unless --example is given.
+/// Adds `--example NAME`, `--model` and `--example-data` to \p app; \p name stays empty unless
+/// --example is given.
 void addExampleOptions(CLI::App &app, std::string &name, FashionMnistOptions &options);
+
+/// \p options completed from the training flags of \p app that the example shares with --train
+/// (--epochs, --steps, --lr, --lr-schedule, --save) and from --seed, --threads, --batch and
+/// --kernels (which the caller copies into \p train); throws naming a flag that does not apply.
+FashionMnistOptions exampleOptions(const CLI::App &app, const TrainOptions &train, FashionMnistOptions options);
 
 } // namespace popart::cli
