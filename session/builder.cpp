@@ -332,6 +332,28 @@ TensorId AiOnnxOpset13::cast(const std::vector<TensorId> &args, const std::strin
   return out;
 }
 
+namespace {
+const char *onnxReduction(ReductionType r) {
+  return r == ReductionType::Sum ? "sum" : r == ReductionType::Mean ? "mean" : "none";
+}
+} // namespace
+
+TensorId AiOnnxOpset13::softmaxcrossentropyloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                                std::optional<int64_t> ignore_index, const std::string &name) {
+  TensorId out = impl_->one("SoftmaxCrossEntropyLoss", args, name, 2, 3);
+  impl_->attrString("reduction", onnxReduction(reduction));
+  if (ignore_index) impl_->attrInt("ignore_index", *ignore_index);
+  return out;
+}
+
+TensorId AiOnnxOpset13::negativeloglikelihoodloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                                  std::optional<int64_t> ignore_index, const std::string &name) {
+  TensorId out = impl_->one("NegativeLogLikelihoodLoss", args, name, 2, 3);
+  impl_->attrString("reduction", onnxReduction(reduction));
+  if (ignore_index) impl_->attrInt("ignore_index", *ignore_index);
+  return out;
+}
+
 // ---- Builder ----
 
 Builder::Builder() : impl_(std::make_unique<BuilderImpl>()) {}

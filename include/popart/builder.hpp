@@ -76,6 +76,14 @@ public:
                                 const std::string &name = "");
   /// \p to is an ONNX type name such as "FLOAT" or "INT32".
   TensorId cast(const std::vector<TensorId> &args, const std::string &to, const std::string &name = "");
+  /// {scores, labels[, weights]} -> the loss (scalar unless NoReduction); \p scores are
+  /// unnormalised [N, C, ...], \p labels INT32 or INT64 class indices [N, ...].
+  TensorId softmaxcrossentropyloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,
+                                   std::optional<int64_t> ignore_index = std::nullopt, const std::string &name = "");
+  /// {log_probs, labels[, weights]} -> the loss (ONNX NegativeLogLikelihoodLoss: the input holds
+  /// log-probabilities, unlike Builder::nllloss).
+  TensorId negativeloglikelihoodloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,
+                                     std::optional<int64_t> ignore_index = std::nullopt, const std::string &name = "");
 
 private:
   detail::BuilderImpl *impl_;
