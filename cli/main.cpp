@@ -1,6 +1,7 @@
 // popart-run: run an ONNX model from the shell.
 
 #include "backend_cpu/kernel.hpp"
+#include "cli/fashion_mnist.hpp"
 #include "cli/train.hpp"
 #include "core/dispatch.hpp"
 #include "ir/op.hpp"
@@ -322,6 +323,9 @@ int main(int argc, char **argv) {
       ->check(CLI::IsMember({"any", "reference", "dnnl"}));
   cli::TrainOptions train;
   cli::addTrainOptions(app, train);
+  std::string example;
+  cli::FashionMnistOptions exampleOpt;
+  cli::addExampleOptions(app, example, exampleOpt);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
@@ -332,6 +336,13 @@ int main(int argc, char **argv) {
     if (listOps) {
       printOps();
       return 0;
+    }
+    if (!example.empty()) {
+      train.seed = opt.seed;
+      train.threads = opt.threads;
+      train.batch = opt.batch;
+      train.kernels = opt.kernels;
+      return cli::runFashionMnistExample(cli::exampleOptions(app, train, exampleOpt));
     }
     if (opt.model.empty()) throw error("no model given (usage: popart-run MODEL.onnx [options]; see --help)");
     if (train.train) {
