@@ -1,4 +1,5 @@
 #include "cli/train.hpp"
+#include "cli/dataloader.hpp"
 #include "session/npy.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -13,7 +14,6 @@
 #include <iostream>
 #include <map>
 #include <numeric>
-#include <random>
 #include <unistd.h>
 
 namespace fs = std::filesystem;
@@ -134,8 +134,8 @@ std::string formatDuration(double seconds) {
   return buf;
 }
 
-/// A training dataset: per input, the samples back to back.
-struct Dataset {
+/// The --input files: per input, the samples back to back.
+struct InputFiles {
   std::map<TensorId, TensorData> arrays;
   int64_t samples = -1;
 };
@@ -233,7 +233,7 @@ std::string trainOnlyFlagGiven(const CLI::App &app) {
 }
 
 int runTraining(const std::string &modelPath, const TrainOptions &o) {
-  Dataset data;
+  InputFiles data;
   for (const auto &spec : o.inputs) {
     size_t eq = spec.find('=');
     if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE.npy");
@@ -329,18 +329,15 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   // The checkpoint holds weights, optimiser state, loss scale and the random state.
   if (!o.resume.empty()) session->loadCheckpoint((fs::path(o.resume) / "checkpoint.ckpt").string());
 
-  // Step buffers: [accumulate, batch, ...] per input.
-  std::map<TensorId, TensorData> buffers;
-  std::vector<std::unique_ptr<RawArray>> arrays;
-  std::map<TensorId, IArray &> in, out;
+  // Batches of B·N samples come from a prefetching loader; each step views them as [N, B, ...].
+  Dataset dataset;
   for (const auto &id : inputIds) {
-    const TensorInfo &info = infos.at(id);
-    Shape s = info.shape();
-    if (o.accumulate > 1) s.insert(s.begin(), o.accumulate);
-    buffers.emplace(id, TensorData(TensorInfo(info.dataType(), s)));
-    arrays.push_back(std::make_unique<RawArray>(buffers.at(id).data(), info.dataType(), s));
-    in.emplace(id, *arrays.back());
+    TensorData &t = data.arrays.at(id);
+    const auto *bytes = static_cast<const uint8_t *>(t.data());
+    dataset.push_back({id, t.info(), std::vector<uint8_t>(bytes, bytes + t.byteCount())});
+    t = TensorData();
   }
+  DataLoader loader(std::move(dataset), perStep, o.shuffle, o.seed, 2, {start / stepsPerEpoch, start % stepsPerEpoch});
   std::vector<float> losses(static_cast<size_t>(o.accumulate));
   Shape lossShape;
   if (o.accumulate > 1) lossShape.push_back(o.accumulate);
@@ -349,30 +346,24 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     throw error("the CLI reports FLOAT losses; loss '", lossId, "' is ", toString(lossInfo.dataType()));
   lossShape.insert(lossShape.end(), lossInfo.shape().begin(), lossInfo.shape().end());
   RawArray lossArr(losses.data(), DataType::FLOAT, lossShape);
-  out.emplace(lossId, lossArr);
-  StepIO io(in, out);
-
-  std::vector<int64_t> order(static_cast<size_t>(data.samples));
-  int64_t orderEpoch = -1;
-  auto fillStep = [&](int64_t step) {
-    int64_t epoch = step / stepsPerEpoch, pos = step % stepsPerEpoch;
-    if (epoch != orderEpoch) {
-      std::iota(order.begin(), order.end(), 0);
-      if (o.shuffle) {
-        std::mt19937_64 rng(o.seed * 1000003ull + static_cast<uint64_t>(epoch));
-        std::shuffle(order.begin(), order.end(), rng);
-      }
-      orderEpoch = epoch;
+  std::map<TensorId, Shape> stepShapes;
+  for (const auto &id : inputIds) {
+    Shape s = infos.at(id).shape();
+    if (o.accumulate > 1) s.insert(s.begin(), o.accumulate);
+    stepShapes[id] = s;
+  }
+  std::vector<RawArray> views;
+  views.reserve(inputIds.size());
+  auto runStep = [&] {
+    Batch &b = loader.next();
+    views.clear();
+    std::map<TensorId, IArray &> in;
+    for (const auto &id : inputIds) {
+      views.emplace_back(b.array(id).data(), infos.at(id).dataType(), stepShapes.at(id));
+      in.emplace(id, views.back());
     }
-    for (auto &[id, buf] : buffers) {
-      const TensorData &src = data.arrays.at(id);
-      size_t sampleBytes = static_cast<size_t>(src.byteCount() / data.samples);
-      auto *dst = static_cast<uint8_t *>(buf.data());
-      for (int64_t k = 0; k < perStep; ++k)
-        std::memcpy(dst + size_t(k) * sampleBytes,
-                    static_cast<const uint8_t *>(src.data()) + size_t(order[size_t(pos * perStep + k)]) * sampleBytes,
-                    sampleBytes);
-    }
+    StepIO io(in, {{lossId, lossArr}});
+    session->run(io);
   };
 
   auto saveCheckpoint = [&](int64_t stepsDone) {
@@ -398,8 +389,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
       auto next = makeOptimizer(o, scheduledLr(o, baseLr, step, total));
       session->updateOptimizerFromHost(next.get());
     }
-    fillStep(step);
-    session->run(io);
+    runStep();
     lastLoss = std::accumulate(losses.begin(), losses.end(), 0.0) / double(losses.size());
     if (!std::isfinite(lastLoss) && o.lossScaling != "dynamic")
       throw error("the loss became ", lastLoss, " at step ", step + 1, " (try a smaller --lr or --clip-norm)");

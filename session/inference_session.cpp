@@ -76,14 +76,7 @@ struct InferenceSession::Impl {
       }
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
-    backend_cpu::CompileOptions co;
-    if (options.kernels == "reference")
-      co.provider = backend_cpu::KernelProvider::Reference;
-    else if (options.kernels == "dnnl")
-      co.provider = backend_cpu::KernelProvider::Dnnl;
-    else if (options.kernels != "any")
-      throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
-    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, co);
+    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     graph = std::move(g);
     compiledInfos = infos;
     compiledValues.clear();

@@ -43,6 +43,17 @@ TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, cons
   return info;
 }
 
+backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
+  backend_cpu::CompileOptions co;
+  if (options.kernels == "reference")
+    co.provider = backend_cpu::KernelProvider::Reference;
+  else if (options.kernels == "dnnl")
+    co.provider = backend_cpu::KernelProvider::Dnnl;
+  else if (options.kernels != "any")
+    throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+  return co;
+}
+
 std::string joinIds(const std::vector<TensorId> &ids) {
   std::string s;
   for (const auto &i : ids)

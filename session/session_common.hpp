@@ -2,6 +2,7 @@
 // Parts shared by InferenceSession and TrainingSession: reading the model argument, resolving
 // input shapes, and copying anchors into the host buffers.
 
+#include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
 #include <popart/dataflow.hpp>
 #include <popart/sessionoptions.hpp>
@@ -25,6 +26,9 @@ ModelSource loadModel(const std::string &model);
 /// leading dimension set to options.batchSize.
 TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, const InputShapeInfo &shapes,
                              const SessionOptions &options);
+
+/// The plan options SessionOptions asks for (kernels any / reference / dnnl).
+backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
 
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);

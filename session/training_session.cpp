@@ -35,16 +35,6 @@ uint64_t fingerprint(const std::string &bytes) {
   return h;
 }
 
-backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
-  backend_cpu::CompileOptions co;
-  if (options.kernels == "reference")
-    co.provider = backend_cpu::KernelProvider::Reference;
-  else if (options.kernels == "dnnl")
-    co.provider = backend_cpu::KernelProvider::Dnnl;
-  else if (options.kernels != "any")
-    throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
-  return co;
-}
 } // namespace
 
 struct TrainingSession::Impl {
@@ -84,6 +74,18 @@ struct TrainingSession::Impl {
   }
 
   TensorData &variable(const TensorId &id) const { return *graph->tensor(id).data(); }
+
+  /// The persistent tensor \p id, after checking \p arr can hold it; errors start with \p what.
+  TensorData &checkedWeight(const char *what, const TensorId &id, const IArray &arr) const {
+    std::vector<TensorId> ids = persistentIds();
+    if (std::find(ids.begin(), ids.end(), id) == ids.end())
+      throw error(what, ": '", id, "' is not a weight, running statistic or optimiser state tensor of the session");
+    TensorData &d = variable(id);
+    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
+      throw error(what, ": buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the tensor is ", d.info().toString());
+    return d;
+  }
 
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
@@ -251,7 +253,7 @@ void TrainingSession::Impl::compile() {
   if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
   ir::removeDeadCode(*g, keep);
   g->setOutputs(keep);
-  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compileOptions(options));
+  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();
   for (const auto &id : persistentIds())
@@ -402,14 +404,8 @@ void TrainingSession::run(StepIO &stepio) {
 void TrainingSession::readWeights(const WeightsIO &weights) const {
   const Impl &m = *impl_;
   if (!m.plan) throw error("readWeights: call prepareDevice() first");
-  std::vector<TensorId> ids = m.persistentIds();
   for (const auto &[id, arr] : weights.all()) {
-    if (std::find(ids.begin(), ids.end(), id) == ids.end())
-      throw error("readWeights: '", id, "' is not a weight or optimiser state tensor of the session");
-    const TensorData &d = m.variable(id);
-    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
-      throw error("readWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
-                  ", the weight is ", d.info().toString());
+    const TensorData &d = m.checkedWeight("readWeights", id, arr);
     std::memcpy(arr.data(), d.data(), static_cast<size_t>(d.byteCount()));
   }
 }
@@ -417,15 +413,8 @@ void TrainingSession::readWeights(const WeightsIO &weights) const {
 void TrainingSession::writeWeights(const WeightsIO &weights) {
   Impl &m = *impl_;
   prepareDevice();
-  std::vector<TensorId> ids = m.persistentIds();
-  for (const auto &[id, arr] : weights.all()) {
-    if (std::find(ids.begin(), ids.end(), id) == ids.end())
-      throw error("writeWeights: '", id, "' is not a weight or optimiser state tensor of the session");
-    const TensorData &d = m.variable(id);
-    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
-      throw error("writeWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
-                  ", the weight is ", d.info().toString());
-  }
+  for (const auto &[id, arr] : weights.all())
+    m.checkedWeight("writeWeights", id, arr); // all checked before any is written
   for (const auto &[id, arr] : weights.all())
     std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(), static_cast<size_t>(m.variable(id).byteCount()));
 }
