@@ -156,7 +156,12 @@ class Transformer(nn.Module):
         return F.cross_entropy(logits.reshape(-1, cls.vocab), target.reshape(-1))
 
 
-MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer}
+class Transformer17(Transformer):
+    """The same block exported at opset 17, where nn.LayerNorm becomes one LayerNormalization op."""
+    opset = 17
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer17": Transformer17}
 
 
 class WithLoss(nn.Module):
@@ -254,6 +259,7 @@ CASES = [
     case("transformer", "sgd", "momentum", **SGD_MOMENTUM),
     case("transformer", "adamw", **ADAMW),
     case("transformer", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1),
+    case("transformer17", "adamw", **ADAMW),
 ]
 
 
@@ -309,12 +315,12 @@ def cli_arguments(c):
 # ----------------------------------------------------------------------------------------------
 
 
-def export(wrapper, example, input_names, path):
+def export(wrapper, example, input_names, path, opset=OPSET):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(wrapper, tuple(example), path, export_params=True,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                          opset_version=OPSET, input_names=input_names, output_names=["loss"],
+                          opset_version=opset, input_names=input_names, output_names=["loss"],
                           keep_initializers_as_inputs=False)
 
 
@@ -443,7 +449,7 @@ def run_case(c, args, workdir):
     example = [torch.from_numpy(a[:batch]) for a in data.values()]
 
     model_path = os.path.join(workdir, "model.onnx")
-    export(wrapper, example, input_names, model_path)
+    export(wrapper, example, input_names, model_path, getattr(MODELS[c.model], "opset", OPSET))
     initial = read_initializers(model_path)
     state = float_state(wrapper)
 
