@@ -382,6 +382,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
+  std::vector<double> stepMs;
   double lastLoss = NAN;
   int64_t reportEvery = std::max<int64_t>(1, (total - start) / 20);
   for (int64_t step = start; step < total; ++step) {
@@ -389,7 +390,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
       auto next = makeOptimizer(o, scheduledLr(o, baseLr, step, total));
       session->updateOptimizerFromHost(next.get());
     }
+    auto s0 = clock::now();
     runStep();
+    stepMs.push_back(std::chrono::duration<double, std::milli>(clock::now() - s0).count());
     lastLoss = std::accumulate(losses.begin(), losses.end(), 0.0) / double(losses.size());
     if (!std::isfinite(lastLoss) && o.lossScaling != "dynamic")
       throw error("the loss became ", lastLoss, " at step ", step + 1, " (try a smaller --lr or --clip-norm)");
@@ -421,6 +424,13 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   if (!o.save.empty()) {
     session->modelToHost(o.save);
     std::printf("saved %s\n", o.save.c_str());
+  }
+  if (stepMs.size() > 1) {
+    // The first step warms caches and oneDNN's lazily initialised state: left out of the median.
+    std::vector<double> sorted(stepMs.begin() + 1, stepMs.end());
+    std::sort(sorted.begin(), sorted.end());
+    std::printf("step time: median %.3f ms, min %.3f ms, max %.3f ms over %zu steps (first step %.3f ms excluded)\n",
+                sorted[sorted.size() / 2], sorted.front(), sorted.back(), sorted.size(), stepMs.front());
   }
   std::printf("throughput: %.1f samples/s\n", double((total - start) * perStep) / std::max(elapsed, 1e-9));
   return 0;
