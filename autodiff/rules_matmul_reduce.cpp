@@ -1,7 +1,8 @@
 // Gradient rules: matmul and reduce ops (and softmax, which is a normalised reduction, through
-// the ai.graphcore SoftmaxGrad and LogSoftmaxGrad ops).
+// the ai.graphcore SoftmaxGrad and LogSoftmaxGrad ops; MaxPool through MaxPoolGrad).
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/ops/window.hpp"
 
 #include <popart/error.hpp>
 
@@ -180,28 +181,22 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
   for (const char *t : {"ReduceL2", "ReduceLogSumExp", "ReduceMax", "ReduceMin"})
     r[t] = reduceValueRule;
   r["MaxPool"] = [](GradContext &c) {
-    // Each output's gradient goes to the input element it took: recompute the pooling with its
-    // Indices output (flat positions in the whole input, row-major) and scatter-add dY there.
-    if (c.op().attrs.getInt("storage_order", 0) != 0)
-      throw error(c.op().debugName(), ": no gradient for storage_order 1");
-    TensorId flatIndices = c.graph().uniqueId(c.out(0) + "_grad_indices");
-    {
-      TensorId values = c.graph().uniqueId(c.out(0) + "_grad_values");
-      int version = c.graph().opsets().count("ai.onnx") ? c.graph().opsets().at("ai.onnx") : 17;
-      ir::Op &pool = c.graph().addOp("MaxPool", "ai.onnx", std::max(version, 8), "", c.op().attrs, {c.in(0)},
-                                     {values, flatIndices});
-      pool.def->setup(pool);
-    }
+    // Each output's gradient goes to the input element it took (the first maximum of its
+    // window): the ai.graphcore MaxPoolGrad op with the geometry resolved here. dY's shape
+    // carries ceil_mode; storage_order only lays out the Indices, which get no gradient.
+    const ir::Op &op = c.op();
     const Shape &x = c.inShape(0);
-    int64_t n = shapeElementCount(x);
-    TensorId zeros = c.constant(TensorData(TensorInfo(c.op().inInfo(0).dataType(), {n})));
-    TensorId idx = c.add("Reshape", {flatIndices, shapeConst(c, {-1})});
-    TensorId upd = c.add("Reshape", {c.outGrad(0), shapeConst(c, {-1})});
-    ir::Attributes add;
-    add.set("reduction", std::string("add"));
-    add.set("axis", int64_t{0});
-    TensorId scattered = c.add("ScatterElements", {zeros, idx, upd}, add);
-    c.setInGrad(0, c.add("Reshape", {scattered, shapeConst(c, x)}));
+    std::vector<int64_t> kernel = op.attrs.getInts("kernel_shape");
+    ir::WindowGeometry g = ir::resolveWindow(op, x, op.outInfo(0).shape(), kernel, false);
+    ir::Attributes a;
+    a.set("kernel_shape", kernel);
+    a.set("strides", g.strides);
+    a.set("dilations", g.dilations);
+    a.set("pads", g.pads());
+    TensorId dx = c.graph().uniqueId(c.out(0) + "_grad_MaxPoolGrad");
+    ir::Op &grad = c.graph().addOp("MaxPoolGrad", "ai.graphcore", 1, "", std::move(a), {c.in(0), c.outGrad(0)}, {dx});
+    grad.def->setup(grad);
+    c.setInGrad(0, dx);
   };
   r["CumSum"] = [](GradContext &c) { // the gradient accumulates in the opposite direction
     ir::Attributes a;

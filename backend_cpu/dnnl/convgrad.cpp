@@ -1,7 +1,8 @@
 // oneDNN kernels of the grad ops, f32 and plain layouts: ConvDataGrad
-// (convolution_backward_data), ConvWeightGrad (convolution_backward_weights) and
-// AveragePoolGrad (pooling_v2_backward). Primitives and their scratchpads (user mode) are made
-// at creation; supports() builds the kernel once and declines if oneDNN, or we, refuse it.
+// (convolution_backward_data), ConvWeightGrad (convolution_backward_weights), AveragePoolGrad
+// and MaxPoolGrad (pooling_v2_backward; MaxPoolGrad first reruns the forward to get oneDNN's
+// workspace). Primitives, their scratchpads (user mode) and workspaces are made at creation;
+// supports() builds the kernel once and declines if oneDNN, or we, refuse it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -156,6 +157,74 @@ public:
   }
 };
 
+/// MaxPoolGrad: pooling_v2_forward (forward_training) of X into a scratch dst and workspace,
+/// then pooling_v2_backward from dY through the workspace. oneDNN takes the first maximum in
+/// window order, as our MaxPool does (the tests check ties on its jit, simple_nchw and ref
+/// implementations); they may differ only on NaN and -inf inputs (a window whose first tap is
+/// NaN, or that holds only -inf), which this kernel does not look for.
+class MaxPoolGradKernel : public Kernel {
+public:
+  explicit MaxPoolGradKernel(const ir::Op &op) {
+    const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
+    Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
+    for (size_t i = 0; i < win.padR.size(); ++i) {
+      int64_t in = x[i + 2], out = dy[i + 2], d = win.dilates[i] + 1, dk = (win.kernel[i] - 1) * d + 1;
+      // A window with no tap inside the input takes nothing in ONNX; oneDNN would pick a tap.
+      for (int64_t o = 0; o < out; ++o) {
+        int64_t base = o * win.strides[i] - win.padL[i];
+        bool hit = false;
+        for (int64_t j = 0; j < win.kernel[i] && !hit; ++j)
+          hit = base + j * d >= 0 && base + j * d < in;
+        if (!hit)
+          throw ::popart::error(op.debugName(), ": a window wholly in the padding is left to the reference kernel");
+      }
+      // ceil_mode: extend the end padding so that oneDNN's floor formula gives the ceil size
+      // (the padding is -inf to both).
+      if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 != out)
+        win.padR[i] = (out - 1) * win.strides[i] + dk - in - win.padL[i];
+    }
+    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
+    auto &eng = dnnl_util::engine();
+    pooling_v2_forward::desc fd(prop_kind::forward_training, algorithm::pooling_max, mdX, mdY, win.strides, win.kernel,
+                                win.dilates, win.padL, win.padR);
+    pooling_v2_forward::primitive_desc fpd(fd, userScratchpad(), eng);
+    pooling_v2_backward::desc bd(algorithm::pooling_max, mdX, mdY, win.strides, win.kernel, win.dilates, win.padL,
+                                 win.padR);
+    pooling_v2_backward::primitive_desc bpd(bd, userScratchpad(), eng, fpd);
+    if (fpd.dst_desc() != mdY || bpd.diff_src_desc() != mdX || bpd.diff_dst_desc() != mdY ||
+        bpd.workspace_desc() != fpd.workspace_desc())
+      throw ::popart::error(op.debugName(), ": oneDNN chose other layouts");
+    fwd_ = pooling_v2_forward(fpd);
+    bwd_ = pooling_v2_backward(bpd);
+    // Owned buffers, allocated now.
+    fwdScratch_ = memory(fpd.scratchpad_desc(), eng);
+    bwdScratch_ = memory(bpd.scratchpad_desc(), eng);
+    y_ = memory(fpd.dst_desc(), eng);
+    ws_ = memory(fpd.workspace_desc(), eng);
+    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    dy_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+    dx_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    dy_.set_data_handle(const_cast<void *>(args.inputs[1]));
+    dx_.set_data_handle(args.outputs[0]);
+    dnnl_util::execute(
+        fwd_, fwdArgs_,
+        {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_WORKSPACE, ws_}, {DNNL_ARG_SCRATCHPAD, fwdScratch_}});
+    dnnl_util::execute(bwd_, bwdArgs_,
+                       {{DNNL_ARG_DIFF_DST, dy_},
+                        {DNNL_ARG_WORKSPACE, ws_},
+                        {DNNL_ARG_DIFF_SRC, dx_},
+                        {DNNL_ARG_SCRATCHPAD, bwdScratch_}});
+  }
+
+private:
+  primitive fwd_, bwd_;
+  std::vector<dnnl_exec_arg_t> fwdArgs_, bwdArgs_;
+  memory x_, dy_, dx_, y_, ws_, fwdScratch_, bwdScratch_;
+};
+
 bool allFloat(const ir::Op &op) {
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
@@ -190,6 +259,8 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
          makeKernel<ConvWeightGradKernel>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
          makeKernel<AveragePoolGradKernel>});
+  r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Dnnl, supports<MaxPoolGradKernel>,
+         makeKernel<MaxPoolGradKernel>});
 }
 
 } // namespace popart::backend_cpu

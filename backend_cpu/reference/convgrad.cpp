@@ -1,4 +1,4 @@
-// Reference kernels of the convolution and average-pool gradient ops (ir/ops/convgrad.cpp):
+// Reference kernels of the convolution and pooling gradient ops (ir/ops/convgrad.cpp):
 // scatter-adds over the forward windows. Sums are kept in the compute type: straight into the
 // output for float and double, in scratch made at creation for the 16-bit types.
 
@@ -8,6 +8,7 @@
 #include "core/dispatch.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -147,12 +148,49 @@ std::unique_ptr<Kernel> createAveragePoolGrad(const ir::Op &op) {
   });
 }
 
+/// Each output's gradient goes to the first maximum of its window, in window order: the
+/// comparison is the forward MaxPool's, so ties (and NaNs) resolve as its Indices do. Windows
+/// wholly in the padding took no input and pass nothing on.
+std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
+  Geom g = makeGeom(op, x, dy, op.attrs.getInts("kernel_shape"), false);
+  int64_t planes = x[0] * x[1];
+  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
+    using T = typename decltype(tag)::type;
+    using C = compute_t<T>;
+    Sums<T> sums(shapeElementCount(x));
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const T *X = a.in<T>(0), *dY = a.in<T>(1);
+      C *dX = sums.begin(a.out<T>(0));
+      int64_t oc[kMaxSpatial];
+      for (int64_t o = 0; o < g.outSize; ++o) {
+        outCoords(g, o, oc);
+        for (int64_t p = 0; p < planes; ++p) {
+          const T *xp = X + p * g.inSize;
+          C best = std::numeric_limits<C>::lowest();
+          int64_t bestAt = -1;
+          forWindow(g, oc, [&](int64_t, int64_t inf) {
+            C v = static_cast<C>(xp[inf]);
+            if (bestAt < 0 || v > best) {
+              best = v;
+              bestAt = inf;
+            }
+          });
+          if (bestAt >= 0) dX[p * g.inSize + bestAt] += static_cast<C>(dY[p * g.outSize + o]);
+        }
+      }
+      sums.finish(a.out<T>(0));
+    });
+  });
+}
+
 } // namespace
 
 void registerReferenceConvGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvDataGrad});
   r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Reference, nullptr, createConvWeightGrad});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Reference, nullptr, createAveragePoolGrad});
+  r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Reference, nullptr, createMaxPoolGrad});
 }
 
 } // namespace popart::backend_cpu

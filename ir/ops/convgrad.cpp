@@ -1,8 +1,9 @@
-// Gradient ops of convolution and average pooling (domain ai.graphcore), created by the
-// autodiff rules of Conv, ConvTranspose and AveragePool:
+// Gradient ops of convolution and pooling (domain ai.graphcore), created by the autodiff rules
+// of Conv, ConvTranspose, AveragePool and MaxPool:
 //   ConvDataGrad(dY, W) -> dX      of shape attribute input_shape
 //   ConvWeightGrad(dY, X) -> dW    of shape attribute weight_shape
 //   AveragePoolGrad(dY) -> dX      of shape attribute input_shape
+//   MaxPoolGrad(X, dY) -> dX       of X's shape: each dY goes to its window's first maximum
 // Their geometry is explicit: strides, dilations and pads (2 per spatial axis, begin then end)
 // always present, no auto_pad, output_shape or ceil_mode: the rule resolves those, so kernels
 // see one form. Pads may be negative (the transpose of a ConvTranspose with output_shape).
@@ -109,12 +110,29 @@ void setupAveragePoolGrad(Op &op) {
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), x));
 }
 
+/// MaxPoolGrad(X, dY): attributes kernel_shape, strides, dilations, pads; padding counts as -inf.
+void setupMaxPoolGrad(Op &op) {
+  requireInputCount(op, 2, 2);
+  requireType(op, 0, kFloatTypes);
+  if (op.inInfo(1).dataType() != op.inInfo(0).dataType())
+    throw error(op.debugName(), ": dY has type ", toString(op.inInfo(1).dataType()), " but X has type ",
+                toString(op.inInfo(0).dataType()));
+  const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
+  if (x.size() < 3) throw error(op.debugName(), ": X ", toString(x), " must have rank >= 3");
+  if (dy.size() != x.size() || dy[0] != x[0] || dy[1] != x[1])
+    throw error(op.debugName(), ": dY ", toString(dy), " does not match X ", toString(x),
+                " in rank, batch or channels");
+  auto kernel = requiredInts(op, "kernel_shape", x.size() - 2, 1);
+  checkWindow(op, spatial(x), spatial(dy), kernel, true);
+  op.setOutInfo(0, op.inInfo(0));
+}
+
 } // namespace
 
 void registerConvGradOps(OpRegistry &r) {
-  for (OpDef d : {makeDef("ConvDataGrad", 1, 1000, setupConvDataGrad),
-                  makeDef("ConvWeightGrad", 1, 1000, setupConvWeightGrad),
-                  makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad)}) {
+  for (OpDef d :
+       {makeDef("ConvDataGrad", 1, 1000, setupConvDataGrad), makeDef("ConvWeightGrad", 1, 1000, setupConvWeightGrad),
+        makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad), makeDef("MaxPoolGrad", 1, 1000, setupMaxPoolGrad)}) {
     d.domain = "ai.graphcore";
     r.add(d);
   }

@@ -1,5 +1,5 @@
 // Like plan_allocations, for backward graphs, which the ONNX node tests do not contain: fp32
-// Conv, ConvTranspose, AveragePool, (Log)Softmax, LayerNormalization and activation graphs with
+// Conv, ConvTranspose, AveragePool, MaxPool, (Log)Softmax, LayerNormalization and activation graphs with
 // their gradients are compiled and run twice,
 // and the second run's heap allocations are counted per kernel. The grad-op steps must be
 // oneDNN's (this checks their supports() too), with at most oneDNN's execution bookkeeping.
@@ -118,6 +118,10 @@ int main() {
   failures += check({"AveragePool",
                      {{2, 3, 9, 10}},
                      {{"kernel_shape", Ints{3, 3}}, {"strides", Ints{2, 2}}, {"pads", Ints{1, 1, 1, 1}}}});
+  failures += check({"MaxPool",
+                     {{2, 3, 9, 10}},
+                     {{"kernel_shape", Ints{3, 3}}, {"strides", Ints{2, 2}}, {"pads", Ints{1, 1, 1, 1}}}});
+  failures += check({"MaxPool", {{2, 3, 9}}, {{"kernel_shape", Ints{2}}, {"dilations", Ints{2}}}});
   for (const char *t : {"Softmax", "LogSoftmax"}) {
     failures += check({t, {{8, 10, 12}}, {{"axis", int64_t{1}}}});
     failures += check({t, {{8, 10, 12}}, {{"axis", int64_t{1}}}, {}, 1, 11}); // flattened, reshaped
