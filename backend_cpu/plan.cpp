@@ -3,6 +3,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 namespace popart::backend_cpu {
@@ -93,6 +94,7 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       auto it = memoryPlan_.offsets.find(id);
       if (it != memoryPlan_.offsets.end()) addresses_[id] = arena_.get() + it->second;
     } else if (t->data()) {
+      (t->kind() == ir::TensorKind::Variable ? variableBytes_ : constBytes_) += t->data()->byteCount();
       addresses_[id] = t->data()->data();
       keepAlive_.push_back(t->data());
       constData_[id] = t->data().get();
@@ -114,6 +116,16 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       step.outputs.push_back(t ? address(t->id()) : nullptr);
     stepNames_.push_back(op->debugName());
     stepPhases_.push_back(op->phase);
+    StepInfo info;
+    info.name = op->debugName();
+    info.type = op->domain == "ai.onnx" ? op->type : op->domain + "." + op->type;
+    info.phase = op->phase;
+    info.flops = estimateFlops(*op);
+    for (const ir::Tensor *t : op->inputs)
+      if (t) info.bytes += t->info().byteCount();
+    for (const ir::Tensor *t : op->outputs)
+      if (t) info.bytes += t->info().byteCount();
+    stepInfos_.push_back(std::move(info));
     steps_.push_back(std::move(step));
   }
   for (Step &s : steps_)
@@ -155,7 +167,34 @@ std::pair<size_t, size_t> ExecutionPlan::phaseSteps(int phase) const {
   return {static_cast<size_t>(begin - stepPhases_.begin()), static_cast<size_t>(end - stepPhases_.begin())};
 }
 
+namespace {
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+} // namespace
+
+void ExecutionPlan::enableProfiling(size_t maxEvents) {
+  profiling_ = true;
+  profileStart_ = nowNs();
+  stepTimes_.assign(steps_.size(), {0, 0});
+  events_.clear();
+  events_.reserve(maxEvents);
+}
+
 void ExecutionPlan::run(size_t begin, size_t end) {
+  if (profiling_) {
+    for (size_t i = begin; i < end; ++i) {
+      int64_t t0 = nowNs();
+      runStep(i);
+      int64_t t1 = nowNs();
+      stepTimes_[i].first += t1 - t0;
+      stepTimes_[i].second += 1;
+      if (events_.size() < events_.capacity())
+        events_.push_back({static_cast<uint32_t>(i), t0 - profileStart_, t1 - t0});
+    }
+    return;
+  }
   for (size_t i = begin; i < end; ++i) {
     try {
       steps_[i].kernel->run(steps_[i].args);
@@ -163,6 +202,37 @@ void ExecutionPlan::run(size_t begin, size_t end) {
       throw error(stepNames_[i], ": ", e.what());
     }
   }
+}
+
+double estimateFlops(const ir::Op &op) {
+  auto elems = [&](const ir::Tensor *t) { return t ? static_cast<double>(t->info().elementCount()) : 0.0; };
+  const std::string &type = op.type;
+  if ((type == "MatMul" || type == "Gemm") && op.inputCount() >= 2 && op.hasOutput(0)) {
+    const Shape &a = op.inInfo(0).shape();
+    if (a.empty()) return elems(op.outputs[0]);
+    int64_t k = type == "Gemm" && op.attrs.getInt("transA", 0) ? a[0] : a.back();
+    return 2.0 * elems(op.outputs[0]) * static_cast<double>(k);
+  }
+  // Convolutions and their gradients: 2 · (elements of the larger activation) · (weight
+  // elements per output channel), i.e. 2 · MACs.
+  auto convMacs = [&](const ir::Tensor &w, const ir::Tensor &out) {
+    const Shape &ws = w.info().shape();
+    if (ws.size() < 2) return 0.0;
+    double perOutput = static_cast<double>(w.info().elementCount()) / static_cast<double>(ws[0]);
+    return 2.0 * static_cast<double>(out.info().elementCount()) * perOutput;
+  };
+  if (type == "Conv" && op.hasInput(1) && op.hasOutput(0)) return convMacs(op.input(1), op.output(0));
+  if (type == "ConvDataGrad" && op.hasInput(1) && op.hasInput(0)) return convMacs(op.input(1), op.input(0));
+  if (type == "ConvWeightGrad" && op.hasInput(0) && op.hasOutput(0)) return convMacs(op.output(0), op.input(0));
+  if (type == "ConvTranspose" && op.hasInput(1) && op.hasInput(0)) {
+    const Shape &ws = op.inInfo(1).shape();
+    double perInput = ws.empty() ? 0.0 : static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
+    return 2.0 * elems(&op.input(0)) * perInput;
+  }
+  double out = 0;
+  for (const ir::Tensor *t : op.outputs)
+    out += elems(t);
+  return out;
 }
 
 bool ReferenceEvaluator::canEvaluate(const ir::Op &op) const {

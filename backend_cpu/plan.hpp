@@ -26,6 +26,26 @@ struct MemoryPlan {
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {});
 
+/// What the profiler knows of one step, fixed at compile time.
+struct StepInfo {
+  std::string name;     ///< "Conv 'conv1'"
+  std::string type;     ///< "Conv", "ai.graphcore.ConvDataGrad"
+  int phase = 0;
+  double flops = 0;     ///< floating-point operations of one run (estimate, see estimateFlops)
+  int64_t bytes = 0;    ///< bytes read and written (inputs + outputs)
+};
+
+/// Floating-point operations of \p op: 2·M·N·K for MatMul/Gemm, 2·MACs for convolutions and
+/// their gradients, one per output element for everything else.
+double estimateFlops(const ir::Op &op);
+
+/// One recorded run of one step (ns since profiling started).
+struct ProfileEvent {
+  uint32_t step;
+  int64_t startNs;
+  int64_t durationNs;
+};
+
 struct CompileOptions {
   KernelProvider provider = KernelProvider::Any;
 };
@@ -56,6 +76,18 @@ public:
   const std::vector<std::string> &stepNames() const { return stepNames_; }
   /// The provider of each step's kernel.
   const std::vector<KernelProvider> &stepProviders() const { return stepProviders_; }
+  const std::vector<StepInfo> &stepInfos() const { return stepInfos_; }
+
+  /// Starts timing every step: totals per step, and spans (up to \p maxEvents, reserved now so
+  /// that profiled runs allocate nothing either).
+  void enableProfiling(size_t maxEvents = size_t{1} << 20);
+  bool profiling() const { return profiling_; }
+  /// Total ns and run count per step since enableProfiling.
+  const std::vector<std::pair<int64_t, int64_t>> &stepTimes() const { return stepTimes_; }
+  const std::vector<ProfileEvent> &profileEvents() const { return events_; }
+  /// Bytes of the plan's Const and Variable tensors (not in the arena).
+  int64_t constBytes() const { return constBytes_; }
+  int64_t variableBytes() const { return variableBytes_; }
 
 private:
   struct Step {
@@ -69,6 +101,12 @@ private:
   std::vector<std::string> stepNames_;
   std::vector<KernelProvider> stepProviders_;
   std::vector<int> stepPhases_;
+  std::vector<StepInfo> stepInfos_;
+  bool profiling_ = false;
+  int64_t profileStart_ = 0;
+  std::vector<std::pair<int64_t, int64_t>> stepTimes_;
+  std::vector<ProfileEvent> events_;
+  int64_t constBytes_ = 0, variableBytes_ = 0;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;

@@ -39,6 +39,7 @@ struct Options {
   double atol = 1e-7;
   unsigned seed = 0;
   std::string kernels = "any";
+  std::string profile;
 };
 
 TensorData loadTensorFile(const std::string &path) {
@@ -241,6 +242,11 @@ int run(const Options &opt) {
       npy::write((fs::path(opt.saveOutputs) / (safe + ".npy")).string(), t);
     }
   }
+  if (!opt.profile.empty()) {
+    // The runs after the first (which compiled the plan) are profiled.
+    session->enableProfiling();
+    if (opt.iterations == 0) runOnce(*session, feeds);
+  }
   if (opt.iterations > 0) {
     std::vector<std::unique_ptr<RawArray>> arrays;
     std::map<TensorId, IArray &> in, out;
@@ -269,6 +275,10 @@ int run(const Options &opt) {
     std::printf("latency: median %.3f ms, min %.3f ms, max %.3f ms over %d iterations\n", median, ms.front(), ms.back(),
                 opt.iterations);
     std::printf("throughput: %.1f samples/s\n", batch * 1000.0 / median);
+  }
+  if (!opt.profile.empty()) {
+    session->writeProfileTrace(opt.profile);
+    std::cout << session->profileSummary() << "trace: " << opt.profile << "\n";
   }
   return 0;
 }
@@ -321,6 +331,8 @@ int main(int argc, char **argv) {
   app.add_option("--seed", opt.seed, "seed for random inputs");
   app.add_option("--kernels", opt.kernels, "any | reference | dnnl")
       ->check(CLI::IsMember({"any", "reference", "dnnl"}));
+  app.add_option("--profile", opt.profile,
+                 "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;
   cli::addTrainOptions(app, train);
   std::string example;
@@ -354,6 +366,7 @@ int main(int argc, char **argv) {
       train.threads = opt.threads;
       train.batch = opt.batch;
       train.kernels = opt.kernels;
+      train.profile = opt.profile;
       return cli::runTraining(opt.model, train);
     }
     if (std::string f = cli::trainOnlyFlagGiven(app); !f.empty()) throw error(f, " needs --train");

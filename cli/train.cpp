@@ -381,6 +381,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
               (long long)stepsPerEpoch, start > 0 ? (", resuming at step " + std::to_string(start)).c_str() : "");
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
+  if (!o.profile.empty()) session->enableProfiling();
   auto t0 = clock::now();
   std::vector<double> stepMs;
   double lastLoss = NAN;
@@ -433,6 +434,10 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), sorted.size(), stepMs.front());
   }
   std::printf("throughput: %.1f samples/s\n", double((total - start) * perStep) / std::max(elapsed, 1e-9));
+  if (!o.profile.empty()) {
+    session->writeProfileTrace(o.profile);
+    std::printf("%strace: %s\n", session->profileSummary().c_str(), o.profile.c_str());
+  }
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include "session/profile.hpp"
 #include "session/session_common.hpp"
 #include "session/threads.hpp"
 #include <popart/error.hpp>
@@ -32,6 +33,7 @@ struct InferenceSession::Impl {
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   std::map<TensorId, TensorInfo> compiledInfos;
   std::map<TensorId, TensorData> compiledValues;
+  bool profiling = false;
 
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
@@ -77,6 +79,7 @@ struct InferenceSession::Impl {
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
+    if (profiling) plan->enableProfiling();
     graph = std::move(g);
     compiledInfos = infos;
     compiledValues.clear();
@@ -257,5 +260,22 @@ TensorInfo InferenceSession::getInfo(const TensorId &id) const {
 std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 
 int64_t InferenceSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+void InferenceSession::enableProfiling() {
+  impl_->profiling = true;
+  if (impl_->plan) impl_->plan->enableProfiling();
+}
+
+void InferenceSession::writeProfileTrace(const std::string &path) const {
+  if (!impl_->plan) throw error("writeProfileTrace: the session has not run");
+  session::writeChromeTrace(*impl_->plan, path);
+}
+
+std::string InferenceSession::profileSummary() const {
+  if (!impl_->plan) throw error("profileSummary: the session has not run");
+  const auto &p = *impl_->plan;
+  return session::profileSummary(p, {{"planned activation arena", p.memoryPlan().arenaBytes},
+                                     {"weights and constants", p.constBytes() + p.variableBytes()}});
+}
 
 } // namespace popart

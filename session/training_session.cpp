@@ -7,6 +7,7 @@
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "optimizer/apply.hpp"
+#include "session/profile.hpp"
 #include "session/session_common.hpp"
 #include "session/threads.hpp"
 #include <popart/error.hpp>
@@ -583,5 +584,38 @@ float TrainingSession::getLossScale() const { return impl_->lossScale; }
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+void TrainingSession::enableProfiling() {
+  prepareDevice();
+  impl_->plan->enableProfiling();
+}
+
+void TrainingSession::writeProfileTrace(const std::string &path) const {
+  if (!impl_->plan) throw error("writeProfileTrace: the session has not run");
+  session::writeChromeTrace(*impl_->plan, path);
+}
+
+std::string TrainingSession::profileSummary() const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("profileSummary: the session has not run");
+  auto bytesOf = [&](const std::vector<TensorId> &ids) {
+    int64_t n = 0;
+    for (const auto &id : ids)
+      n += m.variable(id).byteCount();
+    return n;
+  };
+  int64_t weights = bytesOf(m.weightIds), stats = bytesOf(m.runningStats), state = bytesOf(m.stateIds);
+  int64_t accumulators = 0;
+  for (const auto &u : m.applied.updates)
+    if (!u.accumulator.empty()) accumulators += m.variable(u.accumulator).byteCount();
+  const auto &p = *m.plan;
+  int64_t other = p.variableBytes() - weights - stats - state - accumulators;
+  return session::profileSummary(p, {{"planned activation arena", p.memoryPlan().arenaBytes},
+                                     {"weights", weights},
+                                     {"optimiser state", state},
+                                     {"gradient accumulators", accumulators},
+                                     {"running statistics", stats},
+                                     {"constants and hyperparameters", p.constBytes() + other}});
+}
 
 } // namespace popart

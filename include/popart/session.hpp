@@ -40,6 +40,13 @@ public:
   std::string dumpIr() const;
   /// Bytes of the activation arena of the compiled plan (0 before compilation).
   int64_t plannedArenaBytes() const;
+  /// Times every op from now on: spans for writeProfileTrace, totals for profileSummary.
+  /// Profiled runs allocate nothing either (span storage is reserved here).
+  void enableProfiling();
+  /// Writes the recorded spans as a Chrome trace (chrome://tracing or ui.perfetto.dev).
+  void writeProfileTrace(const std::string &path) const;
+  /// Per-op and per-op-type share of time, time per run, GFLOP/s and GB/s, and a memory report.
+  std::string profileSummary() const;
 
 private:
   InferenceSession();
@@ -107,6 +114,13 @@ public:
   int64_t getSkippedSteps() const;
   std::string dumpIr() const;
   int64_t plannedArenaBytes() const;
+  /// Times every op from now on: spans for writeProfileTrace, totals for profileSummary.
+  /// Profiled runs allocate nothing either (span storage is reserved here).
+  void enableProfiling();
+  /// Writes the recorded spans as a Chrome trace (chrome://tracing or ui.perfetto.dev).
+  void writeProfileTrace(const std::string &path) const;
+  /// Per-op and per-op-type share of time, time per run, GFLOP/s and GB/s, and a memory report.
+  std::string profileSummary() const;
 
 private:
   TrainingSession();

@@ -84,6 +84,12 @@ common=(--train "${D[@]}" --optimizer adam --shuffle --seed 3)
 expect 0 "resuming at step 7" -- "$RUN" "$M" "${common[@]}" --steps 20 --resume "$TMP/ck" --save "$TMP/resumed.onnx"
 if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); else
   echo "FAIL: resumed training differs from uninterrupted training"; failures=$((failures + 1)); fi
+# The profiler: a Chrome trace with one span per op run, a per-op summary and a memory report.
+expect 0 "by op type:" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations 3 --profile "$TMP/infer.json"
+expect 0 "memory: planned activation arena .*weights .*optimiser state" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --steps 3 --profile "$TMP/train.json"
+if /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert len(t) == 3 and t[0]['ph'] == 'X' and t[0]['name'].startswith('Relu')" "$TMP/infer.json" &&
+   /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert any('AdamUpdate' in e['cat'] for e in t)" "$TMP/train.json"; then
+  passes=$((passes + 1)); else echo "FAIL: profile traces are not the expected Chrome traces"; failures=$((failures + 1)); fi
 # Training flags that make no sense.
 expect 2 "error: --steps and --epochs exclude each other" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --epochs 1
 expect 2 "error: --nesterov does not apply to --optimizer adam" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --nesterov

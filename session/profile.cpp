@@ -1,0 +1,123 @@
+#include "session/profile.hpp"
+#include <popart/error.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+namespace popart::session {
+
+namespace {
+const char *providerName(backend_cpu::KernelProvider p) {
+  return p == backend_cpu::KernelProvider::Dnnl ? "oneDNN" : "reference";
+}
+
+std::string megabytes(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MB", static_cast<double>(bytes) / 1e6);
+  return buf;
+}
+} // namespace
+
+void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string &path) {
+  if (!plan.profiling()) throw error("no profile recorded: profiling was not enabled before running");
+  const auto &infos = plan.stepInfos();
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto &e : plan.profileEvents()) {
+    const auto &info = infos[e.step];
+    events.push_back({{"name", info.name},
+                      {"cat", info.type},
+                      {"ph", "X"},
+                      {"ts", static_cast<double>(e.startNs) / 1e3},
+                      {"dur", static_cast<double>(e.durationNs) / 1e3},
+                      {"pid", 1},
+                      {"tid", 1},
+                      {"args",
+                       {{"provider", providerName(plan.stepProviders()[e.step])},
+                        {"phase", info.phase},
+                        {"flops", info.flops},
+                        {"bytes", info.bytes}}}});
+  }
+  nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw error("cannot write profile trace '", tmp, "'");
+    out << trace.dump();
+    if (!out.flush()) throw error("writing profile trace '", tmp, "' failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw error("cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
+                           const std::vector<std::pair<std::string, int64_t>> &memory, size_t topOps) {
+  if (!plan.profiling()) throw error("no profile recorded: profiling was not enabled before running");
+  const auto &infos = plan.stepInfos();
+  const auto &times = plan.stepTimes();
+  int64_t totalNs = 0, runs = 0;
+  for (const auto &[ns, count] : times) {
+    totalNs += ns;
+    runs = std::max(runs, count);
+  }
+  std::string s;
+  char line[512];
+  std::snprintf(line, sizeof line, "profile: %zu ops, up to %lld runs each, %.3f ms in ops\n", infos.size(),
+                static_cast<long long>(runs), static_cast<double>(totalNs) / 1e6);
+  s += line;
+  auto rates = [](double ns, double flops, double bytes, int64_t count, char *out, size_t n) {
+    double sec = ns / 1e9;
+    std::snprintf(out, n, "%9.3f ms %9.2f %8.2f", count ? ns / 1e6 / double(count) : 0.0,
+                  sec > 0 ? flops * double(count) / sec / 1e9 : 0.0, sec > 0 ? bytes * double(count) / sec / 1e9 : 0.0);
+  };
+  std::vector<size_t> order(infos.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a].first > times[b].first; });
+  s += "  share     per run    GFLOP/s     GB/s  kernel     op\n";
+  for (size_t k = 0; k < order.size() && k < topOps; ++k) {
+    size_t i = order[k];
+    char r[96];
+    rates(double(times[i].first), infos[i].flops, double(infos[i].bytes), times[i].second, r, sizeof r);
+    std::snprintf(line, sizeof line, "  %5.1f%% %s  %-9s  %s\n",
+                  totalNs ? 100.0 * double(times[i].first) / double(totalNs) : 0.0, r,
+                  providerName(plan.stepProviders()[i]), infos[i].name.c_str());
+    s += line;
+  }
+  if (order.size() > topOps) s += "  ... " + std::to_string(order.size() - topOps) + " more ops\n";
+  struct Agg {
+    int64_t ns = 0;
+    double flops = 0, bytes = 0;
+    int ops = 0;
+  };
+  std::map<std::string, Agg> byType;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    Agg &a = byType[infos[i].type];
+    a.ns += times[i].first;
+    a.flops += infos[i].flops * double(times[i].second);
+    a.bytes += double(infos[i].bytes) * double(times[i].second);
+    a.ops += 1;
+  }
+  std::vector<std::pair<std::string, Agg>> types(byType.begin(), byType.end());
+  std::sort(types.begin(), types.end(), [](const auto &a, const auto &b) { return a.second.ns > b.second.ns; });
+  s += "by op type:\n  share      total    GFLOP/s     GB/s  ops  type\n";
+  for (const auto &[type, a] : types) {
+    double sec = double(a.ns) / 1e9;
+    std::snprintf(line, sizeof line, "  %5.1f%% %9.3f ms %9.2f %8.2f %4d  %s\n",
+                  totalNs ? 100.0 * double(a.ns) / double(totalNs) : 0.0, double(a.ns) / 1e6,
+                  sec > 0 ? a.flops / sec / 1e9 : 0.0, sec > 0 ? a.bytes / sec / 1e9 : 0.0, a.ops, type.c_str());
+    s += line;
+  }
+  s += "memory:";
+  for (size_t i = 0; i < memory.size(); ++i)
+    s += (i ? "; " : " ") + memory[i].first + " " + megabytes(memory[i].second);
+  s += "\n";
+  return s;
+}
+
+} // namespace popart::session
