@@ -46,35 +46,35 @@ private:
   std::shared_ptr<std::vector<C>> scratch_; // shared: the loop is copied into a std::function
 };
 
+/// Calls f(gy, xb, wb, kf, inf) for every tap of the convolution between X and dY: gy = dY[b, mm, o],
+/// xb the offset of the plane of X of batch b and the first channel of mm's group, wb that of mm's
+/// weights, (kf, inf) a window position of o.
+template <typename C, typename T, typename F>
+void forConvTaps(const Geom &g, const ConvChannels &ch, const T *dY, F &&f) {
+  forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
+    int64_t mm = gi * ch.mg + mo;
+    C gy = static_cast<C>(dY[(b * ch.m + mm) * g.outSize + o]);
+    int64_t xb = (b * ch.c + gi * ch.cg) * g.inSize, wb = mm * ch.cg * g.kSize;
+    forWindow(g, oc, [&](int64_t kf, int64_t inf) { f(gy, xb, wb, kf, inf); });
+  });
+}
+
 /// dX[b, c, i] = Σ dY[b, m, o] · W[m, c - group offset, k] over the windows (o, k) that read i.
 std::unique_ptr<Kernel> createConvDataGrad(const ir::Op &op) {
   const Shape &dy = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &x = op.outInfo(0).shape();
   Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
+  ConvChannels ch = convChannels(op, x, dy);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
     Sums<T> sums(shapeElementCount(x));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *dY = a.in<T>(0), *W = a.in<T>(1);
+      const T *W = a.in<T>(1);
       C *dX = sums.begin(a.out<T>(0));
-      int64_t oc[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
-              C *xb = dX + (b * c + gi * cg) * g.inSize;
-              const T *wb = W + mm * cg * g.kSize;
-              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
-                for (int64_t ci = 0; ci < cg; ++ci)
-                  xb[ci * g.inSize + inf] += gy * static_cast<C>(wb[ci * g.kSize + kf]);
-              });
-            }
-      }
+      forConvTaps<C>(g, ch, a.in<T>(0), [&](C gy, int64_t xb, int64_t wb, int64_t kf, int64_t inf) {
+        for (int64_t ci = 0; ci < ch.cg; ++ci)
+          dX[xb + ci * g.inSize + inf] += gy * static_cast<C>(W[wb + ci * g.kSize + kf]);
+      });
       sums.finish(a.out<T>(0));
     });
   });
@@ -84,31 +84,18 @@ std::unique_ptr<Kernel> createConvDataGrad(const ir::Op &op) {
 std::unique_ptr<Kernel> createConvWeightGrad(const ir::Op &op) {
   const Shape &dy = op.inInfo(0).shape(), &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape();
   Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
+  ConvChannels ch = convChannels(op, x, dy);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
     Sums<T> sums(shapeElementCount(w));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *dY = a.in<T>(0), *X = a.in<T>(1);
+      const T *X = a.in<T>(1);
       C *dW = sums.begin(a.out<T>(0));
-      int64_t oc[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
-              const T *xb = X + (b * c + gi * cg) * g.inSize;
-              C *wb = dW + mm * cg * g.kSize;
-              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
-                for (int64_t ci = 0; ci < cg; ++ci)
-                  wb[ci * g.kSize + kf] += gy * static_cast<C>(xb[ci * g.inSize + inf]);
-              });
-            }
-      }
+      forConvTaps<C>(g, ch, a.in<T>(0), [&](C gy, int64_t xb, int64_t wb, int64_t kf, int64_t inf) {
+        for (int64_t ci = 0; ci < ch.cg; ++ci)
+          dW[wb + ci * g.kSize + kf] += gy * static_cast<C>(X[xb + ci * g.inSize + inf]);
+      });
       sums.finish(a.out<T>(0));
     });
   });
