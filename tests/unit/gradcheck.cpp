@@ -2,6 +2,7 @@
 
 #include "autodiff/autodiff.hpp"
 #include "ir/passes/passes.hpp"
+#include <popart/error.hpp>
 
 #include <gtest/gtest.h>
 
@@ -185,6 +186,16 @@ void checkGradient(const Problem &p, const std::vector<Feed> &feeds, unsigned se
     }
   }
   ASSERT_EQ(g, grads.size()) << p.type << " seed " << seed;
+}
+
+void expectGradientError(ir::Graph &g, const TensorId &loss, const std::vector<TensorId> &wrt,
+                         const std::string &what) {
+  try {
+    autodiff::buildGradients(g, loss, wrt);
+    FAIL() << "expected an error naming " << what;
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
 }
 
 ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {

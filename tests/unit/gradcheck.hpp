@@ -109,6 +109,10 @@ inline void checkGradient(const Problem &p, unsigned seed, double tol = 1e-5) {
   checkGradient(p, p.feeds, seed, tol);
 }
 
+/// Expects buildGradients(\p g, \p loss, \p wrt) to throw an error whose message contains \p what.
+void expectGradientError(ir::Graph &g, const TensorId &loss, const std::vector<TensorId> &wrt,
+                         const std::string &what);
+
 /// \p prefix followed by \p i (written with insert: operator+ trips a GCC 12 -Wrestrict false positive).
 std::string named(const char *prefix, size_t i);
 

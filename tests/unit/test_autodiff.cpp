@@ -63,10 +63,5 @@ TEST(Autodiff, MissingRuleIsNamed) {
   g.addInput("a");
   g.addOp("Round", "", 13, "round1", {}, {"a"}, {"y"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "y", {"a"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("Round 'round1': no gradient rule for Round"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "y", {"a"}, "Round 'round1': no gradient rule for Round");
 }

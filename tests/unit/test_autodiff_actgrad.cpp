@@ -4,6 +4,7 @@
 // unweighted statistics), and their oneDNN kernels match the reference kernels on random fp32 data.
 
 #include "gradcheck.hpp"
+#include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "ir/passes/passes.hpp"
@@ -152,15 +153,6 @@ struct GradOpCase {
   std::function<float(size_t input, std::mt19937 &rng)> fill;
 };
 
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
-  }
-  return worst;
-}
-
 /// Runs \p c with oneDNN (which must accept it unless \p dnnl is false) and the reference kernel.
 void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
   SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
@@ -182,32 +174,7 @@ void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
   ASSERT_EQ(fast != nullptr, dnnl) << c.type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
   if (!fast) return;
   std::mt19937 rng(seed);
-  std::vector<TensorData> inputs;
-  std::vector<const void *> in;
-  for (size_t i = 0; i < op.inputCount(); ++i) {
-    inputs.emplace_back(op.inInfo(i));
-    for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
-      inputs.back().as<float>()[k] = c.fill(i, rng);
-  }
-  for (auto &t : inputs)
-    in.push_back(t.data());
-  std::vector<TensorData> ref, out;
-  std::vector<void *> refp, outp;
-  for (size_t i = 0; i < c.outputs; ++i) {
-    ref.emplace_back(op.outInfo(i));
-    out.emplace_back(op.outInfo(i));
-    // Stale output values must not leak into the result: fill both with garbage first.
-    for (int64_t k = 0; k < ref.back().info().elementCount(); ++k)
-      ref.back().as<float>()[k] = out.back().as<float>()[k] = 1e6f;
-    refp.push_back(ref.back().data());
-    outp.push_back(out.back().data());
-  }
-  backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refp.data(), refp.size()});
-  auto kernel = backend_cpu::createKernel(op, KernelProvider::Dnnl);
-  kernel->run({in.data(), in.size(), outp.data(), outp.size()});
-  kernel->run({in.data(), in.size(), outp.data(), outp.size()}); // a second run must not accumulate
-  for (size_t i = 0; i < c.outputs; ++i)
-    EXPECT_LT(maxRelDiff(out[i], ref[i]), 1e-4) << c.type << " output " << i;
+  kernel_compare::expectDnnlMatchesReference(op, rng, c.fill);
 }
 
 float uniform(std::mt19937 &rng, float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }

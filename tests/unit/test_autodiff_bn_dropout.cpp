@@ -110,12 +110,7 @@ TEST(AutodiffBnDropout, BatchNormSavedStatisticGradientIsRejectedByName) {
   }
   g.addOp("BatchNormalization", "", 9, "bn1", {}, ins, {"y", "rm", "rv", "sm", "sv"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "sm", {"x"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("bn1"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "sm", {"x"}, "bn1");
 }
 
 namespace {
@@ -492,10 +487,5 @@ TEST(AutodiffBnDropout, DropoutGradientWithoutReproducibleMaskIsRejectedByName) 
   g.addConst("t", scalarOf(DataType::BOOL, 1));
   g.addOp("Dropout", "", 13, "drop7", {}, {"x", "r", "t"}, {"y"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "y", {"x"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("drop7"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "y", {"x"}, "drop7");
 }

@@ -3,6 +3,7 @@
 // create checked against the reference kernels on random fp32 data.
 
 #include "gradcheck.hpp"
+#include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "ir/passes/passes.hpp"
@@ -211,15 +212,6 @@ TEST(ConvGradOps, SetupChecksTheGeometry) {
 
 namespace {
 
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
-  }
-  return worst;
-}
-
 /// Runs every grad op that the rule for \p c creates with oneDNN and with the reference kernel on
 /// random inputs and compares; \p dnnl says whether oneDNN is expected to take each of them.
 void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
@@ -236,26 +228,7 @@ void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
     const backend_cpu::KernelEntry *fast = backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl);
     ASSERT_EQ(fast != nullptr, dnnl) << op->type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
     if (!fast) continue;
-    std::vector<TensorData> inputs;
-    std::vector<const void *> in;
-    for (size_t i = 0; i < op->inputCount(); ++i) {
-      inputs.emplace_back(op->inInfo(i));
-      for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
-        inputs.back().as<float>()[k] = d(rng);
-    }
-    for (auto &t : inputs)
-      in.push_back(t.data());
-    TensorData ref(op->outInfo(0)), out(op->outInfo(0));
-    // Stale output values must not leak into the result: fill both with garbage first.
-    for (int64_t k = 0; k < out.info().elementCount(); ++k)
-      out.as<float>()[k] = ref.as<float>()[k] = 1e6f;
-    void *o = ref.data();
-    backend_cpu::createKernel(*op, KernelProvider::Reference)->run({in.data(), in.size(), &o, 1});
-    o = out.data();
-    auto kernel = backend_cpu::createKernel(*op, KernelProvider::Dnnl);
-    kernel->run({in.data(), in.size(), &o, 1});
-    kernel->run({in.data(), in.size(), &o, 1}); // a second run must not accumulate
-    EXPECT_LT(maxRelDiff(out, ref), 1e-4) << op->type;
+    kernel_compare::expectDnnlMatchesReference(*op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
   }
   EXPECT_GT(seen, 0) << "the rule created no grad op";
 }

@@ -203,10 +203,5 @@ TEST(AutodiffElementwise, MaxOfThreeInputsIsRejectedByName) {
   }
   g.addOp("Max", "", 13, "max1", {}, {"a", "b", "c"}, {"y"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "y", {"a"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("max1"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "y", {"a"}, "max1");
 }
