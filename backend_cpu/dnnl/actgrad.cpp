@@ -17,11 +17,8 @@ namespace {
 
 using namespace dnnl;
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.inInfo(0).elementCount() > 0;
-}
+/// FLOAT inputs, input 0 not empty.
+bool floatAndNotEmpty(const ir::Op &op) { return dnnl_util::inputsFloat(op) && op.inInfo(0).elementCount() > 0; }
 
 /// One backward primitive reading input 0 as \p dataArg (DST or SRC) and input 1 as DIFF_DST,
 /// writing output 0 as DIFF_SRC.
@@ -47,7 +44,7 @@ private:
   memory data_, diffDst_, diffSrc_;
 };
 
-bool supportsSoftmaxGrad(const ir::Op &op) { return allFloat(op); }
+bool supportsSoftmaxGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
 
 std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();
@@ -63,7 +60,7 @@ std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   return std::make_unique<DiffKernel>(softmax_v2_backward(pd), DNNL_ARG_DST, md);
 }
 
-bool supportsLayerNormGrad(const ir::Op &op) { return allFloat(op); }
+bool supportsLayerNormGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
 
 /// oneDNN's backward pass wants the row mean and variance. Given the forward's Mean and InvStdDev,
 /// the variance is 1/InvStdDev² − ε (oneDNN adds ε back); else a statistics-only forward pass
@@ -156,7 +153,7 @@ bool eltwiseGradSpec(const ir::Op &op, EltwiseGradSpec &spec) {
 
 bool supportsActivationGrad(const ir::Op &op) {
   EltwiseGradSpec spec;
-  return allFloat(op) && eltwiseGradSpec(op, spec);
+  return floatAndNotEmpty(op) && eltwiseGradSpec(op, spec);
 }
 
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {

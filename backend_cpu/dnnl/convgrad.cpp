@@ -89,29 +89,25 @@ struct ConvDescs {
   memory::desc x, y, w;
 };
 
-class ConvDataGradKernel : public BackwardKernel {
+/// ConvDataGrad (\p weights false: convolution_backward_data, dY and W to dX) or ConvWeightGrad
+/// (\p weights true: convolution_backward_weights, dY and X to dW).
+template <typename Backward, bool weights> class ConvGradKernel : public BackwardKernel {
 public:
-  explicit ConvDataGradKernel(const ir::Op &op) {
-    ConvDescs d(op, op.outInfo(0).shape(), op.inInfo(0).shape(), op.inInfo(1).shape());
-    convolution_backward_data::desc bd(algorithm::convolution_direct, d.x, d.w, d.y, d.win.strides, d.win.dilates,
-                                       d.win.padL, d.win.padR);
-    convolution_backward_data::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward());
-    init(convolution_backward_data(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w,
-         DNNL_ARG_DIFF_SRC, d.x);
+  explicit ConvGradKernel(const ir::Op &op) {
+    const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
+    ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
+    typename Backward::desc bd(algorithm::convolution_direct, d.x, d.w, d.y, d.win.strides, d.win.dilates, d.win.padL,
+                               d.win.padR);
+    typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward());
+    if constexpr (weights)
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w);
+    else
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w, DNNL_ARG_DIFF_SRC, d.x);
   }
 };
 
-class ConvWeightGradKernel : public BackwardKernel {
-public:
-  explicit ConvWeightGradKernel(const ir::Op &op) {
-    ConvDescs d(op, op.inInfo(1).shape(), op.inInfo(0).shape(), op.outInfo(0).shape());
-    convolution_backward_weights::desc bd(algorithm::convolution_direct, d.x, d.w, d.y, d.win.strides, d.win.dilates,
-                                          d.win.padL, d.win.padR);
-    convolution_backward_weights::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward());
-    init(convolution_backward_weights(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x,
-         DNNL_ARG_DIFF_WEIGHTS, d.w);
-  }
-};
+using ConvDataGradKernel = ConvGradKernel<convolution_backward_data, false>;
+using ConvWeightGradKernel = ConvGradKernel<convolution_backward_weights, true>;
 
 class AveragePoolGradKernel : public BackwardKernel {
 public:
@@ -137,11 +133,7 @@ public:
   }
 };
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool shapesOk(const ir::Op &op) {
   int64_t r = op.outInfo(0).rank();

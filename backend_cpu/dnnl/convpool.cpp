@@ -18,11 +18,7 @@ using namespace dnnl;
 using dnnl_util::makeWindow;
 using dnnl_util::Window;
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool spatialRankOk(const ir::Op &op) {
   int64_t r = op.inInfo(0).rank();

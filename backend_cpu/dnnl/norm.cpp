@@ -15,11 +15,7 @@ namespace {
 
 using namespace dnnl;
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool supportsBatchNorm(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
