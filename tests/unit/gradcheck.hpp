@@ -105,13 +105,10 @@ void fillStreams(std::vector<Feed> &feeds, unsigned seed, const std::function<do
 /// Failures name the op, the input, the element and \p seed.
 void checkGradient(const Problem &p, const std::vector<Feed> &feeds, unsigned seed, double tol = 1e-5);
 /// The same with the feeds of \p p.
-inline void checkGradient(const Problem &p, unsigned seed, double tol = 1e-5) {
-  checkGradient(p, p.feeds, seed, tol);
-}
+inline void checkGradient(const Problem &p, unsigned seed, double tol = 1e-5) { checkGradient(p, p.feeds, seed, tol); }
 
 /// Expects buildGradients(\p g, \p loss, \p wrt) to throw an error whose message contains \p what.
-void expectGradientError(ir::Graph &g, const TensorId &loss, const std::vector<TensorId> &wrt,
-                         const std::string &what);
+void expectGradientError(ir::Graph &g, const TensorId &loss, const std::vector<TensorId> &wrt, const std::string &what);
 
 /// \p prefix followed by \p i (written with insert: operator+ trips a GCC 12 -Wrestrict false positive).
 std::string named(const char *prefix, size_t i);

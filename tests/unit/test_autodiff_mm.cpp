@@ -34,7 +34,8 @@ struct Case {
 
 /// y = w·op(x..., k...) with uneven weights w: a plain Σ y has zero gradient through Softmax.
 void checkGradient(const Case &c, unsigned seed) {
-  gradcheck::Problem p{c.type, c.opset, c.attrs, gradcheck::streamsThenConsts(c.shapes, DataType::DOUBLE, c.constInputs)};
+  gradcheck::Problem p{c.type, c.opset, c.attrs,
+                       gradcheck::streamsThenConsts(c.shapes, DataType::DOUBLE, c.constInputs)};
   gradcheck::fillStreams(p.feeds, seed, c.adjust);
   gradcheck::checkGradient(p, seed);
 }
