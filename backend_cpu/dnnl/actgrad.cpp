@@ -5,6 +5,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/dnnl/norm_grad.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,11 +17,8 @@ namespace {
 
 using namespace dnnl;
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.inInfo(0).elementCount() > 0;
-}
+/// FLOAT inputs, input 0 not empty.
+bool floatAndNotEmpty(const ir::Op &op) { return dnnl_util::inputsFloat(op) && op.inInfo(0).elementCount() > 0; }
 
 /// One backward primitive reading input 0 as \p dataArg (DST or SRC) and input 1 as DIFF_DST,
 /// writing output 0 as DIFF_SRC.
@@ -46,7 +44,7 @@ private:
   memory data_, diffDst_, diffSrc_;
 };
 
-bool supportsSoftmaxGrad(const ir::Op &op) { return allFloat(op); }
+bool supportsSoftmaxGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
 
 std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();
@@ -62,13 +60,13 @@ std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   return std::make_unique<DiffKernel>(softmax_v2_backward(pd), DNNL_ARG_DST, md);
 }
 
-bool supportsLayerNormGrad(const ir::Op &op) { return allFloat(op); }
+bool supportsLayerNormGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
 
 /// oneDNN's backward pass wants the row mean and variance. Given the forward's Mean and InvStdDev,
 /// the variance is 1/InvStdDev² − ε (oneDNN adds ε back); else a statistics-only forward pass
 /// computes both, its normalised output landing in dX's buffer, which the backward pass then
 /// overwrites. Buffers for omitted outputs are owned, allocated at creation.
-class LayerNormGradKernel : public Kernel {
+class LayerNormGradKernel : public dnnl_util::NormGradKernel {
 public:
   explicit LayerNormGradKernel(const ir::Op &op) : givenStats_(op.hasInput(3)) {
     const Shape &x = op.inInfo(0).shape();
@@ -90,28 +88,12 @@ public:
       layer_normalization_forward::desc sd(prop_kind::forward_training, mdX, mdStat, eps_, normalization_flags::none);
       stats_ = layer_normalization_forward(layer_normalization_forward::primitive_desc(sd, eng));
     }
-    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    dy_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    scale_ = memory(mdC, eng, DNNL_MEMORY_NONE);
+    makeMemories(op, mdX, mdC);
     mean_ = givenStats_ ? memory(mdStat, eng, DNNL_MEMORY_NONE) : memory(mdStat, eng);
     var_ = memory(mdStat, eng);
-    hasOut_[0] = op.hasOutput(0);
-    hasOut_[1] = op.hasOutput(1);
-    hasOut_[2] = op.hasOutput(2);
-    dx_ = hasOut_[0] ? memory(mdX, eng, DNNL_MEMORY_NONE) : memory(mdX, eng);
-    dScale_ = hasOut_[1] ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
-    dBias_ = hasOut_[2] ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
-    // oneDNN 2.6 wants a SHIFT argument when use_shift asks it for dBias; dX does not depend on it.
-    shift_ = memory(mdC, eng);
-    std::fill_n(static_cast<float *>(shift_.get_data_handle()), inner, 0.f);
   }
   void run(const KernelArgs &args) override {
-    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
-    dy_.set_data_handle(const_cast<void *>(args.inputs[2]));
-    if (hasOut_[0]) dx_.set_data_handle(args.outputs[0]);
-    if (hasOut_[1]) dScale_.set_data_handle(args.outputs[1]);
-    if (hasOut_[2]) dBias_.set_data_handle(args.outputs[2]);
+    bind(args);
     if (givenStats_) {
       mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
       const float *inv = args.in<float>(4);
@@ -119,29 +101,15 @@ public:
       for (int64_t r = 0; r < rows_; ++r)
         var[r] = 1.f / (inv[r] * inv[r]) - eps_;
     } else {
-      dnnl_util::execute(stats_, statsArgs_,
-                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, dx_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_}});
+      computeStatistics();
     }
-    dnnl_util::execute(backward_, args_,
-                       {{DNNL_ARG_SRC, x_},
-                        {DNNL_ARG_MEAN, mean_},
-                        {DNNL_ARG_VARIANCE, var_},
-                        {DNNL_ARG_DIFF_DST, dy_},
-                        {DNNL_ARG_SCALE, scale_},
-                        {DNNL_ARG_SHIFT, shift_},
-                        {DNNL_ARG_DIFF_SRC, dx_},
-                        {DNNL_ARG_DIFF_SCALE, dScale_},
-                        {DNNL_ARG_DIFF_SHIFT, dBias_}});
+    runBackward();
   }
 
 private:
   bool givenStats_;
-  bool hasOut_[3] = {};
   int64_t rows_ = 0;
   float eps_ = 1e-5f;
-  primitive backward_, stats_;
-  std::vector<dnnl_exec_arg_t> args_, statsArgs_;
-  memory x_, dy_, dx_, scale_, shift_, mean_, var_, dScale_, dBias_;
 };
 
 struct EltwiseGradSpec {
@@ -185,7 +153,7 @@ bool eltwiseGradSpec(const ir::Op &op, EltwiseGradSpec &spec) {
 
 bool supportsActivationGrad(const ir::Op &op) {
   EltwiseGradSpec spec;
-  return allFloat(op) && eltwiseGradSpec(op, spec);
+  return floatAndNotEmpty(op) && eltwiseGradSpec(op, spec);
 }
 
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {

@@ -6,7 +6,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "ir/ops/window.hpp"
+#include "backend_cpu/dnnl/window.hpp"
 #include <popart/error.hpp>
 
 namespace popart::backend_cpu {
@@ -15,23 +15,12 @@ namespace {
 
 using namespace dnnl;
 
-/// The window of a grad op in oneDNN's terms; throws (declines) for negative pads.
-struct Window {
-  memory::dims kernel, strides, dilates, padL, padR;
-};
+using dnnl_util::Window;
 
+/// The window of a grad op in oneDNN's terms; throws (declines) for negative pads.
 Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel) {
-  ir::WindowGeometry g = ir::resolveWindow(op, x, y, kernel, false);
-  Window w;
-  for (size_t i = 0; i < g.spatialRank(); ++i) {
-    if (g.padBegin[i] < 0 || g.padEnd[i] < 0)
-      throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
-    w.kernel.push_back(g.kernel[i]);
-    w.strides.push_back(g.strides[i]);
-    w.dilates.push_back(g.dilations[i] - 1); // oneDNN counts the gaps between taps
-    w.padL.push_back(g.padBegin[i]);
-    w.padR.push_back(g.padEnd[i]);
-  }
+  Window w = dnnl_util::makeWindow(op, x, y, kernel, false);
+  dnnl_util::rejectNegativePads(op, w);
   return w;
 }
 
@@ -85,45 +74,41 @@ private:
   bool twoInputs_ = false;
 };
 
-/// The forward convolution both backward primitives take as a hint.
-convolution_forward::primitive_desc convForward(const memory::desc &x, const memory::desc &w, const memory::desc &y,
-                                                const Window &win) {
-  convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, x, w, y, win.strides,
-                              win.dilates, win.padL, win.padR);
-  return convolution_forward::primitive_desc(d, dnnl_util::engine());
-}
+/// What both conv backward primitives are made from: the window between X (shape \p xs) and dY
+/// (\p dys), the descriptors of X, dY and the weights (\p ws), and the forward hint.
+struct ConvDescs {
+  ConvDescs(const ir::Op &op, const Shape &xs, const Shape &dys, const Shape &ws)
+      : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))), x(dnnl_util::plainDesc(xs, xs.size())),
+        y(dnnl_util::plainDesc(dys, dys.size())), w(weightsDesc(ws, op.attrs.getInt("group", 1))) {}
+  /// The forward convolution both backward primitives take as a hint.
+  convolution_forward::primitive_desc forward() const {
+    convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, x, w, y, win.strides,
+                                win.dilates, win.padL, win.padR);
+    return convolution_forward::primitive_desc(d, dnnl_util::engine());
+  }
+  Window win;
+  memory::desc x, y, w;
+};
 
-class ConvDataGradKernel : public BackwardKernel {
+/// ConvDataGrad (\p weights false: convolution_backward_data, dY and W to dX) or ConvWeightGrad
+/// (\p weights true: convolution_backward_weights, dY and X to dW).
+template <typename Backward, bool weights> class ConvGradKernel : public BackwardKernel {
 public:
-  explicit ConvDataGradKernel(const ir::Op &op) {
-    const Shape &dy = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &x = op.outInfo(0).shape();
-    Window win = makeWindow(op, x, dy, Shape(w.begin() + 2, w.end()));
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
-    auto mdW = weightsDesc(w, op.attrs.getInt("group", 1));
-    convolution_backward_data::desc d(algorithm::convolution_direct, mdX, mdW, mdY, win.strides, win.dilates, win.padL,
-                                      win.padR);
-    convolution_backward_data::primitive_desc pd(d, userScratchpad(), dnnl_util::engine(),
-                                                 convForward(mdX, mdW, mdY, win));
-    init(convolution_backward_data(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, DNNL_ARG_WEIGHTS, mdW,
-         DNNL_ARG_DIFF_SRC, mdX);
+  explicit ConvGradKernel(const ir::Op &op) {
+    const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
+    ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
+    typename Backward::desc bd(algorithm::convolution_direct, d.x, d.w, d.y, d.win.strides, d.win.dilates, d.win.padL,
+                               d.win.padR);
+    typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward());
+    if constexpr (weights)
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w);
+    else
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w, DNNL_ARG_DIFF_SRC, d.x);
   }
 };
 
-class ConvWeightGradKernel : public BackwardKernel {
-public:
-  explicit ConvWeightGradKernel(const ir::Op &op) {
-    const Shape &dy = op.inInfo(0).shape(), &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape();
-    Window win = makeWindow(op, x, dy, Shape(w.begin() + 2, w.end()));
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
-    auto mdW = weightsDesc(w, op.attrs.getInt("group", 1));
-    convolution_backward_weights::desc d(algorithm::convolution_direct, mdX, mdW, mdY, win.strides, win.dilates,
-                                         win.padL, win.padR);
-    convolution_backward_weights::primitive_desc pd(d, userScratchpad(), dnnl_util::engine(),
-                                                    convForward(mdX, mdW, mdY, win));
-    init(convolution_backward_weights(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, DNNL_ARG_SRC, mdX,
-         DNNL_ARG_DIFF_WEIGHTS, mdW);
-  }
-};
+using ConvDataGradKernel = ConvGradKernel<convolution_backward_data, false>;
+using ConvWeightGradKernel = ConvGradKernel<convolution_backward_weights, true>;
 
 class AveragePoolGradKernel : public BackwardKernel {
 public:
@@ -131,19 +116,11 @@ public:
     const Shape &dy = op.inInfo(0).shape(), &x = op.outInfo(0).shape();
     Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
     bool includePad = op.attrs.getInt("count_include_pad", 0) != 0;
-    for (size_t i = 0; i < win.padR.size(); ++i) {
-      // A window wholly in the padding: ONNX counts nothing, oneDNN would divide by zero.
+    // A window wholly in the padding: ONNX counts nothing, oneDNN would divide by zero.
+    for (size_t i = 0; i < win.padR.size(); ++i)
       if (win.padL[i] >= win.kernel[i] || win.padR[i] >= win.kernel[i])
         throw ::popart::error(op.debugName(), ": pads as large as the kernel are left to the reference kernel");
-      int64_t in = x[i + 2], out = dy[i + 2], dk = (win.kernel[i] - 1) * (win.dilates[i] + 1) + 1;
-      if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 == out) continue;
-      // ceil_mode: extend the end padding so that oneDNN's floor formula gives the ceil size;
-      // averaging that excludes padding ignores the extension, averaging that counts it would not.
-      int64_t needed = (out - 1) * win.strides[i] + dk - in - win.padL[i];
-      if (includePad && needed > win.padR[i])
-        throw ::popart::error(op.debugName(), ": ceil_mode with count_include_pad is left to the reference kernel");
-      win.padR[i] = needed;
-    }
+    dnnl_util::extendPadsForCeilMode(op, x, dy, includePad, win);
     algorithm alg = includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
     auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
     auto &eng = dnnl_util::engine();
@@ -225,11 +202,7 @@ private:
   memory x_, dy_, dx_, y_, ws_, fwdScratch_, bwdScratch_;
 };
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool shapesOk(const ir::Op &op) {
   int64_t r = op.outInfo(0).rank();

@@ -4,7 +4,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "ir/ops/window.hpp"
+#include "backend_cpu/dnnl/window.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -15,32 +15,10 @@ namespace {
 
 using namespace dnnl;
 
-/// The window parameters of one op for oneDNN: padding resolved as ONNX defines it.
-struct Window {
-  memory::dims kernel, strides, dilates, padL, padR;
-};
+using dnnl_util::makeWindow;
+using dnnl_util::Window;
 
-/// \p transposed: ConvTranspose's rules for output_shape / auto_pad (see ir::resolveWindow).
-/// padR is the ONNX end padding; callers adapt it to oneDNN's size formula.
-Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
-                  bool transposed) {
-  ir::WindowGeometry g = ir::resolveWindow(op, x, y, kernel, transposed);
-  Window w;
-  for (size_t i = 0; i < g.spatialRank(); ++i) {
-    w.kernel.push_back(g.kernel[i]);
-    w.strides.push_back(g.strides[i]);
-    w.dilates.push_back(g.dilations[i] - 1); // oneDNN counts the gaps between taps
-    w.padL.push_back(g.padBegin[i]);
-    w.padR.push_back(g.padEnd[i]);
-  }
-  return w;
-}
-
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool spatialRankOk(const ir::Op &op) {
   int64_t r = op.inInfo(0).rank();
@@ -138,19 +116,8 @@ public:
     Window w = makeWindow(op, x, y, op.attrs.getInts("kernel_shape"), false);
     bool isMax = op.type == "MaxPool";
     bool includePad = !isMax && op.attrs.getInt("count_include_pad", 0) != 0;
-    for (size_t i = 0; i < w.padR.size(); ++i) {
-      int64_t in = x[i + 2], out = y[i + 2], dk = (w.kernel[i] - 1) * (w.dilates[i] + 1) + 1;
-      if ((in + w.padL[i] + w.padR[i] - dk) / w.strides[i] + 1 == out) continue;
-      // ceil_mode: extend the end padding so oneDNN's floor formula yields the ceil size. The
-      // extension is ignored by max and excluded averaging, but would be counted when padding is.
-      int64_t needed = (out - 1) * w.strides[i] + dk - in - w.padL[i];
-      if (includePad && needed > w.padR[i])
-        throw ::popart::error(op.debugName(), ": ceil_mode with count_include_pad is left to the reference kernel");
-      w.padR[i] = needed;
-    }
-    for (size_t i = 0; i < w.padR.size(); ++i)
-      if (w.padL[i] < 0 || w.padR[i] < 0)
-        throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
+    dnnl_util::extendPadsForCeilMode(op, x, y, includePad, w);
+    dnnl_util::rejectNegativePads(op, w);
     algorithm alg = isMax        ? algorithm::pooling_max
                     : includePad ? algorithm::pooling_avg_include_padding
                                  : algorithm::pooling_avg_exclude_padding;

@@ -51,4 +51,12 @@ dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data
   return dnnl::memory::desc(dims, type, plainStrides(dims));
 }
 
+bool inputsFloat(const ir::Op &op) {
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  return true;
+}
+
+bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
+
 } // namespace popart::backend_cpu::dnnl_util

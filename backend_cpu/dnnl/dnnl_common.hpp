@@ -25,6 +25,10 @@ dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims);
 /// pointers kernels update), so later runs allocate nothing.
 void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
              std::initializer_list<std::pair<int, dnnl::memory>> args);
+/// Whether every present input of \p op is FLOAT.
+bool inputsFloat(const ir::Op &op);
+/// Whether every present input and output 0 of \p op are FLOAT.
+bool allFloat(const ir::Op &op);
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);

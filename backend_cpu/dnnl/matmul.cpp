@@ -53,8 +53,7 @@ private:
 };
 
 bool supportsGemm(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  if (!dnnl_util::inputsFloat(op)) return false;
   // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).
   if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return false;
   return op.outInfo(0).elementCount() > 0;

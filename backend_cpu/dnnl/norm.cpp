@@ -5,6 +5,7 @@
 #include "ir/ops/norm.hpp"
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/dnnl/norm_grad.hpp"
 
 #include <algorithm>
 
@@ -14,11 +15,7 @@ namespace {
 
 using namespace dnnl;
 
-bool allFloat(const ir::Op &op) {
-  for (size_t i = 0; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
-  return op.outInfo(0).dataType() == DataType::FLOAT;
-}
+using dnnl_util::allFloat;
 
 bool supportsBatchNorm(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
@@ -103,7 +100,7 @@ bool supportsBatchNormGrad(const ir::Op &op) {
 /// oneDNN's backward pass needs the batch mean and variance: given as inputs 3 and 4, or computed
 /// first by a statistics-only forward pass whose normalised output lands in dX's buffer (dX is
 /// overwritten by the backward pass right after), so nothing X-sized is allocated.
-class BatchNormGradKernel : public Kernel {
+class BatchNormGradKernel : public dnnl_util::NormGradKernel {
 public:
   explicit BatchNormGradKernel(const ir::Op &op) : givenStats_(op.hasInput(3)) {
     const Shape &x = op.inInfo(0).shape();
@@ -120,53 +117,24 @@ public:
       batch_normalization_forward::desc sd(prop_kind::forward_training, mdX, eps, normalization_flags::none);
       stats_ = batch_normalization_forward(batch_normalization_forward::primitive_desc(sd, eng));
     }
-    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    dy_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    dx_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    scale_ = memory(mdC, eng, DNNL_MEMORY_NONE);
-    // Owned buffers where the op does not provide one.
+    makeMemories(op, mdX, mdC);
+    // Owned buffers where the op does not provide the statistics.
     mean_ = givenStats_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
     var_ = givenStats_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
-    dScaleGiven_ = op.hasOutput(1);
-    dBiasGiven_ = op.hasOutput(2);
-    dScale_ = dScaleGiven_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
-    dBias_ = dBiasGiven_ ? memory(mdC, eng, DNNL_MEMORY_NONE) : memory(mdC, eng);
-    // oneDNN 2.6 insists on a SHIFT argument when use_shift asks it for dBias, though dX does not
-    // depend on the shift.
-    shift_ = memory(mdC, eng);
-    std::fill_n(static_cast<float *>(shift_.get_data_handle()), x[1], 0.f);
   }
   void run(const KernelArgs &args) override {
-    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
-    dy_.set_data_handle(const_cast<void *>(args.inputs[2]));
-    dx_.set_data_handle(args.outputs[0]);
+    bind(args);
     if (givenStats_) {
       mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
       var_.set_data_handle(const_cast<void *>(args.inputs[4]));
     } else {
-      dnnl_util::execute(stats_, statsArgs_,
-                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, dx_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_}});
+      computeStatistics();
     }
-    if (dScaleGiven_) dScale_.set_data_handle(args.outputs[1]);
-    if (dBiasGiven_) dBias_.set_data_handle(args.outputs[2]);
-    dnnl_util::execute(backward_, args_,
-                       {{DNNL_ARG_SRC, x_},
-                        {DNNL_ARG_MEAN, mean_},
-                        {DNNL_ARG_VARIANCE, var_},
-                        {DNNL_ARG_DIFF_DST, dy_},
-                        {DNNL_ARG_SCALE, scale_},
-                        {DNNL_ARG_SHIFT, shift_},
-                        {DNNL_ARG_DIFF_SRC, dx_},
-                        {DNNL_ARG_DIFF_SCALE, dScale_},
-                        {DNNL_ARG_DIFF_SHIFT, dBias_}});
+    runBackward();
   }
 
 private:
-  bool givenStats_, dScaleGiven_ = false, dBiasGiven_ = false;
-  primitive backward_, stats_;
-  std::vector<dnnl_exec_arg_t> args_, statsArgs_;
-  memory x_, dy_, dx_, scale_, shift_, mean_, var_, dScale_, dBias_;
+  bool givenStats_;
 };
 
 /// Sizes before and from the normalisation axis.

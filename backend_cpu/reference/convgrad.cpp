@@ -47,69 +47,35 @@ private:
   std::shared_ptr<std::vector<C>> scratch_; // shared: the loop is copied into a std::function
 };
 
-/// dX[b, c, i] = Σ dY[b, m, o] · W[m, c - group offset, k] over the windows (o, k) that read i.
-std::unique_ptr<Kernel> createConvDataGrad(const ir::Op &op) {
-  const Shape &dy = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &x = op.outInfo(0).shape();
+/// ConvDataGrad (\p weights false): dX[b, c, i] = Σ dY[b, m, o] · W[m, c - group offset, k] over
+/// the windows (o, k) that read i. ConvWeightGrad (\p weights true): dW[m, c, k] = Σ dY[b, m, o] ·
+/// X[b, c + group offset, i(o, k)] over batch and output positions. Input 1 is W or X.
+template <bool weights> std::unique_ptr<Kernel> createConvGrad(const ir::Op &op) {
+  const Shape &dy = op.inInfo(0).shape(), &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
+  const Shape &x = weights ? in1 : out, &w = weights ? out : in1;
   Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
+  ConvChannels ch = convChannels(op, x, dy);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
-    Sums<T> sums(shapeElementCount(x));
+    Sums<T> sums(shapeElementCount(out));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *dY = a.in<T>(0), *W = a.in<T>(1);
-      C *dX = sums.begin(a.out<T>(0));
-      int64_t oc[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
-              C *xb = dX + (b * c + gi * cg) * g.inSize;
-              const T *wb = W + mm * cg * g.kSize;
-              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
-                for (int64_t ci = 0; ci < cg; ++ci)
-                  xb[ci * g.inSize + inf] += gy * static_cast<C>(wb[ci * g.kSize + kf]);
-              });
-            }
-      }
-      sums.finish(a.out<T>(0));
-    });
-  });
-}
-
-/// dW[m, c, k] = Σ dY[b, m, o] · X[b, c + group offset, i(o, k)] over batch and output positions.
-std::unique_ptr<Kernel> createConvWeightGrad(const ir::Op &op) {
-  const Shape &dy = op.inInfo(0).shape(), &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape();
-  Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = dy[1], cg = c / group, mg = m / group;
-  return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
-    using T = typename decltype(tag)::type;
-    using C = compute_t<T>;
-    Sums<T> sums(shapeElementCount(w));
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *dY = a.in<T>(0), *X = a.in<T>(1);
-      C *dW = sums.begin(a.out<T>(0));
-      int64_t oc[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C gy = static_cast<C>(dY[(b * m + mm) * g.outSize + o]);
-              const T *xb = X + (b * c + gi * cg) * g.inSize;
-              C *wb = dW + mm * cg * g.kSize;
-              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
-                for (int64_t ci = 0; ci < cg; ++ci)
-                  wb[ci * g.kSize + kf] += gy * static_cast<C>(xb[ci * g.inSize + inf]);
-              });
-            }
-      }
+      const T *dY = a.in<T>(0), *other = a.in<T>(1);
+      C *sum = sums.begin(a.out<T>(0));
+      forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
+        int64_t mm = gi * ch.mg + mo;
+        C gy = static_cast<C>(dY[(b * ch.m + mm) * g.outSize + o]);
+        int64_t xb = (b * ch.c + gi * ch.cg) * g.inSize, wb = mm * ch.cg * g.kSize;
+        forWindow(g, oc, [&](int64_t kf, int64_t inf) {
+          for (int64_t ci = 0; ci < ch.cg; ++ci) {
+            int64_t xi = xb + ci * g.inSize + inf, wi = wb + ci * g.kSize + kf;
+            if constexpr (weights)
+              sum[wi] += gy * static_cast<C>(other[xi]);
+            else
+              sum[xi] += gy * static_cast<C>(other[wi]);
+          }
+        });
+      });
       sums.finish(a.out<T>(0));
     });
   });
@@ -187,8 +153,8 @@ std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
 } // namespace
 
 void registerReferenceConvGradKernels(KernelRegistry &r) {
-  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvDataGrad});
-  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Reference, nullptr, createConvWeightGrad});
+  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvGrad<false>});
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Reference, nullptr, createConvGrad<true>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Reference, nullptr, createAveragePoolGrad});
   r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Reference, nullptr, createMaxPoolGrad});
 }

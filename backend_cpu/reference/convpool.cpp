@@ -21,8 +21,7 @@ std::vector<int64_t> weightKernel(const ir::Op &op) {
 std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = y[1], cg = c / group, mg = m / group;
+  ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -30,23 +29,17 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
       const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
       T *Y = a.out<T>(0);
-      int64_t oc[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C acc = B ? static_cast<C>(B[mm]) : C(0);
-              const T *xb = X + (b * c + gi * cg) * g.inSize;
-              const T *wb = W + mm * cg * g.kSize;
-              forWindow(g, oc, [&](int64_t kf, int64_t inf) {
-                for (int64_t ci = 0; ci < cg; ++ci)
-                  acc += static_cast<C>(xb[ci * g.inSize + inf]) * static_cast<C>(wb[ci * g.kSize + kf]);
-              });
-              Y[(b * m + mm) * g.outSize + o] = static_cast<T>(acc);
-            }
-      }
+      forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
+        int64_t mm = gi * ch.mg + mo;
+        C acc = B ? static_cast<C>(B[mm]) : C(0);
+        const T *xb = X + (b * ch.c + gi * ch.cg) * g.inSize;
+        const T *wb = W + mm * ch.cg * g.kSize;
+        forWindow(g, oc, [&](int64_t kf, int64_t inf) {
+          for (int64_t ci = 0; ci < ch.cg; ++ci)
+            acc += static_cast<C>(xb[ci * g.inSize + inf]) * static_cast<C>(wb[ci * g.kSize + kf]);
+        });
+        Y[(b * ch.m + mm) * g.outSize + o] = static_cast<T>(acc);
+      });
     });
   });
 }
@@ -55,8 +48,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
 std::unique_ptr<Kernel> createConvTranspose(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
   Geom g = makeGeom(op, x, y, weightKernel(op), true);
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t n = x[0], c = x[1], m = y[1], cg = c / group, mg = m / group;
+  ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -64,40 +56,35 @@ std::unique_ptr<Kernel> createConvTranspose(const ir::Op &op) {
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
       const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
       T *Y = a.out<T>(0);
-      int64_t oc[kMaxSpatial], j[kMaxSpatial];
-      for (int64_t o = 0; o < g.outSize; ++o) {
-        outCoords(g, o, oc);
-        for (int64_t b = 0; b < n; ++b)
-          for (int64_t gi = 0; gi < group; ++gi)
-            for (int64_t mo = 0; mo < mg; ++mo) {
-              int64_t mm = gi * mg + mo;
-              C acc = B ? static_cast<C>(B[mm]) : C(0);
-              for (int i = 0; i < g.nsp; ++i)
-                j[i] = 0;
-              for (int64_t kf = 0; kf < g.kSize; ++kf) {
-                int64_t inf = 0;
-                bool ok = true;
-                for (int i = 0; i < g.nsp && ok; ++i) {
-                  int64_t num = oc[i] + g.pb[i] - j[i] * g.d[i];
-                  if (num < 0 || num % g.s[i] != 0 || num / g.s[i] >= g.in[i])
-                    ok = false;
-                  else
-                    inf += (num / g.s[i]) * g.inStride[i];
-                }
-                if (ok)
-                  for (int64_t ci = 0; ci < cg; ++ci) {
-                    int64_t cc = gi * cg + ci;
-                    acc += static_cast<C>(X[(b * c + cc) * g.inSize + inf]) *
-                           static_cast<C>(W[(cc * mg + mo) * g.kSize + kf]);
-                  }
-                for (int i = g.nsp - 1; i >= 0; --i) {
-                  if (++j[i] < g.k[i]) break;
-                  j[i] = 0;
-                }
-              }
-              Y[(b * m + mm) * g.outSize + o] = static_cast<T>(acc);
+      int64_t j[kMaxSpatial];
+      forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
+        int64_t mm = gi * ch.mg + mo;
+        C acc = B ? static_cast<C>(B[mm]) : C(0);
+        for (int i = 0; i < g.nsp; ++i)
+          j[i] = 0;
+        for (int64_t kf = 0; kf < g.kSize; ++kf) {
+          int64_t inf = 0;
+          bool ok = true;
+          for (int i = 0; i < g.nsp && ok; ++i) {
+            int64_t num = oc[i] + g.pb[i] - j[i] * g.d[i];
+            if (num < 0 || num % g.s[i] != 0 || num / g.s[i] >= g.in[i])
+              ok = false;
+            else
+              inf += (num / g.s[i]) * g.inStride[i];
+          }
+          if (ok)
+            for (int64_t ci = 0; ci < ch.cg; ++ci) {
+              int64_t cc = gi * ch.cg + ci;
+              acc += static_cast<C>(X[(b * ch.c + cc) * g.inSize + inf]) *
+                     static_cast<C>(W[(cc * ch.mg + mo) * g.kSize + kf]);
             }
-      }
+          for (int i = g.nsp - 1; i >= 0; --i) {
+            if (++j[i] < g.k[i]) break;
+            j[i] = 0;
+          }
+        }
+        Y[(b * ch.m + mm) * g.outSize + o] = static_cast<T>(acc);
+      });
     });
   });
 }

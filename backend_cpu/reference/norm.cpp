@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace popart::backend_cpu {
@@ -23,11 +24,26 @@ void storeFloat(void *buf, DataType t, int64_t i, double v) {
   });
 }
 
+/// Elements per (batch, channel) plane of a tensor of shape (N, C, spatial...).
+int64_t planeSize(const Shape &x) { return shapeElementCount(Shape(x.begin() + 2, x.end())); }
+
+/// The mean of the \p n values at \p p and 1/√(variance + \p eps), in double over two passes
+/// (mean 0 and variance 0 for n = 0).
+template <typename T> std::pair<double, double> meanAndInvStd(const T *p, int64_t n, double eps) {
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < n; ++i)
+    sum += static_cast<double>(p[i]);
+  double mean = n > 0 ? sum / static_cast<double>(n) : 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    double d = static_cast<double>(p[i]) - mean;
+    sq += d * d;
+  }
+  return {mean, 1.0 / std::sqrt((n > 0 ? sq / static_cast<double>(n) : 0.0) + eps)};
+}
+
 std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
-  int64_t n = x[0], c = x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i)
-    s *= x[i];
+  int64_t n = x[0], c = x[1], s = planeSize(x);
   bool perPosition = op.attrs.getInt("spatial", 1) == 0;
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   double momentum = op.attrs.getFloat("momentum", 0.9f);
@@ -84,9 +100,7 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
 /// the batch statistics given as inputs 3 and 4 or computed from X.
 std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
-  int64_t n = x[0], c = x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i)
-    s *= x[i];
+  int64_t n = x[0], c = x[1], s = planeSize(x);
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -181,15 +195,7 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
       T *Y = a.out<T>(0);
       for (int64_t o = 0; o < outer; ++o) {
         const T *xr = X + o * inner;
-        double sum = 0, sq = 0;
-        for (int64_t i = 0; i < inner; ++i)
-          sum += static_cast<double>(xr[i]);
-        double mean = inner > 0 ? sum / static_cast<double>(inner) : 0.0;
-        for (int64_t i = 0; i < inner; ++i) {
-          double d = static_cast<double>(xr[i]) - mean;
-          sq += d * d;
-        }
-        double inv = 1.0 / std::sqrt((inner > 0 ? sq / static_cast<double>(inner) : 0.0) + eps);
+        auto [mean, inv] = meanAndInvStd(xr, inner, eps);
         for (int64_t i = 0; i < inner; ++i) {
           double r = (static_cast<double>(xr[i]) - mean) * inv * static_cast<double>(S[(*scaleIdx)[i]]);
           if (B) r += static_cast<double>(B[(*biasIdx)[i]]);
@@ -204,9 +210,7 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
 
 std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
-  int64_t c = x[1], planes = x[0] * x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i)
-    s *= x[i];
+  int64_t c = x[1], planes = x[0] * x[1], s = planeSize(x);
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -215,15 +219,7 @@ std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
       T *Y = a.out<T>(0);
       for (int64_t p = 0; p < planes; ++p) {
         const T *xp = X + p * s;
-        double sum = 0, sq = 0;
-        for (int64_t i = 0; i < s; ++i)
-          sum += static_cast<double>(xp[i]);
-        double mean = s > 0 ? sum / static_cast<double>(s) : 0.0;
-        for (int64_t i = 0; i < s; ++i) {
-          double d = static_cast<double>(xp[i]) - mean;
-          sq += d * d;
-        }
-        double inv = 1.0 / std::sqrt((s > 0 ? sq / static_cast<double>(s) : 0.0) + eps);
+        auto [mean, inv] = meanAndInvStd(xp, s, eps);
         double sc = static_cast<double>(S[p % c]), b = static_cast<double>(B[p % c]);
         for (int64_t i = 0; i < s; ++i)
           Y[p * s + i] = static_cast<T>(static_cast<compute_t<T>>((static_cast<double>(xp[i]) - mean) * inv * sc + b));
@@ -234,9 +230,7 @@ std::unique_ptr<Kernel> createInstanceNorm(const ir::Op &op) {
 
 std::unique_ptr<Kernel> createLRN(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
-  int64_t n = x[0], c = x[1], s = 1;
-  for (size_t i = 2; i < x.size(); ++i)
-    s *= x[i];
+  int64_t n = x[0], c = x[1], s = planeSize(x);
   int64_t size = op.attrs.getInt("size");
   double alpha = op.attrs.getFloat("alpha", 1e-4f), beta = op.attrs.getFloat("beta", 0.75f),
          bias = op.attrs.getFloat("bias", 1.f);

@@ -86,6 +86,36 @@ template <typename F> inline void forWindow(const Geom &g, const int64_t *oc, F 
   }
 }
 
+/// Batch and channel counts of a grouped convolution from input X and output Y (for the grad
+/// ops, X and dY) and the group attribute.
+struct ConvChannels {
+  int64_t n = 0, c = 0, m = 0, group = 1, cg = 0, mg = 0;
+};
+
+inline ConvChannels convChannels(const ir::Op &op, const Shape &x, const Shape &y) {
+  ConvChannels ch;
+  ch.group = op.attrs.getInt("group", 1);
+  ch.n = x[0];
+  ch.c = x[1];
+  ch.m = y[1];
+  ch.cg = ch.c / ch.group;
+  ch.mg = ch.m / ch.group;
+  return ch;
+}
+
+/// Calls f(o, oc, b, gi, mo) for every output position o (spatial coordinates oc), batch b and
+/// output channel mo of group gi, in that nesting.
+template <typename F> inline void forConvOutputs(const Geom &g, const ConvChannels &ch, F &&f) {
+  int64_t oc[kMaxSpatial];
+  for (int64_t o = 0; o < g.outSize; ++o) {
+    outCoords(g, o, oc);
+    for (int64_t b = 0; b < ch.n; ++b)
+      for (int64_t gi = 0; gi < ch.group; ++gi)
+        for (int64_t mo = 0; mo < ch.mg; ++mo)
+          f(o, static_cast<const int64_t *>(oc), b, gi, mo);
+  }
+}
+
 /// Number of window positions of \p oc inside the padded input (count_include_pad).
 inline int64_t paddedWindowCount(const Geom &g, const int64_t *oc) {
   int64_t count = 1;

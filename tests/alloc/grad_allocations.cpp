@@ -5,34 +5,12 @@
 // oneDNN's (this checks their supports() too), with at most oneDNN's execution bookkeeping.
 // Usage: grad_allocations
 
+#include "count_allocations.hpp"
+
 #include "autodiff/autodiff.hpp"
-#include "backend_cpu/plan.hpp"
 #include "ir/passes/passes.hpp"
 
-#include <atomic>
-#include <cstdlib>
 #include <iostream>
-#include <new>
-
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> allocations{0};
-std::atomic<long> allocatedBytes{0};
-} // namespace
-
-void *operator new(size_t n) {
-  if (counting.load(std::memory_order_relaxed)) {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    allocatedBytes.fetch_add(static_cast<long>(n), std::memory_order_relaxed);
-  }
-  if (void *p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-// The replaced new and delete pair malloc with free; once GCC 12 inlines both into one caller it
-// sees free() of an operator-new pointer and warns falsely.
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void *p) noexcept { std::free(p); }
-void operator delete(void *p, size_t) noexcept { std::free(p); }
 
 using namespace popart;
 using Ints = std::vector<int64_t>;
@@ -82,21 +60,16 @@ int check(const Case &c) {
   plan.run();
   int failures = 0, gradSteps = 0;
   for (size_t s = 0; s < plan.stepCount(); ++s) {
-    allocations = 0;
-    allocatedBytes = 0;
-    counting = true;
-    plan.runStep(s);
-    counting = false;
+    alloc_count::StepUse use = alloc_count::countStep(plan, s);
     const std::string &step = plan.stepNames()[s];
-    bool dnnl = plan.stepProviders()[s] == backend_cpu::KernelProvider::Dnnl;
     bool gradOp = step.find("Grad ") != std::string::npos;
     gradSteps += gradOp;
-    if (gradOp && !dnnl) {
+    if (gradOp && !use.dnnl) {
       std::cout << c.type << ": " << step << " did not get the oneDNN kernel\n";
       ++failures;
     }
-    if (dnnl ? allocatedBytes > 1024 : allocations > 0) {
-      std::cout << c.type << ": " << step << " allocates " << allocatedBytes << " bytes per run\n";
+    if (use.tooMuch()) {
+      std::cout << c.type << ": " << step << " allocates " << use.bytes << " bytes per run\n";
       ++failures;
     }
   }

@@ -1,38 +1,18 @@
 // Checks that running a compiled plan allocates nothing: every ONNX backend node test that
-// compiles is run twice and the second run's heap allocations are counted per kernel.
-// Our kernels must not allocate at all. oneDNN 2.6 builds a small argument map inside every
-// primitive execution (a fixed few hundred bytes, whatever the tensor sizes); oneDNN steps are
-// allowed that bookkeeping and nothing more.
+// compiles is run twice and the second run's heap allocations are counted per kernel (see
+// count_allocations.hpp for what oneDNN steps are allowed).
 // Usage: plan_allocations DATA_ROOT
 
-#include "backend_cpu/plan.hpp"
+#include "count_allocations.hpp"
+
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <new>
-
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<long> allocations{0};
-std::atomic<long> allocatedBytes{0};
-} // namespace
-
-void *operator new(size_t n) {
-  if (counting.load(std::memory_order_relaxed)) {
-    allocations.fetch_add(1, std::memory_order_relaxed);
-    allocatedBytes.fetch_add(static_cast<long>(n), std::memory_order_relaxed);
-  }
-  if (void *p = std::malloc(n ? n : 1)) return p;
-  throw std::bad_alloc();
-}
-void operator delete(void *p) noexcept { std::free(p); }
-void operator delete(void *p, size_t) noexcept { std::free(p); }
 
 namespace fs = std::filesystem;
 using namespace popart;
@@ -45,7 +25,6 @@ int main(int argc, char **argv) {
   std::map<std::string, std::string> offenders; // op type -> first test seen
   int checked = 0;
   long maxDnnlBytes = 0;
-  constexpr long kDnnlBookkeepingBytes = 1024;
   for (const auto &entry : fs::directory_iterator(fs::path(argv[1]) / "node")) {
     fs::path dir = entry.path();
     try {
@@ -68,21 +47,16 @@ int main(int argc, char **argv) {
           std::memcpy(plan.address(inputs[i]), data[i].data(), static_cast<size_t>(data[i].byteCount()));
       plan.run();
       for (size_t s = 0; s < plan.stepCount(); ++s) {
-        allocations = 0;
-        allocatedBytes = 0;
-        counting = true;
-        plan.runStep(s);
-        counting = false;
-        bool dnnl = plan.stepProviders()[s] == backend_cpu::KernelProvider::Dnnl;
-        maxDnnlBytes = std::max(maxDnnlBytes, dnnl ? allocatedBytes.load() : 0L);
-        if (dnnl ? allocatedBytes > kDnnlBookkeepingBytes : allocations > 0) {
+        alloc_count::StepUse use = alloc_count::countStep(plan, s);
+        maxDnnlBytes = std::max(maxDnnlBytes, use.dnnl ? use.bytes : 0L);
+        if (use.tooMuch()) {
           std::string type = plan.stepNames()[s].substr(0, plan.stepNames()[s].find(' '));
           offenders.emplace(type, dir.filename().string());
         }
       }
       ++checked;
     } catch (const std::exception &) {
-      counting = false; // models that do not compile here are the backend suite's business
+      alloc_count::counting = false; // models that do not compile here are the backend suite's business
     }
   }
   for (const auto &[type, test] : offenders)

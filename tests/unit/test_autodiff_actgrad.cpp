@@ -3,8 +3,10 @@
 // differences in double where the other suites do not reach (LayerNormalization with saved but
 // unweighted statistics), and their oneDNN kernels match the reference kernels on random fp32 data.
 
-#include "autodiff/autodiff.hpp"
-#include "backend_cpu/plan.hpp"
+#include "gradcheck.hpp"
+#include "kernel_compare.hpp"
+
+#include "backend_cpu/kernel.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
@@ -12,7 +14,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <random>
 
@@ -21,18 +22,7 @@ using backend_cpu::KernelProvider;
 
 namespace {
 
-ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
-  ir::Attributes a;
-  for (const auto &[k, v] : kv)
-    a.set(k, v);
-  return a;
-}
-
-std::string name(size_t i) {
-  std::string s = std::to_string(i);
-  s.insert(s.begin(), 'x'); // not "x" + ...: GCC 12 warns falsely (-Wrestrict) on that
-  return s;
-}
+using gradcheck::attrs;
 
 /// One forward op: stream inputs of \p shapes, constant inputs \p consts after them (Clip's
 /// bounds), \p outputs outputs of which only the first is weighed into the loss.
@@ -45,50 +35,21 @@ struct Case {
   size_t outputs = 1;
 };
 
-/// y = Σ w·op(x...)[0], with the gradients of the stream inputs if \p grads.
-std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
-  ir::registerBuiltinOps();
-  auto g = std::make_unique<ir::Graph>();
-  g->opsets()["ai.onnx"] = c.opset;
-  std::vector<TensorId> ids, ins;
-  for (size_t i = 0; i < c.shapes.size(); ++i) {
-    ids.push_back(name(i));
-    g->addTensor(ids[i], ir::TensorKind::Stream, TensorInfo(type, c.shapes[i]));
-    g->addInput(ids[i]);
-  }
-  ins = ids;
-  for (size_t i = 0; i < c.consts.size(); ++i) {
-    if (c.consts[i].data() == nullptr) { // TensorData(): an absent optional input
-      ins.push_back("");
-      continue;
-    }
-    std::string id = std::to_string(i);
-    id.insert(0, "bound"); // not "bound" + ...: GCC 12 warns falsely (-Wrestrict) on that
-    g->addConst(id, TensorData::fromDoubles(type, {}, c.consts[i].toDoubleVector()));
-    ins.push_back(id);
-  }
-  std::vector<TensorId> outs{"y0"};
+/// y = w·op(x...)[0] with uneven weights w, its inputs (and the constants) in \p type.
+gradcheck::Problem problem(const Case &c, DataType type) {
+  std::vector<TensorData> consts;
+  for (const auto &k : c.consts) // TensorData(): an absent optional input
+    consts.push_back(k.data() ? TensorData::fromDoubles(type, {}, k.toDoubleVector()) : TensorData());
+  gradcheck::Problem p{c.type, c.opset, c.attrs, gradcheck::streamsThenConsts(c.shapes, type, consts)};
   for (size_t i = 1; i < c.outputs; ++i) {
-    outs.push_back(std::to_string(i));
-    outs.back().insert(0, "extra");
+    p.outs.push_back(std::to_string(i));
+    p.outs.back().insert(0, "extra"); // not "extra" + ...: GCC 12 warns falsely (-Wrestrict) on that
   }
-  g->addOp(c.type, "", c.opset, "op", c.attrs, ins, outs);
-  ir::inferShapes(*g, nullptr);
-  const TensorInfo &y0 = g->tensor("y0").info();
-  std::vector<double> w(static_cast<size_t>(y0.elementCount()));
-  for (size_t i = 0; i < w.size(); ++i)
-    w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
-  g->addConst("w", TensorData::fromDoubles(type, y0.shape(), w));
-  g->addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
-  g->addOutput("y");
-  ir::inferShapes(*g, nullptr);
-  if (grads) {
-    *grads = autodiff::buildGradients(*g, "y", ids);
-    for (const auto &id : *grads)
-      g->addOutput(id);
-    ir::inferShapes(*g, nullptr);
-  }
-  return g;
+  return p;
+}
+
+std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
+  return gradcheck::buildGraph(problem(c, type), grads);
 }
 
 /// Types of the ops that the gradient added in an fp32 graph of \p c (with their domain's
@@ -111,57 +72,11 @@ bool contains(const std::vector<std::string> &v, const std::string &s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-double sum(const std::vector<double> &v) {
-  double s = 0;
-  for (double x : v)
-    s += x;
-  return s;
-}
-
-std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs,
-                             std::vector<std::vector<double>> *grads) {
-  std::vector<TensorId> gradIds;
-  auto g = buildGraph(c, DataType::DOUBLE, grads ? &gradIds : nullptr);
-  backend_cpu::ExecutionPlan plan(*g, {});
-  for (size_t i = 0; i < inputs.size(); ++i)
-    std::memcpy(plan.address(name(i)), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
-  plan.run();
-  const auto *yp = static_cast<const double *>(plan.address("y"));
-  std::vector<double> y(yp, yp + plan.info("y").elementCount());
-  if (grads) {
-    grads->clear();
-    for (const auto &id : gradIds) {
-      const auto *p = static_cast<const double *>(plan.address(id));
-      grads->emplace_back(p, p + plan.info(id).elementCount());
-    }
-  }
-  return y;
-}
-
 void checkGradient(const Case &c, unsigned seed) {
   SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> d(-2, 2);
-  std::vector<TensorData> inputs;
-  for (const Shape &s : c.shapes) {
-    TensorData t(TensorInfo(DataType::DOUBLE, s));
-    for (int64_t i = 0; i < t.info().elementCount(); ++i)
-      t.as<double>()[i] = d(rng);
-    inputs.push_back(std::move(t));
-  }
-  std::vector<std::vector<double>> analytic;
-  evaluate(c, inputs, &analytic);
-  ASSERT_EQ(analytic.size(), inputs.size());
-  const double h = 1e-6;
-  for (size_t which = 0; which < inputs.size(); ++which)
-    for (int64_t i = 0; i < inputs[which].info().elementCount(); ++i) {
-      std::vector<TensorData> plus = inputs, minus = inputs;
-      plus[which].as<double>()[i] += h;
-      minus[which].as<double>()[i] -= h;
-      double numeric = (sum(evaluate(c, plus, nullptr)) - sum(evaluate(c, minus, nullptr))) / (2 * h);
-      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
-          << c.type << " d/dx" << which << "[" << i << "] seed " << seed;
-    }
+  gradcheck::Problem p = problem(c, DataType::DOUBLE);
+  gradcheck::fillStreams(p.feeds, seed);
+  gradcheck::checkGradient(p, seed);
 }
 
 TensorData scalar(double v) { return TensorData::fromDoubles(DataType::DOUBLE, {}, {v}); }
@@ -238,15 +153,6 @@ struct GradOpCase {
   std::function<float(size_t input, std::mt19937 &rng)> fill;
 };
 
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
-  }
-  return worst;
-}
-
 /// Runs \p c with oneDNN (which must accept it unless \p dnnl is false) and the reference kernel.
 void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
   SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
@@ -255,7 +161,7 @@ void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
   ir::Graph g;
   std::vector<TensorId> ins, outs;
   for (size_t i = 0; i < c.shapes.size(); ++i) {
-    ins.push_back(name(i));
+    ins.push_back(gradcheck::named("x", i));
     g.addTensor(ins.back(), ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, c.shapes[i]));
   }
   for (size_t i = 0; i < c.outputs; ++i) {
@@ -268,32 +174,7 @@ void compareKernels(const GradOpCase &c, unsigned seed, bool dnnl = true) {
   ASSERT_EQ(fast != nullptr, dnnl) << c.type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
   if (!fast) return;
   std::mt19937 rng(seed);
-  std::vector<TensorData> inputs;
-  std::vector<const void *> in;
-  for (size_t i = 0; i < op.inputCount(); ++i) {
-    inputs.emplace_back(op.inInfo(i));
-    for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
-      inputs.back().as<float>()[k] = c.fill(i, rng);
-  }
-  for (auto &t : inputs)
-    in.push_back(t.data());
-  std::vector<TensorData> ref, out;
-  std::vector<void *> refp, outp;
-  for (size_t i = 0; i < c.outputs; ++i) {
-    ref.emplace_back(op.outInfo(i));
-    out.emplace_back(op.outInfo(i));
-    // Stale output values must not leak into the result: fill both with garbage first.
-    for (int64_t k = 0; k < ref.back().info().elementCount(); ++k)
-      ref.back().as<float>()[k] = out.back().as<float>()[k] = 1e6f;
-    refp.push_back(ref.back().data());
-    outp.push_back(out.back().data());
-  }
-  backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refp.data(), refp.size()});
-  auto kernel = backend_cpu::createKernel(op, KernelProvider::Dnnl);
-  kernel->run({in.data(), in.size(), outp.data(), outp.size()});
-  kernel->run({in.data(), in.size(), outp.data(), outp.size()}); // a second run must not accumulate
-  for (size_t i = 0; i < c.outputs; ++i)
-    EXPECT_LT(maxRelDiff(out[i], ref[i]), 1e-4) << c.type << " output " << i;
+  kernel_compare::expectDnnlMatchesReference(op, rng, c.fill);
 }
 
 float uniform(std::mt19937 &rng, float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }

@@ -2,9 +2,10 @@
 // the running-variance option against hand-computed values, the counter-based dropout mask, and
 // the oneDNN kernels against the reference kernels.
 
+#include "gradcheck.hpp"
+
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/kernel.hpp"
-#include "backend_cpu/plan.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
@@ -12,92 +13,32 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
 using namespace popart;
 
 namespace {
 
-/// One tensor of a test graph: fed from the host (a stream, which gets a gradient if it is
-/// floating point) or a constant.
-struct Feed {
-  TensorId id;
-  TensorData data;
-  bool stream = true;
-};
+using gradcheck::Feed;
+using gradcheck::randomDoubles;
 
 /// A graph around one op: inputs \p feeds (an empty id is an omitted input), outputs \p outs,
-/// loss = Σ w·out0 with uneven weights \p w. With \p grads, the gradients of the loss with
-/// respect to the floating-point streams are added as outputs.
-struct Net {
-  ir::Graph g;
-  std::vector<TensorId> streams, gradIds;
-  std::vector<double> w;
-  std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+/// loss = Σ w·out0 with uneven weights w (gradcheck::unevenWeights). With \p grads, the
+/// gradients of the loss with respect to the floating-point streams are added as outputs.
+gradcheck::Problem problem(const std::string &type, int opset, const ir::Attributes &attrs,
+                           const std::vector<Feed> &feeds, const std::vector<TensorId> &outs,
+                           backend_cpu::KernelProvider provider) {
+  gradcheck::Problem p{type, opset, attrs, feeds};
+  p.outs = outs;
+  p.loss = gradcheck::weightedSumLoss(1);
+  p.exposeOutputs = true;
+  p.options.provider = provider;
+  return p;
+}
 
-  Net(const std::string &type, int opset, const ir::Attributes &attrs, const std::vector<Feed> &feeds,
-      const std::vector<TensorId> &outs, bool grads, backend_cpu::KernelProvider provider) {
-    ir::registerBuiltinOps();
-    g.opsets()["ai.onnx"] = opset;
-    std::vector<TensorId> ins;
-    std::vector<TensorId> wrt;
-    for (const auto &f : feeds) {
-      ins.push_back(f.id);
-      if (f.id.empty()) continue;
-      if (f.stream) {
-        g.addTensor(f.id, ir::TensorKind::Stream, f.data.info());
-        g.addInput(f.id);
-        streams.push_back(f.id);
-        if (isFloatingPoint(f.data.info().dataType())) wrt.push_back(f.id);
-      } else {
-        g.addConst(f.id, f.data);
-      }
-    }
-    g.addOp(type, "", opset, "op", attrs, ins, outs);
-    ir::inferShapes(g, nullptr);
-    const TensorInfo &y = g.tensor(outs[0]).info();
-    w.resize(static_cast<size_t>(y.elementCount()));
-    for (size_t i = 0; i < w.size(); ++i)
-      w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
-    g.addConst("w", TensorData::fromDoubles(y.dataType(), y.shape(), w));
-    g.addOp("Mul", "", opset, "weigh", {}, {outs[0], "w"}, {"wy"});
-    ir::Attributes keep;
-    keep.set("keepdims", int64_t{0});
-    g.addOp("ReduceSum", "", opset, "sum", keep, {"wy"}, {"loss"});
-    g.addOutput("loss");
-    for (const auto &o : outs)
-      if (!o.empty()) g.addOutput(o);
-    ir::inferShapes(g, nullptr);
-    if (grads) {
-      gradIds = autodiff::buildGradients(g, "loss", wrt);
-      for (const auto &id : gradIds)
-        g.addOutput(id);
-      ir::inferShapes(g, nullptr);
-    }
-    plan = std::make_unique<backend_cpu::ExecutionPlan>(g, backend_cpu::CompileOptions{provider});
-  }
-
-  /// Feeds \p feeds (matched to the streams by id) and runs.
-  void run(const std::vector<Feed> &feeds) {
-    for (const auto &f : feeds)
-      if (!f.id.empty() && f.stream)
-        std::memcpy(plan->address(f.id), f.data.data(), static_cast<size_t>(f.data.byteCount()));
-    plan->run();
-  }
-  template <typename T> std::vector<T> get(const TensorId &id) const {
-    const auto *p = static_cast<const T *>(plan->address(id));
-    return std::vector<T>(p, p + plan->info(id).elementCount());
-  }
-  double loss() const { return get<double>("loss")[0]; }
-};
-
-TensorData randomDoubles(std::mt19937 &rng, const Shape &s, double lo, double hi) {
-  std::uniform_real_distribution<double> d(lo, hi);
-  TensorData t(TensorInfo(DataType::DOUBLE, s));
-  for (int64_t i = 0; i < t.info().elementCount(); ++i)
-    t.as<double>()[i] = d(rng);
-  return t;
+gradcheck::OpNet net(const std::string &type, int opset, const ir::Attributes &attrs, const std::vector<Feed> &feeds,
+                     const std::vector<TensorId> &outs, bool grads, backend_cpu::KernelProvider provider) {
+  return gradcheck::OpNet(problem(type, opset, attrs, feeds, outs, provider), grads);
 }
 
 ir::Attributes bnAttrs(float eps, int64_t unbiased = 0) {
@@ -110,31 +51,9 @@ ir::Attributes bnAttrs(float eps, int64_t unbiased = 0) {
 
 /// Central differences of the loss against the analytic gradient of every stream element.
 void checkAgainstFiniteDifferences(const std::string &type, int opset, const ir::Attributes &attrs,
-                                   std::vector<Feed> feeds, const std::vector<TensorId> &outs, unsigned seed) {
+                                   const std::vector<Feed> &feeds, const std::vector<TensorId> &outs, unsigned seed) {
   SCOPED_TRACE(testing::Message() << type << " seed " << seed);
-  using backend_cpu::KernelProvider;
-  Net analytic(type, opset, attrs, feeds, outs, true, KernelProvider::Reference);
-  analytic.run(feeds);
-  Net plain(type, opset, attrs, feeds, outs, false, KernelProvider::Reference);
-  const double h = 1e-6;
-  size_t g = 0;
-  for (auto &f : feeds) {
-    if (f.id.empty() || !f.stream) continue;
-    std::vector<double> grad = analytic.get<double>(analytic.gradIds[g++]);
-    for (int64_t i = 0; i < f.data.info().elementCount(); ++i) {
-      double v = f.data.as<double>()[i];
-      f.data.as<double>()[i] = v + h;
-      plain.run(feeds);
-      double up = plain.loss();
-      f.data.as<double>()[i] = v - h;
-      plain.run(feeds);
-      double down = plain.loss();
-      f.data.as<double>()[i] = v;
-      double numeric = (up - down) / (2 * h);
-      ASSERT_NEAR(grad[static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
-          << "d loss / d " << f.id << "[" << i << "]";
-    }
-  }
+  gradcheck::checkGradient(problem(type, opset, attrs, feeds, outs, backend_cpu::KernelProvider::Reference), seed);
 }
 
 std::vector<Feed> bnFeeds(std::mt19937 &rng, const Shape &x, bool statsStreams = false) {
@@ -171,12 +90,12 @@ TEST(AutodiffBnDropout, BatchNormRunningStatsGetNoGradient) {
   // gradient is zero (as in PyTorch).
   std::mt19937 rng(750);
   std::vector<Feed> feeds = bnFeeds(rng, {3, 2, 2}, true);
-  Net net("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true,
-          backend_cpu::KernelProvider::Reference);
-  net.run(feeds);
-  ASSERT_EQ(net.gradIds.size(), 5u);
+  auto bn = net("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true,
+                backend_cpu::KernelProvider::Reference);
+  bn.run(feeds);
+  ASSERT_EQ(bn.gradIds().size(), 5u);
   for (size_t k : {3, 4})
-    for (double v : net.get<double>(net.gradIds[k]))
+    for (double v : bn.get<double>(bn.gradIds()[k]))
       EXPECT_EQ(v, 0.0) << "gradient of " << feeds[k].id;
 }
 
@@ -191,12 +110,7 @@ TEST(AutodiffBnDropout, BatchNormSavedStatisticGradientIsRejectedByName) {
   }
   g.addOp("BatchNormalization", "", 9, "bn1", {}, ins, {"y", "rm", "rv", "sm", "sv"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "sm", {"x"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("bn1"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "sm", {"x"}, "bn1");
 }
 
 namespace {
@@ -380,17 +294,17 @@ TEST(AutodiffBnDropout, TrainingGraphRunsOnOneDnn) {
     std::vector<double> v = f.data.toDoubleVector();
     f.data = TensorData::fromDoubles(DataType::FLOAT, f.data.info().shape(), v);
   }
-  Net dnnl("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true, KernelProvider::Any);
-  Net ref("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true, KernelProvider::Reference);
+  auto dnnl = net("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true, KernelProvider::Any);
+  auto ref = net("BatchNormalization", 15, bnAttrs(1e-5f), feeds, {"y", "rm", "rv"}, true, KernelProvider::Reference);
   size_t onDnnl = 0;
-  for (size_t i = 0; i < dnnl.plan->stepCount(); ++i)
-    if (dnnl.plan->stepProviders()[i] == KernelProvider::Dnnl &&
-        (dnnl.plan->stepNames()[i].find("BatchNormalization") != std::string::npos))
+  for (size_t i = 0; i < dnnl.plan().stepCount(); ++i)
+    if (dnnl.plan().stepProviders()[i] == KernelProvider::Dnnl &&
+        (dnnl.plan().stepNames()[i].find("BatchNormalization") != std::string::npos))
       ++onDnnl;
   EXPECT_EQ(onDnnl, 2u) << "the forward and the gradient op";
   dnnl.run(feeds);
   ref.run(feeds);
-  for (const auto &id : dnnl.gradIds) {
+  for (const auto &id : dnnl.gradIds()) {
     std::vector<float> a = dnnl.get<float>(id), b = ref.get<float>(id);
     for (size_t i = 0; i < a.size(); ++i)
       ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-3f * std::fabs(b[i])) << id << "[" << i << "]";
@@ -418,11 +332,11 @@ std::vector<bool> maskOf(int64_t n, double p, int64_t seed, int64_t counter, con
                           {"ratio", scalarOf(DataType::FLOAT, p), false},
                           {"train", scalarOf(DataType::BOOL, 1), false},
                           {"sc", seedCounter(seed, counter)}};
-  Net net("Dropout", 13, attrs, feeds, {"y", "mask"}, false, backend_cpu::KernelProvider::Any);
-  net.run(feeds);
-  std::vector<float> y = net.get<float>("y");
+  auto drop = net("Dropout", 13, attrs, feeds, {"y", "mask"}, false, backend_cpu::KernelProvider::Any);
+  drop.run(feeds);
+  std::vector<float> y = drop.get<float>("y");
   std::vector<bool> mask;
-  const auto *m = static_cast<const bool *>(net.plan->address("mask"));
+  const auto *m = static_cast<const bool *>(drop.plan().address("mask"));
   for (int64_t i = 0; i < n; ++i) {
     mask.push_back(m[i]);
     EXPECT_FLOAT_EQ(y[static_cast<size_t>(i)], m[i] ? static_cast<float>(1.0 / (1.0 - p)) : 0.f) << i;
@@ -492,12 +406,13 @@ void checkDropoutGradient(int opset, const ir::Attributes &attrs, std::vector<Fe
   SCOPED_TRACE(testing::Message() << "opset " << opset << " " << attrs.toString() << " seed " << seed);
   std::vector<TensorId> outs{"y"};
   if (maskOutput) outs.push_back("mask");
-  Net net("Dropout", opset, attrs, feeds, outs, true, backend_cpu::KernelProvider::Any);
+  auto drop = net("Dropout", opset, attrs, feeds, outs, true, backend_cpu::KernelProvider::Any);
   for (int step = 0; step < 2; ++step) { // twice: a generator state carried over would show
-    net.run(feeds);
-    std::vector<double> x = feeds[0].data.toDoubleVector(), y = net.get<double>("y");
-    std::vector<double> dx = net.get<double>(net.gradIds.at(0));
-    const bool *m = maskOutput ? static_cast<const bool *>(net.plan->address("mask")) : nullptr;
+    drop.run(feeds);
+    std::vector<double> x = feeds[0].data.toDoubleVector(), y = drop.get<double>("y");
+    std::vector<double> dx = drop.get<double>(drop.gradIds().at(0));
+    std::vector<double> w = gradcheck::unevenWeights(static_cast<int64_t>(x.size()));
+    const bool *m = maskOutput ? static_cast<const bool *>(drop.plan().address("mask")) : nullptr;
     size_t dropped = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       bool keep = m ? m[i] : y[i] != 0.0;
@@ -505,7 +420,7 @@ void checkDropoutGradient(int opset, const ir::Attributes &attrs, std::vector<Fe
       double scale = training ? 1.0 / (1.0 - p) : 1.0;
       // The kernel scales by 1/(1 − p) in float.
       ASSERT_NEAR(y[i], keep ? x[i] * scale : 0.0, 1e-6 * std::fabs(x[i])) << "y[" << i << "]";
-      ASSERT_NEAR(dx[i], keep ? net.w[i] * scale : 0.0, 1e-6 * net.w[i]) << "dx[" << i << "]";
+      ASSERT_NEAR(dx[i], keep ? w[i] * scale : 0.0, 1e-6 * w[i]) << "dx[" << i << "]";
     }
     if (training && p > 0) {
       EXPECT_GT(dropped, 0u);
@@ -572,10 +487,5 @@ TEST(AutodiffBnDropout, DropoutGradientWithoutReproducibleMaskIsRejectedByName) 
   g.addConst("t", scalarOf(DataType::BOOL, 1));
   g.addOp("Dropout", "", 13, "drop7", {}, {"x", "r", "t"}, {"y"});
   ir::inferShapes(g, nullptr);
-  try {
-    autodiff::buildGradients(g, "y", {"x"});
-    FAIL() << "expected an error";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("drop7"), std::string::npos) << e.what();
-  }
+  gradcheck::expectGradientError(g, "y", {"x"}, "drop7");
 }

@@ -2,15 +2,16 @@
 // differences in double over varied geometry, and the oneDNN kernels of the grad ops they
 // create checked against the reference kernels on random fp32 data.
 
-#include "autodiff/autodiff.hpp"
-#include "backend_cpu/plan.hpp"
+#include "gradcheck.hpp"
+#include "kernel_compare.hpp"
+
+#include "backend_cpu/kernel.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <random>
 
 using namespace popart;
@@ -27,103 +28,24 @@ struct Case {
   int opset = 17;
 };
 
-std::string name(size_t i) {
-  std::string s = std::to_string(i);
-  s.insert(s.begin(), 'x'); // not "x" + ...: GCC 12 warns falsely (-Wrestrict) on that
-  return s;
+/// The graph y = w·op(x...) with uneven weights w, its inputs in \p type.
+gradcheck::Problem problem(const Case &c, DataType type) {
+  return {c.type, c.opset, c.attrs, gradcheck::streamsThenConsts(c.shapes, type)};
 }
 
-/// Builds y = Σ-weighted op(x...), with the gradients of every x if \p grads.
+/// Builds the graph of \p c, with the gradients of every x if \p grads.
 std::unique_ptr<ir::Graph> buildGraph(const Case &c, DataType type, std::vector<TensorId> *grads) {
-  ir::registerBuiltinOps();
-  auto g = std::make_unique<ir::Graph>();
-  g->opsets()["ai.onnx"] = c.opset;
-  std::vector<TensorId> ids;
-  for (size_t i = 0; i < c.shapes.size(); ++i) {
-    ids.push_back(name(i));
-    g->addTensor(ids[i], ir::TensorKind::Stream, TensorInfo(type, c.shapes[i]));
-    g->addInput(ids[i]);
-  }
-  g->addOp(c.type, "", c.opset, "op", c.attrs, ids, {"y0"});
-  ir::inferShapes(*g, nullptr);
-  // Uneven weights, so that each output element's gradient differs.
-  const TensorInfo &y0 = g->tensor("y0").info();
-  std::vector<double> w(static_cast<size_t>(y0.elementCount()));
-  for (size_t i = 0; i < w.size(); ++i)
-    w[i] = 1.0 + 0.37 * static_cast<double>(i % 7);
-  g->addConst("w", TensorData::fromDoubles(type, y0.shape(), w));
-  g->addOp("Mul", "", c.opset, "weigh", {}, {"y0", "w"}, {"y"});
-  g->addOutput("y");
-  ir::inferShapes(*g, nullptr);
-  if (grads) {
-    *grads = autodiff::buildGradients(*g, "y", ids);
-    for (const auto &id : *grads)
-      g->addOutput(id);
-    ir::inferShapes(*g, nullptr);
-  }
-  return g;
-}
-
-std::vector<double> evaluate(const Case &c, const std::vector<TensorData> &inputs,
-                             std::vector<std::vector<double>> *grads) {
-  std::vector<TensorId> gradIds;
-  auto g = buildGraph(c, DataType::DOUBLE, grads ? &gradIds : nullptr);
-  backend_cpu::ExecutionPlan plan(*g, {});
-  for (size_t i = 0; i < inputs.size(); ++i)
-    std::memcpy(plan.address(name(i)), inputs[i].data(), static_cast<size_t>(inputs[i].byteCount()));
-  plan.run();
-  const auto *yp = static_cast<const double *>(plan.address("y"));
-  std::vector<double> y(yp, yp + plan.info("y").elementCount());
-  if (grads) {
-    grads->clear();
-    for (const auto &id : gradIds) {
-      EXPECT_EQ(plan.info(id).shape(), inputs[grads->size()].info().shape()) << c.type << " gradient " << id;
-      const auto *p = static_cast<const double *>(plan.address(id));
-      grads->emplace_back(p, p + plan.info(id).elementCount());
-    }
-  }
-  return y;
-}
-
-double sum(const std::vector<double> &v) {
-  double s = 0;
-  for (double x : v)
-    s += x;
-  return s;
+  return gradcheck::buildGraph(problem(c, type), grads);
 }
 
 void checkGradient(const Case &c, unsigned seed) {
   SCOPED_TRACE(c.type + " seed " + std::to_string(seed));
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> d(-2, 2);
-  std::vector<TensorData> inputs;
-  for (const Shape &s : c.shapes) {
-    TensorData t(TensorInfo(DataType::DOUBLE, s));
-    for (int64_t i = 0; i < t.info().elementCount(); ++i)
-      t.as<double>()[i] = d(rng);
-    inputs.push_back(std::move(t));
-  }
-  std::vector<std::vector<double>> analytic;
-  evaluate(c, inputs, &analytic);
-  ASSERT_EQ(analytic.size(), inputs.size());
-  const double h = 1e-6;
-  for (size_t which = 0; which < inputs.size(); ++which)
-    for (int64_t i = 0; i < inputs[which].info().elementCount(); ++i) {
-      std::vector<TensorData> plus = inputs, minus = inputs;
-      plus[which].as<double>()[i] += h;
-      minus[which].as<double>()[i] -= h;
-      double numeric = (sum(evaluate(c, plus, nullptr)) - sum(evaluate(c, minus, nullptr))) / (2 * h);
-      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, 1e-5 * (1 + std::fabs(numeric)))
-          << c.type << " d/dx" << which << "[" << i << "] seed " << seed;
-    }
+  gradcheck::Problem p = problem(c, DataType::DOUBLE);
+  gradcheck::fillStreams(p.feeds, seed);
+  gradcheck::checkGradient(p, seed);
 }
 
-ir::Attributes attrs(std::initializer_list<std::pair<const char *, ir::AttributeValue>> kv) {
-  ir::Attributes a;
-  for (const auto &[k, v] : kv)
-    a.set(k, v);
-  return a;
-}
+using gradcheck::attrs;
 
 /// The ai.graphcore grad ops that the rule for \p c creates (fp32 graph).
 std::vector<std::string> gradOpTypes(const Case &c) {
@@ -290,15 +212,6 @@ TEST(ConvGradOps, SetupChecksTheGeometry) {
 
 namespace {
 
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
-  }
-  return worst;
-}
-
 /// Runs every grad op that the rule for \p c creates with oneDNN and with the reference kernel on
 /// random inputs and compares; \p dnnl says whether oneDNN is expected to take each of them.
 void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
@@ -315,26 +228,7 @@ void compareGradKernels(const Case &c, unsigned seed, bool dnnl = true) {
     const backend_cpu::KernelEntry *fast = backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl);
     ASSERT_EQ(fast != nullptr, dnnl) << op->type << ": oneDNN " << (dnnl ? "declined" : "accepted") << " it";
     if (!fast) continue;
-    std::vector<TensorData> inputs;
-    std::vector<const void *> in;
-    for (size_t i = 0; i < op->inputCount(); ++i) {
-      inputs.emplace_back(op->inInfo(i));
-      for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
-        inputs.back().as<float>()[k] = d(rng);
-    }
-    for (auto &t : inputs)
-      in.push_back(t.data());
-    TensorData ref(op->outInfo(0)), out(op->outInfo(0));
-    // Stale output values must not leak into the result: fill both with garbage first.
-    for (int64_t k = 0; k < out.info().elementCount(); ++k)
-      out.as<float>()[k] = ref.as<float>()[k] = 1e6f;
-    void *o = ref.data();
-    backend_cpu::createKernel(*op, KernelProvider::Reference)->run({in.data(), in.size(), &o, 1});
-    o = out.data();
-    auto kernel = backend_cpu::createKernel(*op, KernelProvider::Dnnl);
-    kernel->run({in.data(), in.size(), &o, 1});
-    kernel->run({in.data(), in.size(), &o, 1}); // a second run must not accumulate
-    EXPECT_LT(maxRelDiff(out, ref), 1e-4) << op->type;
+    kernel_compare::expectDnnlMatchesReference(*op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
   }
   EXPECT_GT(seen, 0) << "the rule created no grad op";
 }
@@ -411,20 +305,14 @@ namespace {
 /// The gradients of \p c's inputs in \p type, from inputs \p values (exact in float16).
 std::vector<std::vector<double>> gradientsIn(const Case &c, DataType type,
                                              const std::vector<std::vector<double>> &values) {
-  std::vector<TensorId> grads;
-  auto g = buildGraph(c, type, &grads);
-  backend_cpu::ExecutionPlan plan(*g, {});
-  for (size_t i = 0; i < values.size(); ++i) {
-    TensorData t = TensorData::fromDoubles(type, c.shapes[i], values[i]);
-    std::memcpy(plan.address(name(i)), t.data(), static_cast<size_t>(t.byteCount()));
-  }
-  plan.run();
+  gradcheck::Problem p = problem(c, type);
+  for (size_t i = 0; i < values.size(); ++i)
+    p.feeds[i].data = TensorData::fromDoubles(type, c.shapes[i], values[i]);
+  gradcheck::OpNet net(p, true);
+  net.run(p.feeds);
   std::vector<std::vector<double>> out;
-  for (const auto &id : grads) {
-    TensorData t(plan.info(id));
-    std::memcpy(t.data(), plan.address(id), static_cast<size_t>(t.byteCount()));
-    out.push_back(t.toDoubleVector());
-  }
+  for (const auto &id : net.gradIds())
+    out.push_back(net.value(id).toDoubleVector());
   return out;
 }
 

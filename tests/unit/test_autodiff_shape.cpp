@@ -1,15 +1,12 @@
 // Gradient rules of shape ops checked against central finite differences, in double.
 // The loss is sum(w · y) with random weights w, so that a gradient routed to the wrong element fails.
 
-#include "autodiff/autodiff.hpp"
-#include "backend_cpu/plan.hpp"
-#include "ir/passes/passes.hpp"
+#include "gradcheck.hpp"
+
 #include <popart/error.hpp>
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <random>
 
 using namespace popart;
@@ -30,13 +27,7 @@ struct Case {
   std::vector<size_t> lossOutputs{0}; ///< outputs that contribute to the loss
 };
 
-Input stream(const Shape &s, std::mt19937 &rng) {
-  std::uniform_real_distribution<double> d(-2, 2);
-  TensorData t(TensorInfo(DataType::DOUBLE, s));
-  for (int64_t i = 0; i < t.info().elementCount(); ++i)
-    t.as<double>()[i] = d(rng);
-  return {std::move(t), true};
-}
+Input stream(const Shape &s, std::mt19937 &rng) { return {gradcheck::randomDoubles(rng, s), true}; }
 Input ints(const std::vector<int64_t> &v) {
   return {TensorData::fromInt64({static_cast<int64_t>(v.size())}, v), false};
 }
@@ -48,122 +39,45 @@ ir::Attributes attr(const char *name, ir::AttributeValue v) {
   return a;
 }
 
-/// Builds a → op → Cast(double) → ·w → flattened and concatenated → loss; returns the loss, and d loss / d streams if
-/// asked.
-double evaluate(const Case &c, const std::vector<Input> &inputs, const std::vector<TensorData> &weights,
-                std::vector<std::vector<double>> *grads) {
-  ir::registerBuiltinOps();
-  ir::Graph g;
-  g.opsets()["ai.onnx"] = 17;
-  std::vector<TensorId> ids, streams;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    TensorId id = std::string("in") + std::to_string(i);
-    if (inputs[i].stream) {
-      g.addTensor(id, ir::TensorKind::Stream, inputs[i].value.info());
-      g.addInput(id);
-      streams.push_back(id);
-    } else {
-      g.addConst(id, inputs[i].value);
+/// The graph a → op → Cast(double) → ·w → flattened and concatenated → loss, with random weights
+/// w from \p seed.
+gradcheck::Problem problem(const Case &c, unsigned seed) {
+  gradcheck::Problem p{c.type, 17, c.attrs};
+  for (size_t i = 0; i < c.inputs.size(); ++i)
+    p.feeds.push_back({gradcheck::named("in", i), c.inputs[i].value, c.inputs[i].stream});
+  p.outs.clear();
+  for (size_t k = 0; k < c.outputs; ++k)
+    p.outs.push_back(gradcheck::named("y", k));
+  p.loss = [lossOutputs = c.lossOutputs, seed](ir::Graph &g, const std::vector<TensorId> &outs, int opset) {
+    std::mt19937 rng(seed * 7919 + 1);
+    std::vector<TensorData> weights;
+    for (const auto &o : outs)
+      weights.push_back(stream(g.tensor(o).info().shape(), rng).value);
+    std::vector<TensorId> terms;
+    for (size_t k : lossOutputs) {
+      ir::Attributes to;
+      to.set("to", static_cast<int64_t>(DataType::DOUBLE));
+      TensorId yd = gradcheck::named("yd", k), w = gradcheck::named("w", k), t = gradcheck::named("t", k);
+      g.addOp("Cast", "", opset, "", to, {outs[k]}, {yd});
+      g.addConst(w, weights[k]);
+      g.addOp("Mul", "", opset, "", {}, {yd, w}, {t});
+      terms.push_back(t);
     }
-    ids.push_back(id);
-  }
-  std::vector<TensorId> outs;
-  for (size_t k = 0; k < c.outputs; ++k)
-    outs.push_back(std::string("y") + std::to_string(k));
-  g.addOp(c.type, "", 17, "op", c.attrs, ids, outs);
-  ir::inferShapes(g, nullptr);
-  std::vector<TensorId> terms;
-  for (size_t k : c.lossOutputs) {
-    ir::Attributes to;
-    to.set("to", static_cast<int64_t>(DataType::DOUBLE));
-    TensorId yd = std::string("yd") + std::to_string(k), w = std::string("w") + std::to_string(k),
-             t = std::string("t") + std::to_string(k);
-    g.addOp("Cast", "", 17, "", to, {outs[k]}, {yd});
-    g.addConst(w, weights[k]);
-    g.addOp("Mul", "", 17, "", {}, {yd, w}, {t});
-    terms.push_back(t);
-  }
-  // The terms may differ in shape: flatten and concatenate them; the seed gradient of ones sums them.
-  std::vector<TensorId> flat;
-  g.addConst("minus1", TensorData::fromInt64({1}, {-1}));
-  for (const auto &t : terms) {
-    flat.push_back(t + "_flat");
-    g.addOp("Reshape", "", 17, "", {}, {t, "minus1"}, {flat.back()});
-  }
-  g.addOp("Concat", "", 17, "", attr("axis", int64_t{0}), flat, {"loss"});
-  g.addOutput("loss");
-  ir::inferShapes(g, nullptr);
-  std::vector<TensorId> gradIds;
-  if (grads) {
-    gradIds = autodiff::buildGradients(g, "loss", streams);
-    for (const auto &id : gradIds)
-      g.addOutput(id);
-    ir::inferShapes(g, nullptr);
-  }
-  backend_cpu::ExecutionPlan plan(g, {});
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (inputs[i].stream)
-      std::memcpy(plan.address(ids[i]), inputs[i].value.data(), static_cast<size_t>(inputs[i].value.byteCount()));
-  plan.run();
-  double loss = 0;
-  const auto *l = static_cast<const double *>(plan.address("loss"));
-  for (int64_t i = 0; i < plan.info("loss").elementCount(); ++i)
-    loss += l[i];
-  if (grads) {
-    grads->clear();
-    for (const auto &id : gradIds) {
-      const auto *p = static_cast<const double *>(plan.address(id));
-      grads->emplace_back(p, p + plan.info(id).elementCount());
+    // The terms may differ in shape: flatten and concatenate them; the seed gradient of ones sums them.
+    std::vector<TensorId> flat;
+    g.addConst("minus1", TensorData::fromInt64({1}, {-1}));
+    for (const auto &t : terms) {
+      flat.push_back(t + "_flat");
+      g.addOp("Reshape", "", opset, "", {}, {t, "minus1"}, {flat.back()});
     }
-  }
-  return loss;
-}
-
-/// Output shapes, found by shape inference on the op alone.
-std::vector<Shape> outputShapes(const Case &c) {
-  ir::registerBuiltinOps();
-  ir::Graph g;
-  g.opsets()["ai.onnx"] = 17;
-  std::vector<TensorId> ids;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    TensorId id = std::string("in") + std::to_string(i);
-    g.addConst(id, c.inputs[i].value);
-    ids.push_back(id);
-  }
-  std::vector<TensorId> outs;
-  for (size_t k = 0; k < c.outputs; ++k)
-    outs.push_back(std::string("y") + std::to_string(k));
-  ir::Op &op = g.addOp(c.type, "", 17, "op", c.attrs, ids, outs);
-  op.def->setup(op);
-  std::vector<Shape> shapes;
-  for (size_t k = 0; k < c.outputs; ++k)
-    shapes.push_back(op.outInfo(k).shape());
-  return shapes;
+    g.addOp("Concat", "", opset, "", attr("axis", int64_t{0}), flat, {"loss"});
+    return TensorId("loss");
+  };
+  return p;
 }
 
 void checkGradient(const Case &c, unsigned seed, double tol = 1e-5) {
-  std::mt19937 rng(seed * 7919 + 1);
-  std::vector<Shape> shapes = outputShapes(c);
-  std::vector<TensorData> weights;
-  for (const Shape &s : shapes)
-    weights.push_back(stream(s, rng).value);
-  std::vector<std::vector<double>> analytic;
-  evaluate(c, c.inputs, weights, &analytic);
-  const double h = 1e-6;
-  size_t which = 0;
-  for (size_t in = 0; in < c.inputs.size(); ++in) {
-    if (!c.inputs[in].stream) continue;
-    ASSERT_LT(which, analytic.size()) << c.type << " seed " << seed;
-    for (int64_t i = 0; i < c.inputs[in].value.info().elementCount(); ++i) {
-      std::vector<Input> plus = c.inputs, minus = c.inputs;
-      plus[in].value.as<double>()[i] += h;
-      minus[in].value.as<double>()[i] -= h;
-      double numeric = (evaluate(c, plus, weights, nullptr) - evaluate(c, minus, weights, nullptr)) / (2 * h);
-      ASSERT_NEAR(analytic[which][static_cast<size_t>(i)], numeric, tol * (1 + std::fabs(numeric)))
-          << c.type << " d/d input " << in << "[" << i << "] seed " << seed;
-    }
-    ++which;
-  }
+  gradcheck::checkGradient(problem(c, seed), seed, tol);
 }
 
 Shape randomShape(std::mt19937 &rng, size_t rank, int64_t lo = 1, int64_t hi = 4) {
@@ -281,8 +195,8 @@ TEST(AutodiffShape, PadGradientRejectsReflectMode) {
   std::mt19937 rng(5);
   Case c{"Pad", {stream({4}, rng), ints({1, 1})}, attr("mode", std::string("reflect"))};
   try {
-    std::vector<std::vector<double>> grads;
-    evaluate(c, c.inputs, {TensorData::fromDoubles(DataType::DOUBLE, {6}, std::vector<double>(6, 1.0))}, &grads);
+    std::vector<TensorId> grads;
+    gradcheck::buildGraph(problem(c, 5), &grads);
     FAIL() << "expected an error";
   } catch (const error &e) {
     EXPECT_NE(std::string(e.what()).find("constant-mode Pad"), std::string::npos) << e.what();

@@ -1,0 +1,52 @@
+#include "kernel_compare.hpp"
+
+#include "backend_cpu/kernel.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace popart::kernel_compare {
+
+double maxRelDiff(const TensorData &a, const TensorData &b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
+    double x = a.as<float>()[i], y = b.as<float>()[i];
+    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
+  }
+  return worst;
+}
+
+void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
+                                const std::function<float(size_t input, std::mt19937 &rng)> &fill) {
+  using backend_cpu::KernelProvider;
+  std::vector<TensorData> inputs;
+  std::vector<const void *> in;
+  for (size_t i = 0; i < op.inputCount(); ++i) {
+    inputs.emplace_back(op.inInfo(i));
+    for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
+      inputs.back().as<float>()[k] = fill(i, rng);
+  }
+  for (auto &t : inputs)
+    in.push_back(t.data());
+  std::vector<TensorData> ref, out;
+  std::vector<void *> refp, outp;
+  for (size_t i = 0; i < op.outputCount(); ++i) {
+    ref.emplace_back(op.outInfo(i));
+    out.emplace_back(op.outInfo(i));
+    // Stale output values must not leak into the result: fill both with garbage first.
+    for (int64_t k = 0; k < ref.back().info().elementCount(); ++k)
+      ref.back().as<float>()[k] = out.back().as<float>()[k] = 1e6f;
+    refp.push_back(ref.back().data());
+    outp.push_back(out.back().data());
+  }
+  backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refp.data(), refp.size()});
+  auto kernel = backend_cpu::createKernel(op, KernelProvider::Dnnl);
+  kernel->run({in.data(), in.size(), outp.data(), outp.size()});
+  kernel->run({in.data(), in.size(), outp.data(), outp.size()}); // a second run must not accumulate
+  for (size_t i = 0; i < op.outputCount(); ++i)
+    EXPECT_LT(maxRelDiff(out[i], ref[i]), 1e-4) << op.type << " output " << i;
+}
+
+} // namespace popart::kernel_compare
