@@ -237,7 +237,27 @@ TEST(Reduce, DnnlMatchesReferenceOnRandomShapes) {
       expectClose(run(*b.op, KernelProvider::Dnnl, x)[0], run(*b.op, KernelProvider::Reference, x)[0], what);
     }
   }
-  EXPECT_GT(dnnlCases, 30) << "oneDNN reduction declined almost every case, seed " << seed;
+  // Small random shapes often land on oneDNN's plain C++ implementation, which the kernel
+  // declines (about a quarter of the cases remain); the test needs enough of them to mean something.
+  EXPECT_GT(dnnlCases, 8) << "oneDNN reduction declined almost every case, seed " << seed;
+}
+
+TEST(Reduce, DnnlDeclinesItsPlainCppImplementation) {
+  backend_cpu::registerBuiltinKernels();
+  auto axes = [](std::vector<int64_t> v) {
+    return std::vector<std::pair<std::string, TensorData>>{
+        {"axes", TensorData::fromInt64({static_cast<int64_t>(v.size())}, v)}};
+  };
+  ir::Attributes keep;
+  keep.set("keepdims", int64_t{1});
+  // The bias gradient of a [80, 32] activation: oneDNN 2.6 only has "ref:any" for it.
+  Built leading = build("ReduceSum", 18, {80, 32}, keep, axes({0}));
+  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*leading.op, KernelProvider::Any)->provider,
+            KernelProvider::Reference);
+  // Reducing the innermost axis of a large tensor has a jit kernel.
+  Built inner = build("ReduceSum", 18, {64, 4096}, keep, axes({1}));
+  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*inner.op, KernelProvider::Any)->provider,
+            KernelProvider::Dnnl);
 }
 
 TEST(Softmax, DnnlMatchesReferenceOnRandomShapes) {
