@@ -76,6 +76,20 @@ void nllRule(GradContext &c) { c.setInGrad(0, nllInputGrad(c)); }
 /// loss = NLL(LogSoftmax(x, axis 1)): the gradient reaching the log-probabilities (from the loss and
 /// from the optional log_prob output) goes back through the log-softmax: g − softmax·Σ_c g.
 void softmaxCrossEntropyRule(GradContext &c) {
+  DataType type = c.op().inInfo(0).dataType();
+  bool logProbGrad = c.op().hasOutput(1) && !c.outGrad(1).empty();
+  if (!c.outGrad(0).empty() && !logProbGrad && (type == DataType::FLOAT || type == DataType::DOUBLE)) {
+    // Only the loss is differentiated: one fused op (softmax − one-hot, weighted and scaled).
+    ir::Attributes attrs;
+    attrs.set("reduction", c.op().attrs.getString("reduction", "mean"));
+    if (c.op().attrs.has("ignore_index")) attrs.set("ignore_index", c.op().attrs.getInt("ignore_index"));
+    TensorId dx = c.graph().uniqueId(c.in(0) + "_grad");
+    ir::Op &grad = c.graph().addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", 1, "", std::move(attrs),
+                                   {c.in(0), c.in(1), c.op().hasInput(2) ? c.in(2) : "", c.outGrad(0)}, {dx});
+    grad.def->setup(grad);
+    c.setInGrad(0, dx);
+    return;
+  }
   TensorId g;
   if (!c.outGrad(0).empty()) g = nllInputGrad(c);
   if (c.op().hasOutput(1) && !c.outGrad(1).empty()) g = g.empty() ? c.outGrad(1) : c.add("Add", {g, c.outGrad(1)});

@@ -94,9 +94,90 @@ private:
   std::vector<double> logProb_;
 };
 
+
+/// dX = g·w·(softmax(x) − onehot(label)) per position, with w the label's class weight (0 for the
+/// ignored class and labels out of range) and g = dY, dY / Σw (mean) or dY[n, d] (none): the
+/// gradient of SoftmaxCrossEntropyLoss in one pass, without materialising the one-hot mask.
+template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel {
+public:
+  explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
+      : labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
+    const Shape &s = op.inInfo(0).shape();
+    n_ = s[0];
+    c_ = s[1];
+    d_ = 1;
+    for (size_t i = 2; i < s.size(); ++i)
+      d_ *= s[i];
+    std::string red = op.attrs.getString("reduction", "mean");
+    reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
+    if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
+  }
+  void run(const KernelArgs &a) override {
+    const T *x = a.in<T>(0);
+    const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
+    const T *dy = a.in<T>(3);
+    T *dx = a.out<T>(0);
+    auto label = [&](int64_t k) -> int64_t {
+      return labelType_ == DataType::INT64 ? a.in<int64_t>(1)[k] : a.in<int32_t>(1)[k];
+    };
+    auto weight = [&](int64_t l) -> double {
+      if (l < 0 || l >= c_ || (ignore_ && l == *ignore_)) return 0.0;
+      return weights ? static_cast<double>(weights[l]) : 1.0;
+    };
+    double denom = 1.0;
+    if (reduction_ == 2) {
+      denom = 0.0;
+      for (int64_t k = 0; k < n_ * d_; ++k)
+        denom += weight(label(k));
+    }
+    const int64_t positions = n_ * d_;
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < positions; ++k) {
+      int64_t n = k / d_, i = k % d_;
+      const T *xs = x + n * c_ * d_ + i;
+      T *out = dx + n * c_ * d_ + i;
+      int64_t l = label(k);
+      double w = weight(l);
+      if (w == 0.0) {
+        for (int64_t c = 0; c < c_; ++c)
+          out[c * d_] = T(0);
+        continue;
+      }
+      double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
+      T mx = xs[0];
+      for (int64_t c = 1; c < c_; ++c)
+        mx = std::max(mx, xs[c * d_]);
+      T sum = 0;
+      for (int64_t c = 0; c < c_; ++c) {
+        T e = std::exp(xs[c * d_] - mx);
+        out[c * d_] = e;
+        sum += e;
+      }
+      T scale = static_cast<T>(g) / sum;
+      for (int64_t c = 0; c < c_; ++c)
+        out[c * d_] *= scale;
+      out[l * d_] -= static_cast<T>(g);
+    }
+  }
+
+private:
+  DataType labelType_;
+  bool hasWeights_;
+  int64_t n_ = 0, c_ = 0, d_ = 1;
+  int reduction_ = 2;
+  std::optional<int64_t> ignore_;
+};
+
+std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {
+  if (op.inInfo(0).dataType() == DataType::DOUBLE) return std::make_unique<SoftmaxCrossEntropyGradKernel<double>>(op);
+  return std::make_unique<SoftmaxCrossEntropyGradKernel<float>>(op);
+}
+
 } // namespace
 
 void registerReferenceLossKernels(KernelRegistry &r) {
+  r.add({"ai.graphcore", "SoftmaxCrossEntropyLossGrad", KernelProvider::Reference, nullptr,
+         createSoftmaxCrossEntropyGrad});
   r.add({"ai.onnx", "SoftmaxCrossEntropyLoss", KernelProvider::Reference, nullptr, makeKernel<LossKernel>});
   r.add({"ai.onnx", "NegativeLogLikelihoodLoss", KernelProvider::Reference, nullptr, makeKernel<LossKernel>});
 }

@@ -34,11 +34,38 @@ void setupLoss(Op &op) {
   if (op.type == "SoftmaxCrossEntropyLoss") op.setOutInfo(1, x);
 }
 
+/// ai.graphcore SoftmaxCrossEntropyLossGrad: scores X [N, C, D...], labels, weights (optional),
+/// dY (the loss gradient: a scalar, or [N, D...] for reduction none) -> dX. Attributes as the
+/// forward op (reduction, ignore_index).
+void setupSoftmaxCrossEntropyGrad(Op &op) {
+  requireInputCount(op, 4, 4);
+  const TensorInfo &x = op.inInfo(0);
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE});
+  requireType(op, 1, {DataType::INT32, DataType::INT64});
+  if (x.rank() < 2) throw error(op.debugName(), ": input 0 must have rank >= 2 (N, C, ...), got ", toString(x.shape()));
+  Shape labels = x.shape();
+  labels.erase(labels.begin() + 1);
+  if (op.inInfo(1).shape() != labels)
+    throw error(op.debugName(), ": labels have shape ", toString(op.inInfo(1).shape()), ", expected ", toString(labels));
+  if (op.hasInput(2) && (op.inInfo(2).shape() != Shape{x.dim(1)} || op.inInfo(2).dataType() != x.dataType()))
+    throw error(op.debugName(), ": weights are ", op.inInfo(2).toString(), ", expected ", toString(x.dataType()), " [",
+                x.dim(1), "]");
+  std::string reduction = op.attrs.getString("reduction", "mean");
+  Shape dy = reduction == "none" ? labels : Shape{};
+  if (op.inInfo(3).dataType() != x.dataType() || op.inInfo(3).elementCount() != shapeElementCount(dy))
+    throw error(op.debugName(), ": the loss gradient is ", op.inInfo(3).toString(), ", expected ", toString(x.dataType()),
+                " ", toString(dy));
+  op.setOutInfo(0, x);
+}
+
 } // namespace
 
 void registerLossOps(OpRegistry &r) {
   r.add(makeDef("SoftmaxCrossEntropyLoss", 12, 1000, setupLoss));
   r.add(makeDef("NegativeLogLikelihoodLoss", 12, 1000, setupLoss));
+  OpDef grad = makeDef("SoftmaxCrossEntropyLossGrad", 1, 1000, setupSoftmaxCrossEntropyGrad);
+  grad.domain = "ai.graphcore";
+  r.add(grad);
 }
 
 } // namespace popart::ir

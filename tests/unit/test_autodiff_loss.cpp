@@ -5,7 +5,11 @@
 
 #include <gtest/gtest.h>
 
+#include "autodiff/autodiff.hpp"
+#include "autodiff/grad_rules.hpp"
+
 #include <algorithm>
+#include <set>
 #include <cmath>
 #include <random>
 
@@ -153,5 +157,35 @@ TEST(AutodiffNorm, BatchNormalizationInference) {
                    a,
                    15},
                   seed);
+  }
+}
+
+TEST(AutodiffLoss, SoftmaxCrossEntropyGradientIsOneFusedOp) {
+  for (bool withLogProb : {false, true}) {
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 5}));
+    g.addInput("x");
+    g.addConst("labels", TensorData::fromInt64({4}, {0, 3, 4, 1}));
+    ir::Attributes a;
+    a.set("reduction", std::string("mean"));
+    ir::Op &sce = g.addOp("SoftmaxCrossEntropyLoss", "ai.onnx", 13, "", a, {"x", "labels"},
+                          {"loss", withLogProb ? "logp" : ""});
+    sce.def->setup(sce);
+    TensorId y = "loss";
+    if (withLogProb) { // a loss that also uses the log-probabilities: the composition handles it
+      ir::Op &sum = g.addOp("ReduceSum", "ai.onnx", 13, "", autodiff::intAttr("keepdims", 0), {"logp"}, {"s"});
+      sum.def->setup(sum);
+      ir::Op &add = g.addOp("Add", "ai.onnx", 13, "", {}, {"loss", "s"}, {"total"});
+      add.def->setup(add);
+      y = "total";
+    }
+    autodiff::buildGradients(g, y, {"x"});
+    std::multiset<std::string> types;
+    for (const auto &op : g.ops())
+      types.insert(op->type);
+    EXPECT_EQ(types.count("SoftmaxCrossEntropyLossGrad"), withLogProb ? 0u : 1u);
+    EXPECT_EQ(types.count("Exp"), withLogProb ? 1u : 0u);
   }
 }
