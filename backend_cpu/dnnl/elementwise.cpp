@@ -112,9 +112,70 @@ bool supportsBinaryKernel(const ir::Op &op) {
   return true;
 }
 
+/// Pow with a constant scalar exponent: oneDNN's eltwise_pow (x^beta).
+bool supportsPow(const ir::Op &op) {
+  if (op.inputCount() != 2 || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).elementCount() == 0)
+    return false;
+  const ir::Tensor &e = op.input(1);
+  return e.isConst() && e.info().elementCount() == 1 && op.outInfo(0).shape() == op.inInfo(0).shape() &&
+         isFloatingPoint(e.info().dataType());
+}
+
+std::unique_ptr<Kernel> createPow(const ir::Op &op) {
+  auto exponent = static_cast<float>(op.input(1).data()->valueAsDouble(0));
+  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto pd = eltwise_forward::primitive_desc(
+      eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_pow, md, 1.f, exponent),
+      dnnl_util::engine());
+  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
+}
+
+/// Sum and Mean of same-shape inputs: oneDNN's sum primitive (scales 1 or 1/n). The gradient of a
+/// tensor with several consumers is such a Sum.
+bool supportsSum(const ir::Op &op) {
+  if (op.inputCount() < 2 || op.outInfo(0).elementCount() == 0 || !dnnl_util::allFloat(op)) return false;
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (!op.hasInput(i) || op.inInfo(i).shape() != op.outInfo(0).shape()) return false;
+  return true;
+}
+
+class SumKernel : public Kernel {
+public:
+  explicit SumKernel(const ir::Op &op) {
+    auto md = dnnl_util::plainDesc(op.outInfo(0).shape(), 1);
+    size_t n = op.inputCount();
+    std::vector<float> scales(n, op.type == "Mean" ? 1.0f / static_cast<float>(n) : 1.0f);
+    std::vector<memory::desc> srcs(n, md);
+    auto pd = sum::primitive_desc(md, scales, srcs, dnnl_util::engine());
+    prim_ = sum(pd);
+    for (size_t i = 0; i <= n; ++i) // the sources, then the destination
+      mems_.push_back(memory(md, dnnl_util::engine(), DNNL_MEMORY_NONE));
+    for (size_t i = 0; i < n; ++i)
+      args_.push_back({DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i), mems_[i].get()});
+    args_.push_back({DNNL_ARG_DST, mems_.back().get()});
+  }
+  void run(const KernelArgs &args) override {
+    for (size_t i = 0; i + 1 < mems_.size(); ++i)
+      mems_[i].set_data_handle(const_cast<void *>(args.inputs[i]));
+    mems_.back().set_data_handle(args.outputs[0]);
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(prim_.get(), dnnl_util::stream().get(),
+                                                   static_cast<int>(args_.size()), args_.data()),
+                            "could not execute a primitive");
+    dnnl_util::stream().wait();
+  }
+
+private:
+  primitive prim_;
+  std::vector<memory> mems_;
+  std::vector<dnnl_exec_arg_t> args_;
+};
+
 } // namespace
 
 void registerDnnlElementwiseKernels(KernelRegistry &r) {
+  r.add({"ai.onnx", "Pow", KernelProvider::Dnnl, supportsPow, createPow});
+  r.add({"ai.onnx", "Sum", KernelProvider::Dnnl, supportsSum, makeKernel<SumKernel>});
+  r.add({"ai.onnx", "Mean", KernelProvider::Dnnl, supportsSum, makeKernel<SumKernel>});
   for (const char *t :
        {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu", "Softplus", "Neg"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, createEltwise});
