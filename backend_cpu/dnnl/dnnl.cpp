@@ -12,6 +12,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlReduceKernels(r);
   registerDnnlConvGradKernels(r);
   registerDnnlActGradKernels(r);
+  registerDnnlTransposeKernels(r);
 }
 
 } // namespace popart::backend_cpu

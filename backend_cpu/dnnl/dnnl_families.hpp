@@ -13,5 +13,6 @@ void registerDnnlSoftmaxKernels(KernelRegistry &registry);
 void registerDnnlReduceKernels(KernelRegistry &registry);
 void registerDnnlConvGradKernels(KernelRegistry &registry);
 void registerDnnlActGradKernels(KernelRegistry &registry);
+void registerDnnlTransposeKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -7,6 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iostream>
+#include <numeric>
+
 using namespace popart;
 
 namespace {
@@ -62,4 +66,40 @@ TEST(DnnlSumPow, PowWithConstantExponentMatchesReference) {
   }
   ir::Graph g; // a fed exponent stays on the reference kernel
   EXPECT_EQ(chosen(addOp(g, "Pow", {{5, 64}, {}}, nullptr)), backend_cpu::KernelProvider::Reference);
+}
+
+TEST(DnnlTranspose, MatchesReferenceOnRandomPermutations) {
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> d(-2.f, 2.f);
+  int onDnnl = 0;
+  for (int trial = 0; trial < 30; ++trial) {
+    size_t rank = 2 + rng() % 4;
+    Shape shape;
+    for (size_t i = 0; i < rank; ++i)
+      shape.push_back(1 + static_cast<int64_t>(rng() % 9));
+    std::vector<int64_t> perm(rank);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, shape));
+    ir::Attributes a;
+    a.set("perm", perm);
+    ir::Op &op = g.addOp("Transpose", "ai.onnx", 13, "", a, {"x"}, {"y"});
+    op.def->setup(op);
+    if (backend_cpu::KernelRegistry::instance().find(op, backend_cpu::KernelProvider::Dnnl) == nullptr) continue;
+    ++onDnnl;
+    kernel_compare::expectDnnlMatchesReference(op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
+  }
+  // The weight transposes of exported Linear layers: [out, in] -> [in, out].
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1024, 256}));
+  ir::Op &op = g.addOp("Transpose", "ai.onnx", 13, "", {}, {"w"}, {"wt"});
+  op.def->setup(op);
+  ASSERT_EQ(chosen(op), backend_cpu::KernelProvider::Dnnl);
+  kernel_compare::expectDnnlMatchesReference(op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
+  std::cout << onDnnl << " of 30 random transposes ran on oneDNN\n";
 }
