@@ -86,42 +86,6 @@ std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
   return std::make_unique<Adaptive>(p, AdaptiveMode::AdaGrad, clip);
 }
 
-void checkFlags(const CLI::App &app, const TrainOptions &o) {
-  auto only = [&](const char *flag, std::initializer_list<const char *> optimizers) {
-    if (!given(app, flag)) return;
-    for (const char *n : optimizers)
-      if (o.optimizer == n) return;
-    std::string list;
-    for (const char *n : optimizers)
-      list += (list.empty() ? "" : ", ") + std::string(n);
-    throw error(flag, " does not apply to --optimizer ", o.optimizer, " (only to ", list, ")");
-  };
-  only("--momentum", {"sgd", "rmsprop"});
-  only("--dampening", {"sgd"});
-  only("--nesterov", {"sgd"});
-  only("--beta1", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
-  only("--beta2", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
-  only("--alpha", {"rmsprop"});
-  only("--centered", {"rmsprop"});
-  only("--max-weight-norm", {"lamb", "lambnobias"});
-  only("--lr-decay", {"adagrad"});
-  only("--initial-accumulator", {"adagrad"});
-  if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
-  if (given(app, "--checkpoint-every") && o.checkpoint.empty()) throw error("--checkpoint-every needs --checkpoint DIR");
-  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
-    throw error("--nesterov needs a positive --momentum and no --dampening");
-  if (o.lrSchedule == "step" && o.lrStepSize <= 0) throw error("--lr-schedule step needs --lr-step-size N > 0");
-  if ((given(app, "--lr-step-size") || given(app, "--lr-gamma")) && o.lrSchedule != "step")
-    throw error("--lr-step-size and --lr-gamma need --lr-schedule step");
-  if (given(app, "--lr-min") && o.lrSchedule != "cosine") throw error("--lr-min needs --lr-schedule cosine");
-  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") {
-    char *end = nullptr;
-    double v = std::strtod(o.lossScaling.c_str(), &end);
-    if (end == o.lossScaling.c_str() || *end != '\0' || !(v > 0))
-      throw error("--loss-scaling must be a positive number or 'dynamic', got '", o.lossScaling, "'");
-  }
-}
-
 std::string formatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   int64_t s = static_cast<int64_t>(seconds + 0.5);
@@ -441,7 +405,41 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   return 0;
 }
 
-void checkTrainFlags(const CLI::App &app, const TrainOptions &o) { checkFlags(app, o); }
+void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
+  auto only = [&](const char *flag, std::initializer_list<const char *> optimizers) {
+    if (!given(app, flag)) return;
+    for (const char *n : optimizers)
+      if (o.optimizer == n) return;
+    std::string list;
+    for (const char *n : optimizers)
+      list += (list.empty() ? "" : ", ") + std::string(n);
+    throw error(flag, " does not apply to --optimizer ", o.optimizer, " (only to ", list, ")");
+  };
+  only("--momentum", {"sgd", "rmsprop"});
+  only("--dampening", {"sgd"});
+  only("--nesterov", {"sgd"});
+  only("--beta1", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
+  only("--beta2", {"adam", "adamw", "adamax", "lamb", "lambnobias"});
+  only("--alpha", {"rmsprop"});
+  only("--centered", {"rmsprop"});
+  only("--max-weight-norm", {"lamb", "lambnobias"});
+  only("--lr-decay", {"adagrad"});
+  only("--initial-accumulator", {"adagrad"});
+  if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
+  if (given(app, "--checkpoint-every") && o.checkpoint.empty()) throw error("--checkpoint-every needs --checkpoint DIR");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    throw error("--nesterov needs a positive --momentum and no --dampening");
+  if (o.lrSchedule == "step" && o.lrStepSize <= 0) throw error("--lr-schedule step needs --lr-step-size N > 0");
+  if ((given(app, "--lr-step-size") || given(app, "--lr-gamma")) && o.lrSchedule != "step")
+    throw error("--lr-step-size and --lr-gamma need --lr-schedule step");
+  if (given(app, "--lr-min") && o.lrSchedule != "cosine") throw error("--lr-min needs --lr-schedule cosine");
+  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") {
+    char *end = nullptr;
+    double v = std::strtod(o.lossScaling.c_str(), &end);
+    if (end == o.lossScaling.c_str() || *end != '\0' || !(v > 0))
+      throw error("--loss-scaling must be a positive number or 'dynamic', got '", o.lossScaling, "'");
+  }
+}
 
 
 } // namespace popart::cli

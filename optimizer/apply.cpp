@@ -186,25 +186,46 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   return result;
 }
 
-std::vector<float> hyperParameters(const Optimizer &opt, const TensorId &w, int64_t step) {
-  auto v = [&](const char *name) { return opt.get(name, w).val(); };
-  if (dynamic_cast<const SGD *>(&opt))
-    return {v("learningRate"), v("momentum"), v("dampening"), v("weightDecay"), v("velocityScaling"),
-            step == 1 ? 1.0f : 0.0f};
+std::vector<float> resolveHyperParameters(const Optimizer &opt, const TensorId &w) {
+  std::vector<float> values;
+  for (const auto &name : opt.hyperParameterNames())
+    values.push_back(opt.get(name, w).val());
+  return values;
+}
+
+void writeHyperParameters(const Optimizer &opt, const std::vector<float> &r, int64_t step, float *out) {
+  // r follows hyperParameterNames(): SGD lr, momentum, dampening, wd, velocityScaling, nesterov;
+  // Adam lr, beta1, beta2, eps, wd, maxWeightNorm; Adaptive lr, alpha, momentum, eps, wd,
+  // lrDecay, initialAccumulator. The layouts written are in docs/training.md.
+  if (dynamic_cast<const SGD *>(&opt)) {
+    const float hp[] = {r[0], r[1], r[2], r[3], r[4], step == 1 ? 1.0f : 0.0f};
+    std::copy(std::begin(hp), std::end(hp), out);
+    return;
+  }
   if (const auto *adam = dynamic_cast<const Adam *>(&opt)) {
     bool bias = adam->mode() == AdamMode::Adam || adam->mode() == AdamMode::AdaMax || adam->mode() == AdamMode::Lamb;
     double t = static_cast<double>(step);
-    float bc1 = bias ? static_cast<float>(1.0 - std::pow(double(v("beta1")), t)) : 1.0f;
-    float bc2 = bias && adam->mode() != AdamMode::AdaMax ? static_cast<float>(1.0 - std::pow(double(v("beta2")), t)) : 1.0f;
-    return {v("learningRate"), v("beta1"), v("beta2"), v("eps"), v("weightDecay"), bc1, bc2, v("maxWeightNorm")};
+    float bc1 = bias ? static_cast<float>(1.0 - std::pow(double(r[1]), t)) : 1.0f;
+    float bc2 = bias && adam->mode() != AdamMode::AdaMax ? static_cast<float>(1.0 - std::pow(double(r[2]), t)) : 1.0f;
+    const float hp[] = {r[0], r[1], r[2], r[3], r[4], bc1, bc2, r[5]};
+    std::copy(std::begin(hp), std::end(hp), out);
+    return;
   }
   if (const auto *ad = dynamic_cast<const Adaptive *>(&opt)) {
-    float lr = v("learningRate");
+    float lr = r[0];
     if (ad->mode() == AdaptiveMode::AdaGrad)
-      lr = static_cast<float>(double(lr) / (1.0 + double(step - 1) * double(v("learningRateDecay"))));
-    return {lr, v("alpha"), v("momentum"), v("eps"), v("weightDecay"), 0.0f};
+      lr = static_cast<float>(double(lr) / (1.0 + double(step - 1) * double(r[5])));
+    const float hp[] = {lr, r[1], r[2], r[3], r[4], 0.0f};
+    std::copy(std::begin(hp), std::end(hp), out);
+    return;
   }
   throw error("unsupported optimiser '", opt.name(), "'");
+}
+
+std::vector<float> hyperParameters(const Optimizer &opt, const TensorId &w, int64_t step) {
+  std::vector<float> hp(hyperParameterCount(opt));
+  writeHyperParameters(opt, resolveHyperParameters(opt, w), step, hp.data());
+  return hp;
 }
 
 void checkReplaceable(const Optimizer &current, const Optimizer &next, const std::vector<TensorId> &weights) {

@@ -45,6 +45,12 @@ AppliedOptimizer applyOptimizer(ir::Graph &graph, const Optimizer &optimizer,
 
 /// The hyperparameter tensor of \p weight for the \p step-th update (1-based).
 std::vector<float> hyperParameters(const Optimizer &optimizer, const TensorId &weight, int64_t step);
+/// \p weight's hyperparameter values in hyperParameterNames() order: looked up once (when the
+/// session compiles and on updateOptimizerFromHost) so that the per-step write does no lookups.
+std::vector<float> resolveHyperParameters(const Optimizer &optimizer, const TensorId &weight);
+/// Writes the hyperparameter tensor of the \p step-th update from \p resolved into \p out
+/// (hyperParameterCount floats); allocates nothing.
+void writeHyperParameters(const Optimizer &optimizer, const std::vector<float> &resolved, int64_t step, float *out);
 
 /// Throws unless \p next can replace \p current in a compiled session: same kind, same
 /// clipping, same const values (naming the first that differs).

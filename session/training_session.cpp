@@ -54,6 +54,8 @@ struct TrainingSession::Impl {
   std::vector<TensorId> weightIds;     ///< trained weights, model order
   std::vector<TensorId> runningStats;  ///< BatchNormalization running mean/var (updated, not trained)
   std::vector<TensorId> stateIds;      ///< optimiser state
+  /// Per update op, its weight's hyperparameters resolved once (optimizer::resolveHyperParameters).
+  std::vector<std::vector<float>> resolvedHp;
   TensorId lossScaleId;                ///< FLOAT scalar Variable multiplying the loss
   TensorId rngStateId;                 ///< INT64 [2] Variable {seed, counter} for random ops
   std::map<TensorId, TensorData> initialValues;
@@ -97,6 +99,11 @@ struct TrainingSession::Impl {
 
   void compile();
   void writeHostScalars();
+  void resolveHyperParameters() {
+    resolvedHp.clear();
+    for (const auto &u : applied.updates)
+      resolvedHp.push_back(optimizer::resolveHyperParameters(*optimizer, u.weight));
+  }
   void resetState();
 };
 
@@ -244,6 +251,7 @@ void TrainingSession::Impl::compile() {
   stateIds.clear();
   for (const auto &u : applied.updates)
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
+  resolveHyperParameters();
 
   ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
   std::vector<TensorId> keep{lossId};
@@ -276,10 +284,9 @@ void TrainingSession::Impl::resetState() {
 void TrainingSession::Impl::writeHostScalars() {
   *variable(lossScaleId).as<float>() = lossScale;
   *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulation()));
-  for (const auto &u : applied.updates) {
-    std::vector<float> hp = optimizer::hyperParameters(*optimizer, u.weight, step + 1);
-    std::copy(hp.begin(), hp.end(), variable(u.hyperParameters).as<float>());
-  }
+  for (size_t i = 0; i < applied.updates.size(); ++i)
+    optimizer::writeHyperParameters(*optimizer, resolvedHp[i], step + 1,
+                                    variable(applied.updates[i].hyperParameters).as<float>());
 }
 
 TrainingSession::TrainingSession() : impl_(std::make_unique<Impl>()) {}
@@ -450,6 +457,7 @@ void TrainingSession::updateOptimizerFromHost(const Optimizer *optimizer) {
     if (std::find(m.weightIds.begin(), m.weightIds.end(), w) == m.weightIds.end())
       throw error("updateOptimizerFromHost: insertSpecific names '", w, "', which is not a trained weight");
   m.optimizer = optimizer->clone();
+  if (m.plan) m.resolveHyperParameters();
   if (!m.dynamicScaling()) m.lossScale = m.optimizer->lossScaling().val();
 }
 

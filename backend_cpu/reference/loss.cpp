@@ -14,20 +14,29 @@ namespace {
 template <typename T> double toDouble(T v) { return static_cast<double>(static_cast<compute_t<T>>(v)); }
 template <typename T> T fromDouble(double v) { return static_cast<T>(static_cast<compute_t<T>>(v)); }
 
-class LossKernel : public Kernel {
-public:
-  explicit LossKernel(const ir::Op &op)
-      : name_(op.debugName()), type_(op.inInfo(0).dataType()), labelType_(op.inInfo(1).dataType()),
-        softmax_(op.type == "SoftmaxCrossEntropyLoss"), hasWeights_(op.hasInput(2)) {
+/// What both loss kernels read from the op: scores [N, C, D...] as N·C·D, the reduction
+/// (0 none, 1 sum, 2 mean) and the optional ignored class.
+struct LossShape {
+  explicit LossShape(const ir::Op &op) {
     const Shape &s = op.inInfo(0).shape();
     n_ = s[0];
     c_ = s[1];
-    d_ = 1;
     for (size_t i = 2; i < s.size(); ++i)
       d_ *= s[i];
     std::string red = op.attrs.getString("reduction", "mean");
     reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
     if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
+  }
+  int64_t n_ = 0, c_ = 0, d_ = 1;
+  int reduction_ = 2;
+  std::optional<int64_t> ignore_;
+};
+
+class LossKernel : public Kernel, LossShape {
+public:
+  explicit LossKernel(const ir::Op &op)
+      : LossShape(op), name_(op.debugName()), type_(op.inInfo(0).dataType()), labelType_(op.inInfo(1).dataType()),
+        softmax_(op.type == "SoftmaxCrossEntropyLoss"), hasWeights_(op.hasInput(2)) {
     logProb_.resize(static_cast<size_t>(softmax_ ? c_ : 0));
   }
 
@@ -88,9 +97,6 @@ private:
   std::string name_;
   DataType type_, labelType_;
   bool softmax_, hasWeights_;
-  int64_t n_, c_, d_;
-  int reduction_;
-  std::optional<int64_t> ignore_;
   std::vector<double> logProb_;
 };
 
@@ -98,20 +104,10 @@ private:
 /// dX = g·w·(softmax(x) − onehot(label)) per position, with w the label's class weight (0 for the
 /// ignored class and labels out of range) and g = dY, dY / Σw (mean) or dY[n, d] (none): the
 /// gradient of SoftmaxCrossEntropyLoss in one pass, without materialising the one-hot mask.
-template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel {
+template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
 public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
-      : labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
-    const Shape &s = op.inInfo(0).shape();
-    n_ = s[0];
-    c_ = s[1];
-    d_ = 1;
-    for (size_t i = 2; i < s.size(); ++i)
-      d_ *= s[i];
-    std::string red = op.attrs.getString("reduction", "mean");
-    reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
-    if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
-  }
+      : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {}
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
     const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -163,9 +159,6 @@ public:
 private:
   DataType labelType_;
   bool hasWeights_;
-  int64_t n_ = 0, c_ = 0, d_ = 1;
-  int reduction_ = 2;
-  std::optional<int64_t> ignore_;
 };
 
 std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {

@@ -102,6 +102,7 @@ expect 2 "error: model input 'y' has no dataset" -- "$RUN" "$M" --train --input 
 expect 2 "error: --input y has 30 samples" -- "$RUN" "$M" --train --input "x=$TMP/x.npy" --input "y=$TMP/y_short.npy"
 expect 2 "error: --input x is INT64" -- "$RUN" "$M" --train --input "x=$TMP/y.npy" --input "y=$TMP/y.npy"
 expect 2 "error: loss 'nope' is not a tensor" -- "$RUN" "$M" --train "${D[@]}" --loss nope
+expect 2 "error: --resume: the checkpoint .* was made with .*this run differs" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --shuffle --seed 4 --steps 20 --resume "$TMP/ck"
 expect 2 "error: --resume: .*progress.txt' is missing" -- "$RUN" "$M" --train "${D[@]}" --resume "$TMP/nowhere"
 
 echo "cli: $passes passed, $failures failed"

@@ -476,3 +476,20 @@ TEST(TrainingSession, BatchesPerStepRunsOneUpdatePerBatchAndReturnsEveryLoss) {
   StepIO bad({{"x", in}}, {{loss, wrongOut}});
   EXPECT_THROW(three->run(bad), error);
 }
+
+TEST(TrainingSession, ConflictingSettingsAreRefusedByName) {
+  SessionOptions dynamic;
+  dynamic.automaticLossScalingSettings.enabled = true;
+  try {
+    session(SGD({{"lossScaling", {8.0f, true}}}), dynamic);
+    FAIL();
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("lossScaling"), std::string::npos) << e.what();
+  }
+  try {
+    session(SGD({}, {ClipNormSettings::clipWeights({"nope"}, 1.0f)}));
+    FAIL();
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("'nope'"), std::string::npos) << e.what();
+  }
+}
