@@ -15,7 +15,8 @@ bool planned(const ir::Tensor &t) { return t.kind() == ir::TensorKind::Stream ||
 } // namespace
 
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases) {
+                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases,
+                      const std::map<TensorId, TensorId> &views) {
   struct Interval {
     TensorId id;
     int64_t bytes;
@@ -23,7 +24,9 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   };
   std::map<TensorId, Interval> live;
   size_t end = schedule.size();
-  auto touch = [&](const ir::Tensor &t, size_t step) {
+  auto touch = [&](const ir::Tensor &tensor, size_t step) {
+    auto view = views.find(tensor.id());
+    const ir::Tensor &t = view == views.end() ? tensor : graph.tensor(view->second);
     if (!planned(t) || aliases.count(t.id())) return;
     auto [it, inserted] =
         live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
@@ -69,6 +72,31 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   return plan;
 }
 
+std::map<TensorId, TensorId> findViews(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                                       const std::map<TensorId, TensorId> &aliases) {
+  static const std::set<std::string> viewTypes{"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+  std::set<TensorId> pinnedIds(pinned.begin(), pinned.end());
+  std::map<TensorId, TensorId> views;
+  for (const ir::Op *op : schedule) {
+    if (op->domain != "ai.onnx" || !viewTypes.count(op->type) || !op->hasInput(0) || !op->hasOutput(0)) continue;
+    const ir::Tensor &in = op->input(0), &out = op->output(0);
+    if (!planned(in) || !planned(out) || pinnedIds.count(out.id())) continue;
+    if (aliases.count(in.id()) || aliases.count(out.id())) continue;
+    if (in.info().byteCount() != out.info().byteCount() || in.info().dataType() == DataType::STRING) continue;
+    auto root = views.find(in.id());
+    views[out.id()] = root == views.end() ? in.id() : root->second;
+  }
+  return views;
+}
+
+namespace {
+/// The step of a view op: its output already is its input's bytes.
+class NoOpKernel : public Kernel {
+public:
+  void run(const KernelArgs &) override {}
+};
+} // namespace
+
 ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options) : arena_(alignedBytes(1)) {
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
@@ -85,10 +113,13 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
         throw error(op->debugName(), ": updates tensor '", in.id(), "' in place, which is not a variable");
       aliases[op->output(static_cast<size_t>(m.output)).id()] = rootId;
     }
-  memoryPlan_ = planMemory(schedule, pinned, graph, aliases);
+  const std::map<TensorId, TensorId> views = findViews(schedule, pinned, aliases);
+  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, views);
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
-    if (auto a = aliases.find(id); a != aliases.end()) {
+    if (auto v = views.find(id); v != views.end()) {
+      addresses_[id] = arena_.get() + memoryPlan_.offsets.at(v->second);
+    } else if (auto a = aliases.find(id); a != aliases.end()) {
       addresses_[id] = graph.tensor(a->second).data()->data();
     } else if (planned(*t)) {
       auto it = memoryPlan_.offsets.find(id);
@@ -108,7 +139,8 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     Step step;
     registerBuiltinKernels();
     const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
-    step.kernel = createKernel(*op, options.provider);
+    bool isView = op->hasOutput(0) && views.count(op->output(0).id());
+    step.kernel = isView ? std::make_unique<NoOpKernel>() : createKernel(*op, options.provider);
     stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
     for (const ir::Tensor *t : op->inputs)
       step.inputs.push_back(t ? address(t->id()) : nullptr);

@@ -22,9 +22,19 @@ struct MemoryPlan {
 
 /// Plans \p schedule: tensors whose lifetimes do not overlap share bytes. Tensors in
 /// \p pinned (graph inputs and outputs) stay live for the whole run; tensors in \p aliases
-/// (outputs of in-place updates) get no bytes of their own.
+/// (outputs of in-place updates) get no bytes of their own. Tensors in \p views (outputs of
+/// Reshape-like ops, mapped to the planned tensor whose bytes they reinterpret) get no bytes
+/// either, and each use of a view keeps its root alive.
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {});
+                      const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {},
+                      const std::map<TensorId, TensorId> &views = {});
+
+/// Outputs of ops that only reinterpret their input's bytes (Reshape, Flatten, Squeeze,
+/// Unsqueeze, Identity) mapped to the root tensor they share storage with. Only activations
+/// qualify: roots and views are Stream or ActGrad tensors, views are not in \p pinned, and
+/// neither is an output of an in-place update (\p aliases).
+std::map<TensorId, TensorId> findViews(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                                       const std::map<TensorId, TensorId> &aliases);
 
 /// What the profiler knows of one step, fixed at compile time.
 struct StepInfo {

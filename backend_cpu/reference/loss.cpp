@@ -1,6 +1,7 @@
 // Reference kernels: SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -38,6 +39,10 @@ public:
       : LossShape(op), name_(op.debugName()), type_(op.inInfo(0).dataType()), labelType_(op.inInfo(1).dataType()),
         softmax_(op.type == "SoftmaxCrossEntropyLoss"), hasWeights_(op.hasInput(2)) {
     logProb_.resize(static_cast<size_t>(softmax_ ? c_ : 0));
+    if (softmax_ && d_ == 1 && type_ == DataType::FLOAT) {
+      rowLoss_.resize(static_cast<size_t>(n_));
+      rowWeight_.resize(static_cast<size_t>(n_));
+    }
   }
 
   void run(const KernelArgs &a) override {
@@ -54,7 +59,46 @@ public:
   }
 
 private:
+  /// Weight of \p label at position \p k; throws if it is out of range (and not ignored).
+  template <typename T, typename L> double labelWeight(L label, int64_t k, const T *w) const {
+    auto l = static_cast<int64_t>(label);
+    if (ignore_ && l == *ignore_) return 0.0;
+    if (l < 0 || l >= c_) throw error(name_, ": label ", l, " at position ", k, " is out of range [0, ", c_, ")");
+    return w ? toDouble(w[l]) : 1.0;
+  }
+
+  /// f32 scores [N, C]: rows in parallel with vectorised exp, each row's loss kept apart and
+  /// summed in row order afterwards, so the result does not depend on the thread count.
+  template <typename L> void computeRowsF32(const KernelArgs &a) {
+    const float *x = a.in<float>(0);
+    const L *labels = a.in<L>(1);
+    const float *w = hasWeights_ ? a.in<float>(2) : nullptr;
+    float *loss = a.out<float>(0);
+    float *logProbOut = a.hasOutput(1) ? a.out<float>(1) : nullptr;
+    for (int64_t n = 0; n < n_; ++n)
+      rowWeight_[n] = labelWeight(labels[n], n, w);
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < n_; ++n) {
+      const float *row = x + n * c_;
+      float m = vec::max(row, c_);
+      float lse = m + std::log(vec::expSubSum(row, m, nullptr, c_));
+      if (logProbOut) vec::addScalar(row, -lse, logProbOut + n * c_, c_);
+      double weight = rowWeight_[n];
+      rowLoss_[n] = weight == 0.0 ? 0.0 : -(static_cast<double>(row[static_cast<int64_t>(labels[n])]) - lse) * weight;
+    }
+    double total = 0, weightSum = 0;
+    for (int64_t n = 0; n < n_; ++n) {
+      if (reduction_ == 0) loss[n] = static_cast<float>(rowLoss_[n]);
+      total += rowLoss_[n];
+      weightSum += rowWeight_[n];
+    }
+    if (reduction_ == 1) loss[0] = static_cast<float>(total);
+    if (reduction_ == 2) loss[0] = static_cast<float>(total / weightSum);
+  }
+
   template <typename T, typename L> void compute(const KernelArgs &a) {
+    if constexpr (std::is_same_v<T, float>)
+      if (!rowLoss_.empty()) return computeRowsF32<L>(a);
     const T *x = a.in<T>(0);
     const L *labels = a.in<L>(1);
     const T *w = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -78,14 +122,9 @@ private:
           }
         }
         int64_t label = static_cast<int64_t>(labels[n * d_ + d]);
-        double value = 0, weight = 0;
-        if (!(ignore_ && label == *ignore_)) {
-          if (label < 0 || label >= c_)
-            throw error(name_, ": label ", label, " at position ", n * d_ + d, " is out of range [0, ", c_, ")");
-          double lp = softmax_ ? logProb_[label] : toDouble(px[label * d_]);
-          weight = w ? toDouble(w[label]) : 1.0;
-          value = -lp * weight;
-        }
+        double weight = labelWeight(labels[n * d_ + d], n * d_ + d, w), value = 0;
+        if (!(ignore_ && label == *ignore_))
+          value = -(softmax_ ? logProb_[label] : toDouble(px[label * d_])) * weight;
         if (reduction_ == 0) loss[n * d_ + d] = fromDouble<T>(value);
         total += value;
         weightSum += weight;
@@ -98,6 +137,7 @@ private:
   DataType type_, labelType_;
   bool softmax_, hasWeights_;
   std::vector<double> logProb_;
+  std::vector<double> rowLoss_, rowWeight_;
 };
 
 
@@ -140,6 +180,15 @@ public:
         continue;
       }
       double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
+      if constexpr (std::is_same_v<T, float>) {
+        if (d_ == 1) { // contiguous class row: vectorised
+          float mx = vec::max(xs, c_);
+          float sum = vec::expSubSum(xs, mx, out, c_);
+          vec::scale(out, static_cast<float>(g) / sum, out, c_);
+          out[l] -= static_cast<float>(g);
+          continue;
+        }
+      }
       T mx = xs[0];
       for (int64_t c = 1; c < c_; ++c)
         mx = std::max(mx, xs[c * d_]);

@@ -1,6 +1,7 @@
 // Reference kernels: Reduce family (Reduce*, ArgMax/ArgMin, CumSum, TopK), every numeric dtype.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <algorithm>
@@ -83,6 +84,8 @@ public:
     acc_.resize(static_cast<size_t>(outCount_));
     if (kind_ == ReduceKind::LogSumExp) maxes_.resize(static_cast<size_t>(outCount_));
     index_.resize(shape_.size());
+    if constexpr (std::is_same_v<T, float>)
+      if (!identity_ && (kind_ == ReduceKind::Sum || kind_ == ReduceKind::Mean)) fast_ = splitKeptReducedKept(reduced);
   }
 
   void run(const KernelArgs &args) override {
@@ -93,6 +96,8 @@ public:
       if (outCount_ > 0) std::memcpy(y, x, static_cast<size_t>(outCount_) * sizeof(T));
       return;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (fast_) return sumF32(x, y);
     std::fill(acc_.begin(), acc_.end(), initial());
     if (kind_ == ReduceKind::LogSumExp) {
       std::fill(maxes_.begin(), maxes_.end(), lowest());
@@ -184,6 +189,49 @@ private:
     }
   }
 
+  /// Whether the input is [A kept, R reduced, B kept] once size-1 axes are dropped and neighbours
+  /// of the same kind merged (bias gradients, row sums, means over one axis); sets A, R, B.
+  bool splitKeptReducedKept(const std::vector<bool> &reduced) {
+    std::vector<std::pair<bool, int64_t>> groups; // (reduced, elements)
+    for (size_t d = 0; d < shape_.size(); ++d) {
+      if (shape_[d] == 1) continue;
+      if (!groups.empty() && groups.back().first == reduced[d])
+        groups.back().second *= shape_[d];
+      else
+        groups.emplace_back(reduced[d], shape_[d]);
+    }
+    a_ = r_ = b_ = 1;
+    size_t g = 0;
+    if (g < groups.size() && !groups[g].first) a_ = groups[g++].second;
+    if (g < groups.size() && groups[g].first) r_ = groups[g++].second;
+    if (g < groups.size() && !groups[g].first) b_ = groups[g++].second;
+    return g == groups.size() && inCount_ > 0;
+  }
+
+  /// Sum or mean over R of [A, R, B], in double: each output is summed by one thread in a fixed
+  /// order, B in blocks of kBlock columns so that the accumulators stay in registers/L1.
+  void sumF32(const float *x, float *y) {
+    constexpr int64_t kBlock = 512;
+    const double div = kind_ == ReduceKind::Mean ? static_cast<double>(reducedCount_) : 1.0;
+    if (b_ == 1) {
+#pragma omp parallel for schedule(static) if (a_ > 1 && inCount_ > 32768)
+      for (int64_t a = 0; a < a_; ++a)
+        y[a] = static_cast<float>(vec::sum(x + a * r_, r_) / div);
+      return;
+    }
+    const int64_t blocks = (b_ + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (inCount_ > 32768)
+    for (int64_t t = 0; t < a_ * blocks; ++t) {
+      int64_t a = t / blocks, b0 = (t % blocks) * kBlock, len = std::min(kBlock, b_ - b0);
+      double acc[kBlock] = {};
+      const float *base = x + a * r_ * b_ + b0;
+      for (int64_t r = 0; r < r_; ++r)
+        vec::accumulate(base + r * b_, acc, len);
+      for (int64_t j = 0; j < len; ++j)
+        y[a * b_ + b0 + j] = static_cast<float>(acc[j] / div);
+    }
+  }
+
   /// Calls f(inputOffset, outputOffset) for every input element, in row-major order.
   template <typename F> void walk(F &&f) {
     if (inCount_ == 0) return;
@@ -212,7 +260,8 @@ private:
   }
 
   ReduceKind kind_;
-  bool identity_ = false;
+  bool identity_ = false, fast_ = false;
+  int64_t a_ = 1, r_ = 1, b_ = 1;
   Shape shape_;
   std::vector<int64_t> outStrides_;
   int64_t inCount_ = 0, outCount_ = 0, reducedCount_ = 1;

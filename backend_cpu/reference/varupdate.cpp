@@ -12,6 +12,10 @@ namespace popart::backend_cpu {
 
 namespace {
 
+/// Updates of weights with more elements than this are split across threads; each element is
+/// independent, so the result does not depend on the thread count.
+constexpr int64_t kParallelElements = 1 << 16;
+
 /// Common parts of the update kernels: element count and the buffers of one run.
 class UpdateKernel : public Kernel {
 public:
@@ -42,6 +46,7 @@ public:
     const float *g = a.in<float>(1);
     float *w = a.out<float>(0);
     float *v = state(a, 0);
+#pragma omp parallel for simd schedule(static) if (n_ > kParallelElements)
     for (int64_t i = 0; i < n_; ++i) {
       float d = g[i] * gs + wd * w[i];
       if (v) {
@@ -79,13 +84,13 @@ public:
     float *v = state(a, 1);
     const float l2 = decoupled_ ? 0.0f : wd;
     if (mode_ == "adam") {
-      const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = 1.0f - lr * wd;
+      const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
+#pragma omp parallel for simd schedule(static) if (n_ > kParallelElements)
       for (int64_t i = 0; i < n_; ++i) {
         float gi = g[i] * gs + l2 * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        if (decoupled_) w[i] *= decay;
-        w[i] -= stepSize * m[i] / (std::sqrt(v[i]) / bc2Sqrt + eps);
+        w[i] = w[i] * decay - stepSize * m[i] / (std::sqrt(v[i]) / bc2Sqrt + eps);
       }
     } else if (mode_ == "adamax") {
       const float stepSize = lr / bc1, decay = 1.0f - lr * wd;

@@ -1,0 +1,28 @@
+#pragma once
+// Vectorised f32 loops for the reference kernels' hot paths. Each is built for AVX-512, AVX2
+// and baseline x86-64 and picked at load time (target_clones), so the binary stays portable.
+// They are serial: callers split work across threads and keep each output's order fixed, so
+// results do not depend on the thread count's scheduling.
+
+#include <cstdint>
+
+namespace popart::backend_cpu::vec {
+
+/// y = e^x (y may alias x).
+void exp(const float *x, float *y, int64_t n);
+/// y = erf(x) (y may alias x).
+void erf(const float *x, float *y, int64_t n);
+/// The largest of x[0..n), n > 0 (NaNs are skipped; callers' later sums propagate them).
+float max(const float *x, int64_t n);
+/// Σ e^(x - m); also stores each e^(x - m) in y when y is not null.
+float expSubSum(const float *x, float m, float *y, int64_t n);
+/// y = x * s (y may alias x).
+void scale(const float *x, float s, float *y, int64_t n);
+/// y = x + s.
+void addScalar(const float *x, float s, float *y, int64_t n);
+/// acc += x, in double.
+void accumulate(const float *x, double *acc, int64_t n);
+/// Σ x, in double.
+double sum(const float *x, int64_t n);
+
+} // namespace popart::backend_cpu::vec

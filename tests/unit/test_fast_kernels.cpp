@@ -1,0 +1,244 @@
+// The vectorised f32 paths of the reference kernels (vecloops.cpp: exp, erf, row and column
+// sums, softmax cross-entropy) against libm in double and against the same kernels' generic
+// path run in double, and views (Reshape-like ops sharing their input's bytes) in the plan.
+
+#include "backend_cpu/plan.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <random>
+
+using namespace popart;
+
+namespace {
+
+struct Input {
+  TensorId id;
+  TensorData data;
+};
+
+/// Runs a one-op graph on the execution plan, with reference kernels only (oneDNN would take
+/// some of these f32 cases), stream inputs \p ins and constant inputs \p consts (in that order);
+/// returns the op's outputs.
+std::vector<TensorData> runOp(const std::string &type, int opset, ir::Attributes attrs, const std::vector<Input> &ins,
+                              const std::vector<Input> &consts, size_t outputs = 1) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = opset;
+  std::vector<TensorId> ids;
+  for (const auto &in : ins) {
+    g.addTensor(in.id, ir::TensorKind::Stream, in.data.info());
+    g.addInput(in.id);
+    ids.push_back(in.id);
+  }
+  for (const auto &c : consts) {
+    g.addConst(c.id, c.data);
+    ids.push_back(c.id);
+  }
+  std::vector<TensorId> outs;
+  for (size_t i = 0; i < outputs; ++i)
+    outs.push_back("y" + std::to_string(i));
+  g.addOp(type, "ai.onnx", opset, "", std::move(attrs), ids, outs);
+  for (const auto &o : outs)
+    g.addOutput(o);
+  ir::inferShapes(g, nullptr);
+  backend_cpu::ExecutionPlan plan(g, {backend_cpu::KernelProvider::Reference});
+  for (const auto &in : ins)
+    std::memcpy(plan.address(in.id), in.data.data(), static_cast<size_t>(in.data.byteCount()));
+  plan.run();
+  std::vector<TensorData> result;
+  for (const auto &o : outs)
+    result.emplace_back(plan.info(o), plan.address(o));
+  return result;
+}
+
+TensorData randomTensor(DataType type, const Shape &shape, std::mt19937 &rng, double lo, double hi) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  int64_t n = 1;
+  for (int64_t s : shape)
+    n *= s;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (auto &x : v)
+    x = static_cast<float>(d(rng)); // the same values in both precisions
+  return TensorData::fromDoubles(type, shape, v);
+}
+
+/// max |a − b| / (1 + |b|), elementwise over two tensors of any float type.
+double maxRelDiff(const TensorData &a, const TensorData &b) {
+  EXPECT_EQ(a.info().elementCount(), b.info().elementCount());
+  double worst = 0;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i)
+    worst = std::max(worst, std::fabs(a.valueAsDouble(i) - b.valueAsDouble(i)) / (1 + std::fabs(b.valueAsDouble(i))));
+  return worst;
+}
+
+} // namespace
+
+TEST(VecMath, ExpMatchesLibmWithin3Ulp) {
+  std::vector<float> x, y;
+  for (float v = -87.f; v < 88.5f; v += 0.0013f)
+    x.push_back(v);
+  y.resize(x.size());
+  backend_cpu::vec::exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  double worstUlp = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double ref = std::exp(static_cast<double>(x[i]));
+    double ulp = std::nextafter(static_cast<float>(ref), INFINITY) - static_cast<float>(ref);
+    worstUlp = std::max(worstUlp, std::fabs(y[i] - ref) / ulp);
+  }
+  std::cout << "exp: worst error " << worstUlp << " ulp over " << x.size() << " points\n";
+  EXPECT_LE(worstUlp, 3.0);
+  float special[] = {-INFINITY, INFINITY, NAN, -100.f, 100.f, 0.f};
+  float out[6];
+  backend_cpu::vec::exp(special, out, 6);
+  EXPECT_EQ(out[0], 0.f);
+  EXPECT_EQ(out[1], INFINITY);
+  EXPECT_TRUE(std::isnan(out[2]));
+  EXPECT_EQ(out[3], 0.f);
+  EXPECT_EQ(out[4], INFINITY);
+  EXPECT_EQ(out[5], 1.f);
+}
+
+TEST(VecMath, ErfMatchesLibm) {
+  std::vector<float> x, y;
+  for (float v = -7.f; v < 7.f; v += 0.00071f)
+    x.push_back(v);
+  for (float v : {1e-30f, -1e-20f, 1e-6f, 0.4999f, 0.5f, 0.5001f})
+    x.push_back(v);
+  y.resize(x.size());
+  backend_cpu::vec::erf(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  double worstAbs = 0, worstRel = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double ref = std::erf(static_cast<double>(x[i]));
+    worstAbs = std::max(worstAbs, std::fabs(y[i] - ref));
+    if (ref != 0) worstRel = std::max(worstRel, std::fabs(y[i] - ref) / std::fabs(ref));
+  }
+  std::cout << "erf: worst absolute error " << worstAbs << ", relative " << worstRel << "\n";
+  EXPECT_LE(worstAbs, 4e-7);
+  EXPECT_LE(worstRel, 1e-6); // also near 0, where a single formula for all x would lose digits
+  float special[] = {NAN, INFINITY, -INFINITY, 0.f};
+  float out[4];
+  backend_cpu::vec::erf(special, out, 4);
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_EQ(out[1], 1.f);
+  EXPECT_EQ(out[2], -1.f);
+  EXPECT_EQ(out[3], 0.f);
+}
+
+TEST(FastKernels, FloatReduceSumAndMeanMatchTheDoubleKernel) {
+  // f32 takes the [A, R, B] fast path where it applies; f64 always takes the generic walk.
+  std::mt19937 rng(21);
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> axes;
+  };
+  std::vector<Case> cases{{{2048, 77}, {0}},          {{64, 3000}, {1}},     {{5, 6, 7}, {1}},  {{5, 6, 7}, {0, 1}},
+                          {{5, 6, 7}, {1, 2}},        {{3, 1, 700, 2}, {2}}, {{4, 5, 6}, {}},   {{1, 1, 9}, {0}},
+                          {{6, 1100, 3}, {1}},        {{4, 5, 6}, {0, 2}},   {{2, 3, 4, 5}, {0, 2}}};
+  for (const Case &c : cases)
+    for (const char *type : {"ReduceSum", "ReduceMean"})
+      for (int keep : {0, 1}) {
+        std::vector<double> r32, r64;
+        TensorData x32 = randomTensor(DataType::FLOAT, c.shape, rng, -3, 3);
+        TensorData x64 = TensorData::fromDoubles(DataType::DOUBLE, c.shape, [&] {
+          std::vector<double> v;
+          for (int64_t i = 0; i < x32.info().elementCount(); ++i)
+            v.push_back(x32.valueAsDouble(i));
+          return v;
+        }());
+        bool sum = std::string(type) == "ReduceSum";
+        ir::Attributes attrs;
+        attrs.set("keepdims", int64_t{keep});
+        std::vector<Input> consts;
+        if (sum && !c.axes.empty())
+          consts.push_back({"axes", TensorData::fromInt64({static_cast<int64_t>(c.axes.size())}, c.axes)});
+        if (!sum && !c.axes.empty()) attrs.set("axes", c.axes);
+        auto y32 = runOp(type, 13, attrs, {{"x", x32}}, consts);
+        auto y64 = runOp(type, 13, attrs, {{"x", x64}}, consts);
+        ASSERT_EQ(y32[0].info().shape(), y64[0].info().shape()) << type;
+        EXPECT_LE(maxRelDiff(y32[0], y64[0]), 1e-6) << type << " keepdims " << keep << " over " << c.axes.size()
+                                                    << " axes of shape " << c.shape.size() << "-d";
+      }
+}
+
+TEST(FastKernels, FloatSoftmaxCrossEntropyMatchesTheDoubleKernel) {
+  std::mt19937 rng(22);
+  const int64_t n = 37, classes = 1001;
+  std::uniform_int_distribution<int64_t> label(0, classes - 1);
+  std::vector<int64_t> labels(n);
+  for (auto &l : labels)
+    l = label(rng);
+  labels[3] = 7; // ignored below
+  TensorData x32 = randomTensor(DataType::FLOAT, {n, classes}, rng, -8, 8);
+  TensorData w32 = randomTensor(DataType::FLOAT, {classes}, rng, 0.1, 2);
+  auto toDouble = [](const TensorData &t) {
+    std::vector<double> v;
+    for (int64_t i = 0; i < t.info().elementCount(); ++i)
+      v.push_back(t.valueAsDouble(i));
+    return TensorData::fromDoubles(DataType::DOUBLE, t.info().shape(), v);
+  };
+  TensorData lab = TensorData::fromInt64({n}, labels);
+  for (const char *reduction : {"mean", "sum", "none"})
+    for (bool weighted : {false, true}) {
+      ir::Attributes attrs;
+      attrs.set("reduction", std::string(reduction));
+      attrs.set("ignore_index", int64_t{7});
+      std::vector<Input> in32{{"x", x32}, {"l", lab}}, in64{{"x", toDouble(x32)}, {"l", lab}};
+      if (weighted) {
+        in32.push_back({"w", w32});
+        in64.push_back({"w", toDouble(w32)});
+      }
+      auto y32 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in32, {}, 2);
+      auto y64 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in64, {}, 2);
+      EXPECT_LE(maxRelDiff(y32[0], y64[0]), 2e-6) << reduction << (weighted ? " weighted" : "");
+      EXPECT_LE(maxRelDiff(y32[1], y64[1]), 2e-6) << "log_prob, " << reduction;
+    }
+  // An out-of-range label is still an error naming it, from the parallel path too.
+  labels[5] = classes;
+  ir::Attributes attrs;
+  try {
+    runOp("SoftmaxCrossEntropyLoss", 13, attrs, {{"x", x32}, {"l", TensorData::fromInt64({n}, labels)}}, {});
+    FAIL() << "expected an error";
+  } catch (const std::exception &e) {
+    EXPECT_NE(std::string(e.what()).find("label 1001 at position 5 is out of range"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PlanViews, ReshapeSharesItsInputBytesAndKeepsItAlive) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 6}));
+  g.addInput("x");
+  g.addConst("shape", TensorData::fromInt64({2}, {6, 4}));
+  g.addConst("shape2", TensorData::fromInt64({1}, {24}));
+  // a = relu(x); r = reshape(a); b = relu(x) + 1 would reuse a's bytes if r did not keep them.
+  g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"a"});
+  g.addOp("Reshape", "", 13, "reshape", {}, {"a", "shape"}, {"r"});
+  g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"b"});
+  g.addOp("Reshape", "", 13, "reshape2", {}, {"b", "shape2"}, {"b2"});
+  g.addOp("Reshape", "", 13, "reshape3", {}, {"r", "shape2"}, {"r2"});
+  g.addOp("Add", "", 13, "add", {}, {"r2", "b2"}, {"y"});
+  g.addOp("Reshape", "", 13, "out", {}, {"y", "shape"}, {"z"});
+  g.addOutput("z");
+  ir::inferShapes(g, nullptr);
+  backend_cpu::ExecutionPlan plan(g, {});
+  EXPECT_EQ(plan.address("r"), plan.address("a"));
+  EXPECT_EQ(plan.address("r2"), plan.address("a")); // a view of a view shares the root
+  EXPECT_NE(plan.address("b"), plan.address("a"));  // r2 is still read after b is written
+  EXPECT_NE(plan.address("z"), plan.address("y"));  // graph outputs keep their own bytes
+  auto *x = static_cast<float *>(plan.address("x"));
+  for (int i = 0; i < 24; ++i)
+    x[i] = static_cast<float>(i) - 11.5f;
+  plan.run();
+  const auto *z = static_cast<const float *>(plan.address("z"));
+  for (int i = 0; i < 24; ++i)
+    ASSERT_EQ(z[i], std::max(0.f, x[i]) - x[i]) << i;
+}
