@@ -242,7 +242,8 @@ double estimateFlops(const ir::Op &op) {
   if ((type == "MatMul" || type == "Gemm") && op.inputCount() >= 2 && op.hasOutput(0)) {
     const Shape &a = op.inInfo(0).shape();
     if (a.empty()) return elems(op.outputs[0]);
-    int64_t k = type == "Gemm" && op.attrs.getInt("transA", 0) ? a[0] : a.back();
+    bool ta = type == "Gemm" ? op.attrs.getInt("transA", 0) != 0 : op.attrs.getInt("popart_transA", 0) != 0;
+    int64_t k = ta && a.size() >= 2 ? a[a.size() - 2] : a.back();
     return 2.0 * elems(op.outputs[0]) * static_cast<double>(k);
   }
   // Convolutions and their gradients: 2 · (elements of the larger activation) · (weight

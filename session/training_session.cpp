@@ -262,6 +262,7 @@ void TrainingSession::Impl::compile() {
   if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
   ir::removeDeadCode(*g, keep);
   g->setOutputs(keep);
+  ir::foldTransposesIntoMatMul(*g);
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();

@@ -16,10 +16,26 @@ bool supportsMatMul(const ir::Op &op) {
   return ra >= 1 && rb >= 1 && std::max(ra, rb) <= 12;
 }
 
+/// The f32 descriptor of logical matrix batch \p shape (padded to \p rank); \p transposed: the
+/// buffer holds each matrix with its last two axes swapped, which the strides express.
+memory::desc storedDesc(const Shape &shape, size_t rank, bool transposed) {
+  memory::desc plain = dnnl_util::plainDesc(shape, rank);
+  if (!transposed) return plain;
+  memory::dims dims = plain.dims(), swapped = dims;
+  std::swap(swapped[rank - 1], swapped[rank - 2]);
+  memory::dims strides = dnnl_util::plainStrides(swapped);
+  std::swap(strides[rank - 1], strides[rank - 2]);
+  return memory::desc(dims, memory::data_type::f32, strides);
+}
+
 class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op) {
     Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
+    bool ta = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
+    bool tb = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
+    if (ta) std::swap(a[a.size() - 1], a[a.size() - 2]);
+    if (tb) std::swap(b[b.size() - 1], b[b.size() - 2]);
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     size_t rank = std::max(a.size(), b.size());
@@ -32,7 +48,7 @@ public:
       y[i] = std::max(a[i], b[i]);
     y[rank - 2] = a[rank - 2];
     y[rank - 1] = b[rank - 1];
-    auto mdA = dnnl_util::plainDesc(a, rank), mdB = dnnl_util::plainDesc(b, rank), mdY = dnnl_util::plainDesc(y, rank);
+    auto mdA = storedDesc(a, rank, ta), mdB = storedDesc(b, rank, tb), mdY = dnnl_util::plainDesc(y, rank);
     auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);

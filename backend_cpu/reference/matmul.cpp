@@ -12,6 +12,11 @@ class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()) {
     Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
+    // Stored transposed (popart_transA/B): element (i, p) of A is at p·m + i instead of i·k + p.
+    transA_ = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
+    transB_ = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
+    if (transA_) std::swap(a[a.size() - 1], a[a.size() - 2]);
+    if (transB_) std::swap(b[b.size() - 1], b[b.size() - 2]);
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     m_ = a[a.size() - 2];
@@ -50,7 +55,8 @@ public:
           for (int64_t j = 0; j < n_; ++j) {
             C acc = 0;
             for (int64_t p = 0; p < k_; ++p)
-              acc += static_cast<C>(pa[i * k_ + p]) * static_cast<C>(pb[p * n_ + j]);
+              acc += static_cast<C>(pa[transA_ ? p * m_ + i : i * k_ + p]) *
+                     static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);
             py[i * n_ + j] = static_cast<T>(acc);
           }
       }
@@ -59,6 +65,7 @@ public:
 
 private:
   DataType type_;
+  bool transA_ = false, transB_ = false;
   int64_t m_, k_, n_, batches_;
   std::vector<int64_t> offsetA_, offsetB_;
 };

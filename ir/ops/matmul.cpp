@@ -15,6 +15,10 @@ void setupMatMul(Op &op) {
   if (op.inInfo(0).dataType() != op.inInfo(1).dataType())
     throw error(op.debugName(), ": input types differ (", toString(op.inInfo(0).dataType()), " and ",
                 toString(op.inInfo(1).dataType()), ")");
+  // popart_transA / popart_transB (set by foldTransposesIntoMatMul): the input holds the
+  // matrix with its last two axes swapped.
+  if (op.attrs.getInt("popart_transA", 0) && a.size() >= 2) std::swap(a[a.size() - 1], a[a.size() - 2]);
+  if (op.attrs.getInt("popart_transB", 0) && b.size() >= 2) std::swap(b[b.size() - 1], b[b.size() - 2]);
   bool aVec = a.size() == 1, bVec = b.size() == 1;
   if (aVec) a.insert(a.begin(), 1);
   if (bVec) b.push_back(1);

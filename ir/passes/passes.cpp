@@ -2,6 +2,7 @@
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <set>
 
 namespace popart::ir {
@@ -86,6 +87,83 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
       unused.push_back(id);
   for (const auto &id : unused)
     graph.removeTensor(id);
+}
+
+static bool swapsLastTwoAxes(const Op &transpose) {
+  size_t rank = transpose.inInfo(0).rank();
+  if (rank < 2) return false;
+  std::vector<int64_t> perm = transpose.attrs.getInts("perm", {});
+  if (perm.empty()) return rank == 2; // the default reverses the axes
+  if (perm.size() != rank) return false;
+  for (size_t i = 0; i + 2 < rank; ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return perm[rank - 2] == static_cast<int64_t>(rank - 1) && perm[rank - 1] == static_cast<int64_t>(rank - 2);
+}
+
+static bool isGraphOutput(const Graph &graph, const Tensor &t) {
+  return std::find(graph.outputs().begin(), graph.outputs().end(), t.id()) != graph.outputs().end();
+}
+
+/// A Transpose (last two axes) of a MatMul's only use: (A·B)ᵀ = Bᵀ·Aᵀ, as one MatMul.
+static bool foldTransposedProduct(Graph &graph) {
+  for (Op *t : graph.schedule()) {
+    if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !swapsLastTwoAxes(*t)) continue;
+    Op *m = t->input(0).producer();
+    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2) continue;
+    const Tensor &product = m->output(0);
+    if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+    if (m->inInfo(0).rank() < 2 || m->inInfo(1).rank() < 2) continue;
+    Attributes attrs;
+    if (!m->attrs.getInt("popart_transB", 0)) attrs.set("popart_transA", int64_t{1});
+    if (!m->attrs.getInt("popart_transA", 0)) attrs.set("popart_transB", int64_t{1});
+    TensorId a = m->input(0).id(), b = m->input(1).id(), out = t->output(0).id(), mid = product.id();
+    std::string name = m->name;
+    int version = m->version, phase = m->phase;
+    graph.removeOp(*t);
+    graph.removeOp(*m);
+    graph.removeTensor(mid);
+    Op &fused = graph.addOp("MatMul", "ai.onnx", version, name, std::move(attrs), {b, a}, {out});
+    fused.phase = phase;
+    fused.def->setup(fused);
+    return true;
+  }
+  return false;
+}
+
+int foldTransposesIntoMatMul(Graph &graph) {
+  int folded = 0;
+  while (foldTransposedProduct(graph))
+    ++folded;
+  std::vector<Op *> transposes;
+  for (Op *op : graph.schedule()) {
+    if (op->type != "MatMul" || op->domain != "ai.onnx" || op->inputCount() != 2) continue;
+    for (size_t i = 0; i < 2; ++i) {
+      const char *attr = i == 0 ? "popart_transA" : "popart_transB";
+      Op *producer = op->input(i).producer();
+      if (!producer || producer->type != "Transpose" || producer->domain != "ai.onnx") continue;
+      if (!swapsLastTwoAxes(*producer) || producer->inInfo(0).rank() != op->inInfo(i).rank()) continue;
+      graph.setOpInput(*op, i, &producer->input(0));
+      op->attrs.set(attr, int64_t{op->attrs.getInt(attr, 0) ? 0 : 1}); // a transpose of a transpose cancels
+      op->def->setup(*op); // same output; checks the folded form
+      transposes.push_back(producer);
+      ++folded;
+    }
+  }
+  std::set<Op *> done;
+  for (Op *t : transposes) {
+    if (!done.insert(t).second) continue;
+    bool used = false;
+    for (const Tensor *out : t->outputs)
+      if (out && (!out->consumers().empty() || isGraphOutput(graph, *out))) used = true;
+    if (used) continue;
+    std::vector<TensorId> outs;
+    for (const Tensor *out : t->outputs)
+      if (out) outs.push_back(out->id());
+    graph.removeOp(*t);
+    for (const auto &id : outs)
+      graph.removeTensor(id);
+  }
+  return folded;
 }
 
 } // namespace popart::ir

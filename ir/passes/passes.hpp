@@ -27,4 +27,10 @@ void inferShapes(Graph &graph, const ConstEvaluator *folder);
 /// tensors left with neither producer nor consumer that are not graph inputs or outputs.
 void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep = {});
 
+/// Where a MatMul input comes from a Transpose that swaps only its last two axes, the MatMul
+/// reads the Transpose's input instead, marked popart_transA / popart_transB (the kernels read it
+/// through strides). Transposes left without consumers are removed. Returns how many inputs
+/// were folded. Shapes must be known.
+int foldTransposesIntoMatMul(Graph &graph);
+
 } // namespace popart::ir
