@@ -79,6 +79,7 @@ struct InferenceSession::Impl {
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
     ir::foldTransposesIntoMatMul(*g);
+    ir::fuseConvRelu(*g);
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     if (profiling) plan->enableProfiling();
     graph = std::move(g);

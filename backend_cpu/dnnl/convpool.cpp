@@ -1,5 +1,6 @@
-// oneDNN kernels, f32 and plain layouts: Conv (convolution_forward), ConvTranspose
-// (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward).
+// oneDNN kernels, f32: Conv (convolution_forward, in the layouts oneDNN picks, reordered from
+// and to the plain buffers inside the kernel; optionally with a fused Relu), ConvTranspose
+// (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward), on plain layouts.
 // Each supports() builds the primitive descriptor once and declines if oneDNN refuses it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
@@ -8,6 +9,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <string>
 
 namespace popart::backend_cpu {
 
@@ -55,6 +57,16 @@ memory::desc weightsDesc(const ir::Op &op, bool transposed) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
+/// A reorder between two memories that needs no scratchpad at run time (oneDNN's library mode
+/// would allocate one per execution); throws if it would need one.
+reorder userScratchReorder(const memory &from, const memory &to) {
+  primitive_attr attr;
+  attr.set_scratchpad_mode(scratchpad_mode::user);
+  reorder::primitive_desc pd(from, to, attr);
+  if (pd.scratchpad_desc().get_size() != 0) throw ::popart::error("reorder needs a scratchpad");
+  return reorder(pd);
+}
+
 class ConvKernel : public Kernel {
 public:
   explicit ConvKernel(const ir::Op &op) {
@@ -80,33 +92,76 @@ public:
                                     w.strides, w.dilates, w.padL, w.padR);
       prim_ = deconvolution_forward(deconvolution_forward::primitive_desc(d, eng));
     } else {
-      convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, mdX, mdW, mdB, mdY,
-                                  w.strides, w.dilates, w.padL, w.padR);
-      prim_ = convolution_forward(convolution_forward::primitive_desc(d, eng));
+      // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
+      // to and from the plain buffers around it.
+      auto any = [](const memory::desc &md) { return memory::desc(md.dims(), md.data_type(), memory::format_tag::any); };
+      convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, any(mdX), any(mdW), mdB,
+                                  any(mdY), w.strides, w.dilates, w.padL, w.padR);
+      primitive_attr attr;
+      attr.set_scratchpad_mode(scratchpad_mode::user); // allocated here, not per run
+      if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseConvRelu
+        post_ops po;
+        po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+        attr.set_post_ops(po);
+      }
+      convolution_forward::primitive_desc pd(d, attr, eng);
+      // oneDNN 2.6's brgconv allocates on every execution; take the next implementation.
+      while (std::string(pd.impl_info_str()).rfind("brg", 0) == 0 && pd.next_impl()) {
+      }
+      if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) // no optimised kernel for these layouts
+        pd = convolution_forward::primitive_desc(
+            convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct, mdX, mdW, mdB, mdY,
+                                      w.strides, w.dilates, w.padL, w.padR),
+            attr, eng);
+      prim_ = convolution_forward(pd);
+      scratch_ = memory(pd.scratchpad_desc(), eng);
+      if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
+      if (pd.weights_desc() != mdW) inner_[1] = memory(pd.weights_desc(), eng);
+      if (pd.dst_desc() != mdY) inner_[2] = memory(pd.dst_desc(), eng);
+      constWeights_ = op.input(1).isConst();
     }
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
     y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
     if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
+    if (inner_[0]) toInner_[0] = userScratchReorder(x_, inner_[0]);
+    if (inner_[1]) toInner_[1] = userScratchReorder(w_, inner_[1]);
+    if (inner_[2]) fromInner_ = userScratchReorder(inner_[2], y_);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     w_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    if (hasBias_) {
-      b_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y_}});
-    } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_WEIGHTS, w_}, {DNNL_ARG_DST, y_}});
+    if (inner_[0]) dnnl_util::execute(toInner_[0], reorderArgs_[0], {{DNNL_ARG_FROM, x_}, {DNNL_ARG_TO, inner_[0]}});
+    if (inner_[1] && (!constWeights_ || reorderedWeights_ != args.inputs[1])) {
+      dnnl_util::execute(toInner_[1], reorderArgs_[1], {{DNNL_ARG_FROM, w_}, {DNNL_ARG_TO, inner_[1]}});
+      reorderedWeights_ = args.inputs[1];
     }
+    const memory &x = inner_[0] ? inner_[0] : x_, &wt = inner_[1] ? inner_[1] : w_, &y = inner_[2] ? inner_[2] : y_;
+    if (hasBias_) b_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    if (scratch_ && hasBias_)
+      dnnl_util::execute(prim_, args_,
+                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
+                          {DNNL_ARG_SCRATCHPAD, scratch_}});
+    else if (scratch_)
+      dnnl_util::execute(prim_, args_,
+                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    else if (hasBias_)
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y}});
+    else
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
+    if (inner_[2]) dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, y_}});
   }
 
 private:
-  bool hasBias_ = false;
+  bool hasBias_ = false, constWeights_ = false;
+  const void *reorderedWeights_ = nullptr; ///< constant weights already in inner_[1]
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
-  memory x_, w_, b_, y_;
+  memory x_, w_, b_, y_, scratch_;
+  memory inner_[3];           ///< src, weights, dst in oneDNN's chosen layout (empty: plain)
+  primitive toInner_[2], fromInner_;
+  std::vector<dnnl_exec_arg_t> reorderArgs_[3];
 };
 
 class PoolKernel : public Kernel {

@@ -23,6 +23,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
+  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseConvRelu
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -38,6 +39,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
           for (int64_t ci = 0; ci < ch.cg; ++ci)
             acc += static_cast<C>(xb[ci * g.inSize + inf]) * static_cast<C>(wb[ci * g.kSize + kf]);
         });
+        if (relu && acc < C(0)) acc = C(0); // NaN stays NaN, as ONNX Relu keeps it
         Y[(b * ch.m + mm) * g.outSize + o] = static_cast<T>(acc);
       });
     });

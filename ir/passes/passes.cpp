@@ -166,4 +166,37 @@ int foldTransposesIntoMatMul(Graph &graph) {
   return folded;
 }
 
+int fuseConvRelu(Graph &graph) {
+  int fused = 0;
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (Op *r : graph.schedule()) {
+      if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) continue;
+      Op *c = r->input(0).producer();
+      if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) continue;
+      const Tensor &pre = c->output(0);
+      if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) continue;
+      std::vector<TensorId> ins;
+      for (const Tensor *t : c->inputs)
+        ins.push_back(t ? t->id() : "");
+      Attributes attrs = c->attrs;
+      attrs.set("popart_activation", std::string("Relu"));
+      TensorId out = r->output(0).id(), mid = pre.id();
+      std::string name = c->name;
+      int version = c->version, phase = c->phase;
+      graph.removeOp(*r);
+      graph.removeOp(*c);
+      graph.removeTensor(mid);
+      Op &conv = graph.addOp("Conv", "ai.onnx", version, name, std::move(attrs), ins, {out});
+      conv.phase = phase;
+      conv.def->setup(conv);
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
+}
+
 } // namespace popart::ir

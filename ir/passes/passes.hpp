@@ -33,4 +33,8 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep = {});
 /// were folded. Shapes must be known.
 int foldTransposesIntoMatMul(Graph &graph);
 
+/// A Conv whose result only feeds a Relu computes the Relu itself (popart_activation = "Relu",
+/// a oneDNN post-op) and writes the Relu's output. Returns how many were fused.
+int fuseConvRelu(Graph &graph);
+
 } // namespace popart::ir

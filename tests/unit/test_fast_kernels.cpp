@@ -322,3 +322,48 @@ TEST(FoldTransposes, MatMulReadsTransposedInputsThroughStrides) {
           ASSERT_NEAR(got[i], expected[i], 1e-5) << "batch " << batch << " element " << i;
       }
 }
+
+TEST(FuseConvRelu, FusedConvMatchesConvThenRelu) {
+  // Conv -> Relu (fused) and Conv -> Relu + another reader of the conv (left alone), on the
+  // reference kernels and on oneDNN's (which reorders to its own layouts inside the kernel).
+  for (bool shared : {false, true})
+    for (auto provider : {backend_cpu::KernelProvider::Reference, backend_cpu::KernelProvider::Any}) {
+      auto build = [&](ir::Graph &g) {
+        ir::registerBuiltinOps();
+        g.opsets()["ai.onnx"] = 13;
+        g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 5, 9, 9}));
+        g.addInput("x");
+        std::mt19937 rng(31);
+        g.addConst("w", randomTensor(DataType::FLOAT, {16, 5, 3, 3}, rng, -0.5, 0.5));
+        g.addConst("b", randomTensor(DataType::FLOAT, {16}, rng, -0.5, 0.5));
+        ir::Attributes a;
+        a.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+        g.addOp("Conv", "", 13, "conv", a, {"x", "w", "b"}, {"c"});
+        g.addOp("Relu", "", 13, "relu", {}, {"c"}, {"y"});
+        g.addOutput("y");
+        if (shared) g.addOutput("c");
+        ir::inferShapes(g, nullptr);
+      };
+      ir::Graph plain, fused;
+      build(plain);
+      build(fused);
+      EXPECT_EQ(ir::fuseConvRelu(fused), shared ? 0 : 1);
+      auto run = [&](ir::Graph &g, backend_cpu::KernelProvider p) {
+        backend_cpu::ExecutionPlan plan(g, {p});
+        auto *x = static_cast<float *>(plan.address("x"));
+        for (int i = 0; i < 2 * 5 * 81; ++i)
+          x[i] = std::sin(0.37f * static_cast<float>(i));
+        plan.run();
+        const auto *y = static_cast<const float *>(plan.address("y"));
+        return std::vector<float>(y, y + plan.info("y").elementCount());
+      };
+      std::vector<float> expected = run(plain, backend_cpu::KernelProvider::Reference), got = run(fused, provider);
+      ASSERT_EQ(got.size(), expected.size());
+      int negatives = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], expected[i], 1e-4) << i;
+        negatives += got[i] < 0;
+      }
+      EXPECT_EQ(negatives, 0);
+    }
+}
