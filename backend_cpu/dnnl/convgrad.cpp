@@ -1,4 +1,4 @@
-// oneDNN kernels of the grad ops, f32 and plain layouts: ConvDataGrad
+// oneDNN kernels of the grad ops, f32, on plain buffers: ConvDataGrad
 // (convolution_backward_data), ConvWeightGrad (convolution_backward_weights), AveragePoolGrad
 // and MaxPoolGrad (pooling_v2_backward; MaxPoolGrad first reruns the forward to get oneDNN's
 // workspace). Primitives, their scratchpads (user mode) and workspaces are made at creation;
@@ -8,6 +8,9 @@
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include <popart/error.hpp>
+
+#include <array>
+#include <string>
 
 namespace popart::backend_cpu {
 
@@ -38,24 +41,32 @@ primitive_attr userScratchpad() {
   return a;
 }
 
-/// Runs one backward primitive on three roles (or two): input 0, input 1, output 0.
+/// Runs one backward primitive on three roles (or two): input 0, input 1, output 0. A role
+/// whose primitive layout differs from the plain buffer goes through an owned buffer in that
+/// layout, reordered into before the primitive (inputs) or out of after it (the output).
 class BackwardKernel : public Kernel {
 public:
   void run(const KernelArgs &args) override {
     in0_.set_data_handle(const_cast<void *>(args.inputs[0]));
     if (twoInputs_) in1_.set_data_handle(const_cast<void *>(args.inputs[1]));
     out_.set_data_handle(args.outputs[0]);
+    if (inner0_) dnnl_util::execute(reorder0_, reorderArgs_[0], {{DNNL_ARG_FROM, in0_}, {DNNL_ARG_TO, inner0_}});
+    if (inner1_) dnnl_util::execute(reorder1_, reorderArgs_[1], {{DNNL_ARG_FROM, in1_}, {DNNL_ARG_TO, inner1_}});
+    const memory &a = inner0_ ? inner0_ : in0_, &b = inner1_ ? inner1_ : in1_, &y = innerOut_ ? innerOut_ : out_;
     if (twoInputs_)
-      dnnl_util::execute(prim_, args_,
-                         {{arg0_, in0_}, {arg1_, in1_}, {argOut_, out_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+      dnnl_util::execute(prim_, args_, {{arg0_, a}, {arg1_, b}, {argOut_, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
     else
-      dnnl_util::execute(prim_, args_, {{arg0_, in0_}, {argOut_, out_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+      dnnl_util::execute(prim_, args_, {{arg0_, a}, {argOut_, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    if (innerOut_)
+      dnnl_util::execute(reorderOut_, reorderArgs_[2], {{DNNL_ARG_FROM, innerOut_}, {DNNL_ARG_TO, out_}});
   }
 
 protected:
-  /// Sets the primitive, its scratchpad and the memories; \p arg1 < 0 means one input.
+  /// Sets the primitive, its scratchpad and the memories; \p arg1 < 0 means one input. Each
+  /// role's primitive layout is the matching \p chosen desc (null: the plain desc itself).
   void init(primitive prim, const memory::desc &scratchpad, int arg0, const memory::desc &md0, int arg1,
-            const memory::desc &md1, int argOut, const memory::desc &mdOut) {
+            const memory::desc &md1, int argOut, const memory::desc &mdOut,
+            const std::array<memory::desc, 3> &chosen = {}) {
     auto &eng = dnnl_util::engine();
     prim_ = std::move(prim);
     scratch_ = memory(scratchpad, eng); // owned buffer, allocated now
@@ -64,12 +75,18 @@ protected:
     in0_ = memory(md0, eng, DNNL_MEMORY_NONE);
     if (twoInputs_) in1_ = memory(md1, eng, DNNL_MEMORY_NONE);
     out_ = memory(mdOut, eng, DNNL_MEMORY_NONE);
+    auto differs = [](const memory::desc &c, const memory::desc &plain) { return c && c != plain; };
+    if (differs(chosen[0], md0)) inner0_ = memory(chosen[0], eng), reorder0_ = dnnl_util::userScratchReorder(in0_, inner0_);
+    if (twoInputs_ && differs(chosen[1], md1))
+      inner1_ = memory(chosen[1], eng), reorder1_ = dnnl_util::userScratchReorder(in1_, inner1_);
+    if (differs(chosen[2], mdOut))
+      innerOut_ = memory(chosen[2], eng), reorderOut_ = dnnl_util::userScratchReorder(innerOut_, out_);
   }
 
 private:
-  primitive prim_;
-  std::vector<dnnl_exec_arg_t> args_;
-  memory in0_, in1_, out_, scratch_;
+  primitive prim_, reorder0_, reorder1_, reorderOut_;
+  std::vector<dnnl_exec_arg_t> args_, reorderArgs_[3];
+  memory in0_, in1_, out_, scratch_, inner0_, inner1_, innerOut_;
   int arg0_ = 0, arg1_ = -1, argOut_ = 0;
   bool twoInputs_ = false;
 };
@@ -80,8 +97,9 @@ struct ConvDescs {
   ConvDescs(const ir::Op &op, const Shape &xs, const Shape &dys, const Shape &ws)
       : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))), x(dnnl_util::plainDesc(xs, xs.size())),
         y(dnnl_util::plainDesc(dys, dys.size())), w(weightsDesc(ws, op.attrs.getInt("group", 1))) {}
-  /// The forward convolution both backward primitives take as a hint.
-  convolution_forward::primitive_desc forward() const {
+  /// The forward convolution both backward primitives take as a hint, on \p x, \p w, \p y.
+  convolution_forward::primitive_desc forward(const memory::desc &x, const memory::desc &w,
+                                              const memory::desc &y) const {
     convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, x, w, y, win.strides,
                                 win.dilates, win.padL, win.padR);
     return convolution_forward::primitive_desc(d, dnnl_util::engine());
@@ -92,18 +110,31 @@ struct ConvDescs {
 
 /// ConvDataGrad (\p weights false: convolution_backward_data, dY and W to dX) or ConvWeightGrad
 /// (\p weights true: convolution_backward_weights, dY and X to dW).
+/// oneDNN picks the layouts (its direct kernels want blocked channels; the kernel reorders from
+/// and to the plain buffers), skipping brgconv, which allocates on every execution in 2.6, and
+/// falling back to plain layouts where only the reference implementation would take its choice.
 template <typename Backward, bool weights> class ConvGradKernel : public BackwardKernel {
 public:
   explicit ConvGradKernel(const ir::Op &op) {
     const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
     ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
-    typename Backward::desc bd(algorithm::convolution_direct, d.x, d.w, d.y, d.win.strides, d.win.dilates, d.win.padL,
-                               d.win.padR);
-    typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward());
+    auto any = [](const memory::desc &md) { return memory::desc(md.dims(), md.data_type(), memory::format_tag::any); };
+    auto make = [&](const memory::desc &x, const memory::desc &w, const memory::desc &y) {
+      typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
+                                 d.win.padR);
+      typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward(x, w, y));
+      while (std::string(pd.impl_info_str()).rfind("brg", 0) == 0 && pd.next_impl()) {
+      }
+      return pd;
+    };
+    auto pd = make(any(d.x), any(d.w), any(d.y));
+    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) pd = make(d.x, d.w, d.y);
     if constexpr (weights)
-      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w);
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w,
+           {pd.diff_dst_desc(), pd.src_desc(), pd.diff_weights_desc()});
     else
-      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w, DNNL_ARG_DIFF_SRC, d.x);
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w, DNNL_ARG_DIFF_SRC, d.x,
+           {pd.diff_dst_desc(), pd.weights_desc(), pd.diff_src_desc()});
   }
 };
 

@@ -57,16 +57,6 @@ memory::desc weightsDesc(const ir::Op &op, bool transposed) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
-/// A reorder between two memories that needs no scratchpad at run time (oneDNN's library mode
-/// would allocate one per execution); throws if it would need one.
-reorder userScratchReorder(const memory &from, const memory &to) {
-  primitive_attr attr;
-  attr.set_scratchpad_mode(scratchpad_mode::user);
-  reorder::primitive_desc pd(from, to, attr);
-  if (pd.scratchpad_desc().get_size() != 0) throw ::popart::error("reorder needs a scratchpad");
-  return reorder(pd);
-}
-
 class ConvKernel : public Kernel {
 public:
   explicit ConvKernel(const ir::Op &op) {
@@ -124,9 +114,9 @@ public:
     w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
     y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
     if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
-    if (inner_[0]) toInner_[0] = userScratchReorder(x_, inner_[0]);
-    if (inner_[1]) toInner_[1] = userScratchReorder(w_, inner_[1]);
-    if (inner_[2]) fromInner_ = userScratchReorder(inner_[2], y_);
+    if (inner_[0]) toInner_[0] = dnnl_util::userScratchReorder(x_, inner_[0]);
+    if (inner_[1]) toInner_[1] = dnnl_util::userScratchReorder(w_, inner_[1]);
+    if (inner_[2]) fromInner_ = dnnl_util::userScratchReorder(inner_[2], y_);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));

@@ -1,4 +1,5 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
+#include <popart/error.hpp>
 
 namespace popart::backend_cpu::dnnl_util {
 
@@ -58,5 +59,13 @@ bool inputsFloat(const ir::Op &op) {
 }
 
 bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
+
+dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &to) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::reorder::primitive_desc pd(from, to, attr);
+  if (pd.scratchpad_desc().get_size() != 0) throw ::popart::error("reorder needs a scratchpad");
+  return dnnl::reorder(pd);
+}
 
 } // namespace popart::backend_cpu::dnnl_util

@@ -33,6 +33,10 @@ bool allFloat(const ir::Op &op);
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 
+/// A reorder from \p from to \p to that needs no scratchpad at run time (oneDNN's library
+/// scratchpad mode would allocate one on every execution); throws if it would need one.
+dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &to);
+
 /// A kernel that runs one primitive from input 0 (SRC) to output 0 (DST): eltwise, softmax,
 /// reduction, pooling without indices...
 class SrcDstKernel : public Kernel {
