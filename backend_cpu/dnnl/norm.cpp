@@ -8,6 +8,7 @@
 #include "backend_cpu/dnnl/norm_grad.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace popart::backend_cpu {
 
@@ -17,6 +18,17 @@ using namespace dnnl;
 
 using dnnl_util::allFloat;
 
+/// Whether oneDNN would normalise plain \p x with its generic C++ loops (ncsp_bnorm, bnorm_ref: 2.6
+/// on NCHW); our vectorised reference kernel is several times faster there.
+bool genericBatchNorm(const Shape &x) {
+  if (x.size() < 3) return false; // (N, C): one value per plane, where our loops gain nothing
+  auto md = dnnl_util::plainDesc(x, x.size());
+  batch_normalization_forward::desc d(prop_kind::forward_training, md, 1e-5f,
+                                      normalization_flags::use_scale | normalization_flags::use_shift);
+  std::string impl = batch_normalization_forward::primitive_desc(d, dnnl_util::engine()).impl_info_str();
+  return impl.rfind("ncsp", 0) == 0 || impl.find("ref") != std::string::npos;
+}
+
 bool supportsBatchNorm(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
   int64_t r = op.inInfo(0).rank();
@@ -24,7 +36,7 @@ bool supportsBatchNorm(const ir::Op &op) {
   if (op.attrs.getInt("spatial", 1) == 0) return false;
   for (size_t i = 1; i < op.outputCount(); ++i)
     if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return false;
-  return true;
+  return !genericBatchNorm(op.inInfo(0).shape());
 }
 
 class BatchNormKernel : public Kernel {
@@ -94,7 +106,7 @@ private:
 bool supportsBatchNormGrad(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
   int64_t r = op.inInfo(0).rank();
-  return r >= 2 && r <= 5;
+  return r >= 2 && r <= 5 && !genericBatchNorm(op.inInfo(0).shape());
 }
 
 /// oneDNN's backward pass needs the batch mean and variance: given as inputs 3 and 4, or computed

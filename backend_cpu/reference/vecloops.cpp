@@ -71,4 +71,35 @@ POPART_CLONES double sum(const float *x, int64_t n) {
   return s;
 }
 
+POPART_CLONES double sumSquaredDiff(const float *x, double m, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    double d = static_cast<double>(x[i]) - m;
+    s += d * d;
+  }
+  return s;
+}
+
+POPART_CLONES double sumProductDiff(const float *dy, const float *x, double m, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i)
+    s += static_cast<double>(dy[i]) * (static_cast<double>(x[i]) - m);
+  return s;
+}
+
+POPART_CLONES void centerScaleShift(const float *x, float m, float a, float b, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = (x[i] - m) * a + b;
+}
+
+POPART_CLONES void batchNormBackward(const float *x, const float *dy, float m, float r, float g, float meanDy,
+                                     float meanDyXhat, float *dx, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    dx[i] = g * (dy[i] - meanDy - (x[i] - m) * r * meanDyXhat);
+}
+
 } // namespace popart::backend_cpu::vec

@@ -24,5 +24,14 @@ void addScalar(const float *x, float s, float *y, int64_t n);
 void accumulate(const float *x, double *acc, int64_t n);
 /// Σ x, in double.
 double sum(const float *x, int64_t n);
+/// Σ (x − m)², in double.
+double sumSquaredDiff(const float *x, double m, int64_t n);
+/// Σ dy·(x − m), in double.
+double sumProductDiff(const float *dy, const float *x, double m, int64_t n);
+/// y = (x − m)·a + b (y may alias x).
+void centerScaleShift(const float *x, float m, float a, float b, float *y, int64_t n);
+/// Batch-norm input gradient: dx = g·(dy − meanDy − (x − m)·r·meanDyXhat).
+void batchNormBackward(const float *x, const float *dy, float m, float r, float g, float meanDy, float meanDyXhat,
+                       float *dx, int64_t n);
 
 } // namespace popart::backend_cpu::vec

@@ -28,7 +28,8 @@ struct Input {
 /// some of these f32 cases), stream inputs \p ins and constant inputs \p consts (in that order);
 /// returns the op's outputs.
 std::vector<TensorData> runOp(const std::string &type, int opset, ir::Attributes attrs, const std::vector<Input> &ins,
-                              const std::vector<Input> &consts, size_t outputs = 1) {
+                              const std::vector<Input> &consts, size_t outputs = 1,
+                              const std::string &domain = "ai.onnx") {
   ir::registerBuiltinOps();
   ir::Graph g;
   g.opsets()["ai.onnx"] = opset;
@@ -45,7 +46,7 @@ std::vector<TensorData> runOp(const std::string &type, int opset, ir::Attributes
   std::vector<TensorId> outs;
   for (size_t i = 0; i < outputs; ++i)
     outs.push_back("y" + std::to_string(i));
-  g.addOp(type, "ai.onnx", opset, "", std::move(attrs), ids, outs);
+  g.addOp(type, domain, opset, "", std::move(attrs), ids, outs);
   for (const auto &o : outs)
     g.addOutput(o);
   ir::inferShapes(g, nullptr);
@@ -366,4 +367,49 @@ TEST(FuseConvRelu, FusedConvMatchesConvThenRelu) {
       }
       EXPECT_EQ(negatives, 0);
     }
+}
+
+TEST(FastKernels, FloatBatchNormMatchesTheDoubleKernel) {
+  // NCHW-like f32 inputs take the vectorised kernel (oneDNN declines them); f64 the generic loop.
+  std::mt19937 rng(41);
+  auto toDouble = [](const TensorData &t) {
+    std::vector<double> v;
+    for (int64_t i = 0; i < t.info().elementCount(); ++i)
+      v.push_back(t.valueAsDouble(i));
+    return TensorData::fromDoubles(DataType::DOUBLE, t.info().shape(), v);
+  };
+  for (const Shape &x : std::vector<Shape>{{2, 4, 7}, {3, 2, 4, 5}, {2, 3, 4, 2, 3}, {4, 16, 9, 9}}) {
+    Shape c{x[1]};
+    TensorData X = randomTensor(DataType::FLOAT, x, rng, -2, 3), scale = randomTensor(DataType::FLOAT, c, rng, 0.5, 2),
+               bias = randomTensor(DataType::FLOAT, c, rng, -1, 1), mean = randomTensor(DataType::FLOAT, c, rng, -1, 1),
+               var = randomTensor(DataType::FLOAT, c, rng, 0.5, 2), dY = randomTensor(DataType::FLOAT, x, rng, -1, 1);
+    for (int training : {0, 1}) {
+      ir::Attributes a;
+      a.set("epsilon", 1e-3f);
+      a.set("training_mode", int64_t{training});
+      size_t outs = training ? 3 : 1;
+      auto f = runOp("BatchNormalization", 15, a,
+                     {{"x", X}, {"s", scale}, {"b", bias}, {"m", mean}, {"v", var}}, {}, outs);
+      auto d = runOp("BatchNormalization", 15, a,
+                     {{"x", toDouble(X)}, {"s", toDouble(scale)}, {"b", toDouble(bias)}, {"m", toDouble(mean)},
+                      {"v", toDouble(var)}},
+                     {}, outs);
+      for (size_t i = 0; i < outs; ++i)
+        EXPECT_LE(maxRelDiff(f[i], d[i]), 2e-6) << "output " << i << (training ? " training" : " inference");
+    }
+    for (bool given : {false, true}) {
+      ir::Attributes a;
+      a.set("epsilon", 1e-3f);
+      std::vector<Input> in{{"x", X}, {"s", scale}, {"dy", dY}}, in64{{"x", toDouble(X)}, {"s", toDouble(scale)},
+                                                                        {"dy", toDouble(dY)}};
+      if (given) {
+        in.insert(in.end(), {{"m", mean}, {"v", var}});
+        in64.insert(in64.end(), {{"m", toDouble(mean)}, {"v", toDouble(var)}});
+      }
+      auto f = runOp("BatchNormalizationGrad", 1, a, in, {}, 3, "ai.graphcore");
+      auto d = runOp("BatchNormalizationGrad", 1, a, in64, {}, 3, "ai.graphcore");
+      for (size_t i = 0; i < 3; ++i)
+        EXPECT_LE(maxRelDiff(f[i], d[i]), 1e-5) << "grad output " << i << (given ? " given statistics" : "");
+    }
+  }
 }
