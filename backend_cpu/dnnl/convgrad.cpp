@@ -118,17 +118,15 @@ public:
   explicit ConvGradKernel(const ir::Op &op) {
     const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
     ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
-    auto any = [](const memory::desc &md) { return memory::desc(md.dims(), md.data_type(), memory::format_tag::any); };
     auto make = [&](const memory::desc &x, const memory::desc &w, const memory::desc &y) {
       typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
                                  d.win.padR);
       typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward(x, w, y));
-      while (std::string(pd.impl_info_str()).rfind("brg", 0) == 0 && pd.next_impl()) {
-      }
+      dnnl_util::skipBrgconv(pd);
       return pd;
     };
-    auto pd = make(any(d.x), any(d.w), any(d.y));
-    if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) pd = make(d.x, d.w, d.y);
+    auto pd = make(dnnl_util::anyLayout(d.x), dnnl_util::anyLayout(d.w), dnnl_util::anyLayout(d.y));
+    if (dnnl_util::implIs(pd, "ref")) pd = make(d.x, d.w, d.y);
     if constexpr (weights)
       init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w,
            {pd.diff_dst_desc(), pd.src_desc(), pd.diff_weights_desc()});

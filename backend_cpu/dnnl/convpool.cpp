@@ -77,32 +77,31 @@ public:
     hasBias_ = op.hasInput(2);
     memory::desc mdB = hasBias_ ? memory::desc({y[1]}, memory::data_type::f32, memory::dims{1}) : memory::desc();
     auto &eng = dnnl_util::engine();
+    primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user); // allocated here, not per run
     if (transposed) {
       deconvolution_forward::desc d(prop_kind::forward_inference, algorithm::deconvolution_direct, mdX, mdW, mdB, mdY,
                                     w.strides, w.dilates, w.padL, w.padR);
-      prim_ = deconvolution_forward(deconvolution_forward::primitive_desc(d, eng));
+      deconvolution_forward::primitive_desc pd(d, attr, eng);
+      prim_ = deconvolution_forward(pd);
+      scratch_ = memory(pd.scratchpad_desc(), eng);
     } else {
       // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
       // to and from the plain buffers around it.
-      auto any = [](const memory::desc &md) { return memory::desc(md.dims(), md.data_type(), memory::format_tag::any); };
-      convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, any(mdX), any(mdW), mdB,
-                                  any(mdY), w.strides, w.dilates, w.padL, w.padR);
-      primitive_attr attr;
-      attr.set_scratchpad_mode(scratchpad_mode::user); // allocated here, not per run
       if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseConvRelu
         post_ops po;
         po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
         attr.set_post_ops(po);
       }
-      convolution_forward::primitive_desc pd(d, attr, eng);
-      // oneDNN 2.6's brgconv allocates on every execution; take the next implementation.
-      while (std::string(pd.impl_info_str()).rfind("brg", 0) == 0 && pd.next_impl()) {
-      }
-      if (std::string(pd.impl_info_str()).rfind("ref", 0) == 0) // no optimised kernel for these layouts
-        pd = convolution_forward::primitive_desc(
-            convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct, mdX, mdW, mdB, mdY,
-                                      w.strides, w.dilates, w.padL, w.padR),
-            attr, eng);
+      auto make = [&](const memory::desc &x, const memory::desc &wt, const memory::desc &y) {
+        convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, x, wt, mdB, y,
+                                    w.strides, w.dilates, w.padL, w.padR);
+        convolution_forward::primitive_desc pd(d, attr, eng);
+        dnnl_util::skipBrgconv(pd);
+        return pd;
+      };
+      auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
+      if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
       prim_ = convolution_forward(pd);
       scratch_ = memory(pd.scratchpad_desc(), eng);
       if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
@@ -128,18 +127,15 @@ public:
       reorderedWeights_ = args.inputs[1];
     }
     const memory &x = inner_[0] ? inner_[0] : x_, &wt = inner_[1] ? inner_[1] : w_, &y = inner_[2] ? inner_[2] : y_;
-    if (hasBias_) b_.set_data_handle(const_cast<void *>(args.inputs[2]));
-    if (scratch_ && hasBias_)
+    if (hasBias_) {
+      b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
                          {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
                           {DNNL_ARG_SCRATCHPAD, scratch_}});
-    else if (scratch_)
+    } else {
       dnnl_util::execute(prim_, args_,
                          {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
-    else if (hasBias_)
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y}});
-    else
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
+    }
     if (inner_[2]) dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, y_}});
   }
 

@@ -60,6 +60,10 @@ bool inputsFloat(const ir::Op &op) {
 
 bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
 
+dnnl::memory::desc anyLayout(const dnnl::memory::desc &md) {
+  return dnnl::memory::desc(md.dims(), md.data_type(), dnnl::memory::format_tag::any);
+}
+
 dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &to) {
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);

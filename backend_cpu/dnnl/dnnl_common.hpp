@@ -7,6 +7,7 @@
 #include <popart/tensorinfo.hpp>
 
 #include <initializer_list>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,20 @@ bool allFloat(const ir::Op &op);
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+
+/// \p md with its layout left to the primitive (format_tag::any).
+dnnl::memory::desc anyLayout(const dnnl::memory::desc &md);
+
+/// Whether \p pd's implementation name starts with \p prefix ("ref", "brg"...).
+template <typename PD> bool implIs(const PD &pd, const char *prefix) {
+  return std::string(pd.impl_info_str()).rfind(prefix, 0) == 0;
+}
+
+/// Steps \p pd past oneDNN 2.6's brgconv implementations, which allocate on every execution.
+template <typename PD> void skipBrgconv(PD &pd) {
+  while (implIs(pd, "brg") && pd.next_impl()) {
+  }
+}
 
 /// A reorder from \p from to \p to that needs no scratchpad at run time (oneDNN's library
 /// scratchpad mode would allocate one on every execution); throws if it would need one.

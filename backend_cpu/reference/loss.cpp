@@ -39,7 +39,8 @@ public:
       : LossShape(op), name_(op.debugName()), type_(op.inInfo(0).dataType()), labelType_(op.inInfo(1).dataType()),
         softmax_(op.type == "SoftmaxCrossEntropyLoss"), hasWeights_(op.hasInput(2)) {
     logProb_.resize(static_cast<size_t>(softmax_ ? c_ : 0));
-    if (softmax_ && d_ == 1 && type_ == DataType::FLOAT) {
+    rowsF32_ = softmax_ && d_ == 1 && type_ == DataType::FLOAT;
+    if (rowsF32_) {
       rowLoss_.resize(static_cast<size_t>(n_));
       rowWeight_.resize(static_cast<size_t>(n_));
     }
@@ -83,8 +84,8 @@ private:
       float m = vec::max(row, c_);
       float lse = m + std::log(vec::expSubSum(row, m, nullptr, c_));
       if (logProbOut) vec::addScalar(row, -lse, logProbOut + n * c_, c_);
-      double weight = rowWeight_[n];
-      rowLoss_[n] = weight == 0.0 ? 0.0 : -(static_cast<double>(row[static_cast<int64_t>(labels[n])]) - lse) * weight;
+      auto label = static_cast<int64_t>(labels[n]); // in range unless ignored (checked above)
+      rowLoss_[n] = ignore_ && label == *ignore_ ? 0.0 : -(static_cast<double>(row[label]) - lse) * rowWeight_[n];
     }
     double total = 0, weightSum = 0;
     for (int64_t n = 0; n < n_; ++n) {
@@ -98,7 +99,7 @@ private:
 
   template <typename T, typename L> void compute(const KernelArgs &a) {
     if constexpr (std::is_same_v<T, float>)
-      if (!rowLoss_.empty()) return computeRowsF32<L>(a);
+      if (rowsF32_) return computeRowsF32<L>(a);
     const T *x = a.in<T>(0);
     const L *labels = a.in<L>(1);
     const T *w = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -135,7 +136,7 @@ private:
 
   std::string name_;
   DataType type_, labelType_;
-  bool softmax_, hasWeights_;
+  bool softmax_, hasWeights_, rowsF32_ = false;
   std::vector<double> logProb_;
   std::vector<double> rowLoss_, rowWeight_;
 };

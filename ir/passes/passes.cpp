@@ -104,6 +104,21 @@ static bool isGraphOutput(const Graph &graph, const Tensor &t) {
   return std::find(graph.outputs().begin(), graph.outputs().end(), t.id()) != graph.outputs().end();
 }
 
+/// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
+/// \p producer's type, version, name and phase that reads \p inputs and writes \p consumer's output 0.
+static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const std::vector<TensorId> &inputs) {
+  TensorId out = consumer.output(0).id(), mid = producer.output(0).id();
+  std::string type = producer.type, name = producer.name;
+  int version = producer.version, phase = producer.phase;
+  graph.removeOp(consumer);
+  graph.removeOp(producer);
+  graph.removeTensor(mid);
+  Op &op = graph.addOp(type, "ai.onnx", version, name, std::move(attrs), inputs, {out});
+  op.phase = phase;
+  op.def->setup(op);
+  return op;
+}
+
 /// A Transpose (last two axes) of a MatMul's only use: (A·B)ᵀ = Bᵀ·Aᵀ, as one MatMul.
 static bool foldTransposedProduct(Graph &graph) {
   for (Op *t : graph.schedule()) {
@@ -116,15 +131,7 @@ static bool foldTransposedProduct(Graph &graph) {
     Attributes attrs;
     if (!m->attrs.getInt("popart_transB", 0)) attrs.set("popart_transA", int64_t{1});
     if (!m->attrs.getInt("popart_transA", 0)) attrs.set("popart_transB", int64_t{1});
-    TensorId a = m->input(0).id(), b = m->input(1).id(), out = t->output(0).id(), mid = product.id();
-    std::string name = m->name;
-    int version = m->version, phase = m->phase;
-    graph.removeOp(*t);
-    graph.removeOp(*m);
-    graph.removeTensor(mid);
-    Op &fused = graph.addOp("MatMul", "ai.onnx", version, name, std::move(attrs), {b, a}, {out});
-    fused.phase = phase;
-    fused.def->setup(fused);
+    replacePair(graph, *m, *t, std::move(attrs), {m->input(1).id(), m->input(0).id()});
     return true;
   }
   return false;
@@ -182,15 +189,7 @@ int fuseConvRelu(Graph &graph) {
         ins.push_back(t ? t->id() : "");
       Attributes attrs = c->attrs;
       attrs.set("popart_activation", std::string("Relu"));
-      TensorId out = r->output(0).id(), mid = pre.id();
-      std::string name = c->name;
-      int version = c->version, phase = c->phase;
-      graph.removeOp(*r);
-      graph.removeOp(*c);
-      graph.removeTensor(mid);
-      Op &conv = graph.addOp("Conv", "ai.onnx", version, name, std::move(attrs), ins, {out});
-      conv.phase = phase;
-      conv.def->setup(conv);
+      replacePair(graph, *c, *r, std::move(attrs), ins);
       ++fused;
       changed = true;
       break;
