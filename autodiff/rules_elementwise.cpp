@@ -228,6 +228,11 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
   };
   for (const char *act : {"Relu", "Elu", "Tanh", "Sigmoid", "Exp", "Sqrt", "LeakyRelu", "Abs", "Clip"})
     rules[act] = orActivationGrad(act, rules.at(act));
+  // ai.graphcore Gelu is floating point only (setupFloatUnary), so ActivationGrad always applies.
+  rules["Gelu"] = [](GradContext &c) {
+    if (!activationGrad(c, "Gelu"))
+      throw error(c.op().debugName(), ": no gradient form for Gelu of ", toString(c.op().inInfo(0).dataType()));
+  };
   r.insert(rules.begin(), rules.end());
 }
 

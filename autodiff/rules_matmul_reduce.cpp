@@ -44,6 +44,17 @@ void matMulRule(GradContext &c) {
     bShape = {bShape[0], 1};
   }
   if (yShape != c.op().outInfo(0).shape()) dy = c.add("Reshape", {dy, shapeConst(c, yShape)});
+  if (aShape.size() > 2 && bShape.size() == 2 && !bVector) {
+    // A batch of rows times one matrix (a Linear layer): the batch folds into the rows, so both
+    // gradients are single matrix products and dB needs no product per batch element summed after.
+    int64_t k = aShape.back(), n = bShape.back(), rows = shapeElementCount(aShape) / std::max<int64_t>(k, 1);
+    TensorId a2 = c.add("Reshape", {a, shapeConst(c, {rows, k})});
+    TensorId dy2 = c.add("Reshape", {dy, shapeConst(c, {rows, n})});
+    TensorId dA = c.add("MatMul", {dy2, transposeLast2(c, b, 2)});
+    c.setInGrad(0, c.add("Reshape", {dA, shapeConst(c, aShape)}));
+    c.setInGrad(1, c.add("MatMul", {transposeLast2(c, a2, 2), dy2}));
+    return;
+  }
   c.setInGrad(0, c.add("MatMul", {dy, transposeLast2(c, b, bShape.size())}));
   TensorId dB = c.add("MatMul", {transposeLast2(c, a, aShape.size()), dy});
   if (bVector) { // [..., K, 1]: drop the unit column before summing over the batch dims

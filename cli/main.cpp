@@ -39,6 +39,7 @@ struct Options {
   double atol = 1e-7;
   unsigned seed = 0;
   std::string kernels = "any";
+  bool noFusion = false;
   std::string profile;
 };
 
@@ -186,6 +187,7 @@ int run(const Options &opt) {
   so.numThreads = opt.threads;
   so.batchSize = opt.batch;
   so.kernels = opt.kernels;
+  so.fuseOps = !opt.noFusion;
   auto probe = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, std::vector<TensorId>{}), so);
   auto session = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, probe->getOutputIds()), so);
   if (!opt.dataDir.empty()) {
@@ -331,6 +333,8 @@ int main(int argc, char **argv) {
   app.add_option("--seed", opt.seed, "seed for random inputs");
   app.add_option("--kernels", opt.kernels, "any | reference | dnnl")
       ->check(CLI::IsMember({"any", "reference", "dnnl"}));
+  app.add_flag("--no-fusion", opt.noFusion,
+               "run the graph op by op: no LayerNorm/GELU/Conv+Relu fusion, no Transposes folded into MatMul");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;
@@ -366,6 +370,7 @@ int main(int argc, char **argv) {
       train.threads = opt.threads;
       train.batch = opt.batch;
       train.kernels = opt.kernels;
+      train.fuseOps = !opt.noFusion;
       train.profile = opt.profile;
       return cli::runTraining(opt.model, train);
     }

@@ -216,6 +216,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.numThreads = o.threads;
   so.batchSize = o.batch;
   so.kernels = o.kernels;
+  so.fuseOps = o.fuseOps;
   if (o.accumulate > 1) {
     so.enableGradientAccumulation = true;
     so.accumulationFactor = o.accumulate;

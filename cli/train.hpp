@@ -34,6 +34,7 @@ struct TrainOptions {
   int threads = 0;
   int64_t batch = 0;
   std::string kernels = "any";
+  bool fuseOps = true;
   std::string profile; ///< Chrome trace path ("" = no profiling)
 };
 

@@ -78,8 +78,12 @@ struct InferenceSession::Impl {
       }
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
-    ir::foldTransposesIntoMatMul(*g);
-    ir::fuseConvRelu(*g);
+    if (options.fuseOps) {
+      ir::fuseLayerNorm(*g, false);
+      ir::fuseGelu(*g);
+      ir::foldTransposesIntoMatMul(*g);
+      ir::fuseConvRelu(*g);
+    }
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     if (profiling) plan->enableProfiling();
     graph = std::move(g);

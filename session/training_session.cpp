@@ -144,6 +144,12 @@ void TrainingSession::Impl::compile() {
   freezeNonTrainable(*g);
   backend_cpu::ReferenceEvaluator evaluator;
   ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  if (options.fuseOps) { // before autodiff, so that the fused ops' gradient rules apply
+    std::vector<TensorId> keep = dataFlow.anchors();
+    if (!lossId.empty()) keep.push_back(lossId);
+    ir::fuseLayerNorm(*g, true, keep);
+    ir::fuseGelu(*g, keep);
+  }
 
   // The loss.
   if (lossId.empty()) {
@@ -262,7 +268,7 @@ void TrainingSession::Impl::compile() {
   if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
   ir::removeDeadCode(*g, keep);
   g->setOutputs(keep);
-  ir::foldTransposesIntoMatMul(*g);
+  if (options.fuseOps) ir::foldTransposesIntoMatMul(*g);
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();

@@ -138,6 +138,8 @@ bool eltwiseGradSpec(const ir::Op &op, EltwiseGradSpec &spec) {
     spec = {algorithm::eltwise_relu, alpha, 0.f, false};
   else if (act == "Abs")
     spec = {algorithm::eltwise_abs, 0.f, 0.f, false};
+  else if (act == "Gelu")
+    spec = {algorithm::eltwise_gelu_erf, 0.f, 0.f, false};
   else if (act == "Clip") {
     // oneDNN passes dY where alpha < x <= beta; the op where lo <= x <= hi. For float x,
     // lo <= x is x > the float below lo; without a lower bound (lo = −inf) no alpha gives x = −inf

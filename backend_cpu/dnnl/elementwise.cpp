@@ -23,7 +23,7 @@ bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
       {"Relu", algorithm::eltwise_relu},          {"Tanh", algorithm::eltwise_tanh},
       {"Sigmoid", algorithm::eltwise_logistic},   {"Exp", algorithm::eltwise_exp},
       {"Sqrt", algorithm::eltwise_sqrt},          {"Abs", algorithm::eltwise_abs},
-      {"HardSwish", algorithm::eltwise_hardswish}};
+      {"HardSwish", algorithm::eltwise_hardswish}, {"Gelu", algorithm::eltwise_gelu_erf}};
   if (auto it = simple.find(op.type); it != simple.end()) {
     spec = {it->second, 0.f, 0.f};
     return true;
@@ -179,6 +179,7 @@ void registerDnnlElementwiseKernels(KernelRegistry &r) {
   for (const char *t :
        {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu", "Softplus", "Neg"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, createEltwise});
+  r.add({"ai.graphcore", "Gelu", KernelProvider::Dnnl, supportsEltwise, createEltwise});
   for (const char *t : {"Add", "Sub", "Mul", "Div"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBinaryKernel, makeKernel<BinaryKernel>});
 }

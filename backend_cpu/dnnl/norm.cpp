@@ -8,6 +8,7 @@
 #include "backend_cpu/dnnl/norm_grad.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 namespace popart::backend_cpu {
@@ -162,9 +163,10 @@ std::pair<int64_t, int64_t> layerNormSplit(const ir::Op &op) {
 
 bool supportsLayerNorm(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
-  if (op.hasOutput(1) || op.hasOutput(2)) return false; // oneDNN gives variance, not 1/stddev
   auto [outer, inner] = layerNormSplit(op);
-  (void)outer;
+  for (size_t i : {1, 2}) // Mean and InvStdDev: one float per normalised row
+    if (op.hasOutput(i) && (op.outInfo(i).elementCount() != outer || op.outInfo(i).dataType() != DataType::FLOAT))
+      return false;
   // oneDNN's scale and shift span the whole normalised extent: no broadcasting.
   if (op.inInfo(1).elementCount() != inner) return false;
   if (op.hasInput(2) && op.inInfo(2).elementCount() != inner) return false;
@@ -178,34 +180,64 @@ public:
     memory::desc mdX({outer, inner}, memory::data_type::f32, memory::dims{inner, 1});
     memory::desc mdC({inner}, memory::data_type::f32, memory::dims{1});
     hasShift_ = op.hasInput(2);
+    statistics_ = op.hasOutput(1) || op.hasOutput(2);
+    eps_ = op.attrs.getFloat("epsilon", 1e-5f);
     auto flags = normalization_flags::use_scale;
     if (hasShift_) flags = flags | normalization_flags::use_shift;
     auto &eng = dnnl_util::engine();
-    layer_normalization_forward::desc d(prop_kind::forward_inference, mdX, op.attrs.getFloat("epsilon", 1e-5f), flags);
+    auto kind = statistics_ ? prop_kind::forward_training : prop_kind::forward_inference;
+    layer_normalization_forward::desc d(kind, mdX, eps_, flags);
     prim_ = layer_normalization_forward(layer_normalization_forward::primitive_desc(d, eng));
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     y_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     scale_ = memory(mdC, eng, DNNL_MEMORY_NONE);
     if (hasShift_) shift_ = memory(mdC, eng, DNNL_MEMORY_NONE);
+    if (statistics_) {
+      // oneDNN writes the mean and the variance; the op's output 2 is 1/√(variance + ε), so the
+      // variance goes to a buffer of the kernel's own (and the mean too when output 1 is absent).
+      rows_ = outer;
+      memory::desc mdS({outer}, memory::data_type::f32, memory::dims{1});
+      ownStats_.assign(static_cast<size_t>(2 * outer), 0.f);
+      mean_ = memory(mdS, eng, ownStats_.data());
+      var_ = memory(mdS, eng, ownStats_.data() + outer);
+    }
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     scale_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    if (hasShift_) {
-      shift_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    // Without a shift, DNNL_ARG_SHIFT gets the scale's memory, which the primitive ignores.
+    if (hasShift_) shift_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    const memory &shift = hasShift_ ? shift_ : scale_;
+    if (!statistics_) {
       dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift_}, {DNNL_ARG_DST, y_}});
-    } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_DST, y_}});
+                         {{DNNL_ARG_SRC, x_}, {DNNL_ARG_SCALE, scale_}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DST, y_}});
+      return;
+    }
+    mean_.set_data_handle(args.hasOutput(1) ? args.outputs[1] : ownStats_.data());
+    dnnl_util::execute(prim_, args_,
+                       {{DNNL_ARG_SRC, x_},
+                        {DNNL_ARG_SCALE, scale_},
+                        {DNNL_ARG_SHIFT, shift},
+                        {DNNL_ARG_DST, y_},
+                        {DNNL_ARG_MEAN, mean_},
+                        {DNNL_ARG_VARIANCE, var_}});
+    if (args.hasOutput(2)) {
+      const float *var = ownStats_.data() + rows_;
+      auto *inv = static_cast<float *>(args.outputs[2]);
+      for (int64_t r = 0; r < rows_; ++r)
+        inv[r] = 1.f / std::sqrt(var[r] + eps_);
     }
   }
 
 private:
-  bool hasShift_ = false;
+  bool hasShift_ = false, statistics_ = false;
+  float eps_ = 1e-5f;
+  int64_t rows_ = 0;
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
-  memory x_, y_, scale_, shift_;
+  memory x_, y_, scale_, shift_, mean_, var_;
+  std::vector<float> ownStats_;
 };
 
 } // namespace

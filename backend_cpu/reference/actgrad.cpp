@@ -106,14 +106,14 @@ std::unique_ptr<Kernel> createLayerNormGrad(const ir::Op &op) {
   });
 }
 
-enum class Act { Relu, Elu, Tanh, Sigmoid, Exp, Sqrt, LeakyRelu, Abs, Clip };
+enum class Act { Relu, Elu, Tanh, Sigmoid, Exp, Sqrt, LeakyRelu, Abs, Clip, Gelu };
 
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
   const std::string act = op.attrs.getString("activation");
   static const std::pair<const char *, Act> names[] = {
       {"Relu", Act::Relu},           {"Elu", Act::Elu}, {"Tanh", Act::Tanh},
       {"Sigmoid", Act::Sigmoid},     {"Exp", Act::Exp}, {"Sqrt", Act::Sqrt},
-      {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs}, {"Clip", Act::Clip}};
+      {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs}, {"Clip", Act::Clip}, {"Gelu", Act::Gelu}};
   Act kind = Act::Relu;
   bool found = false;
   for (const auto &[name, k] : names)
@@ -143,6 +143,9 @@ std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
         case Act::LeakyRelu: r = v > 0 ? g : g * alpha; break;
         case Act::Abs: r = v > 0 ? g : v < 0 ? -g : 0.0; break;
         case Act::Clip: r = v >= alpha && v <= beta ? g : 0.0; break;
+        case Act::Gelu: // Φ(v) + v·φ(v)
+          r = g * (0.5 * (1 + std::erf(v * M_SQRT1_2)) + v * std::exp(-0.5 * v * v) * (0.5 * M_2_SQRTPI * M_SQRT1_2));
+          break;
         }
         dx[i] = fromDouble<T>(r);
       }

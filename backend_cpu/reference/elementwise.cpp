@@ -39,6 +39,7 @@ enum class Code {
   Equal,
   Erf,
   Exp,
+  Gelu,
   Floor,
   Greater,
   GreaterOrEqual,
@@ -95,6 +96,7 @@ Code codeOf(const std::string &name) {
       {"Elu", Code::Elu},
       {"Equal", Code::Equal},
       {"Erf", Code::Erf},
+      {"Gelu", Code::Gelu},
       {"Exp", Code::Exp},
       {"Floor", Code::Floor},
       {"Greater", Code::Greater},
@@ -167,6 +169,7 @@ template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
     if (type == Code::Tanh) return std::tanh(x);
     if (type == Code::Sigmoid) return x >= 0 ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
     if (type == Code::Erf) return std::erf(x);
+    if (type == Code::Gelu) return C(0.5) * x * (C(1) + std::erf(x * C(M_SQRT1_2)));
     if (type == Code::Sin) return std::sin(x);
     if (type == Code::Cos) return std::cos(x);
     if (type == Code::Tan) return std::tan(x);
@@ -557,6 +560,7 @@ void registerReferenceElementwiseKernels(KernelRegistry &r) {
                         "HardSwish",  "ThresholdedRelu",
                         "Celu",       "Shrink"})
     add(t, createUnary, supportsUnary);
+  r.add({"ai.graphcore", "Gelu", KernelProvider::Reference, supportsUnary, createUnary});
   for (const char *t : {"Add", "Sub", "Mul", "Div", "Max", "Min", "Sum", "Mean", "Mod"})
     add(t, createBinary, notString);
   add("Pow", createPow, notString);

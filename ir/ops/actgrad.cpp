@@ -76,7 +76,8 @@ void setupLayerNormGrad(Op &op) {
 bool activationGradForm(const std::string &act, bool &takesOutput) {
   static const std::map<std::string, bool> m{{"Relu", true},       {"Elu", true},  {"Tanh", true},
                                              {"Sigmoid", true},    {"Exp", true},  {"Sqrt", true},
-                                             {"LeakyRelu", false}, {"Abs", false}, {"Clip", false}};
+                                             {"LeakyRelu", false}, {"Abs", false}, {"Clip", false},
+                                             {"Gelu", false}};
   auto it = m.find(act);
   if (it == m.end()) return false;
   takesOutput = it->second;
@@ -95,6 +96,7 @@ namespace {
 ///   LeakyRelu(X):      dY where X > 0, else alpha·dY
 ///   Abs(X):            dY·sign(X)
 ///   Clip(X):           dY where alpha ≤ X ≤ beta, else 0 (bounds ±inf when absent)
+///   Gelu(X):           dY·(Φ(X) + X·φ(X)), Φ and φ the standard normal CDF and density
 /// Input 0 is the forward output Y where the derivative is a function of it, so the forward input
 /// need not be kept; else the forward input X.
 void setupActivationGrad(Op &op) {

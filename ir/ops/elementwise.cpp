@@ -119,6 +119,11 @@ void registerElementwiseOps(OpRegistry &r) {
     r.add(makeDef(t, 1, 1000,
                   std::string(t) == "Relu" || std::string(t) == "Abs" || std::string(t) == "Shrink" ? setupUnary
                                                                                                     : setupFloatUnary));
+  // PopART's ai.graphcore Gelu, exact form 0.5·x·(1 + erf(x/√2)); fuseGelu forms it from ONNX's
+  // decomposition.
+  OpDef gelu = makeDef("Gelu", 1, 1000, setupFloatUnary);
+  gelu.domain = "ai.graphcore";
+  r.add(gelu);
   r.add(makeDef("Not", 1, 1000, setupNot));
   r.add(makeDef("IsNaN", 9, 1000, setupIsNanInf));
   r.add(makeDef("IsInf", 10, 1000, setupIsNanInf));

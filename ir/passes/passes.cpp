@@ -3,6 +3,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace popart::ir {
@@ -146,29 +147,41 @@ int foldTransposesIntoMatMul(Graph &graph) {
     if (op->type != "MatMul" || op->domain != "ai.onnx" || op->inputCount() != 2) continue;
     for (size_t i = 0; i < 2; ++i) {
       const char *attr = i == 0 ? "popart_transA" : "popart_transB";
-      Op *producer = op->input(i).producer();
-      if (!producer || producer->type != "Transpose" || producer->domain != "ai.onnx") continue;
-      if (!swapsLastTwoAxes(*producer) || producer->inInfo(0).rank() != op->inInfo(i).rank()) continue;
-      graph.setOpInput(*op, i, &producer->input(0));
-      op->attrs.set(attr, int64_t{op->attrs.getInt(attr, 0) ? 0 : 1}); // a transpose of a transpose cancels
-      op->def->setup(*op); // same output; checks the folded form
-      transposes.push_back(producer);
-      ++folded;
+      // Repeatedly: the input of a folded Transpose may be another one (the gradient's Wᵀᵀ).
+      for (Op *producer = op->input(i).producer();
+           producer && producer->type == "Transpose" && producer->domain == "ai.onnx" && swapsLastTwoAxes(*producer) &&
+           producer->inInfo(0).rank() == op->inInfo(i).rank();
+           producer = op->input(i).producer()) {
+        graph.setOpInput(*op, i, &producer->input(0));
+        op->attrs.set(attr, int64_t{op->attrs.getInt(attr, 0) ? 0 : 1}); // a transpose of a transpose cancels
+        op->def->setup(*op); // same output; checks the folded form
+        transposes.push_back(producer);
+        ++folded;
+      }
     }
   }
-  std::set<Op *> done;
-  for (Op *t : transposes) {
-    if (!done.insert(t).second) continue;
-    bool used = false;
-    for (const Tensor *out : t->outputs)
-      if (out && (!out->consumers().empty() || isGraphOutput(graph, *out))) used = true;
-    if (used) continue;
-    std::vector<TensorId> outs;
-    for (const Tensor *out : t->outputs)
-      if (out) outs.push_back(out->id());
-    graph.removeOp(*t);
-    for (const auto &id : outs)
-      graph.removeTensor(id);
+  // Folded Transposes left unread go; removing an outer one can leave its inner one unread.
+  std::set<Op *> pending(transposes.begin(), transposes.end());
+  for (bool removed = true; removed;) {
+    removed = false;
+    for (auto it = pending.begin(); it != pending.end();) {
+      Op *t = *it;
+      bool used = false;
+      for (const Tensor *out : t->outputs)
+        if (out && (!out->consumers().empty() || isGraphOutput(graph, *out))) used = true;
+      if (used) {
+        ++it;
+        continue;
+      }
+      std::vector<TensorId> outs;
+      for (const Tensor *out : t->outputs)
+        if (out) outs.push_back(out->id());
+      graph.removeOp(*t);
+      for (const auto &id : outs)
+        graph.removeTensor(id);
+      it = pending.erase(it);
+      removed = true;
+    }
   }
   return folded;
 }
@@ -196,6 +209,207 @@ int fuseConvRelu(Graph &graph) {
     }
   }
   return fused;
+}
+
+} // namespace popart::ir
+
+namespace popart::ir {
+
+namespace {
+
+bool isOnnxOp(const Op *op, const char *type) { return op && op->type == type && op->domain == "ai.onnx"; }
+
+/// A graph and the tensors a rewrite must keep: its outputs and \p keep.
+struct Kept {
+  const Graph &graph;
+  const std::vector<TensorId> &keep;
+  bool has(const Tensor &t) const {
+    return isGraphOutput(graph, t) || std::find(keep.begin(), keep.end(), t.id()) != keep.end();
+  }
+};
+
+/// The one op that reads \p t, if \p t has exactly one reader and need not be kept.
+Op *onlyReader(const Kept &kept, const Tensor &t) {
+  if (t.consumers().size() != 1 || kept.has(t)) return nullptr;
+  return t.consumers()[0];
+}
+
+/// The value of a constant with one element.
+bool constScalar(const Tensor *t, double &value) {
+  if (!t || !t->isConst() || t->info().elementCount() != 1) return false;
+  value = t->data()->toDoubleVector()[0];
+  return true;
+}
+
+/// The input of the two-input \p op that is not \p known, or null if \p known is not one of them.
+Tensor *otherInput(const Op &op, const Tensor &known) {
+  if (op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return nullptr;
+  if (&op.input(0) == &known) return &op.input(1);
+  if (&op.input(1) == &known) return &op.input(0);
+  return nullptr;
+}
+
+/// True if the two-input \p op reads \p known and a constant scalar within \p tol of \p value.
+bool withScalar(const Op *op, const Tensor &known, double value, double tol) {
+  double v = 0;
+  return op && constScalar(otherInput(*op, known), v) && std::fabs(v - value) <= tol;
+}
+
+/// Replaces \p ops, whose outputs other than \p outputs are read only among them, by one op that
+/// reads \p inputs and writes \p outputs (existing tensors or new ids). The new op takes the name
+/// and phase of ops[0].
+Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, const std::string &type, const std::string &domain,
+               int version, Attributes attrs, const std::vector<TensorId> &inputs,
+               const std::vector<TensorId> &outputs) {
+  std::string name = ops[0]->name;
+  int phase = ops[0]->phase;
+  std::vector<TensorId> inner;
+  std::set<Tensor *> constants;
+  for (Op *op : ops) {
+    for (const Tensor *t : op->outputs)
+      if (t && std::find(outputs.begin(), outputs.end(), t->id()) == outputs.end()) inner.push_back(t->id());
+    for (Tensor *t : op->inputs)
+      if (t && t->isConst() && !t->producer()) constants.insert(t);
+  }
+  for (Op *op : ops)
+    graph.removeOp(*op);
+  for (const auto &id : inner)
+    graph.removeTensor(id);
+  for (Tensor *t : constants) // the pattern's own constants (axes, epsilon), unless read elsewhere
+    if (t->consumers().empty() && !isGraphOutput(graph, *t) &&
+        std::find(inputs.begin(), inputs.end(), t->id()) == inputs.end() &&
+        std::find(graph.initializers().begin(), graph.initializers().end(), t->id()) == graph.initializers().end())
+      graph.removeTensor(t->id());
+  Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
+  op.phase = phase;
+  op.def->setup(op);
+  return op;
+}
+
+/// The first axis of a ReduceMean over the trailing axes of its input with keepdims, or -1.
+int64_t trailingMeanAxis(const Op &mean) {
+  // Canonical Reduce* form: the axes are constant input 1.
+  if (mean.inputCount() != 2 || !mean.hasInput(1) || !mean.input(1).isConst()) return -1;
+  if (mean.attrs.getInt("keepdims", 1) != 1 || mean.input(1).info().dataType() != DataType::INT64) return -1;
+  int64_t rank = mean.inInfo(0).rank();
+  std::vector<int64_t> axes = mean.input(1).data()->toInt64Vector();
+  if (axes.empty()) return -1;
+  for (auto &a : axes)
+    a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  for (size_t i = 0; i < axes.size(); ++i)
+    if (axes[i] != rank - static_cast<int64_t>(axes.size()) + static_cast<int64_t>(i)) return -1;
+  return axes.front();
+}
+
+/// An affine factor of a LayerNorm: the other input of \p op (Mul or Add reading \p t), if it is
+/// not computed from \p t, has at most the normalised rank and leaves \p t's shape unchanged.
+Tensor *affineInput(const Op *op, const Tensor &t, int64_t normRank) {
+  if (!op) return nullptr;
+  Tensor *p = otherInput(*op, t);
+  if (!p || p == &t || p->info().dataType() != t.info().dataType() || p->info().rank() > normRank) return nullptr;
+  if (op->outInfo(0).shape() != t.info().shape()) return nullptr;
+  return p;
+}
+
+/// One LayerNorm decomposition starting at ReduceMean \p m1, fused; false if \p m1 starts none.
+bool fuseLayerNormAt(Graph &graph, const Kept &kept, Op &m1, bool statistics) {
+  int64_t axis = trailingMeanAxis(m1);
+  if (axis < 0 || m1.inInfo(0).dataType() != DataType::FLOAT) return false;
+  Tensor &x = m1.input(0);
+  int64_t rank = x.info().rank();
+  Op *sub = onlyReader(kept, m1.output(0));
+  if (!isOnnxOp(sub, "Sub") || sub->inputCount() != 2 || &sub->input(0) != &x || &sub->input(1) != &m1.output(0))
+    return false;
+  Tensor &d = sub->output(0);
+  if (d.consumers().size() != 2 || kept.has(d)) return false;
+  Op *pow = nullptr, *div = nullptr;
+  for (Op *c : d.consumers()) {
+    if (isOnnxOp(c, "Pow") && &c->input(0) == &d) pow = c;
+    if (isOnnxOp(c, "Div") && c->inputCount() == 2 && &c->input(0) == &d) div = c;
+  }
+  double v = 0;
+  if (!pow || !div || pow->inputCount() != 2 || !constScalar(&pow->input(1), v) || v != 2) return false;
+  Op *m2 = onlyReader(kept, pow->output(0));
+  if (!isOnnxOp(m2, "ReduceMean") || trailingMeanAxis(*m2) != axis) return false;
+  Op *addEps = onlyReader(kept, m2->output(0));
+  double eps = 0;
+  if (!isOnnxOp(addEps, "Add") || !constScalar(otherInput(*addEps, m2->output(0)), eps) || eps < 0) return false;
+  Op *sqrt = onlyReader(kept, addEps->output(0));
+  if (!isOnnxOp(sqrt, "Sqrt") || onlyReader(kept, sqrt->output(0)) != div || &div->input(1) != &sqrt->output(0))
+    return false;
+  std::vector<Op *> ops{&m1, sub, pow, m2, addEps, sqrt, div};
+  Op *mul = onlyReader(kept, div->output(0));
+  Tensor *scale = isOnnxOp(mul, "Mul") ? affineInput(mul, div->output(0), rank - axis) : nullptr;
+  if (!scale) return false; // LayerNormalization needs a scale
+  ops.push_back(mul);
+  Op *add = onlyReader(kept, mul->output(0));
+  Tensor *bias = isOnnxOp(add, "Add") ? affineInput(add, mul->output(0), rank - axis) : nullptr;
+  if (bias) ops.push_back(add);
+  TensorId y = ops.back()->output(0).id();
+  std::vector<TensorId> outs{y};
+  if (statistics) {
+    outs.push_back(graph.uniqueId(y + "_mean"));
+    outs.push_back(graph.uniqueId(y + "_inv_std_dev"));
+  }
+  Attributes attrs;
+  attrs.set("axis", axis);
+  attrs.set("epsilon", static_cast<float>(eps));
+  std::vector<TensorId> ins{x.id(), scale->id()};
+  if (bias) ins.push_back(bias->id());
+  replaceOps(graph, ops, "LayerNormalization", "ai.onnx", 17, std::move(attrs), ins, outs);
+  return true;
+}
+
+/// One GELU decomposition 0.5·(x·(1 + erf(x/√2))) around Erf \p erf, fused; false if none.
+bool fuseGeluAt(Graph &graph, const Kept &kept, Op &erf) {
+  if (!erf.hasInput(0) || erf.inInfo(0).dataType() != DataType::FLOAT) return false;
+  Op *scaled = erf.input(0).producer();
+  if (!scaled || onlyReader(kept, erf.input(0)) != &erf || scaled->inputCount() != 2) return false;
+  Tensor *x = nullptr;
+  double c = 0;
+  if (isOnnxOp(scaled, "Div") && constScalar(&scaled->input(1), c) && std::fabs(c - M_SQRT2) <= 1e-6)
+    x = &scaled->input(0);
+  for (size_t i = 0; i < 2 && isOnnxOp(scaled, "Mul") && !x; ++i)
+    if (constScalar(&scaled->input(1 - i), c) && std::fabs(c - M_SQRT1_2) <= 1e-6) x = &scaled->input(i);
+  if (!x || x->info() != erf.inInfo(0)) return false;
+  Op *plusOne = onlyReader(kept, erf.output(0));
+  if (!isOnnxOp(plusOne, "Add") || !withScalar(plusOne, erf.output(0), 1.0, 0)) return false;
+  Op *times = onlyReader(kept, plusOne->output(0));
+  if (!isOnnxOp(times, "Mul") || otherInput(*times, plusOne->output(0)) != x) return false;
+  Op *half = onlyReader(kept, times->output(0));
+  if (!isOnnxOp(half, "Mul") || !withScalar(half, times->output(0), 0.5, 0)) return false;
+  if (half->outInfo(0) != x->info()) return false;
+  replaceOps(graph, {scaled, &erf, plusOne, times, half}, "Gelu", "ai.graphcore", 1, {}, {x->id()},
+             {half->output(0).id()});
+  return true;
+}
+
+/// Applies \p fuseAt to ops of \p type until none fuses; returns how many did.
+template <typename F> int fuseAll(Graph &graph, const char *type, F fuseAt) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *op : graph.schedule())
+      if (isOnnxOp(op, type) && fuseAt(*op)) {
+        ++fused;
+        changed = true;
+        break;
+      }
+  }
+  return fused;
+}
+
+} // namespace
+
+int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &keep) {
+  Kept kept{graph, keep};
+  return fuseAll(graph, "ReduceMean", [&](Op &op) { return fuseLayerNormAt(graph, kept, op, statistics); });
+}
+
+int fuseGelu(Graph &graph, const std::vector<TensorId> &keep) {
+  Kept kept{graph, keep};
+  return fuseAll(graph, "Erf", [&](Op &op) { return fuseGeluAt(graph, kept, op); });
 }
 
 } // namespace popart::ir

@@ -37,4 +37,17 @@ int foldTransposesIntoMatMul(Graph &graph);
 /// a oneDNN post-op) and writes the Relu's output. Returns how many were fused.
 int fuseConvRelu(Graph &graph);
 
+/// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
+///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
+/// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose
+/// intermediates are then neither stored nor differentiated op by op. With \p statistics it also
+/// writes Mean and InvStdDev, which its gradient reads. Intermediates that are graph outputs or
+/// in \p keep stop a fusion. Returns how many were fused.
+int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &keep = {});
+
+/// Replaces the float32 exact-GELU decomposition 0.5 · (x · (1 + Erf(x / √2))) (or x · (1/√2)
+/// inside the Erf) by one ai.graphcore Gelu. Intermediates that are graph outputs or in \p keep
+/// stop a fusion. Returns how many were fused.
+int fuseGelu(Graph &graph, const std::vector<TensorId> &keep = {});
+
 } // namespace popart::ir

@@ -1,0 +1,344 @@
+// The compile-time fusions of exported decompositions: fuseLayerNorm (the pre-opset-17 LayerNorm
+// written as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add) and fuseGelu (exact GELU as
+// Div/Erf/Add/Mul/Mul). The fused graphs must compute what the decompositions compute, forward
+// and backward, on the reference kernels and on oneDNN's; patterns that differ in any part, or
+// whose intermediates are needed elsewhere, must be left alone. The ai.graphcore Gelu op and its
+// ActivationGrad form are checked against finite differences and oneDNN against the reference.
+
+#include "gradcheck.hpp"
+#include "kernel_compare.hpp"
+
+#include "autodiff/autodiff.hpp"
+#include "backend_cpu/kernel.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+using namespace popart;
+using backend_cpu::KernelProvider;
+
+namespace {
+
+TensorData randomFloats(const Shape &shape, std::mt19937 &rng, float lo = -2, float hi = 2) {
+  TensorData t(TensorInfo(DataType::FLOAT, shape));
+  std::uniform_real_distribution<float> d(lo, hi);
+  for (int64_t i = 0; i < t.info().elementCount(); ++i)
+    t.as<float>()[i] = d(rng);
+  return t;
+}
+
+TensorData scalarF(float v) { return TensorData::fromDoubles(DataType::FLOAT, {}, {v}); }
+
+int countType(const ir::Graph &g, const std::string &type) {
+  int n = 0;
+  for (const auto &op : g.ops())
+    n += op->type == type;
+  return n;
+}
+
+/// Which part of the LayerNorm decomposition a test changes, so that it must not fuse.
+enum class LnVariant { Exact, NoBias, TwoAxes, SharedDiff, StreamEpsilon, MiddleAxis, PowThree, NoScale };
+
+/// x [3, 5, 8] → the exporters' LayerNorm decomposition over the last axis (or two) → y.
+struct LayerNormGraph {
+  ir::Graph g;
+  explicit LayerNormGraph(LnVariant v, unsigned seed = 5) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    std::mt19937 rng(seed);
+    Shape xs{3, 5, 8};
+    Shape norm = v == LnVariant::TwoAxes ? Shape{5, 8} : Shape{8};
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+    g.addInput("x");
+    g.addConst("two", scalarF(v == LnVariant::PowThree ? 3.f : 2.f));
+    if (v == LnVariant::StreamEpsilon) {
+      g.addTensor("eps", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {}));
+      g.addInput("eps");
+    } else {
+      g.addConst("eps", scalarF(1e-5f));
+    }
+    g.addConst("gamma", randomFloats(norm, rng, 0.5f, 1.5f));
+    g.addConst("beta", randomFloats(norm, rng));
+    ir::Attributes mean;
+    mean.set("axes", v == LnVariant::TwoAxes      ? std::vector<int64_t>{-2, -1}
+                     : v == LnVariant::MiddleAxis ? std::vector<int64_t>{1}
+                                                  : std::vector<int64_t>{-1});
+    g.addOp("ReduceMean", "", 13, "m1", mean, {"x"}, {"mu"});
+    g.addOp("Sub", "", 13, "sub", {}, {"x", "mu"}, {"d"});
+    g.addOp("Pow", "", 13, "pow", {}, {"d", "two"}, {"d2"});
+    g.addOp("ReduceMean", "", 13, "m2", mean, {"d2"}, {"var"});
+    g.addOp("Add", "", 13, "add_eps", {}, {"var", "eps"}, {"ve"});
+    g.addOp("Sqrt", "", 13, "sqrt", {}, {"ve"}, {"sd"});
+    g.addOp("Div", "", 13, "div", {}, {"d", "sd"}, {"n"});
+    if (v == LnVariant::NoScale) {
+      g.addOp("Add", "", 13, "shift", {}, {"n", "beta"}, {"y"});
+    } else if (v == LnVariant::NoBias) {
+      g.addOp("Mul", "", 13, "scale", {}, {"gamma", "n"}, {"y"}); // scale first: either order
+    } else {
+      g.addOp("Mul", "", 13, "scale", {}, {"n", "gamma"}, {"s"});
+      g.addOp("Add", "", 13, "shift", {}, {"s", "beta"}, {"y"});
+    }
+    g.addOutput("y");
+    if (v == LnVariant::SharedDiff) g.addOutput("d");
+    ir::inferShapes(g, nullptr);
+  }
+};
+
+/// Runs \p g with \p p on x (and eps = 1e-5 if it is a stream); returns output \p out.
+std::vector<float> runGraph(const ir::Graph &g, KernelProvider p, const TensorData &x, const TensorId &out = "y") {
+  backend_cpu::ExecutionPlan plan(g, {p});
+  std::memcpy(plan.address("x"), x.data(), static_cast<size_t>(x.byteCount()));
+  if (g.findTensor("eps") && g.tensor("eps").kind() == ir::TensorKind::Stream)
+    *static_cast<float *>(plan.address("eps")) = 1e-5f;
+  plan.run();
+  const auto *y = static_cast<const float *>(plan.address(out));
+  return std::vector<float>(y, y + plan.info(out).elementCount());
+}
+
+void expectNear(const std::vector<float> &got, const std::vector<float> &want, float tol, const std::string &what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << what << " element " << i;
+}
+
+} // namespace
+
+TEST(FuseLayerNorm, FusedMatchesTheDecomposition) {
+  std::mt19937 rng(11);
+  TensorData x = randomFloats({3, 5, 8}, rng, -3, 3);
+  for (LnVariant v : {LnVariant::Exact, LnVariant::NoBias, LnVariant::TwoAxes})
+    for (bool statistics : {false, true}) {
+      LayerNormGraph plain(v), fused(v);
+      ASSERT_EQ(ir::fuseLayerNorm(fused.g, statistics), 1);
+      EXPECT_EQ(fused.g.ops().size(), 1u);
+      ASSERT_EQ(countType(fused.g, "LayerNormalization"), 1);
+      const ir::Op &ln = *fused.g.ops()[0];
+      EXPECT_EQ(ln.attrs.getInt("axis"), v == LnVariant::TwoAxes ? 1 : 2);
+      EXPECT_FLOAT_EQ(ln.attrs.getFloat("epsilon"), 1e-5f);
+      EXPECT_EQ(ln.hasInput(2), v != LnVariant::NoBias);
+      EXPECT_EQ(ln.hasOutput(1) && ln.hasOutput(2), statistics);
+      std::vector<float> want = runGraph(plain.g, KernelProvider::Reference, x);
+      for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+        expectNear(runGraph(fused.g, p, x), want, 2e-5f, "variant " + std::to_string(int(v)));
+    }
+}
+
+TEST(FuseLayerNorm, LeavesOtherPatternsAlone) {
+  for (LnVariant v : {LnVariant::SharedDiff, LnVariant::StreamEpsilon, LnVariant::MiddleAxis, LnVariant::PowThree,
+                      LnVariant::NoScale}) {
+    LayerNormGraph g(v);
+    size_t ops = g.g.ops().size();
+    EXPECT_EQ(ir::fuseLayerNorm(g.g, true), 0) << "variant " << int(v);
+    EXPECT_EQ(g.g.ops().size(), ops) << "variant " << int(v);
+  }
+  // A tensor the caller keeps (an anchor) stops it as well.
+  LayerNormGraph kept(LnVariant::Exact);
+  EXPECT_EQ(ir::fuseLayerNorm(kept.g, true, {"var"}), 0);
+}
+
+namespace {
+
+enum class GeluVariant { DivSqrt2, MulInvSqrt2, WrongConstant, SharedErf };
+
+/// x [4, 33] → 0.5 · (x · (1 + Erf(x / √2))) in the form torch 1.13 exports, or a variant.
+struct GeluGraph {
+  ir::Graph g;
+  explicit GeluGraph(GeluVariant v) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 33}));
+    g.addInput("x");
+    g.addConst("one", scalarF(1.f));
+    g.addConst("half", scalarF(0.5f));
+    if (v == GeluVariant::MulInvSqrt2) {
+      g.addConst("c", scalarF(static_cast<float>(M_SQRT1_2)));
+      g.addOp("Mul", "", 13, "scale", {}, {"c", "x"}, {"a"});
+    } else {
+      g.addConst("c", scalarF(v == GeluVariant::WrongConstant ? 1.5f : static_cast<float>(M_SQRT2)));
+      g.addOp("Div", "", 13, "scale", {}, {"x", "c"}, {"a"});
+    }
+    g.addOp("Erf", "", 13, "erf", {}, {"a"}, {"e"});
+    g.addOp("Add", "", 13, "plus_one", {}, {"one", "e"}, {"p"});
+    g.addOp("Mul", "", 13, "times_x", {}, {"x", "p"}, {"t"});
+    g.addOp("Mul", "", 13, "halve", {}, {"t", "half"}, {"y"});
+    g.addOutput("y");
+    if (v == GeluVariant::SharedErf) g.addOutput("e");
+    ir::inferShapes(g, nullptr);
+  }
+};
+
+} // namespace
+
+TEST(FuseGelu, FusedMatchesTheDecomposition) {
+  std::mt19937 rng(12);
+  TensorData x = randomFloats({4, 33}, rng, -5, 5);
+  for (GeluVariant v : {GeluVariant::DivSqrt2, GeluVariant::MulInvSqrt2}) {
+    GeluGraph plain(v), fused(v);
+    ASSERT_EQ(ir::fuseGelu(fused.g), 1);
+    ASSERT_EQ(fused.g.ops().size(), 1u);
+    EXPECT_EQ(fused.g.ops()[0]->type, "Gelu");
+    EXPECT_EQ(fused.g.ops()[0]->domain, "ai.graphcore");
+    std::vector<float> want = runGraph(plain.g, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused.g, p, x), want, 1e-5f, "variant " + std::to_string(int(v)));
+  }
+  for (GeluVariant v : {GeluVariant::WrongConstant, GeluVariant::SharedErf}) {
+    GeluGraph g(v);
+    EXPECT_EQ(ir::fuseGelu(g.g), 0) << "variant " << int(v);
+  }
+}
+
+namespace {
+
+/// A small encoder block: y = LayerNorm(x + Gelu(x·W)) in the exported decompositions, loss
+/// Σ y·w with uneven w. Returns the gradients of x and W (float), fused or not.
+std::vector<std::vector<float>> blockGradients(bool fuse, KernelProvider p, const TensorData &x, const TensorData &w) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  for (const char *id : {"x", "W"}) {
+    g.addTensor(id, ir::TensorKind::Stream, (std::string(id) == "x" ? x : w).info());
+    g.addInput(id);
+  }
+  std::mt19937 rng(9);
+  Shape norm{x.info().shape().back()};
+  g.addConst("gamma", randomFloats(norm, rng, 0.5f, 1.5f));
+  g.addConst("beta", randomFloats(norm, rng));
+  const std::pair<const char *, float> scalars[] = {
+      {"two", 2.f}, {"eps", 1e-5f}, {"one", 1.f}, {"half", 0.5f}, {"c", float(M_SQRT2)}};
+  for (auto [id, v] : scalars)
+    g.addConst(id, scalarF(v));
+  ir::Attributes last;
+  last.set("axes", std::vector<int64_t>{-1});
+  auto op = [&](const char *type, std::vector<TensorId> ins, const TensorId &out, ir::Attributes a = {}) {
+    g.addOp(type, "", 13, "", std::move(a), std::move(ins), {out});
+  };
+  op("MatMul", {"x", "W"}, "h");
+  op("Div", {"h", "c"}, "ga");
+  op("Erf", {"ga"}, "ge");
+  op("Add", {"ge", "one"}, "gp");
+  op("Mul", {"h", "gp"}, "gt");
+  op("Mul", {"gt", "half"}, "gelu");
+  op("Add", {"x", "gelu"}, "r");
+  op("ReduceMean", {"r"}, "mu", last);
+  op("Sub", {"r", "mu"}, "d");
+  op("Pow", {"d", "two"}, "d2");
+  op("ReduceMean", {"d2"}, "var", last);
+  op("Add", {"var", "eps"}, "ve");
+  op("Sqrt", {"ve"}, "sd");
+  op("Div", {"d", "sd"}, "n");
+  op("Mul", {"n", "gamma"}, "s");
+  op("Add", {"s", "beta"}, "y");
+  ir::inferShapes(g, nullptr);
+  const TensorInfo &yi = g.tensor("y").info();
+  g.addConst("lw", TensorData::fromDoubles(DataType::FLOAT, yi.shape(), gradcheck::unevenWeights(yi.elementCount())));
+  op("Mul", {"y", "lw"}, "yw");
+  ir::Attributes all;
+  all.set("keepdims", int64_t{0});
+  op("ReduceSum", {"yw"}, "loss", all);
+  g.addOutput("loss");
+  ir::inferShapes(g, nullptr);
+  if (fuse) {
+    EXPECT_EQ(ir::fuseLayerNorm(g, true), 1);
+    EXPECT_EQ(ir::fuseGelu(g), 1);
+  }
+  std::vector<TensorId> grads = autodiff::buildGradients(g, "loss", {"x", "W"});
+  for (const auto &id : grads)
+    g.addOutput(id);
+  ir::inferShapes(g, nullptr);
+  if (fuse) {
+    EXPECT_EQ(countType(g, "LayerNormalizationGrad"), 1);
+    EXPECT_EQ(countType(g, "Erf"), 0);
+    EXPECT_EQ(countType(g, "Pow"), 0);
+  }
+  backend_cpu::ExecutionPlan plan(g, {p});
+  std::memcpy(plan.address("x"), x.data(), static_cast<size_t>(x.byteCount()));
+  std::memcpy(plan.address("W"), w.data(), static_cast<size_t>(w.byteCount()));
+  plan.run();
+  std::vector<std::vector<float>> out;
+  for (const auto &id : grads) {
+    const auto *v = static_cast<const float *>(plan.address(id));
+    out.emplace_back(v, v + plan.info(id).elementCount());
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(FuseLayerNormAndGelu, GradientsMatchTheDecomposition) {
+  std::mt19937 rng(13);
+  TensorData x = randomFloats({6, 4, 16}, rng), w = randomFloats({16, 16}, rng, -0.5f, 0.5f);
+  auto want = blockGradients(false, KernelProvider::Reference, x, w);
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any}) {
+    auto got = blockGradients(true, p, x, w);
+    ASSERT_EQ(got.size(), 2u);
+    expectNear(got[0], want[0], 1e-4f, "dX");
+    expectNear(got[1], want[1], 1e-4f, "dW");
+  }
+}
+
+TEST(GeluOp, GradientMatchesFiniteDifferences) {
+  for (unsigned seed = 900; seed < 903; ++seed) {
+    gradcheck::Problem p{"Gelu", 1, {}, gradcheck::streamsThenConsts({{3, 7}}, DataType::DOUBLE)};
+    p.domain = "ai.graphcore";
+    gradcheck::fillStreams(p.feeds, seed, [](size_t, double v) { return 2.5 * v; });
+    gradcheck::checkGradient(p, seed);
+  }
+}
+
+TEST(GeluOp, DnnlMatchesReference) {
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  std::mt19937 rng(930);
+  auto fill = [](size_t, std::mt19937 &r) { return std::uniform_real_distribution<float>(-6.f, 6.f)(r); };
+  for (const Shape &s : {Shape{7, 13}, Shape{2, 3, 4, 5}}) {
+    ir::Graph g;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, s));
+    g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, s));
+    ir::Op &fwd = g.addOp("Gelu", "ai.graphcore", 1, "gelu", {}, {"x"}, {"y"});
+    fwd.def->setup(fwd);
+    ir::Attributes a;
+    a.set("activation", std::string("Gelu"));
+    ir::Op &bwd = g.addOp("ActivationGrad", "ai.graphcore", 1, "gelu_grad", a, {"x", "dy"}, {"dx"});
+    bwd.def->setup(bwd);
+    for (const ir::Op *op : {&fwd, &bwd}) {
+      ASSERT_NE(backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl), nullptr) << op->type;
+      kernel_compare::expectDnnlMatchesReference(*op, rng, fill);
+    }
+  }
+}
+
+TEST(LayerNormOp, DnnlWritesTheStatisticsLikeTheReference) {
+  // The training form (Mean and InvStdDev outputs, which LayerNormalizationGrad reads) on oneDNN:
+  // its variance is turned into 1/√(variance + ε) after the primitive.
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  std::mt19937 rng(940);
+  auto fill = [](size_t i, std::mt19937 &r) {
+    return i == 0 ? std::uniform_real_distribution<float>(-3.f, 5.f)(r)
+                  : std::uniform_real_distribution<float>(0.5f, 1.5f)(r);
+  };
+  for (bool bias : {false, true})
+    for (int64_t axis : {-1, 1}) {
+      ir::Graph g;
+      Shape x{6, 4, 32}, norm = axis == 1 ? Shape{4, 32} : Shape{32};
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, x));
+      g.addTensor("s", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, norm));
+      g.addTensor("b", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, norm));
+      ir::Attributes a;
+      a.set("axis", axis);
+      a.set("epsilon", 1e-3f);
+      std::vector<TensorId> ins{"x", "s"};
+      if (bias) ins.push_back("b");
+      ir::Op &op = g.addOp("LayerNormalization", "", 17, "ln", a, ins, {"y", "mean", "inv_std_dev"});
+      op.def->setup(op);
+      ASSERT_NE(backend_cpu::KernelRegistry::instance().find(op, KernelProvider::Dnnl), nullptr);
+      kernel_compare::expectDnnlMatchesReference(op, rng, fill);
+    }
+}
