@@ -1,4 +1,5 @@
 #include "backend_cpu/plan.hpp"
+#include "ir/ops/window.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
@@ -254,7 +255,12 @@ double estimateFlops(const ir::Op &op) {
     double perOutput = static_cast<double>(w.info().elementCount()) / static_cast<double>(ws[0]);
     return 2.0 * static_cast<double>(out.info().elementCount()) * perOutput;
   };
-  if (type == "Conv" && op.hasInput(1) && op.hasOutput(0)) return convMacs(op.input(1), op.output(0));
+  if (type == "Conv" && op.hasInput(1) && op.hasOutput(0)) { // with a fused pool: the convolution's result
+    const Shape &ws = op.inInfo(1).shape();
+    if (ws.size() < 2) return 0.0;
+    double perOutput = static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
+    return 2.0 * static_cast<double>(shapeElementCount(ir::convResultShape(op))) * perOutput;
+  }
   if (type == "ConvDataGrad" && op.hasInput(1) && op.hasInput(0)) return convMacs(op.input(1), op.input(0));
   if (type == "ConvWeightGrad" && op.hasInput(0) && op.hasOutput(0)) return convMacs(op.output(0), op.input(0));
   if (type == "ConvTranspose" && op.hasInput(1) && op.hasInput(0)) {

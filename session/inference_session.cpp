@@ -83,6 +83,7 @@ struct InferenceSession::Impl {
       ir::fuseGelu(*g);
       ir::foldTransposesIntoMatMul(*g);
       ir::fuseConvRelu(*g);
+      ir::fuseConvPool(*g);
     }
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     if (profiling) plan->enableProfiling();

@@ -61,7 +61,9 @@ class ConvKernel : public Kernel {
 public:
   explicit ConvKernel(const ir::Op &op) {
     bool transposed = op.type == "ConvTranspose";
-    const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape(), &ws = op.inInfo(1).shape();
+    // y: what the convolution computes; with a fused pool (fuseConvPool), the pool's input.
+    const Shape &x = op.inInfo(0).shape(), y = transposed ? op.outInfo(0).shape() : ir::convResultShape(op),
+                &ws = op.inInfo(1).shape();
     Window w = makeWindow(op, x, y, std::vector<int64_t>(ws.begin() + 2, ws.end()), transposed);
     if (transposed) {
       // oneDNN's deconvolution has no output_padding: it is less end padding.
@@ -106,16 +108,20 @@ public:
       scratch_ = memory(pd.scratchpad_desc(), eng);
       if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
       if (pd.weights_desc() != mdW) inner_[1] = memory(pd.weights_desc(), eng);
-      if (pd.dst_desc() != mdY) inner_[2] = memory(pd.dst_desc(), eng);
+      ir::FusedPool pool;
+      pooled_ = ir::fusedPool(op, pool);
+      if (pd.dst_desc() != mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
       constWeights_ = op.input(1).isConst();
+      if (pooled_) initPool(op, pool, pd.dst_desc());
     }
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
-    y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+    y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0).shape(), y.size()) : mdY, eng, DNNL_MEMORY_NONE);
     if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
     if (inner_[0]) toInner_[0] = dnnl_util::userScratchReorder(x_, inner_[0]);
     if (inner_[1]) toInner_[1] = dnnl_util::userScratchReorder(w_, inner_[1]);
-    if (inner_[2]) fromInner_ = dnnl_util::userScratchReorder(inner_[2], y_);
+    const memory &result = pooled_ ? poolDst_ : inner_[2];
+    if (result) fromInner_ = dnnl_util::userScratchReorder(result, y_);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -136,11 +142,39 @@ public:
       dnnl_util::execute(prim_, args_,
                          {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
     }
-    if (inner_[2]) dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, y_}});
+    if (pooled_) {
+      const memory &dst = poolDst_ ? poolDst_ : y_;
+      dnnl_util::execute(pool_, poolArgs_, {{DNNL_ARG_SRC, inner_[2]}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, poolScratch_}});
+      if (poolDst_) dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, poolDst_}, {DNNL_ARG_TO, y_}});
+    } else if (inner_[2]) {
+      dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, y_}});
+    }
   }
 
 private:
-  bool hasBias_ = false, constWeights_ = false;
+  /// The max pool after the convolution, on the convolution's layout (blocked channels), so that
+  /// only the pooled result is reordered to the plain output.
+  void initPool(const ir::Op &op, const ir::FusedPool &pool, const memory::desc &src) {
+    size_t nsp = pool.kernel.size();
+    memory::dims strides(pool.strides.begin(), pool.strides.end()), kernel(pool.kernel.begin(), pool.kernel.end());
+    memory::dims padL(pool.pads.begin(), pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
+    memory::dims padR(pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp), pool.pads.end());
+    auto mdOut = dnnl_util::plainDesc(op.outInfo(0).shape(), op.outInfo(0).rank());
+    auto &eng = dnnl_util::engine();
+    primitive_attr attr;
+    attr.set_scratchpad_mode(scratchpad_mode::user);
+    pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, src, dnnl_util::anyLayout(mdOut),
+                               strides, kernel, memory::dims(nsp, 0), padL, padR);
+    pooling_v2_forward::primitive_desc pd(d, attr, eng);
+    pool_ = pooling_v2_forward(pd);
+    poolScratch_ = memory(pd.scratchpad_desc(), eng);
+    if (pd.dst_desc() != mdOut) poolDst_ = memory(pd.dst_desc(), eng);
+  }
+
+  bool hasBias_ = false, constWeights_ = false, pooled_ = false;
+  primitive pool_;
+  memory poolDst_, poolScratch_; ///< the pooled result in the convolution's layout (empty: plain)
+  std::vector<dnnl_exec_arg_t> poolArgs_;
   const void *reorderedWeights_ = nullptr; ///< constant weights already in inner_[1]
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;

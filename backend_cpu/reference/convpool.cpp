@@ -18,18 +18,37 @@ std::vector<int64_t> weightKernel(const ir::Op &op) {
   return std::vector<int64_t>(w.begin() + 2, w.end());
 }
 
+/// The window of the max pool fused into a Conv (fuseConvPool), from its input to output \p y.
+Geom fusedPoolGeom(const ir::FusedPool &p, const Shape &y) {
+  ir::WindowGeometry w;
+  size_t nsp = p.kernel.size();
+  w.in.assign(p.input.begin() + 2, p.input.end());
+  w.out.assign(y.begin() + 2, y.end());
+  w.kernel = p.kernel;
+  w.strides = p.strides;
+  w.dilations.assign(nsp, 1);
+  w.padBegin.assign(p.pads.begin(), p.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
+  w.padEnd.assign(p.pads.begin() + static_cast<std::ptrdiff_t>(nsp), p.pads.end());
+  return makeGeom(w);
+}
+
 std::unique_ptr<Kernel> createConv(const ir::Op &op) {
-  const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
+  const Shape &x = op.inInfo(0).shape(), y = ir::convResultShape(op);
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
   bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseConvRelu
+  ir::FusedPool pool;
+  bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
+  Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};
+  int64_t convElements = pooled ? shapeElementCount(y) : 0;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
+    auto buffer = std::make_shared<std::vector<T>>(static_cast<size_t>(convElements));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
       const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
-      T *Y = a.out<T>(0);
+      T *Y = pooled ? buffer->data() : a.out<T>(0);
       forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
         int64_t mm = gi * ch.mg + mo;
         C acc = B ? static_cast<C>(B[mm]) : C(0);
@@ -42,6 +61,16 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
         if (relu && acc < C(0)) acc = C(0); // NaN stays NaN, as ONNX Relu keeps it
         Y[(b * ch.m + mm) * g.outSize + o] = static_cast<T>(acc);
       });
+      if (!pooled) return;
+      T *P = a.out<T>(0);
+      int64_t oc[kMaxSpatial];
+      for (int64_t p = 0; p < ch.n * ch.m; ++p)
+        for (int64_t o = 0; o < pg.outSize; ++o) {
+          outCoords(pg, o, oc);
+          C best = std::numeric_limits<C>::lowest();
+          forWindow(pg, oc, [&](int64_t, int64_t inf) { best = std::max(best, static_cast<C>(Y[p * pg.inSize + inf])); });
+          P[p * pg.outSize + o] = static_cast<T>(best);
+        }
     });
   });
 }

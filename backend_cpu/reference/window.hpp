@@ -22,12 +22,9 @@ struct Geom {
   int64_t inSize = 1, outSize = 1, kSize = 1;
 };
 
-/// The geometry of \p op between full shapes \p x and \p y (see ir::resolveWindow).
-inline Geom makeGeom(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
-                     bool transposed) {
-  size_t nsp = x.size() - 2;
-  if (nsp > kMaxSpatial) throw error(op.debugName(), ": at most ", kMaxSpatial, " spatial axes are supported");
-  ir::WindowGeometry w = ir::resolveWindow(op, x, y, kernel, transposed);
+/// The loop geometry of resolved window \p w.
+inline Geom makeGeom(const ir::WindowGeometry &w) {
+  size_t nsp = w.in.size();
   Geom g;
   g.nsp = static_cast<int>(nsp);
   for (size_t i = 0; i < nsp; ++i) {
@@ -48,6 +45,14 @@ inline Geom makeGeom(const ir::Op &op, const Shape &x, const Shape &y, const std
     g.kSize *= g.k[i];
   }
   return g;
+}
+
+/// The geometry of \p op between full shapes \p x and \p y (see ir::resolveWindow).
+inline Geom makeGeom(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
+                     bool transposed) {
+  size_t nsp = x.size() - 2;
+  if (nsp > kMaxSpatial) throw error(op.debugName(), ": at most ", kMaxSpatial, " spatial axes are supported");
+  return makeGeom(ir::resolveWindow(op, x, y, kernel, transposed));
 }
 
 /// Spatial coordinates of flat output index \p o.

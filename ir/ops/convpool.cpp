@@ -5,6 +5,7 @@
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
+#include "ir/ops/window.hpp"
 
 #include <algorithm>
 
@@ -103,6 +104,12 @@ void setupConv(Op &op) {
   Shape y{x[0], w[0]};
   y.insert(y.end(), out.begin(), out.end());
   (void)nsp;
+  if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
+    if (pool.input != y)
+      throw error(op.debugName(), ": popart_pool_input_shape ", toString(pool.input),
+                  " is not the convolution's result shape ", toString(y));
+    y = pool.output(op);
+  }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), y));
 }
 

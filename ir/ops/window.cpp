@@ -1,9 +1,41 @@
 #include "ir/ops/window.hpp"
 
+#include <popart/error.hpp>
+
 #include <algorithm>
 #include <string>
 
 namespace popart::ir {
+
+bool fusedPool(const Op &op, FusedPool &pool) {
+  if (!op.attrs.has("popart_pool_kernel")) return false;
+  pool.kernel = op.attrs.getInts("popart_pool_kernel");
+  size_t nsp = pool.kernel.size();
+  pool.strides = op.attrs.getInts("popart_pool_strides", std::vector<int64_t>(nsp, 1));
+  pool.pads = op.attrs.getInts("popart_pool_pads", std::vector<int64_t>(2 * nsp, 0));
+  std::vector<int64_t> in = op.attrs.getInts("popart_pool_input_shape", {});
+  pool.input.assign(in.begin(), in.end());
+  return true;
+}
+
+Shape FusedPool::output(const Op &op) const {
+  size_t nsp = kernel.size();
+  if (input.size() != nsp + 2 || strides.size() != nsp || pads.size() != 2 * nsp)
+    throw error(op.debugName(), ": fused pool attributes do not match ", nsp, " spatial axes");
+  Shape y(input.begin(), input.begin() + 2);
+  for (size_t i = 0; i < nsp; ++i) {
+    int64_t span = input[i + 2] + pads[i] + pads[i + nsp] - kernel[i];
+    if (kernel[i] < 1 || strides[i] < 1 || span < 0)
+      throw error(op.debugName(), ": fused pool window ", kernel[i], " does not fit spatial axis ", i);
+    y.push_back(span / strides[i] + 1);
+  }
+  return y;
+}
+
+Shape convResultShape(const Op &op) {
+  FusedPool pool;
+  return fusedPool(op, pool) ? pool.input : op.outInfo(0).shape();
+}
 
 std::vector<int64_t> WindowGeometry::pads() const {
   std::vector<int64_t> p = padBegin;

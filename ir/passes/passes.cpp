@@ -1,5 +1,6 @@
 #include "ir/passes/passes.hpp"
 #include "core/log.hpp"
+#include "ir/ops/window.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -203,6 +204,47 @@ int fuseConvRelu(Graph &graph) {
       Attributes attrs = c->attrs;
       attrs.set("popart_activation", std::string("Relu"));
       replacePair(graph, *c, *r, std::move(attrs), ins);
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
+}
+
+int fuseConvPool(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *p : graph.schedule()) {
+      if (p->type != "MaxPool" || p->domain != "ai.onnx" || !p->hasInput(0) || !p->hasOutput(0) || p->hasOutput(1))
+        continue;
+      Op *c = p->input(0).producer();
+      if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel")) continue;
+      const Tensor &convOut = c->output(0);
+      if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) continue;
+      const Shape &x = p->inInfo(0).shape();
+      size_t nsp = x.size() - 2;
+      if (nsp < 1 || nsp > 3 || p->attrs.getInt("ceil_mode", 0) != 0) continue;
+      std::vector<int64_t> kernel = p->attrs.getInts("kernel_shape", {});
+      if (kernel.size() != nsp) continue;
+      WindowGeometry w = resolveWindow(*p, x, p->outInfo(0).shape(), kernel, false);
+      bool plain = true;
+      for (size_t i = 0; i < nsp; ++i)
+        plain = plain && w.dilations[i] == 1 && w.padBegin[i] >= 0 && w.padEnd[i] >= 0 && w.padBegin[i] < kernel[i] &&
+                w.padEnd[i] < kernel[i];
+      if (!plain) continue;
+      std::vector<TensorId> ins;
+      for (const Tensor *t : c->inputs)
+        ins.push_back(t ? t->id() : "");
+      Attributes attrs = c->attrs;
+      attrs.set("popart_pool_kernel", w.kernel);
+      attrs.set("popart_pool_strides", w.strides);
+      attrs.set("popart_pool_pads", w.pads());
+      attrs.set("popart_pool_input_shape", std::vector<int64_t>(x.begin(), x.end()));
+      Op &op = replacePair(graph, *c, *p, std::move(attrs), ins);
+      if (op.outInfo(0).shape() != graph.tensor(op.output(0).id()).info().shape())
+        throw error(op.debugName(), ": fused pool changed the output shape");
       ++fused;
       changed = true;
       break;

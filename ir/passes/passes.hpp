@@ -37,6 +37,12 @@ int foldTransposesIntoMatMul(Graph &graph);
 /// a oneDNN post-op) and writes the Relu's output. Returns how many were fused.
 int fuseConvRelu(Graph &graph);
 
+/// A Conv whose result only feeds a MaxPool (no Indices output, floor rounding, no dilation)
+/// pools it itself (attributes popart_pool_*, see ir::FusedPool) and writes the pool's output:
+/// oneDNN then pools in the convolution's blocked layout and reorders only the pooled result.
+/// Returns how many were fused.
+int fuseConvPool(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

@@ -342,3 +342,77 @@ TEST(LayerNormOp, DnnlWritesTheStatisticsLikeTheReference) {
       kernel_compare::expectDnnlMatchesReference(op, rng, fill);
     }
 }
+
+namespace {
+
+struct PoolCase {
+  std::vector<int64_t> kernel, strides, pads;
+  bool relu = true, sameConv = false, shared = false, indices = false, ceil = false;
+};
+
+/// x [2, 5, 11, 11] → Conv 3×3 (16 channels) [→ Relu] → MaxPool → y.
+void buildConvPool(ir::Graph &g, const PoolCase &c) {
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 5, 11, 11}));
+  g.addInput("x");
+  std::mt19937 rng(33);
+  g.addConst("w", randomFloats({16, 5, 3, 3}, rng, -0.5f, 0.5f));
+  g.addConst("b", randomFloats({16}, rng, -0.5f, 0.5f));
+  ir::Attributes conv;
+  if (c.sameConv)
+    conv.set("auto_pad", std::string("SAME_UPPER"));
+  else
+    conv.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  g.addOp("Conv", "", 13, "conv", conv, {"x", "w", "b"}, {"c"});
+  TensorId pooled = "c";
+  if (c.relu) {
+    g.addOp("Relu", "", 13, "relu", {}, {"c"}, {"r"});
+    pooled = "r";
+  }
+  ir::Attributes pool;
+  pool.set("kernel_shape", c.kernel);
+  pool.set("strides", c.strides);
+  if (!c.pads.empty()) pool.set("pads", c.pads);
+  if (c.ceil) pool.set("ceil_mode", int64_t{1});
+  std::vector<TensorId> outs{"y"};
+  if (c.indices) outs.push_back("idx");
+  g.addOp("MaxPool", "", 12, "pool", pool, {pooled}, outs);
+  g.addOutput("y");
+  if (c.shared) g.addOutput(pooled);
+  ir::inferShapes(g, nullptr);
+}
+
+} // namespace
+
+TEST(FuseConvPool, FusedMatchesConvThenPool) {
+  std::mt19937 rng(34);
+  TensorData x = randomFloats({2, 5, 11, 11}, rng);
+  std::vector<PoolCase> fusing{
+      {{2, 2}, {2, 2}, {}},                      // the CNN's pool; 11 → 5 drops the last row
+      {{3, 3}, {2, 2}, {1, 1, 1, 1}},            // padded windows
+      {{2, 3}, {1, 2}, {0, 1, 1, 0}, false},     // uneven, no Relu before it
+      {{2, 2}, {2, 2}, {}, true, true},          // a SAME_UPPER convolution
+  };
+  for (size_t i = 0; i < fusing.size(); ++i) {
+    ir::Graph plain, fused;
+    buildConvPool(plain, fusing[i]);
+    buildConvPool(fused, fusing[i]);
+    Shape want = plain.tensor("y").info().shape();
+    if (fusing[i].relu) ASSERT_EQ(ir::fuseConvRelu(fused), 1);
+    ASSERT_EQ(ir::fuseConvPool(fused), 1) << "case " << i;
+    ASSERT_EQ(fused.ops().size(), 1u);
+    EXPECT_EQ(fused.tensor("y").info().shape(), want);
+    std::vector<float> expected = runGraph(plain, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused, p, x), expected, 1e-5f, "case " + std::to_string(i));
+  }
+  // Left alone: the conv result read elsewhere, the Indices output, ceil rounding.
+  for (PoolCase c : {PoolCase{{2, 2}, {2, 2}, {}, true, false, true}, PoolCase{{2, 2}, {2, 2}, {}, true, false, false, true},
+                     PoolCase{{2, 2}, {2, 2}, {}, true, false, false, false, true}}) {
+    ir::Graph g;
+    buildConvPool(g, c);
+    ir::fuseConvRelu(g);
+    EXPECT_EQ(ir::fuseConvPool(g), 0);
+  }
+}
