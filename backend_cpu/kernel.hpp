@@ -24,10 +24,27 @@ struct KernelArgs {
 };
 
 /// One op compiled for fixed shapes. Everything is set up at creation; run() allocates nothing.
+/// A layout that two kernels agree on for the tensor between them, instead of plain row-major.
+/// Opaque to the plan: \p provider names the kind of descriptor in \p desc (oneDNN's
+/// memory::desc for "dnnl"); \p bytes is what it occupies, at most the tensor's plain size.
+struct TensorLayout {
+  const char *provider = nullptr;
+  std::shared_ptr<const void> desc;
+  int64_t bytes = 0;
+  explicit operator bool() const { return desc != nullptr; }
+};
+
 class Kernel {
 public:
   virtual ~Kernel() = default;
   virtual void run(const KernelArgs &args) = 0;
+  /// The layout this kernel would rather write output \p i in (empty: plain). The plan offers it
+  /// to the tensor's only reader (readInputIn) and, if taken, confirms it with writeOutputIn.
+  virtual TensorLayout outputLayout(size_t /*i*/) const { return {}; }
+  /// From now on reads input \p i in \p layout; false, and nothing changes, if it cannot.
+  virtual bool readInputIn(size_t /*i*/, const TensorLayout & /*layout*/) { return false; }
+  /// From now on writes output \p i in the layout that outputLayout(i) gave.
+  virtual void writeOutputIn(size_t /*i*/) {}
 };
 
 /// Which kernel implementations may be chosen.

@@ -161,10 +161,42 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     stepInfos_.push_back(std::move(info));
     steps_.push_back(std::move(step));
   }
+  agreeLayouts(schedule, pinned, aliases, views);
   for (Step &s : steps_)
     s.args = {s.inputs.data(), s.inputs.size(), s.outputs.data(), s.outputs.size()};
   logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing)", steps_.size(), memoryPlan_.arenaBytes,
                           memoryPlan_.unsharedBytes);
+}
+
+void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                                 const std::map<TensorId, TensorId> &aliases,
+                                 const std::map<TensorId, TensorId> &views) {
+  // A tensor between one producer and one reader, that nothing else sees (not pinned, not a view
+  // or a view's root, not an alias), may be kept in a layout the two kernels share.
+  std::set<TensorId> hidden(pinned.begin(), pinned.end());
+  for (const auto &[view, root] : views) {
+    hidden.insert(view);
+    hidden.insert(root);
+  }
+  std::map<const ir::Op *, size_t> stepOf;
+  for (size_t s = 0; s < schedule.size(); ++s)
+    stepOf[schedule[s]] = s;
+  for (size_t s = 0; s < schedule.size(); ++s)
+    for (size_t i = 0; i < schedule[s]->outputs.size(); ++i) {
+      const ir::Tensor *t = schedule[s]->outputs[i];
+      if (!t || !planned(*t) || hidden.count(t->id()) || aliases.count(t->id()) || t->consumers().size() != 1) continue;
+      const ir::Op *reader = t->consumers()[0];
+      auto uses = std::count(reader->inputs.begin(), reader->inputs.end(), t);
+      if (uses != 1) continue;
+      size_t input = static_cast<size_t>(std::find(reader->inputs.begin(), reader->inputs.end(), t) - reader->inputs.begin());
+      TensorLayout layout = steps_[s].kernel->outputLayout(i);
+      if (!layout || layout.bytes > t->info().byteCount()) continue;
+      if (!steps_[stepOf.at(reader)].kernel->readInputIn(input, layout)) continue;
+      steps_[s].kernel->writeOutputIn(i);
+      agreedLayouts_.push_back(t->id());
+      logging::logger().debug("'{}' stays in the {} layout of {} for {}", t->id(), layout.provider,
+                              schedule[s]->debugName(), reader->debugName());
+    }
 }
 
 void *ExecutionPlan::address(const TensorId &id) const {

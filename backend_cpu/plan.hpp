@@ -97,9 +97,17 @@ public:
   const std::vector<ProfileEvent> &profileEvents() const { return events_; }
   /// Bytes of the plan's Const and Variable tensors (not in the arena).
   int64_t constBytes() const { return constBytes_; }
+  /// Tensors kept in a layout their producer and reader agreed on (not plain row-major): their
+  /// bytes in address() are not the plain tensor.
+  const std::vector<TensorId> &agreedLayouts() const { return agreedLayouts_; }
   int64_t variableBytes() const { return variableBytes_; }
 
 private:
+  /// Lets adjacent kernels keep the tensor between them in a shared internal layout (Kernel::
+  /// outputLayout, readInputIn, writeOutputIn) where no other step or the caller sees it.
+  void agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                    const std::map<TensorId, TensorId> &aliases, const std::map<TensorId, TensorId> &views);
+
   struct Step {
     std::unique_ptr<Kernel> kernel;
     std::vector<const void *> inputs;
@@ -117,6 +125,7 @@ private:
   std::vector<std::pair<int64_t, int64_t>> stepTimes_;
   std::vector<ProfileEvent> events_;
   int64_t constBytes_ = 0, variableBytes_ = 0;
+  std::vector<TensorId> agreedLayouts_;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;

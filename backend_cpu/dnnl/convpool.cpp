@@ -9,6 +9,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace popart::backend_cpu {
@@ -127,7 +128,11 @@ public:
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     w_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    if (inner_[0]) dnnl_util::execute(toInner_[0], reorderArgs_[0], {{DNNL_ARG_FROM, x_}, {DNNL_ARG_TO, inner_[0]}});
+    if (inner_[0] && inputInLayout_) // the producer wrote it in this layout (readInputIn)
+      inner_[0].set_data_handle(const_cast<void *>(args.inputs[0]));
+    else if (inner_[0])
+      dnnl_util::execute(toInner_[0], reorderArgs_[0], {{DNNL_ARG_FROM, x_}, {DNNL_ARG_TO, inner_[0]}});
+    if (outputInLayout_) (pooled_ ? poolDst_ : inner_[2]).set_data_handle(args.outputs[0]);
     if (inner_[1] && (!constWeights_ || reorderedWeights_ != args.inputs[1])) {
       dnnl_util::execute(toInner_[1], reorderArgs_[1], {{DNNL_ARG_FROM, w_}, {DNNL_ARG_TO, inner_[1]}});
       reorderedWeights_ = args.inputs[1];
@@ -145,10 +150,34 @@ public:
     if (pooled_) {
       const memory &dst = poolDst_ ? poolDst_ : y_;
       dnnl_util::execute(pool_, poolArgs_, {{DNNL_ARG_SRC, inner_[2]}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, poolScratch_}});
-      if (poolDst_) dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, poolDst_}, {DNNL_ARG_TO, y_}});
-    } else if (inner_[2]) {
+      if (poolDst_ && !outputInLayout_)
+        dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, poolDst_}, {DNNL_ARG_TO, y_}});
+    } else if (inner_[2] && !outputInLayout_) {
       dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, y_}});
     }
+  }
+
+  // Conv chains: the result stays in the convolution's (or its pool's) blocked layout when the
+  // next kernel reads that layout, and a convolution reads its input in its own layout.
+  TensorLayout outputLayout(size_t i) const override {
+    const memory &result = pooled_ ? poolDst_ : inner_[2];
+    if (i != 0 || !result) return {};
+    auto desc = std::make_shared<const memory::desc>(result.get_desc());
+    return {"dnnl", desc, static_cast<int64_t>(desc->get_size())};
+  }
+  void writeOutputIn(size_t i) override {
+    if (i != 0) return;
+    memory &result = pooled_ ? poolDst_ : inner_[2];
+    result = memory(result.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE); // the output's bytes now
+    outputInLayout_ = true;
+  }
+  bool readInputIn(size_t i, const TensorLayout &layout) override {
+    if (i != 0 || !inner_[0] || std::strcmp(layout.provider, "dnnl") != 0) return false;
+    const auto &desc = *static_cast<const memory::desc *>(layout.desc.get());
+    if (desc != inner_[0].get_desc()) return false;
+    inner_[0] = memory(desc, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    inputInLayout_ = true;
+    return true;
   }
 
 private:
@@ -172,6 +201,7 @@ private:
   }
 
   bool hasBias_ = false, constWeights_ = false, pooled_ = false;
+  bool inputInLayout_ = false, outputInLayout_ = false; ///< agreed with the neighbours (no reorder)
   primitive pool_;
   memory poolDst_, poolScratch_; ///< the pooled result in the convolution's layout (empty: plain)
   std::vector<dnnl_exec_arg_t> poolArgs_;

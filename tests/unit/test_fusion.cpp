@@ -416,3 +416,51 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
     EXPECT_EQ(ir::fuseConvPool(g), 0);
   }
 }
+
+TEST(AgreedLayouts, ConvChainStaysBlockedBetweenConvolutions) {
+  // x → Conv+Relu+MaxPool → Conv+Relu → Conv → y (the CNN's chain plus one): between the oneDNN
+  // convolutions the tensors stay in their 16-channel blocks; the result matches the reference.
+  auto build = [](ir::Graph &g) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 12, 12}));
+    g.addInput("x");
+    std::mt19937 rng(35);
+    ir::Attributes pad;
+    pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    g.addConst("w1", randomFloats({32, 3, 3, 3}, rng, -0.5f, 0.5f));
+    g.addConst("w2", randomFloats({32, 32, 3, 3}, rng, -0.2f, 0.2f));
+    g.addConst("w3", randomFloats({16, 32, 3, 3}, rng, -0.2f, 0.2f));
+    g.addConst("b2", randomFloats({32}, rng, -0.5f, 0.5f));
+    g.addOp("Conv", "", 13, "c1", pad, {"x", "w1"}, {"a"});
+    g.addOp("Relu", "", 13, "r1", {}, {"a"}, {"ar"});
+    ir::Attributes pool;
+    pool.set("kernel_shape", std::vector<int64_t>{2, 2});
+    pool.set("strides", std::vector<int64_t>{2, 2});
+    g.addOp("MaxPool", "", 12, "p1", pool, {"ar"}, {"ap"});
+    g.addOp("Conv", "", 13, "c2", pad, {"ap", "w2", "b2"}, {"b"});
+    g.addOp("Relu", "", 13, "r2", {}, {"b"}, {"br"});
+    g.addOp("Conv", "", 13, "c3", pad, {"br", "w3"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+  };
+  std::mt19937 rng(36);
+  TensorData x = randomFloats({2, 3, 12, 12}, rng);
+  ir::Graph plain, fused;
+  build(plain);
+  build(fused);
+  ir::fuseConvRelu(fused);
+  ir::fuseConvPool(fused);
+  ASSERT_EQ(fused.ops().size(), 3u);
+  backend_cpu::ExecutionPlan chained(fused, {KernelProvider::Any});
+  EXPECT_EQ(chained.agreedLayouts(), (std::vector<TensorId>{"ap", "br"}));
+  backend_cpu::ExecutionPlan reference(fused, {KernelProvider::Reference});
+  EXPECT_TRUE(reference.agreedLayouts().empty());
+  std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+  expectNear(runGraph(fused, KernelProvider::Any, x), want, 1e-4f, "chain");
+  // A tensor that is also a graph output stays plain.
+  fused.addOutput("ap");
+  backend_cpu::ExecutionPlan outputSeen(fused, {KernelProvider::Any});
+  EXPECT_EQ(outputSeen.agreedLayouts(), std::vector<TensorId>{"br"});
+  expectNear(runGraph(fused, KernelProvider::Any, x), want, 1e-4f, "chain with an output");
+}
