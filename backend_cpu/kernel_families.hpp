@@ -28,4 +28,8 @@ void registerReferenceVarUpdateKernels(KernelRegistry &registry);
 void registerReferenceConvGradKernels(KernelRegistry &registry);
 void registerReferenceActGradKernels(KernelRegistry &registry);
 
+/// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
+/// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.
+bool tiledMaxPoolGrad(const ir::Op &op);
+
 } // namespace popart::backend_cpu

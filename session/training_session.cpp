@@ -268,7 +268,11 @@ void TrainingSession::Impl::compile() {
   if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
   ir::removeDeadCode(*g, keep);
   g->setOutputs(keep);
-  if (options.fuseOps) ir::foldTransposesIntoMatMul(*g);
+  if (options.fuseOps) {
+    ir::foldTransposesIntoMatMul(*g);
+    ir::fuseMaxPoolGradRelu(*g);
+    ir::fuseBatchNormRelu(*g);
+  }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();

@@ -5,6 +5,7 @@
 // supports() builds the kernel once and declines if oneDNN, or we, refuse it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include <popart/error.hpp>
@@ -261,7 +262,13 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
          makeKernel<ConvWeightGradKernel>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
          makeKernel<AveragePoolGradKernel>});
-  r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Dnnl, supports<MaxPoolGradKernel>,
+  r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Dnnl,
+         [](const ir::Op &op) {
+           // Tiling windows: the reference family's vectorised kernel is one pass, without
+           // rerunning the forward; a fused Relu gradient only it applies.
+           if (tiledMaxPoolGrad(op) || op.attrs.has("popart_activation")) return false;
+           return supports<MaxPoolGradKernel>(op);
+         },
          makeKernel<MaxPoolGradKernel>});
 }
 

@@ -34,7 +34,7 @@ bool supportsBatchNorm(const ir::Op &op) {
   if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
   int64_t r = op.inInfo(0).rank();
   if (r < 2 || r > 5) return false;
-  if (op.attrs.getInt("spatial", 1) == 0) return false;
+  if (op.attrs.getInt("spatial", 1) == 0 || op.attrs.has("popart_activation")) return false;
   for (size_t i = 1; i < op.outputCount(); ++i)
     if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return false;
   return !genericBatchNorm(op.inInfo(0).shape());

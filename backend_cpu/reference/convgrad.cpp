@@ -4,6 +4,7 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
 
@@ -117,10 +118,25 @@ std::unique_ptr<Kernel> createAveragePoolGrad(const ir::Op &op) {
 /// Each output's gradient goes to the first maximum of its window, in window order: the
 /// comparison is the forward MaxPool's, so ties (and NaNs) resolve as its Indices do. Windows
 /// wholly in the padding took no input and pass nothing on.
+/// MaxPoolGrad(X, dY); with popart_activation = "Relu" (fuseMaxPoolGradRelu) X is a Relu's
+/// output and dX is also the Relu's input gradient: zero where X is not > 0.
 std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
   Geom g = makeGeom(op, x, dy, op.attrs.getInts("kernel_shape"), false);
   int64_t planes = x[0] * x[1];
+  bool relu = op.attrs.getString("popart_activation", "") == "Relu";
+  if (tiledMaxPoolGrad(op)) {
+    std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
+    int64_t h = x[2], w = x[3], oh = dy[2], ow = dy[3];
+    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+      const float *X = a.in<float>(0), *dY = a.in<float>(1);
+      float *dX = a.out<float>(0);
+#pragma omp parallel for schedule(static)
+      for (int64_t p = 0; p < planes; ++p)
+        vec::maxPoolGradPlane(X + p * h * w, dY + p * oh * ow, dX + p * h * w, h, w, oh, ow, k[0], k[1], s[0], s[1],
+                              relu);
+    });
+  }
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -145,12 +161,25 @@ std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
           if (bestAt >= 0) dX[p * g.inSize + bestAt] += static_cast<C>(dY[p * g.outSize + o]);
         }
       }
+      if (relu)
+        for (int64_t i = 0; i < planes * g.inSize; ++i)
+          if (!(static_cast<C>(X[i]) > C(0))) dX[i] = C(0);
       sums.finish(a.out<T>(0));
     });
   });
 }
 
 } // namespace
+
+bool tiledMaxPoolGrad(const ir::Op &op) {
+  if (op.type != "MaxPoolGrad" || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4) return false;
+  std::vector<int64_t> k = op.attrs.getInts("kernel_shape", {}), s = op.attrs.getInts("strides", {});
+  std::vector<int64_t> d = op.attrs.getInts("dilations", {1, 1}), pads = op.attrs.getInts("pads", {0, 0, 0, 0});
+  if (k.size() != 2 || s.size() != 2) return false;
+  for (size_t i = 0; i < 2; ++i)
+    if (s[i] < k[i] || d[i] != 1) return false;
+  return std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
+}
 
 void registerReferenceConvGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvGrad<false>});

@@ -52,6 +52,7 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   if (training && perPosition) throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
   double varFactor = training ? ir::runningVarianceFactor(op, n * s) : 1.0;
   int64_t params = perPosition ? c * s : c;
+  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseBatchNormRelu
   if (op.inInfo(0).dataType() == DataType::FLOAT && !perPosition) {
     // f32: channels in parallel, each (batch, channel) plane vectorised; statistics in double.
     auto scratch = std::make_shared<std::vector<double>>(2 * c);
@@ -76,9 +77,14 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
           bv[ch] = v;
         }
         auto inv = static_cast<float>(1.0 / std::sqrt(v + eps));
-        for (int64_t b = 0; b < n; ++b)
-          vec::centerScaleShift(X + (b * c + ch) * s, static_cast<float>(m), inv * scale[ch], B[ch],
-                                Y + (b * c + ch) * s, s);
+        for (int64_t b = 0; b < n; ++b) {
+          float *y = Y + (b * c + ch) * s;
+          vec::centerScaleShift(X + (b * c + ch) * s, static_cast<float>(m), inv * scale[ch], B[ch], y, s);
+          if (relu)
+#pragma omp simd
+            for (int64_t i = 0; i < s; ++i)
+              y[i] = y[i] < 0.f ? 0.f : y[i]; // NaN stays NaN, as ONNX Relu keeps it
+        }
       }
       if (!training) return;
       for (int64_t ch = 0; ch < c; ++ch) {
@@ -120,6 +126,7 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
             int64_t e = (b * c + ch) * s + i;
             double r = (static_cast<double>(X[e]) - m) / std::sqrt(v + eps) * static_cast<double>(scale[p]) +
                        static_cast<double>(B[p]);
+            if (relu && r < 0) r = 0;
             Y[e] = static_cast<T>(static_cast<compute_t<T>>(r));
           }
       if (!training) return;

@@ -102,4 +102,43 @@ POPART_CLONES void batchNormBackward(const float *x, const float *dy, float m, f
     dx[i] = g * (dy[i] - meanDy - (x[i] - m) * r * meanDyXhat);
 }
 
+POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh,
+                                   int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask) {
+  const float zero = 0.f;
+  if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && h == 2 * oh && w == 2 * ow) { // the common 2×2 pool
+    for (int64_t r = 0; r < oh; ++r) {
+      const float *x0 = x + 2 * r * w, *x1 = x0 + w, *g = dy + r * ow;
+      float *d0 = dx + 2 * r * w, *d1 = d0 + w;
+#pragma omp simd
+      for (int64_t j = 0; j < ow; ++j) {
+        // Masks, not an index, so that GCC vectorises it: the first maximum of a, b (top row)
+        // and c, d, then of the two rows.
+        float a = x0[2 * j], b = x0[2 * j + 1], c = x1[2 * j], d = x1[2 * j + 1];
+        bool right0 = b > a, right1 = d > c;
+        float m0 = right0 ? b : a, m1 = right1 ? d : c;
+        bool top = !(m1 > m0);
+        float m = top ? m0 : m1;
+        float v = reluMask && !(m > zero) ? zero : g[j];
+        d0[2 * j] = top && !right0 ? v : zero;
+        d0[2 * j + 1] = top && right0 ? v : zero;
+        d1[2 * j] = !top && !right1 ? v : zero;
+        d1[2 * j + 1] = !top && right1 ? v : zero;
+      }
+    }
+    return;
+  }
+  for (int64_t i = 0; i < h * w; ++i)
+    dx[i] = zero;
+  for (int64_t r = 0; r < oh; ++r)
+    for (int64_t j = 0; j < ow; ++j) {
+      const float *base = x + r * sh * w + j * sw;
+      int64_t at = 0;
+      float m = base[0];
+      for (int64_t u = 0; u < kh; ++u)
+        for (int64_t v = 0; v < kw; ++v)
+          if (base[u * w + v] > m) m = base[u * w + v], at = u * w + v;
+      if (!reluMask || m > zero) dx[r * sh * w + j * sw + at] = dy[r * ow + j];
+    }
+}
+
 } // namespace popart::backend_cpu::vec

@@ -34,4 +34,12 @@ void centerScaleShift(const float *x, float m, float a, float b, float *y, int64
 void batchNormBackward(const float *x, const float *dy, float m, float r, float g, float meanDy, float meanDyXhat,
                        float *dx, int64_t n);
 
+/// MaxPool gradient on one [h, w] plane whose windows do not overlap (stride ≥ kernel, no padding,
+/// no dilation): each dy of the [oh, ow] output goes to its window's first maximum of x in
+/// row-major order; with \p reluMask only where that maximum is > 0 (the gradient of a Relu
+/// whose output x is). dx is 0 everywhere else. A NaN wins its window only as the first tap (as
+/// in the generic loop) except in the 2×2 path, where a NaN in the second row hides that row.
+void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                      int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask);
+
 } // namespace popart::backend_cpu::vec

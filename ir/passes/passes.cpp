@@ -107,15 +107,16 @@ static bool isGraphOutput(const Graph &graph, const Tensor &t) {
 }
 
 /// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
-/// \p producer's type, version, name and phase that reads \p inputs and writes \p consumer's output 0.
+/// \p producer's type, domain, version, name and phase that reads \p inputs and writes
+/// \p consumer's output 0.
 static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const std::vector<TensorId> &inputs) {
   TensorId out = consumer.output(0).id(), mid = producer.output(0).id();
-  std::string type = producer.type, name = producer.name;
+  std::string type = producer.type, domain = producer.domain, name = producer.name;
   int version = producer.version, phase = producer.phase;
   graph.removeOp(consumer);
   graph.removeOp(producer);
   graph.removeTensor(mid);
-  Op &op = graph.addOp(type, "ai.onnx", version, name, std::move(attrs), inputs, {out});
+  Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, {out});
   op.phase = phase;
   op.def->setup(op);
   return op;
@@ -212,6 +213,31 @@ int fuseConvRelu(Graph &graph) {
   return fused;
 }
 
+int fuseMaxPoolGradRelu(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *a : graph.schedule()) {
+      if (a->type != "ActivationGrad" || a->domain != "ai.graphcore" || a->attrs.getString("activation", "") != "Relu")
+        continue;
+      if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) continue;
+      Op *m = a->input(1).producer();
+      if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation")) continue;
+      // The Relu's output must be what the pool read: dX of the pool is then masked by it.
+      if (!m->hasInput(0) || &m->input(0) != &a->input(0)) continue;
+      const Tensor &pooled = m->output(0);
+      if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) continue;
+      Attributes attrs = m->attrs;
+      attrs.set("popart_activation", std::string("Relu"));
+      replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
+}
+
 int fuseConvPool(Graph &graph) {
   int fused = 0;
   for (bool changed = true; changed;) {
@@ -300,9 +326,9 @@ bool withScalar(const Op *op, const Tensor &known, double value, double tol) {
 /// Replaces \p ops, whose outputs other than \p outputs are read only among them, by one op that
 /// reads \p inputs and writes \p outputs (existing tensors or new ids). The new op takes the name
 /// and phase of ops[0].
-Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, const std::string &type, const std::string &domain,
-               int version, Attributes attrs, const std::vector<TensorId> &inputs,
-               const std::vector<TensorId> &outputs) {
+Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std::string domain, int version,
+               Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs) {
+  // type and domain are copies: they may be those of an op removed here.
   std::string name = ops[0]->name;
   int phase = ops[0]->phase;
   std::vector<TensorId> inner;
@@ -452,6 +478,31 @@ int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &ke
 int fuseGelu(Graph &graph, const std::vector<TensorId> &keep) {
   Kept kept{graph, keep};
   return fuseAll(graph, "Erf", [&](Op &op) { return fuseGeluAt(graph, kept, op); });
+}
+
+int fuseBatchNormRelu(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *r : graph.schedule()) {
+      if (!isOnnxOp(r, "Relu") || !r->hasInput(0) || !r->hasOutput(0)) continue;
+      Op *bn = r->input(0).producer();
+      if (!isOnnxOp(bn, "BatchNormalization") || bn->attrs.has("popart_activation")) continue;
+      if (bn->output(0).consumers().size() != 1 || isGraphOutput(graph, bn->output(0))) continue;
+      std::vector<TensorId> ins, outs{r->output(0).id()};
+      for (const Tensor *t : bn->inputs)
+        ins.push_back(t ? t->id() : "");
+      for (size_t i = 1; i < bn->outputs.size(); ++i)
+        outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
+      Attributes attrs = bn->attrs;
+      attrs.set("popart_activation", std::string("Relu"));
+      replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
 }
 
 } // namespace popart::ir

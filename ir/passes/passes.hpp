@@ -43,6 +43,16 @@ int fuseConvRelu(Graph &graph);
 /// Returns how many were fused.
 int fuseConvPool(Graph &graph);
 
+/// Training: a MaxPoolGrad whose result only feeds the ActivationGrad of the Relu that produced
+/// the pool's input applies that Relu's gradient itself (popart_activation = "Relu": zero where
+/// the pool's input is not > 0) and writes its output. Returns how many were fused.
+int fuseMaxPoolGradRelu(Graph &graph);
+
+/// A BatchNormalization whose output only feeds a Relu applies it (popart_activation = "Relu")
+/// and writes the Relu's output; its other outputs stay. After autodiff (the gradients read the
+/// Relu's output and BatchNormalization's input, not the normalised value). Returns the count.
+int fuseBatchNormRelu(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

@@ -236,19 +236,14 @@ std::vector<std::vector<float>> blockGradients(bool fuse, KernelProvider p, cons
   op("Mul", {"n", "gamma"}, "s");
   op("Add", {"s", "beta"}, "y");
   ir::inferShapes(g, nullptr);
-  const TensorInfo &yi = g.tensor("y").info();
-  g.addConst("lw", TensorData::fromDoubles(DataType::FLOAT, yi.shape(), gradcheck::unevenWeights(yi.elementCount())));
-  op("Mul", {"y", "lw"}, "yw");
-  ir::Attributes all;
-  all.set("keepdims", int64_t{0});
-  op("ReduceSum", {"yw"}, "loss", all);
-  g.addOutput("loss");
+  TensorId loss = gradcheck::weightedSumLoss()(g, {"y"}, 13); // Σ y·w, uneven w
+  g.addOutput(loss);
   ir::inferShapes(g, nullptr);
   if (fuse) {
     EXPECT_EQ(ir::fuseLayerNorm(g, true), 1);
     EXPECT_EQ(ir::fuseGelu(g), 1);
   }
-  std::vector<TensorId> grads = autodiff::buildGradients(g, "loss", {"x", "W"});
+  std::vector<TensorId> grads = autodiff::buildGradients(g, loss, {"x", "W"});
   for (const auto &id : grads)
     g.addOutput(id);
   ir::inferShapes(g, nullptr);
@@ -463,4 +458,133 @@ TEST(AgreedLayouts, ConvChainStaysBlockedBetweenConvolutions) {
   backend_cpu::ExecutionPlan outputSeen(fused, {KernelProvider::Any});
   EXPECT_EQ(outputSeen.agreedLayouts(), std::vector<TensorId>{"br"});
   expectNear(runGraph(fused, KernelProvider::Any, x), want, 1e-4f, "chain with an output");
+}
+
+namespace {
+
+/// dX of Relu → MaxPool → Σ y·w for x of \p shape, through autodiff; fused (MaxPoolGrad applies
+/// the Relu's gradient) or not, in \p type (DOUBLE takes the generic reference loops).
+std::vector<double> reluPoolGradient(bool fuse, DataType type, const Shape &shape, std::vector<int64_t> kernel,
+                                     std::vector<int64_t> strides, const std::vector<double> &x,
+                                     KernelProvider p = KernelProvider::Any) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(type, shape));
+  g.addInput("x");
+  g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"r"});
+  ir::Attributes pool;
+  pool.set("kernel_shape", kernel);
+  pool.set("strides", strides);
+  g.addOp("MaxPool", "", 12, "pool", pool, {"r"}, {"y"});
+  ir::inferShapes(g, nullptr);
+  TensorId loss = gradcheck::weightedSumLoss()(g, {"y"}, 13);
+  g.addOutput(loss);
+  ir::inferShapes(g, nullptr);
+  TensorId dx = autodiff::buildGradients(g, loss, {"x"})[0];
+  g.addOutput(dx);
+  ir::inferShapes(g, nullptr);
+  if (fuse) EXPECT_EQ(ir::fuseMaxPoolGradRelu(g), 1);
+  backend_cpu::ExecutionPlan plan(g, {p});
+  TensorData in = TensorData::fromDoubles(type, shape, x);
+  std::memcpy(plan.address("x"), in.data(), static_cast<size_t>(in.byteCount()));
+  plan.run();
+  TensorData out(plan.info(dx), plan.address(dx));
+  return out.toDoubleVector();
+}
+
+} // namespace
+
+TEST(FuseMaxPoolGradRelu, TiledKernelAndFusionMatchTheGenericGradient) {
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> kernel, strides;
+  };
+  // 2×2 / 2 (the CNN's), an odd size that leaves a row and column uncovered, 3×3 / 3, and
+  // windows with gaps between them (2×2 / 3).
+  for (const Case &c : {Case{{2, 3, 8, 10}, {2, 2}, {2, 2}}, Case{{2, 3, 9, 7}, {2, 2}, {2, 2}},
+                        Case{{1, 2, 9, 9}, {3, 3}, {3, 3}}, Case{{1, 2, 8, 8}, {2, 2}, {3, 3}}}) {
+    std::mt19937 rng(37);
+    std::uniform_int_distribution<int> small(-3, 3); // small integers: ties and zeros in most windows
+    std::vector<double> x(static_cast<size_t>(shapeElementCount(c.shape)));
+    for (auto &v : x)
+      v = small(rng);
+    // Ties go to the first maximum in window order; the Relu's zeros and the pool's ties interact.
+    std::vector<double> want = reluPoolGradient(false, DataType::DOUBLE, c.shape, c.kernel, c.strides, x);
+    for (bool fuse : {false, true}) {
+      std::vector<double> got = reluPoolGradient(fuse, DataType::FLOAT, c.shape, c.kernel, c.strides, x);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-6) << "fused " << fuse << " element " << i;
+    }
+    // The generic loops with the fused Relu (double is never tiled).
+    std::vector<double> generic = reluPoolGradient(true, DataType::DOUBLE, c.shape, c.kernel, c.strides, x);
+    for (size_t i = 0; i < generic.size(); ++i)
+      ASSERT_NEAR(generic[i], want[i], 1e-12) << "generic fused element " << i;
+  }
+}
+
+TEST(FuseBatchNormRelu, TrainingGradientsAndStatisticsMatchTheUnfusedGraph) {
+  // Conv-free block: BatchNormalization (training mode, running statistics out) → Relu → loss.
+  // The fusion runs after autodiff, as in TrainingSession; float (vectorised path) and double.
+  for (DataType type : {DataType::FLOAT, DataType::DOUBLE})
+    for (const Shape &shape : {Shape{4, 3, 5, 6}, Shape{8, 5}}) {
+      auto run = [&](bool fuse) {
+        ir::registerBuiltinOps();
+        ir::Graph g;
+        g.opsets()["ai.onnx"] = 15;
+        int64_t c = shape[1];
+        g.addTensor("x", ir::TensorKind::Stream, TensorInfo(type, shape));
+        g.addInput("x");
+        std::mt19937 rng(38);
+        auto consts = [&](const char *id, double lo, double hi) {
+          std::uniform_real_distribution<double> d(lo, hi);
+          std::vector<double> v(static_cast<size_t>(c));
+          for (auto &e : v)
+            e = d(rng);
+          g.addConst(id, TensorData::fromDoubles(type, {c}, v));
+        };
+        consts("scale", 0.5, 1.5);
+        consts("bias", -0.5, 0.5);
+        consts("mean", -0.1, 0.1);
+        consts("var", 0.5, 1.5);
+        ir::Attributes a;
+        a.set("training_mode", int64_t{1});
+        g.addOp("BatchNormalization", "", 15, "bn", a, {"x", "scale", "bias", "mean", "var"},
+                {"n", "running_mean", "running_var"});
+        g.addOp("Relu", "", 13, "relu", {}, {"n"}, {"y"});
+        ir::inferShapes(g, nullptr);
+        TensorId loss = gradcheck::weightedSumLoss()(g, {"y"}, 13);
+        g.addOutput(loss);
+        g.addOutput("running_var");
+        ir::inferShapes(g, nullptr);
+        TensorId dx = autodiff::buildGradients(g, loss, {"x"})[0];
+        g.addOutput(dx);
+        ir::inferShapes(g, nullptr);
+        if (fuse) {
+          EXPECT_EQ(ir::fuseBatchNormRelu(g), 1);
+          EXPECT_EQ(countType(g, "Relu"), 0);
+          EXPECT_EQ(countType(g, "BatchNormalization"), 1);
+        }
+        backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
+        std::mt19937 xr(39);
+        std::uniform_real_distribution<double> d(-2, 2);
+        std::vector<double> xv(static_cast<size_t>(shapeElementCount(shape)));
+        for (auto &e : xv)
+          e = d(xr);
+        TensorData in = TensorData::fromDoubles(type, shape, xv);
+        std::memcpy(plan.address("x"), in.data(), static_cast<size_t>(in.byteCount()));
+        plan.run();
+        std::vector<std::vector<double>> out;
+        for (const TensorId &id : {loss, TensorId("running_var"), dx})
+          out.push_back(TensorData(plan.info(id), plan.address(id)).toDoubleVector());
+        return out;
+      };
+      auto plain = run(false), fused = run(true);
+      for (size_t k = 0; k < plain.size(); ++k) {
+        ASSERT_EQ(fused[k].size(), plain[k].size());
+        for (size_t i = 0; i < plain[k].size(); ++i)
+          ASSERT_NEAR(fused[k][i], plain[k][i], 1e-5 * (1 + std::fabs(plain[k][i]))) << "output " << k << " element " << i;
+      }
+    }
 }
