@@ -82,6 +82,7 @@ struct InferenceSession::Impl {
       ir::fuseLayerNorm(*g, false);
       ir::fuseGelu(*g);
       ir::foldTransposesIntoMatMul(*g);
+      ir::fuseMatMulBias(*g);
       ir::fuseBatchNormRelu(*g);
       ir::fuseConvRelu(*g);
       ir::fuseConvPool(*g);

@@ -272,6 +272,7 @@ void TrainingSession::Impl::compile() {
     ir::foldTransposesIntoMatMul(*g);
     ir::fuseMaxPoolGradRelu(*g);
     ir::fuseBatchNormRelu(*g);
+    ir::fuseMatMulBias(*g);
   }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);

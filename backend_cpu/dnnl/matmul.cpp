@@ -49,23 +49,35 @@ public:
     y[rank - 2] = a[rank - 2];
     y[rank - 1] = b[rank - 1];
     auto mdA = storedDesc(a, rank, ta), mdB = storedDesc(b, rank, tb), mdY = dnnl_util::plainDesc(y, rank);
-    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
+    hasBias_ = op.hasInput(2); // fused by fuseMatMulBias: [N] broadcast over the rows
+    memory::dims biasDims(rank, 1);
+    biasDims.back() = y.back();
+    memory::desc mdBias = hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
+    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdBias, mdY), dnnl_util::engine());
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    if (hasBias_) bias_ = memory(mdBias, dnnl_util::engine(), DNNL_MEMORY_NONE);
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+    if (hasBias_) {
+      bias_.set_data_handle(const_cast<void *>(args.inputs[2]));
+      dnnl_util::execute(prim_, args_,
+                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
+    } else {
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+    }
   }
 
 private:
+  bool hasBias_ = false;
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
-  memory a_, b_, y_;
+  memory a_, b_, y_, bias_;
 };
 
 bool supportsGemm(const ir::Op &op) {

@@ -47,13 +47,14 @@ public:
       const T *a = args.in<T>(0);
       const T *b = args.in<T>(1);
       T *y = args.out<T>(0);
+      const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr; // fused by fuseMatMulBias
       for (int64_t bi = 0; bi < batches_; ++bi) {
         const T *pa = a + offsetA_[bi];
         const T *pb = b + offsetB_[bi];
         T *py = y + bi * m_ * n_;
         for (int64_t i = 0; i < m_; ++i)
           for (int64_t j = 0; j < n_; ++j) {
-            C acc = 0;
+            C acc = bias ? static_cast<C>(bias[j]) : C(0);
             for (int64_t p = 0; p < k_; ++p)
               acc += static_cast<C>(pa[transA_ ? p * m_ + i : i * k_ + p]) *
                      static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);

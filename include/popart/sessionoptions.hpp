@@ -30,10 +30,10 @@ struct SessionOptions {
   bool constantFolding = true;
   /// "any" (oneDNN where it applies, else reference), "reference" or "dnnl".
   std::string kernels = "any";
-  /// Rewrite op patterns into fused kernels at compile time: the LayerNorm and GELU
-  /// decompositions of older opsets, Transposes into MatMul, Conv+Relu and Conv+MaxPool
-  /// (inference). false keeps the graph op by op, for debugging and for measuring what the
-  /// fusions give.
+  /// Rewrite op patterns into fused kernels at compile time (docs/architecture.md lists them: the
+  /// LayerNorm and GELU decompositions of older opsets, Transposes and biases into MatMul, Relu
+  /// into Conv, BatchNormalization and MaxPoolGrad, MaxPool into Conv). false keeps the graph op
+  /// by op, for debugging and for measuring what the fusions give.
   bool fuseOps = true;
   /// Run the ONNX checker on the imported model.
   bool checkModel = true;

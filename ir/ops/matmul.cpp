@@ -8,7 +8,7 @@ namespace popart::ir {
 namespace {
 
 void setupMatMul(Op &op) {
-  requireInputCount(op, 2, 2);
+  requireInputCount(op, 2, op.attrs.getInt("popart_bias", 0) ? 3 : 2);
   Shape a = op.inInfo(0).shape();
   Shape b = op.inInfo(1).shape();
   if (a.empty() || b.empty()) throw error(op.debugName(), ": MatMul inputs must have rank >= 1");
@@ -30,6 +30,13 @@ void setupMatMul(Op &op) {
   Shape out = broadcastShapes(batchA, batchB, op);
   if (!aVec) out.push_back(a[a.size() - 2]);
   if (!bVec) out.push_back(b.back());
+  // popart_bias (set by fuseMatMulBias): input 2 is a bias of the output's last dimension.
+  if (op.hasInput(2)) {
+    const TensorInfo &bias = op.inInfo(2);
+    if (bVec || bias.shape() != Shape{out.back()} || bias.dataType() != op.inInfo(0).dataType())
+      throw error(op.debugName(), ": bias ", bias.toString(), " must be 1-D of the output's last dimension ",
+                  out.empty() ? int64_t{0} : out.back(), " in ", toString(op.inInfo(0).dataType()));
+  }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
 

@@ -505,4 +505,32 @@ int fuseBatchNormRelu(Graph &graph) {
   return fused;
 }
 
+int fuseMatMulBias(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *add : graph.schedule()) {
+      if (!isOnnxOp(add, "Add") || add->inputCount() != 2 || !add->hasInput(0) || !add->hasInput(1)) continue;
+      for (size_t side = 0; side < 2 && !changed; ++side) {
+        Op *mm = add->input(side).producer();
+        const Tensor &bias = add->input(1 - side);
+        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0)) continue;
+        const Tensor &product = mm->output(0);
+        if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+        const Shape &y = product.info().shape();
+        if (y.size() < 2 || mm->inInfo(1).rank() < 2 || add->outInfo(0).shape() != y) continue;
+        if (bias.info().shape() != Shape{y.back()} || bias.info().dataType() != product.info().dataType()) continue;
+        if (bias.info().dataType() != DataType::FLOAT) continue;
+        Attributes attrs = mm->attrs;
+        attrs.set("popart_bias", int64_t{1});
+        replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
+        ++fused;
+        changed = true;
+      }
+      if (changed) break;
+    }
+  }
+  return fused;
+}
+
 } // namespace popart::ir

@@ -53,6 +53,11 @@ int fuseMaxPoolGradRelu(Graph &graph);
 /// Relu's output and BatchNormalization's input, not the normalised value). Returns the count.
 int fuseBatchNormRelu(Graph &graph);
 
+/// A float MatMul (A [..., M, K] times a matrix B) whose product only feeds an Add of a [N] bias
+/// adds the bias itself (popart_bias = 1, bias as input 2: oneDNN's matmul bias) and writes the
+/// Add's output. After autodiff. Returns how many were fused.
+int fuseMatMulBias(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

@@ -588,3 +588,48 @@ TEST(FuseBatchNormRelu, TrainingGradientsAndStatisticsMatchTheUnfusedGraph) {
       }
     }
 }
+
+TEST(FuseMatMulBias, FusedMatchesMatMulThenAdd) {
+  struct Case {
+    Shape x, bias;
+    bool biasFirst, transposedWeight, shared;
+    int fuses;
+  };
+  for (const Case &c : {Case{{2, 5, 8}, {6}, false, false, false, 1}, Case{{7, 8}, {6}, true, true, false, 1},
+                        Case{{2, 5, 8}, {5, 6}, false, false, false, 0}, Case{{7, 8}, {6}, false, false, true, 0}}) {
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, c.x));
+      g.addInput("x");
+      std::mt19937 rng(40);
+      g.addConst("w", randomFloats(c.transposedWeight ? Shape{6, 8} : Shape{8, 6}, rng));
+      g.addConst("b", randomFloats(c.bias, rng));
+      TensorId w = "w";
+      if (c.transposedWeight) {
+        ir::Attributes perm;
+        perm.set("perm", std::vector<int64_t>{1, 0});
+        g.addOp("Transpose", "", 13, "t", perm, {"w"}, {"wt"});
+        w = "wt";
+      }
+      g.addOp("MatMul", "", 13, "mm", {}, {"x", w}, {"p"});
+      g.addOp("Add", "", 13, "add", {}, c.biasFirst ? std::vector<TensorId>{"b", "p"} : std::vector<TensorId>{"p", "b"},
+              {"y"});
+      g.addOutput("y");
+      if (c.shared) g.addOutput("p");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ir::foldTransposesIntoMatMul(fused);
+    ASSERT_EQ(ir::fuseMatMulBias(fused), c.fuses);
+    if (!c.fuses) continue;
+    ASSERT_EQ(fused.ops().size(), 1u);
+    std::mt19937 rng(41);
+    TensorData x = randomFloats(c.x, rng);
+    std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused, p, x), want, 1e-5f, "fused bias");
+  }
+}
