@@ -96,6 +96,21 @@ void gatherRule(GradContext &c) {
   int64_t rank = static_cast<int64_t>(data.size());
   int64_t axis = axisOf(c, rank);
   const Shape &out = c.op().outInfo(0).shape();
+  if (axis == 0) {
+    // Rows of data (an embedding table): ScatterND adds each gradient row to its table row, one
+    // contiguous slice per index, with no index per element.
+    TensorId idx = c.in(1);
+    if (c.op().inInfo(1).dataType() != DataType::INT64)
+      idx = c.add("Cast", {idx}, attrs({{"to", static_cast<int64_t>(DataType::INT64)}}));
+    idx = c.add("Reshape", {idx, ints(c, {product(ind), 1})});
+    Shape rows{product(ind)};
+    rows.insert(rows.end(), data.begin() + 1, data.end());
+    TensorId g = c.add("Reshape", {c.outGrad(0), ints(c, rows)});
+    ir::Attributes a;
+    a.set("reduction", std::string("add"));
+    c.setInGrad(0, c.add("ScatterND", {zerosLike(c, c.op().inInfo(0)), idx, g}, std::move(a)));
+    return;
+  }
   // Indices broadcast to the output shape, then the index dims collapsed into one axis so that
   // ScatterElements (same rank as data) can take them.
   Shape indView(static_cast<size_t>(axis), 1);

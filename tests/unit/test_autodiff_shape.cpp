@@ -145,6 +145,15 @@ TEST(AutodiffShape, GatherWithRepeatedIndices) {
     checkGradient({"Gather", {stream(s, rng), intTensor({2, 3}, idx)}, attr("axis", int64_t{1})}, seed);
     checkGradient({"Gather", {stream(s, rng), intTensor({}, {idx[2] < s[0] && idx[2] >= -s[0] ? idx[2] : 0})}, {}},
                   seed);
+    // Axis 0 (an embedding table: one ScatterND row per index), repeated and negative indices.
+    std::uniform_int_distribution<int64_t> row(-s[0], s[0] - 1);
+    std::vector<int64_t> rows(6);
+    for (auto &v : rows)
+      v = row(rng);
+    rows[4] = rows[1];
+    checkGradient({"Gather", {stream(s, rng), intTensor({3, 2}, rows)}, {}}, seed);
+    TensorData rows32 = TensorData::fromDoubles(DataType::INT32, {2, 3}, std::vector<double>(rows.begin(), rows.end()));
+    checkGradient({"Gather", {stream(s, rng), Input{rows32, false}}, {}}, seed);
     Shape is = s;
     is[2] = 5;
     std::uniform_int_distribution<int64_t> pick2(0, s[2] - 1);
