@@ -83,6 +83,7 @@ struct InferenceSession::Impl {
       ir::fuseGelu(*g);
       ir::foldTransposesIntoMatMul(*g);
       ir::fuseMatMulBias(*g);
+      ir::fuseMatMulScale(*g);
       ir::fuseBatchNormRelu(*g);
       ir::fuseConvRelu(*g);
       ir::fuseConvPool(*g);

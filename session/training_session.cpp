@@ -273,6 +273,7 @@ void TrainingSession::Impl::compile() {
     ir::fuseMaxPoolGradRelu(*g);
     ir::fuseBatchNormRelu(*g);
     ir::fuseMatMulBias(*g);
+    ir::fuseMatMulScale(*g);
   }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);

@@ -53,7 +53,10 @@ public:
     memory::dims biasDims(rank, 1);
     biasDims.back() = y.back();
     memory::desc mdBias = hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
-    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdBias, mdY), dnnl_util::engine());
+    primitive_attr attr;
+    float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
+    if (scale != 1.f) attr.set_output_scales(0, {scale});
+    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdBias, mdY), attr, dnnl_util::engine());
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);

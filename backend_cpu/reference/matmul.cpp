@@ -15,6 +15,7 @@ public:
     // Stored transposed (popart_transA/B): element (i, p) of A is at p·m + i instead of i·k + p.
     transA_ = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
     transB_ = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
+    scale_ = op.attrs.getFloat("popart_scale", 1.f);
     if (transA_) std::swap(a[a.size() - 1], a[a.size() - 2]);
     if (transB_) std::swap(b[b.size() - 1], b[b.size() - 2]);
     if (a.size() == 1) a.insert(a.begin(), 1);
@@ -48,6 +49,7 @@ public:
       const T *b = args.in<T>(1);
       T *y = args.out<T>(0);
       const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr; // fused by fuseMatMulBias
+      const auto scale = static_cast<C>(scale_);                    // fused by fuseMatMulScale
       for (int64_t bi = 0; bi < batches_; ++bi) {
         const T *pa = a + offsetA_[bi];
         const T *pb = b + offsetB_[bi];
@@ -58,7 +60,7 @@ public:
             for (int64_t p = 0; p < k_; ++p)
               acc += static_cast<C>(pa[transA_ ? p * m_ + i : i * k_ + p]) *
                      static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);
-            py[i * n_ + j] = static_cast<T>(acc);
+            py[i * n_ + j] = static_cast<T>(scale_ == 1.f ? acc : acc * scale);
           }
       }
     });
@@ -66,6 +68,7 @@ public:
 
 private:
   DataType type_;
+  float scale_ = 1.f;
   bool transA_ = false, transB_ = false;
   int64_t m_, k_, n_, batches_;
   std::vector<int64_t> offsetA_, offsetB_;

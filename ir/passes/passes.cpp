@@ -514,7 +514,9 @@ int fuseMatMulBias(Graph &graph) {
       for (size_t side = 0; side < 2 && !changed; ++side) {
         Op *mm = add->input(side).producer();
         const Tensor &bias = add->input(1 - side);
-        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0)) continue;
+        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
+            mm->attrs.has("popart_scale"))
+          continue;
         const Tensor &product = mm->output(0);
         if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
         const Shape &y = product.info().shape();
@@ -524,6 +526,33 @@ int fuseMatMulBias(Graph &graph) {
         Attributes attrs = mm->attrs;
         attrs.set("popart_bias", int64_t{1});
         replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
+        ++fused;
+        changed = true;
+      }
+      if (changed) break;
+    }
+  }
+  return fused;
+}
+
+int fuseMatMulScale(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *op : graph.schedule()) {
+      bool div = isOnnxOp(op, "Div");
+      if ((!div && !isOnnxOp(op, "Mul")) || op->inputCount() != 2 || !op->hasInput(0) || !op->hasInput(1)) continue;
+      for (size_t side = 0; side < (div ? 1u : 2u) && !changed; ++side) {
+        Op *mm = op->input(side).producer();
+        double c = 0;
+        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale")) continue;
+        if (!constScalar(&op->input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
+        const Tensor &product = mm->output(0);
+        if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+        if (product.info().dataType() != DataType::FLOAT || op->outInfo(0).shape() != product.info().shape()) continue;
+        Attributes attrs = mm->attrs;
+        attrs.set("popart_scale", static_cast<float>(div ? 1.0 / c : c));
+        replacePair(graph, *mm, *op, std::move(attrs), {mm->input(0).id(), mm->input(1).id()});
         ++fused;
         changed = true;
       }

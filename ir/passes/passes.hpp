@@ -58,6 +58,12 @@ int fuseBatchNormRelu(Graph &graph);
 /// Add's output. After autodiff. Returns how many were fused.
 int fuseMatMulBias(Graph &graph);
 
+/// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c
+/// scales it itself (popart_scale = c or 1/c: oneDNN's output scale) and writes that output
+/// (attention's 1/√d). A division becomes a product with 1/c, which may differ in the last bit
+/// unless c is a power of two. After autodiff. Returns how many were fused.
+int fuseMatMulScale(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

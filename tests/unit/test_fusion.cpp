@@ -633,3 +633,48 @@ TEST(FuseMatMulBias, FusedMatchesMatMulThenAdd) {
       expectNear(runGraph(fused, p, x), want, 1e-5f, "fused bias");
   }
 }
+
+TEST(FuseMatMulScale, ScaledProductMatchesMatMulThenDivOrMul) {
+  // Attention's scores: [2, 3, 5, 8] · [2, 3, 8, 5] / 8, and a product times 0.3 (constant first).
+  for (bool div : {true, false}) {
+    auto build = [&](ir::Graph &g, bool sharedProduct) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      for (const char *id : {"q", "k"}) {
+        g.addTensor(id, ir::TensorKind::Stream,
+                    TensorInfo(DataType::FLOAT, std::string(id) == "q" ? Shape{2, 3, 5, 8} : Shape{2, 3, 8, 5}));
+        g.addInput(id);
+      }
+      g.addConst("c", scalarF(div ? 8.f : 0.3f));
+      g.addOp("MatMul", "", 13, "mm", {}, {"q", "k"}, {"s"});
+      if (div)
+        g.addOp("Div", "", 13, "scale", {}, {"s", "c"}, {"y"});
+      else
+        g.addOp("Mul", "", 13, "scale", {}, {"c", "s"}, {"y"});
+      g.addOutput("y");
+      if (sharedProduct) g.addOutput("s");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused, shared;
+    build(plain, false);
+    build(fused, false);
+    build(shared, true);
+    EXPECT_EQ(ir::fuseMatMulScale(shared), 0);
+    ASSERT_EQ(ir::fuseMatMulScale(fused), 1);
+    ASSERT_EQ(fused.ops().size(), 1u);
+    auto run = [](const ir::Graph &g, KernelProvider p) {
+      backend_cpu::ExecutionPlan plan(g, {p});
+      std::mt19937 rng(42);
+      for (const char *id : {"q", "k"}) {
+        TensorData v = randomFloats(plan.info(id).shape(), rng);
+        std::memcpy(plan.address(id), v.data(), static_cast<size_t>(v.byteCount()));
+      }
+      plan.run();
+      const auto *y = static_cast<const float *>(plan.address("y"));
+      return std::vector<float>(y, y + plan.info("y").elementCount());
+    };
+    std::vector<float> want = run(plain, KernelProvider::Reference);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(run(fused, p), want, 1e-5f, div ? "div" : "mul");
+  }
+}
