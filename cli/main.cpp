@@ -372,6 +372,7 @@ int main(int argc, char **argv) {
       train.kernels = opt.kernels;
       train.fuseOps = !opt.noFusion;
       train.profile = opt.profile;
+      train.dumpIr = opt.dumpIr;
       return cli::runTraining(opt.model, train);
     }
     if (std::string f = cli::trainOnlyFlagGiven(app); !f.empty()) throw error(f, " needs --train");

@@ -247,6 +247,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   auto session =
       TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId, *optimizer, so);
   session->prepareDevice();
+  if (o.dumpIr) std::cout << session->dumpIr();
   std::vector<TensorId> inputIds = session->getInputIds();
   std::map<TensorId, TensorInfo> infos;
   for (const auto &id : inputIds)

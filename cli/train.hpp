@@ -36,6 +36,7 @@ struct TrainOptions {
   std::string kernels = "any";
   bool fuseOps = true;
   std::string profile; ///< Chrome trace path ("" = no profiling)
+  bool dumpIr = false;  ///< print the compiled training graph (forward, backward and updates)
 };
 
 /// Adds the training flags to \p app.

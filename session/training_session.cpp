@@ -274,6 +274,7 @@ void TrainingSession::Impl::compile() {
     ir::fuseBatchNormRelu(*g);
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
+    ir::fuseLossGradClassSums(*g);
   }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);

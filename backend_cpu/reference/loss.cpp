@@ -148,7 +148,9 @@ private:
 template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
 public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
-      : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {}
+      : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
+    if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ * d_ + kBlock - 1) / kBlock * c_), 0.0);
+  }
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
     const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -168,8 +170,8 @@ public:
         denom += weight(label(k));
     }
     const int64_t positions = n_ * d_;
-#pragma omp parallel for schedule(static)
-    for (int64_t k = 0; k < positions; ++k) {
+    // Position k's gradient (a row of C classes, strided by D); false if it is all zero.
+    auto position = [&](int64_t k) -> bool {
       int64_t n = k / d_, i = k % d_;
       const T *xs = x + n * c_ * d_ + i;
       T *out = dx + n * c_ * d_ + i;
@@ -178,7 +180,7 @@ public:
       if (w == 0.0) {
         for (int64_t c = 0; c < c_; ++c)
           out[c * d_] = T(0);
-        continue;
+        return false;
       }
       double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
       if constexpr (std::is_same_v<T, float>) {
@@ -187,7 +189,7 @@ public:
           float sum = vec::expSubSum(xs, mx, out, c_);
           vec::scale(out, static_cast<float>(g) / sum, out, c_);
           out[l] -= static_cast<float>(g);
-          continue;
+          return true;
         }
       }
       T mx = xs[0];
@@ -203,12 +205,50 @@ public:
       for (int64_t c = 0; c < c_; ++c)
         out[c * d_] *= scale;
       out[l * d_] -= static_cast<T>(g);
+      return true;
+    };
+    if (!a.hasOutput(1)) {
+#pragma omp parallel for schedule(static)
+      for (int64_t k = 0; k < positions; ++k)
+        position(k);
+      return;
+    }
+    // With the class sums (fuseLossGradClassSums): each block of kBlock positions sums its rows in
+    // double while they are in cache, then the blocks are added in order, so the result does
+    // not depend on the thread count.
+    const int64_t blocks = (positions + kBlock - 1) / kBlock;
+    double *partial = partial_.data();
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      double *part = partial + b * c_;
+      std::fill(part, part + c_, 0.0);
+      for (int64_t k = b * kBlock; k < std::min(positions, (b + 1) * kBlock); ++k) {
+        if (!position(k)) continue;
+        const T *row = dx + (k / d_) * c_ * d_ + k % d_;
+        if constexpr (std::is_same_v<T, float>)
+          if (d_ == 1) {
+            vec::accumulate(row, part, c_);
+            continue;
+          }
+        for (int64_t c = 0; c < c_; ++c)
+          part[c] += static_cast<double>(row[c * d_]);
+      }
+    }
+    T *sums = a.out<T>(1);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < c_; ++c) {
+      double s = 0;
+      for (int64_t b = 0; b < blocks; ++b)
+        s += partial[b * c_ + c];
+      sums[c] = static_cast<T>(s);
     }
   }
 
 private:
+  static constexpr int64_t kBlock = 32;
   DataType labelType_;
   bool hasWeights_;
+  std::vector<double> partial_;
 };
 
 std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {

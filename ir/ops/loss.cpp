@@ -35,8 +35,9 @@ void setupLoss(Op &op) {
 }
 
 /// ai.graphcore SoftmaxCrossEntropyLossGrad: scores X [N, C, D...], labels, weights (optional),
-/// dY (the loss gradient: a scalar, or [N, D...] for reduction none) -> dX. Attributes as the
-/// forward op (reduction, ignore_index).
+/// dY (the loss gradient: a scalar, or [N, D...] for reduction none) -> dX [, class sums]. Attributes
+/// as the forward op (reduction, ignore_index). Optional output 1 (fuseLossGradClassSums): dX
+/// summed over every axis but the class axis, [C].
 void setupSoftmaxCrossEntropyGrad(Op &op) {
   requireInputCount(op, 4, 4);
   const TensorInfo &x = op.inInfo(0);
@@ -56,6 +57,7 @@ void setupSoftmaxCrossEntropyGrad(Op &op) {
     throw error(op.debugName(), ": the loss gradient is ", op.inInfo(3).toString(), ", expected ", toString(x.dataType()),
                 " ", toString(dy));
   op.setOutInfo(0, x);
+  if (op.hasOutput(1)) op.setOutInfo(1, TensorInfo(x.dataType(), {x.dim(1)}));
 }
 
 } // namespace

@@ -562,4 +562,57 @@ int fuseMatMulScale(Graph &graph) {
   return fused;
 }
 
+int fuseLossGradClassSums(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *r : graph.schedule()) {
+      if (!isOnnxOp(r, "ReduceSum") || r->inputCount() != 2 || !r->hasInput(1) || !r->input(1).isConst()) continue;
+      // Through Reshapes that keep the class axis last, back to the loss gradient.
+      const Tensor *t = &r->input(0);
+      int64_t classes = t->info().rank() >= 1 ? t->info().shape().back() : 0;
+      while (t->producer() && isOnnxOp(t->producer(), "Reshape") && t->info().rank() >= 1 &&
+             t->info().shape().back() == classes)
+        t = &t->producer()->input(0);
+      Op *sce = t->producer();
+      if (!sce || sce->type != "SoftmaxCrossEntropyLossGrad" || sce->domain != "ai.graphcore" || sce->hasOutput(1))
+        continue;
+      if (&sce->output(0) != t || t->info().rank() != 2 || t->info().shape().back() != classes) continue;
+      // The sum runs over every axis but the last.
+      int64_t rank = r->inInfo(0).rank();
+      std::vector<int64_t> axes = r->input(1).data()->toInt64Vector();
+      for (auto &a : axes)
+        a = a < 0 ? a + rank : a;
+      std::sort(axes.begin(), axes.end());
+      std::vector<int64_t> all(static_cast<size_t>(rank - 1));
+      for (int64_t a = 0; a < rank - 1; ++a)
+        all[static_cast<size_t>(a)] = a;
+      if (axes != all || r->outInfo(0).elementCount() != classes) continue;
+      TensorId out = r->output(0).id(), sums = graph.uniqueId(out + "_class_sums");
+      Shape outShape = r->outInfo(0).shape();
+      std::vector<TensorId> ins, outs{sce->output(0).id(), sums};
+      for (const Tensor *in : sce->inputs)
+        ins.push_back(in ? in->id() : "");
+      std::string name = sce->name;
+      int phase = sce->phase, version = sce->version;
+      Attributes attrs = sce->attrs;
+      graph.removeOp(*r);
+      graph.removeOp(*sce);
+      Op &grad = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
+      grad.phase = phase;
+      grad.def->setup(grad);
+      TensorId shape = graph.uniqueId(out + "_shape");
+      graph.addConst(shape, TensorData::fromInt64({static_cast<int64_t>(outShape.size())},
+                                                  std::vector<int64_t>(outShape.begin(), outShape.end())));
+      Op &view = graph.addOp("Reshape", "ai.onnx", 14, "", {}, {sums, shape}, {out});
+      view.phase = phase;
+      view.def->setup(view);
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
+}
+
 } // namespace popart::ir

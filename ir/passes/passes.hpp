@@ -64,6 +64,12 @@ int fuseMatMulBias(Graph &graph);
 /// unless c is a power of two. After autodiff. Returns how many were fused.
 int fuseMatMulScale(Graph &graph);
 
+/// Training: a ReduceSum of the softmax cross-entropy gradient dX [N, C] (through Reshapes
+/// that keep C last) over every axis but the class axis, e.g. the bias gradient of the output
+/// layer, is computed by SoftmaxCrossEntropyLossGrad itself (its output 1) while the rows are in
+/// cache, instead of reading dX again. Returns how many were fused.
+int fuseLossGradClassSums(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iostream>
 #include <random>
 
 using namespace popart;
@@ -676,5 +677,63 @@ TEST(FuseMatMulScale, ScaledProductMatchesMatMulThenDivOrMul) {
     std::vector<float> want = run(plain, KernelProvider::Reference);
     for (auto p : {KernelProvider::Reference, KernelProvider::Any})
       expectNear(run(fused, p), want, 1e-5f, div ? "div" : "mul");
+  }
+}
+
+TEST(FuseLossGradClassSums, BiasGradientFromTheLossGradientMatches) {
+  // logits = z [3, 20, 10] + b [10], viewed as [60, 10] for SoftmaxCrossEntropyLoss (some labels
+  // ignored): db, the sum of the loss gradient over rows, is written by the loss gradient op.
+  for (DataType type : {DataType::FLOAT, DataType::DOUBLE}) {
+    auto run = [&](bool fuse) {
+      ir::registerBuiltinOps();
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("z", ir::TensorKind::Stream, TensorInfo(type, {3, 20, 10}));
+      g.addTensor("b", ir::TensorKind::Stream, TensorInfo(type, {10}));
+      g.addInput("z");
+      g.addInput("b");
+      std::vector<int64_t> labels(60);
+      for (size_t i = 0; i < labels.size(); ++i)
+        labels[i] = i % 7 == 3 ? -100 : static_cast<int64_t>((i * 7) % 10);
+      g.addConst("labels", TensorData::fromInt64({60}, labels));
+      g.addConst("rows", TensorData::fromInt64({2}, {60, 10}));
+      g.addOp("Add", "", 13, "bias", {}, {"z", "b"}, {"logits"});
+      g.addOp("Reshape", "", 13, "view", {}, {"logits", "rows"}, {"flat"});
+      ir::Attributes ignore;
+      ignore.set("ignore_index", int64_t{-100});
+      g.addOp("SoftmaxCrossEntropyLoss", "", 13, "sce", ignore, {"flat", "labels"}, {"loss"});
+      g.addOutput("loss");
+      ir::inferShapes(g, nullptr);
+      std::vector<TensorId> grads = autodiff::buildGradients(g, "loss", {"z", "b"});
+      for (const auto &id : grads)
+        g.addOutput(id);
+      ir::inferShapes(g, nullptr);
+      if (fuse) {
+        EXPECT_EQ(ir::fuseLossGradClassSums(g), 1);
+        EXPECT_EQ(countType(g, "ReduceSum"), 0);
+      }
+      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
+      std::mt19937 rng(43);
+      std::uniform_real_distribution<double> d(-3, 3);
+      for (const char *id : {"z", "b"}) {
+        std::vector<double> v(static_cast<size_t>(plan.info(id).elementCount()));
+        for (auto &e : v)
+          e = d(rng);
+        TensorData t = TensorData::fromDoubles(type, plan.info(id).shape(), v);
+        std::memcpy(plan.address(id), t.data(), static_cast<size_t>(t.byteCount()));
+      }
+      plan.run();
+      std::vector<std::vector<double>> out;
+      for (const auto &id : grads)
+        out.push_back(TensorData(plan.info(id), plan.address(id)).toDoubleVector());
+      return out;
+    };
+    auto plain = run(false), fused = run(true);
+    ASSERT_EQ(plain.size(), 2u);
+    for (size_t k = 0; k < 2; ++k) {
+      ASSERT_EQ(fused[k].size(), plain[k].size());
+      for (size_t i = 0; i < plain[k].size(); ++i)
+        ASSERT_NEAR(fused[k][i], plain[k][i], 1e-6 * (1 + std::fabs(plain[k][i]))) << "gradient " << k << " element " << i;
+    }
   }
 }
