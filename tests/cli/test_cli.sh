@@ -68,6 +68,8 @@ expect 0 "10 steps \(10 per epoch\)" -- "$RUN" "$M" --train "${D[@]}"
 expect 0 "30 steps" -- "$RUN" "$M" --train "${D[@]}" --epochs 3 --shuffle --lr-schedule cosine --warmup-steps 3
 expect 0 "x 2 accumulated, 5 steps" -- "$RUN" "$M" --train "${D[@]}" --accumulate 2 --clip-norm 1 --loss-scaling 128
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer lamb --loss-scaling dynamic --steps 4
+expect 0 "ai.graphcore::AdamUpdate-" -- "$RUN" "$M" --train "${D[@]}" --optimizer adamw --steps 1 --dump-ir
+expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --no-fusion
 for o in sgd adam adamax lambnobias rmsprop adagrad; do
   expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer "$o" --steps 3
 done
