@@ -275,6 +275,7 @@ void TrainingSession::Impl::compile() {
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
     ir::fuseLossGradClassSums(*g);
+    ir::fuseLossWithGradient(*g);
   }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);

@@ -150,6 +150,8 @@ public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
       : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
     if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ * d_ + kBlock - 1) / kBlock * c_), 0.0);
+    if (op.hasOutput(2)) positionLoss_.assign(static_cast<size_t>(n_ * d_), 0.0);
+    name_ = op.debugName();
   }
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
@@ -170,6 +172,13 @@ public:
         denom += weight(label(k));
     }
     const int64_t positions = n_ * d_;
+    const bool withLoss = a.hasOutput(2); // fuseLossWithGradient: the forward's loss too
+    if (withLoss)
+      for (int64_t k = 0; k < positions; ++k) {
+        int64_t l = label(k);
+        if ((l < 0 || l >= c_) && !(ignore_ && l == *ignore_))
+          throw error(name_, ": label ", l, " at position ", k, " is out of range [0, ", c_, ")");
+      }
     // Position k's gradient (a row of C classes, strided by D); false if it is all zero.
     auto position = [&](int64_t k) -> bool {
       int64_t n = k / d_, i = k % d_;
@@ -177,6 +186,7 @@ public:
       T *out = dx + n * c_ * d_ + i;
       int64_t l = label(k);
       double w = weight(l);
+      if (withLoss) positionLoss_[static_cast<size_t>(k)] = 0.0;
       if (w == 0.0) {
         for (int64_t c = 0; c < c_; ++c)
           out[c * d_] = T(0);
@@ -187,6 +197,8 @@ public:
         if (d_ == 1) { // contiguous class row: vectorised
           float mx = vec::max(xs, c_);
           float sum = vec::expSubSum(xs, mx, out, c_);
+          if (withLoss) // as the forward kernel: -(x_l − log Σ e^x)·w
+            positionLoss_[static_cast<size_t>(k)] = -(static_cast<double>(xs[l]) - (mx + std::log(sum))) * w;
           vec::scale(out, static_cast<float>(g) / sum, out, c_);
           out[l] -= static_cast<float>(g);
           return true;
@@ -201,16 +213,21 @@ public:
         out[c * d_] = e;
         sum += e;
       }
+      if (withLoss)
+        positionLoss_[static_cast<size_t>(k)] =
+            -(static_cast<double>(xs[l * d_]) - (static_cast<double>(mx) + std::log(static_cast<double>(sum)))) * w;
       T scale = static_cast<T>(g) / sum;
       for (int64_t c = 0; c < c_; ++c)
         out[c * d_] *= scale;
       out[l * d_] -= static_cast<T>(g);
       return true;
     };
+
     if (!a.hasOutput(1)) {
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < positions; ++k)
         position(k);
+      if (withLoss) writeLoss(a.out<T>(2), denom);
       return;
     }
     // With the class sums (fuseLossGradClassSums): each block of kBlock positions sums its rows in
@@ -242,10 +259,24 @@ public:
         s += partial[b * c_ + c];
       sums[c] = static_cast<T>(s);
     }
+    if (withLoss) writeLoss(a.out<T>(2), denom);
   }
 
 private:
+  /// The forward's loss from the positions' terms, summed in order (as the forward kernel).
+  void writeLoss(T *loss, double denom) const {
+    double total = 0;
+    for (int64_t k = 0; k < n_ * d_; ++k) {
+      if (reduction_ == 0) loss[k] = static_cast<T>(positionLoss_[static_cast<size_t>(k)]);
+      total += positionLoss_[static_cast<size_t>(k)];
+    }
+    if (reduction_ == 1) loss[0] = static_cast<T>(total);
+    if (reduction_ == 2) loss[0] = static_cast<T>(total / denom);
+  }
+
   static constexpr int64_t kBlock = 32;
+  std::string name_;
+  std::vector<double> positionLoss_;
   DataType labelType_;
   bool hasWeights_;
   std::vector<double> partial_;

@@ -37,7 +37,8 @@ void setupLoss(Op &op) {
 /// ai.graphcore SoftmaxCrossEntropyLossGrad: scores X [N, C, D...], labels, weights (optional),
 /// dY (the loss gradient: a scalar, or [N, D...] for reduction none) -> dX [, class sums]. Attributes
 /// as the forward op (reduction, ignore_index). Optional output 1 (fuseLossGradClassSums): dX
-/// summed over every axis but the class axis, [C].
+/// summed over every axis but the class axis, [C]. Optional output 2 (fuseLossWithGradient): the
+/// forward's loss, computed in the same pass (labels out of range are then errors, as there).
 void setupSoftmaxCrossEntropyGrad(Op &op) {
   requireInputCount(op, 4, 4);
   const TensorInfo &x = op.inInfo(0);
@@ -58,6 +59,7 @@ void setupSoftmaxCrossEntropyGrad(Op &op) {
                 " ", toString(dy));
   op.setOutInfo(0, x);
   if (op.hasOutput(1)) op.setOutInfo(1, TensorInfo(x.dataType(), {x.dim(1)}));
+  if (op.hasOutput(2)) op.setOutInfo(2, TensorInfo(x.dataType(), dy));
 }
 
 } // namespace

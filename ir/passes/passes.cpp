@@ -615,4 +615,63 @@ int fuseLossGradClassSums(Graph &graph) {
   return fused;
 }
 
+/// True if \p t is computed (transitively) from an output of \p op.
+static bool dependsOn(const Tensor &t, const Op &op) {
+  std::vector<const Tensor *> stack{&t};
+  std::set<const Tensor *> seen;
+  while (!stack.empty()) {
+    const Tensor *x = stack.back();
+    stack.pop_back();
+    if (!seen.insert(x).second) continue;
+    const Op *p = x->producer();
+    if (!p) continue;
+    if (p == &op) return true;
+    for (const Tensor *in : p->inputs)
+      if (in) stack.push_back(in);
+  }
+  return false;
+}
+
+int fuseLossWithGradient(Graph &graph) {
+  int fused = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *g : graph.schedule()) {
+      if (g->type != "SoftmaxCrossEntropyLossGrad" || g->domain != "ai.graphcore" || g->hasOutput(2)) continue;
+      if (!g->hasInput(0) || !g->hasInput(1) || !g->hasInput(3)) continue;
+      Op *f = nullptr;
+      for (Op *c : g->input(0).consumers())
+        if (isOnnxOp(c, "SoftmaxCrossEntropyLoss") && c->hasInput(1) && &c->input(1) == &g->input(1) &&
+            c->hasInput(2) == g->hasInput(2) && (!c->hasInput(2) || &c->input(2) == &g->input(2)) &&
+            c->attrs.getString("reduction", "mean") == g->attrs.getString("reduction", "mean") &&
+            c->attrs.has("ignore_index") == g->attrs.has("ignore_index") &&
+            c->attrs.getInt("ignore_index", 0) == g->attrs.getInt("ignore_index", 0))
+          f = c;
+      if (!f || !f->hasOutput(0)) continue;
+      if (f->hasOutput(1) && (!f->output(1).consumers().empty() || isGraphOutput(graph, f->output(1)))) continue;
+      if (dependsOn(g->input(3), *f)) continue; // the gradient seed must not need the loss
+      std::vector<TensorId> ins, outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "",
+                                      f->output(0).id()};
+      for (const Tensor *in : g->inputs)
+        ins.push_back(in ? in->id() : "");
+      std::vector<TensorId> dead;
+      if (f->hasOutput(1)) dead.push_back(f->output(1).id());
+      std::string name = f->name;
+      int phase = f->phase, version = g->version;
+      Attributes attrs = g->attrs;
+      graph.removeOp(*g);
+      graph.removeOp(*f);
+      for (const auto &id : dead)
+        graph.removeTensor(id);
+      Op &op = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
+      op.phase = phase;
+      op.def->setup(op);
+      ++fused;
+      changed = true;
+      break;
+    }
+  }
+  return fused;
+}
+
 } // namespace popart::ir

@@ -70,6 +70,12 @@ int fuseMatMulScale(Graph &graph);
 /// cache, instead of reading dX again. Returns how many were fused.
 int fuseLossGradClassSums(Graph &graph);
 
+/// Training: SoftmaxCrossEntropyLoss and its SoftmaxCrossEntropyLossGrad on the same scores,
+/// labels, weights and attributes become the gradient op alone, which also writes the loss
+/// (its output 2) from the same pass over the scores, when the gradient's seed does not depend
+/// on the loss and the forward's log_prob is unused. Returns how many were fused.
+int fuseLossWithGradient(Graph &graph);
+
 /// Replaces the float32 LayerNorm decomposition that exporters write before opset 17,
 ///   d = x − ReduceMean(x); y = d / Sqrt(ReduceMean(Pow(d, 2)) + eps) · scale [+ bias]
 /// (means over the trailing axes, keepdims), by one LayerNormalization (opset 17), whose

@@ -13,6 +13,7 @@
 #include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
+#include <popart/error.hpp>
 
 #include <gtest/gtest.h>
 
@@ -680,60 +681,98 @@ TEST(FuseMatMulScale, ScaledProductMatchesMatMulThenDivOrMul) {
   }
 }
 
+namespace {
+
+/// logits = z [3, 20, 10] + b [10], viewed as [60, 10] for SoftmaxCrossEntropyLoss with
+/// \p reduction and some labels ignored (and one out of range if \p badLabel). Returns the loss
+/// (summed) and the gradients of z and b, with the passes applied as asked.
+std::vector<std::vector<double>> lossAndGradients(DataType type, bool classSums, bool withLoss,
+                                                  const std::string &reduction = "mean", bool badLabel = false) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("z", ir::TensorKind::Stream, TensorInfo(type, {3, 20, 10}));
+  g.addTensor("b", ir::TensorKind::Stream, TensorInfo(type, {10}));
+  g.addInput("z");
+  g.addInput("b");
+  std::vector<int64_t> labels(60);
+  for (size_t i = 0; i < labels.size(); ++i)
+    labels[i] = i % 7 == 3 ? -100 : static_cast<int64_t>((i * 7) % 10);
+  if (badLabel) labels[5] = 10;
+  g.addConst("labels", TensorData::fromInt64({60}, labels));
+  g.addConst("rows", TensorData::fromInt64({2}, {60, 10}));
+  g.addOp("Add", "", 13, "bias", {}, {"z", "b"}, {"logits"});
+  g.addOp("Reshape", "", 13, "view", {}, {"logits", "rows"}, {"flat"});
+  ir::Attributes a;
+  a.set("ignore_index", int64_t{-100});
+  a.set("reduction", reduction);
+  g.addOp("SoftmaxCrossEntropyLoss", "", 13, "sce", a, {"flat", "labels"}, {"nll"});
+  TensorId loss = "nll";
+  if (reduction == "none") {
+    ir::Attributes all;
+    all.set("keepdims", int64_t{0});
+    g.addOp("ReduceSum", "", 13, "total", all, {"nll"}, {"loss"});
+    loss = "loss";
+  }
+  g.addOutput(loss);
+  ir::inferShapes(g, nullptr);
+  std::vector<TensorId> grads = autodiff::buildGradients(g, loss, {"z", "b"});
+  for (const auto &id : grads)
+    g.addOutput(id);
+  ir::inferShapes(g, nullptr);
+  if (classSums) EXPECT_EQ(ir::fuseLossGradClassSums(g), 1);
+  if (withLoss) {
+    EXPECT_EQ(ir::fuseLossWithGradient(g), 1);
+    EXPECT_EQ(countType(g, "SoftmaxCrossEntropyLoss"), 0);
+  }
+  backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
+  std::mt19937 rng(43);
+  std::uniform_real_distribution<double> d(-3, 3);
+  for (const char *id : {"z", "b"}) {
+    std::vector<double> v(static_cast<size_t>(plan.info(id).elementCount()));
+    for (auto &e : v)
+      e = d(rng);
+    TensorData t = TensorData::fromDoubles(type, plan.info(id).shape(), v);
+    std::memcpy(plan.address(id), t.data(), static_cast<size_t>(t.byteCount()));
+  }
+  plan.run();
+  std::vector<std::vector<double>> out{TensorData(plan.info(loss), plan.address(loss)).toDoubleVector()};
+  for (const auto &id : grads)
+    out.push_back(TensorData(plan.info(id), plan.address(id)).toDoubleVector());
+  return out;
+}
+
+void expectSame(const std::vector<std::vector<double>> &got, const std::vector<std::vector<double>> &want,
+                const std::string &what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t k = 0; k < want.size(); ++k) {
+    ASSERT_EQ(got[k].size(), want[k].size()) << what;
+    for (size_t i = 0; i < want[k].size(); ++i)
+      ASSERT_NEAR(got[k][i], want[k][i], 1e-6 * (1 + std::fabs(want[k][i]))) << what << " output " << k << " element " << i;
+  }
+}
+
+} // namespace
+
 TEST(FuseLossGradClassSums, BiasGradientFromTheLossGradientMatches) {
-  // logits = z [3, 20, 10] + b [10], viewed as [60, 10] for SoftmaxCrossEntropyLoss (some labels
-  // ignored): db, the sum of the loss gradient over rows, is written by the loss gradient op.
-  for (DataType type : {DataType::FLOAT, DataType::DOUBLE}) {
-    auto run = [&](bool fuse) {
-      ir::registerBuiltinOps();
-      ir::Graph g;
-      g.opsets()["ai.onnx"] = 13;
-      g.addTensor("z", ir::TensorKind::Stream, TensorInfo(type, {3, 20, 10}));
-      g.addTensor("b", ir::TensorKind::Stream, TensorInfo(type, {10}));
-      g.addInput("z");
-      g.addInput("b");
-      std::vector<int64_t> labels(60);
-      for (size_t i = 0; i < labels.size(); ++i)
-        labels[i] = i % 7 == 3 ? -100 : static_cast<int64_t>((i * 7) % 10);
-      g.addConst("labels", TensorData::fromInt64({60}, labels));
-      g.addConst("rows", TensorData::fromInt64({2}, {60, 10}));
-      g.addOp("Add", "", 13, "bias", {}, {"z", "b"}, {"logits"});
-      g.addOp("Reshape", "", 13, "view", {}, {"logits", "rows"}, {"flat"});
-      ir::Attributes ignore;
-      ignore.set("ignore_index", int64_t{-100});
-      g.addOp("SoftmaxCrossEntropyLoss", "", 13, "sce", ignore, {"flat", "labels"}, {"loss"});
-      g.addOutput("loss");
-      ir::inferShapes(g, nullptr);
-      std::vector<TensorId> grads = autodiff::buildGradients(g, "loss", {"z", "b"});
-      for (const auto &id : grads)
-        g.addOutput(id);
-      ir::inferShapes(g, nullptr);
-      if (fuse) {
-        EXPECT_EQ(ir::fuseLossGradClassSums(g), 1);
-        EXPECT_EQ(countType(g, "ReduceSum"), 0);
-      }
-      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
-      std::mt19937 rng(43);
-      std::uniform_real_distribution<double> d(-3, 3);
-      for (const char *id : {"z", "b"}) {
-        std::vector<double> v(static_cast<size_t>(plan.info(id).elementCount()));
-        for (auto &e : v)
-          e = d(rng);
-        TensorData t = TensorData::fromDoubles(type, plan.info(id).shape(), v);
-        std::memcpy(plan.address(id), t.data(), static_cast<size_t>(t.byteCount()));
-      }
-      plan.run();
-      std::vector<std::vector<double>> out;
-      for (const auto &id : grads)
-        out.push_back(TensorData(plan.info(id), plan.address(id)).toDoubleVector());
-      return out;
-    };
-    auto plain = run(false), fused = run(true);
-    ASSERT_EQ(plain.size(), 2u);
-    for (size_t k = 0; k < 2; ++k) {
-      ASSERT_EQ(fused[k].size(), plain[k].size());
-      for (size_t i = 0; i < plain[k].size(); ++i)
-        ASSERT_NEAR(fused[k][i], plain[k][i], 1e-6 * (1 + std::fabs(plain[k][i]))) << "gradient " << k << " element " << i;
+  // db, the sum of the loss gradient over rows, is written by the loss gradient op.
+  for (DataType type : {DataType::FLOAT, DataType::DOUBLE})
+    expectSame(lossAndGradients(type, true, false), lossAndGradients(type, false, false), "class sums");
+}
+
+TEST(FuseLossWithGradient, LossFromTheGradientPassMatchesTheForward) {
+  for (DataType type : {DataType::FLOAT, DataType::DOUBLE})
+    for (const char *reduction : {"mean", "sum", "none"}) {
+      auto want = lossAndGradients(type, false, false, reduction);
+      expectSame(lossAndGradients(type, false, true, reduction), want, reduction);
+      expectSame(lossAndGradients(type, true, true, reduction), want, std::string(reduction) + " with class sums");
     }
+  // A label out of range is an error in the fused op as in the forward.
+  try {
+    lossAndGradients(DataType::FLOAT, true, true, "mean", true);
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("label 10 at position 5 is out of range [0, 10)"), std::string::npos)
+        << e.what();
   }
 }
