@@ -85,7 +85,7 @@ struct InferenceSession::Impl {
       ir::fuseMatMulBias(*g);
       ir::fuseMatMulScale(*g);
       ir::fuseBatchNormRelu(*g);
-      ir::fuseConvRelu(*g);
+      ir::fuseRelu(*g);
       ir::fuseConvPool(*g);
     }
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));

@@ -272,6 +272,7 @@ void TrainingSession::Impl::compile() {
     ir::foldTransposesIntoMatMul(*g);
     ir::fuseMaxPoolGradRelu(*g);
     ir::fuseBatchNormRelu(*g);
+    ir::fuseRelu(*g, false); // Gemm + Relu (training Convs keep their plain kernels)
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
     ir::fuseLossGradClassSums(*g);

@@ -91,7 +91,7 @@ public:
     } else {
       // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
       // to and from the plain buffers around it.
-      if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseConvRelu
+      if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseRelu
         post_ops po;
         po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
         attr.set_post_ops(po);

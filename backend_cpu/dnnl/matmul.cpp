@@ -108,8 +108,10 @@ public:
     if (hasC_) {
       mdC_ = dnnl_util::plainDesc(op.inInfo(2).shape(), 2);
       po.append_binary(algorithm::binary_add, mdC_);
-      attr.set_post_ops(po);
     }
+    if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after C
+      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+    if (po.len() > 0) attr.set_post_ops(po);
     auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), attr, dnnl_util::engine());
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);

@@ -37,7 +37,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
-  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseConvRelu
+  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseRelu
   ir::FusedPool pool;
   bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
   Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};

@@ -79,7 +79,7 @@ public:
   explicit GemmKernel(const ir::Op &op)
       : type_(op.outInfo(0).dataType()), transA_(op.attrs.getInt("transA", 0) != 0),
         transB_(op.attrs.getInt("transB", 0) != 0), alpha_(op.attrs.getFloat("alpha", 1.f)),
-        beta_(op.attrs.getFloat("beta", 1.f)) {
+        beta_(op.attrs.getFloat("beta", 1.f)), relu_(op.attrs.getString("popart_activation", "") == "Relu") {
     m_ = op.outInfo(0).dim(0);
     n_ = op.outInfo(0).dim(1);
     k_ = transA_ ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
@@ -104,6 +104,7 @@ public:
           }
           C v = static_cast<C>(alpha_) * acc;
           if (c) v += static_cast<C>(beta_) * static_cast<C>(c[i * cStrides_[0] + j * cStrides_[1]]);
+          if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
           y[i * n_ + j] = static_cast<T>(v);
         }
     });
@@ -113,6 +114,7 @@ private:
   DataType type_;
   bool transA_, transB_;
   float alpha_, beta_;
+  bool relu_;
   int64_t m_, n_, k_;
   std::vector<int64_t> cStrides_;
 };

@@ -188,7 +188,7 @@ int foldTransposesIntoMatMul(Graph &graph) {
   return folded;
 }
 
-int fuseConvRelu(Graph &graph) {
+int fuseRelu(Graph &graph, bool convolutions) {
   int fused = 0;
   bool changed = true;
   while (changed) {
@@ -196,7 +196,9 @@ int fuseConvRelu(Graph &graph) {
     for (Op *r : graph.schedule()) {
       if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) continue;
       Op *c = r->input(0).producer();
-      if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) continue;
+      bool producer = c && c->domain == "ai.onnx" && ((convolutions && c->type == "Conv") || c->type == "Gemm");
+      if (!producer || c->attrs.has("popart_activation")) continue;
+      if (c->type == "Gemm" && c->outInfo(0).dataType() != DataType::FLOAT) continue;
       const Tensor &pre = c->output(0);
       if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) continue;
       std::vector<TensorId> ins;

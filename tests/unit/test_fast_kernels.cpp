@@ -348,7 +348,7 @@ TEST(FuseConvRelu, FusedConvMatchesConvThenRelu) {
       ir::Graph plain, fused;
       build(plain);
       build(fused);
-      EXPECT_EQ(ir::fuseConvRelu(fused), shared ? 0 : 1);
+      EXPECT_EQ(ir::fuseRelu(fused), shared ? 0 : 1);
       auto run = [&](ir::Graph &g, backend_cpu::KernelProvider p) {
         backend_cpu::ExecutionPlan plan(g, {p});
         auto *x = static_cast<float *>(plan.address("x"));

@@ -396,7 +396,7 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
     buildConvPool(plain, fusing[i]);
     buildConvPool(fused, fusing[i]);
     Shape want = plain.tensor("y").info().shape();
-    if (fusing[i].relu) ASSERT_EQ(ir::fuseConvRelu(fused), 1);
+    if (fusing[i].relu) ASSERT_EQ(ir::fuseRelu(fused), 1);
     ASSERT_EQ(ir::fuseConvPool(fused), 1) << "case " << i;
     ASSERT_EQ(fused.ops().size(), 1u);
     EXPECT_EQ(fused.tensor("y").info().shape(), want);
@@ -409,7 +409,7 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
                      PoolCase{{2, 2}, {2, 2}, {}, true, false, false, false, true}}) {
     ir::Graph g;
     buildConvPool(g, c);
-    ir::fuseConvRelu(g);
+    ir::fuseRelu(g);
     EXPECT_EQ(ir::fuseConvPool(g), 0);
   }
 }
@@ -446,7 +446,7 @@ TEST(AgreedLayouts, ConvChainStaysBlockedBetweenConvolutions) {
   ir::Graph plain, fused;
   build(plain);
   build(fused);
-  ir::fuseConvRelu(fused);
+  ir::fuseRelu(fused);
   ir::fuseConvPool(fused);
   ASSERT_EQ(fused.ops().size(), 3u);
   backend_cpu::ExecutionPlan chained(fused, {KernelProvider::Any});
@@ -774,5 +774,51 @@ TEST(FuseLossWithGradient, LossFromTheGradientPassMatchesTheForward) {
   } catch (const error &e) {
     EXPECT_NE(std::string(e.what()).find("label 10 at position 5 is out of range [0, 10)"), std::string::npos)
         << e.what();
+  }
+}
+
+TEST(FuseRelu, GemmWithReluMatchesGemmThenReluForwardAndBackward) {
+  // x [6, 5] → Gemm(W [4, 5]ᵀ, b [4]) → Relu → Σ y·w: the Gemm applies the Relu after its bias.
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any}) {
+    auto run = [&](bool fuse) {
+      ir::registerBuiltinOps();
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {6, 5}));
+      g.addTensor("W", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 5}));
+      g.addInput("x");
+      g.addInput("W");
+      std::mt19937 rng(44);
+      g.addConst("b", randomFloats({4}, rng));
+      ir::Attributes t;
+      t.set("transB", int64_t{1});
+      g.addOp("Gemm", "", 13, "fc", t, {"x", "W", "b"}, {"h"});
+      g.addOp("Relu", "", 13, "relu", {}, {"h"}, {"y"});
+      ir::inferShapes(g, nullptr);
+      TensorId loss = gradcheck::weightedSumLoss()(g, {"y"}, 13);
+      g.addOutput(loss);
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+      std::vector<TensorId> grads = autodiff::buildGradients(g, loss, {"x", "W"});
+      for (const auto &id : grads)
+        g.addOutput(id);
+      ir::inferShapes(g, nullptr);
+      if (fuse) {
+        EXPECT_EQ(ir::fuseRelu(g, false), 1);
+        EXPECT_EQ(countType(g, "Relu"), 0);
+      }
+      backend_cpu::ExecutionPlan plan(g, {p});
+      std::mt19937 in(45);
+      for (const char *id : {"x", "W"}) {
+        TensorData v = randomFloats(plan.info(id).shape(), in);
+        std::memcpy(plan.address(id), v.data(), static_cast<size_t>(v.byteCount()));
+      }
+      plan.run();
+      std::vector<std::vector<double>> out;
+      for (const TensorId &id : {TensorId("y"), grads[0], grads[1]})
+        out.push_back(TensorData(plan.info(id), plan.address(id)).toDoubleVector());
+      return out;
+    };
+    expectSame(run(true), run(false), "gemm relu");
   }
 }
