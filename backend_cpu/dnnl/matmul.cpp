@@ -56,23 +56,31 @@ public:
     primitive_attr attr;
     float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
-    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdBias, mdY), attr, dnnl_util::engine());
+    // Constant weights (inference) in the layout oneDNN prefers, packed once.
+    auto make = [&](const memory::desc &weights) {
+      return matmul::primitive_desc(matmul::desc(mdA, weights, mdBias, mdY), attr, dnnl_util::engine());
+    };
+    bool constB = op.input(1).isConst();
+    auto pd = make(constB ? dnnl_util::anyLayout(mdB) : mdB);
+    if (constB && dnnl_util::implIs(pd, "ref")) pd = make(mdB);
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasBias_) bias_ = memory(mdBias, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    if (constB) packed_.init(b_, pd.weights_desc());
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
+    const memory &wt = packed_ ? packed_.get(b_, args.inputs[1]) : b_;
     if (hasBias_) {
       bias_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
+                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
     } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
     }
   }
 
@@ -81,6 +89,7 @@ private:
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
   memory a_, b_, y_, bias_;
+  dnnl_util::PackedWeights packed_;
 };
 
 bool supportsGemm(const ir::Op &op) {
@@ -112,30 +121,38 @@ public:
     if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after C
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
     if (po.len() > 0) attr.set_post_ops(po);
-    auto pd = matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), attr, dnnl_util::engine());
+    auto make = [&](const memory::desc &weights) {
+      return matmul::primitive_desc(matmul::desc(mdA, weights, mdY), attr, dnnl_util::engine());
+    };
+    bool constB = op.input(1).isConst(); // inference: packed once in oneDNN's layout
+    auto pd = make(constB ? dnnl_util::anyLayout(mdB) : mdB);
+    if (constB && dnnl_util::implIs(pd, "ref")) pd = make(mdB);
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasC_) c_ = memory(mdC_, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    if (constB) packed_.init(b_, pd.weights_desc());
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
+    const memory &wt = packed_ ? packed_.get(b_, args.inputs[1]) : b_;
     if (hasC_) {
       c_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
                          {{DNNL_ARG_SRC, a_},
-                          {DNNL_ARG_WEIGHTS, b_},
+                          {DNNL_ARG_WEIGHTS, wt},
                           {DNNL_ARG_DST, y_},
                           {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
     } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, b_}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
     }
   }
 
 private:
+  dnnl_util::PackedWeights packed_;
   bool hasC_ = false;
   memory::desc mdC_;
   primitive prim_;

@@ -822,3 +822,44 @@ TEST(FuseRelu, GemmWithReluMatchesGemmThenReluForwardAndBackward) {
     expectSame(run(true), run(false), "gemm relu");
   }
 }
+
+TEST(PackedWeights, ConstantMatMulAndGemmWeightsInOneDnnLayoutMatchTheReference) {
+  // Constant B (inference weights) is packed once into oneDNN's layout; a second run reuses it.
+  for (bool gemm : {false, true})
+    for (bool transposed : {false, true}) {
+      ir::registerBuiltinOps();
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      Shape xs = gemm ? Shape{64, 96} : Shape{3, 40, 96};
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+      g.addInput("x");
+      std::mt19937 rng(46);
+      g.addConst("w", randomFloats(transposed ? Shape{80, 96} : Shape{96, 80}, rng, -0.3f, 0.3f));
+      ir::Attributes a;
+      if (gemm) {
+        if (transposed) a.set("transB", int64_t{1});
+        g.addOp("Gemm", "", 13, "fc", a, {"x", "w"}, {"y"});
+      } else {
+        TensorId w = "w";
+        if (transposed) {
+          ir::Attributes perm;
+          perm.set("perm", std::vector<int64_t>{1, 0});
+          g.addOp("Transpose", "", 13, "t", perm, {"w"}, {"wt"});
+          w = "wt";
+        }
+        g.addOp("MatMul", "", 13, "mm", {}, {"x", w}, {"y"});
+      }
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+      ir::foldTransposesIntoMatMul(g);
+      TensorData x1 = randomFloats(xs, rng), x2 = randomFloats(xs, rng);
+      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
+      for (const TensorData *x : {&x1, &x2}) {
+        std::memcpy(plan.address("x"), x->data(), static_cast<size_t>(x->byteCount()));
+        plan.run();
+        const auto *y = static_cast<const float *>(plan.address("y"));
+        std::vector<float> got(y, y + plan.info("y").elementCount());
+        expectNear(got, runGraph(g, KernelProvider::Reference, *x), 1e-5f, gemm ? "gemm" : "matmul");
+      }
+    }
+}
