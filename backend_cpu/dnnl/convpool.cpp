@@ -108,11 +108,10 @@ public:
       prim_ = convolution_forward(pd);
       scratch_ = memory(pd.scratchpad_desc(), eng);
       if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
-      if (pd.weights_desc() != mdW) inner_[1] = memory(pd.weights_desc(), eng);
+      weightsDesc_ = pd.weights_desc();
       ir::FusedPool pool;
       pooled_ = ir::fusedPool(op, pool);
       if (pd.dst_desc() != mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
-      constWeights_ = op.input(1).isConst();
       if (pooled_) initPool(op, pool, pd.dst_desc());
     }
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
@@ -120,7 +119,7 @@ public:
     y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0).shape(), y.size()) : mdY, eng, DNNL_MEMORY_NONE);
     if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
     if (inner_[0]) toInner_[0] = dnnl_util::userScratchReorder(x_, inner_[0]);
-    if (inner_[1]) toInner_[1] = dnnl_util::userScratchReorder(w_, inner_[1]);
+    if (!transposed) weights_.init(w_, weightsDesc_, op.input(1).isConst());
     const memory &result = pooled_ ? poolDst_ : inner_[2];
     if (result) fromInner_ = dnnl_util::userScratchReorder(result, y_);
   }
@@ -133,11 +132,8 @@ public:
     else if (inner_[0])
       dnnl_util::execute(toInner_[0], reorderArgs_[0], {{DNNL_ARG_FROM, x_}, {DNNL_ARG_TO, inner_[0]}});
     if (outputInLayout_) (pooled_ ? poolDst_ : inner_[2]).set_data_handle(args.outputs[0]);
-    if (inner_[1] && (!constWeights_ || reorderedWeights_ != args.inputs[1])) {
-      dnnl_util::execute(toInner_[1], reorderArgs_[1], {{DNNL_ARG_FROM, w_}, {DNNL_ARG_TO, inner_[1]}});
-      reorderedWeights_ = args.inputs[1];
-    }
-    const memory &x = inner_[0] ? inner_[0] : x_, &wt = inner_[1] ? inner_[1] : w_, &y = inner_[2] ? inner_[2] : y_;
+    const memory &wt = weights_ ? weights_.get(w_, args.inputs[1]) : w_;
+    const memory &x = inner_[0] ? inner_[0] : x_, &y = inner_[2] ? inner_[2] : y_;
     if (hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
@@ -200,17 +196,18 @@ private:
     if (pd.dst_desc() != mdOut) poolDst_ = memory(pd.dst_desc(), eng);
   }
 
-  bool hasBias_ = false, constWeights_ = false, pooled_ = false;
+  bool hasBias_ = false, pooled_ = false;
   bool inputInLayout_ = false, outputInLayout_ = false; ///< agreed with the neighbours (no reorder)
   primitive pool_;
   memory poolDst_, poolScratch_; ///< the pooled result in the convolution's layout (empty: plain)
   std::vector<dnnl_exec_arg_t> poolArgs_;
-  const void *reorderedWeights_ = nullptr; ///< constant weights already in inner_[1]
+  memory::desc weightsDesc_;
+  dnnl_util::PackedWeights weights_; ///< in oneDNN's chosen layout (constant ones packed once)
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
   memory x_, w_, b_, y_, scratch_;
-  memory inner_[3];           ///< src, weights, dst in oneDNN's chosen layout (empty: plain)
-  primitive toInner_[2], fromInner_;
+  memory inner_[3];           ///< [0] src, [2] dst in oneDNN's chosen layout (empty: plain); weights: weights_
+  primitive toInner_[1], fromInner_;
   std::vector<dnnl_exec_arg_t> reorderArgs_[3];
 };
 

@@ -64,14 +64,15 @@ dnnl::memory::desc anyLayout(const dnnl::memory::desc &md) {
   return dnnl::memory::desc(md.dims(), md.data_type(), dnnl::memory::format_tag::any);
 }
 
-void PackedWeights::init(const dnnl::memory &stored, const dnnl::memory::desc &chosen) {
+void PackedWeights::init(const dnnl::memory &stored, const dnnl::memory::desc &chosen, bool constant) {
+  constant_ = constant;
   if (chosen == stored.get_desc()) return;
   packed_ = dnnl::memory(chosen, engine());
   pack_ = userScratchReorder(stored, packed_);
 }
 
 const dnnl::memory &PackedWeights::get(const dnnl::memory &stored, const void *data) {
-  if (packedFrom_ != data) {
+  if (!constant_ || packedFrom_ != data) {
     execute(pack_, args_, {{DNNL_ARG_FROM, stored}, {DNNL_ARG_TO, packed_}});
     packedFrom_ = data;
   }

@@ -52,12 +52,13 @@ template <typename PD> void skipBrgconv(PD &pd) {
 /// scratchpad mode would allocate one on every execution); throws if it would need one.
 dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &to);
 
-/// Constant weights kept in the layout a primitive chose for them: reordered from the op's buffer
-/// into memory of the kernel's own on the first run, and again only if the buffer moves.
+/// Weights kept in the layout a primitive chose for them, in memory of the kernel's own: constant
+/// ones are reordered from the op's buffer on the first run (and again only if the buffer moves),
+/// others on every run.
 class PackedWeights {
 public:
-  /// Packs when \p chosen differs from \p plain (the desc of \p stored, the weights as stored).
-  void init(const dnnl::memory &stored, const dnnl::memory::desc &chosen);
+  /// Packs when \p chosen differs from the desc of \p stored (the weights as stored).
+  void init(const dnnl::memory &stored, const dnnl::memory::desc &chosen, bool constant);
   explicit operator bool() const { return static_cast<bool>(packed_); }
   /// The weights for DNNL_ARG_WEIGHTS; \p stored holds the op's buffer \p data.
   const dnnl::memory &get(const dnnl::memory &stored, const void *data);
@@ -67,6 +68,7 @@ private:
   dnnl::reorder pack_;
   std::vector<dnnl_exec_arg_t> args_;
   const void *packedFrom_ = nullptr;
+  bool constant_ = true;
 };
 
 /// A kernel that runs one primitive from input 0 (SRC) to output 0 (DST): eltwise, softmax,

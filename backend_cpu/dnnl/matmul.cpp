@@ -68,7 +68,7 @@ public:
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasBias_) bias_ = memory(mdBias, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    if (constB) packed_.init(b_, pd.weights_desc());
+    if (constB) packed_.init(b_, pd.weights_desc(), true);
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -132,7 +132,7 @@ public:
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasC_) c_ = memory(mdC_, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    if (constB) packed_.init(b_, pd.weights_desc());
+    if (constB) packed_.init(b_, pd.weights_desc(), true);
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
