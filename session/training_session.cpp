@@ -272,9 +272,9 @@ void TrainingSession::Impl::compile() {
     ir::foldTransposesIntoMatMul(*g);
     ir::fuseMaxPoolGradRelu(*g);
     ir::fuseBatchNormRelu(*g);
-    ir::fuseRelu(*g, false); // Gemm + Relu (training Convs keep their plain kernels)
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
+    ir::fuseRelu(*g, false); // after the bias and scale; training Convs keep their plain kernels
     ir::fuseLossGradClassSums(*g);
     ir::fuseLossWithGradient(*g);
   }

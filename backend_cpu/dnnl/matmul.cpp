@@ -56,6 +56,11 @@ public:
     primitive_attr attr;
     float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
+    if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseRelu, after the bias
+      post_ops po;
+      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+      attr.set_post_ops(po);
+    }
     // Constant weights (inference) in the layout oneDNN prefers, packed once.
     auto make = [&](const memory::desc &weights) {
       return matmul::primitive_desc(matmul::desc(mdA, weights, mdBias, mdY), attr, dnnl_util::engine());

@@ -16,6 +16,7 @@ public:
     transA_ = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
     transB_ = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
     scale_ = op.attrs.getFloat("popart_scale", 1.f);
+    relu_ = op.attrs.getString("popart_activation", "") == "Relu";
     if (transA_) std::swap(a[a.size() - 1], a[a.size() - 2]);
     if (transB_) std::swap(b[b.size() - 1], b[b.size() - 2]);
     if (a.size() == 1) a.insert(a.begin(), 1);
@@ -60,7 +61,9 @@ public:
             for (int64_t p = 0; p < k_; ++p)
               acc += static_cast<C>(pa[transA_ ? p * m_ + i : i * k_ + p]) *
                      static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);
-            py[i * n_ + j] = static_cast<T>(scale_ == 1.f ? acc : acc * scale);
+            C v = scale_ == 1.f ? acc : acc * scale;
+            if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
+            py[i * n_ + j] = static_cast<T>(v);
           }
       }
     });
@@ -69,6 +72,7 @@ public:
 private:
   DataType type_;
   float scale_ = 1.f;
+  bool relu_ = false; ///< fuseRelu
   bool transA_ = false, transB_ = false;
   int64_t m_, k_, n_, batches_;
   std::vector<int64_t> offsetA_, offsetB_;

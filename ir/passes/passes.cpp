@@ -196,9 +196,12 @@ int fuseRelu(Graph &graph, bool convolutions) {
     for (Op *r : graph.schedule()) {
       if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) continue;
       Op *c = r->input(0).producer();
-      bool producer = c && c->domain == "ai.onnx" && ((convolutions && c->type == "Conv") || c->type == "Gemm");
-      if (!producer || c->attrs.has("popart_activation")) continue;
-      if (c->type == "Gemm" && c->outInfo(0).dataType() != DataType::FLOAT) continue;
+      if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) continue;
+      // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
+      // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
+      bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
+      if (!producer) continue;
+      if (c->type != "Conv" && c->outInfo(0).dataType() != DataType::FLOAT) continue;
       const Tensor &pre = c->output(0);
       if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) continue;
       std::vector<TensorId> ins;
@@ -517,7 +520,7 @@ int fuseMatMulBias(Graph &graph) {
         Op *mm = add->input(side).producer();
         const Tensor &bias = add->input(1 - side);
         if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
-            mm->attrs.has("popart_scale"))
+            mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation")) // both would apply before it
           continue;
         const Tensor &product = mm->output(0);
         if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -547,7 +550,9 @@ int fuseMatMulScale(Graph &graph) {
       for (size_t side = 0; side < (div ? 1u : 2u) && !changed; ++side) {
         Op *mm = op->input(side).producer();
         double c = 0;
-        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale")) continue;
+        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
+            mm->attrs.has("popart_activation"))
+          continue;
         if (!constScalar(&op->input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
         const Tensor &product = mm->output(0);
         if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;

@@ -33,10 +33,9 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep = {});
 /// were folded. Shapes must be known.
 int foldTransposesIntoMatMul(Graph &graph);
 
-/// A Gemm (float), or with \p convolutions a Conv, whose result only feeds a Relu computes the
-/// Relu itself (popart_activation = "Relu", a oneDNN post-op) and writes the Relu's output. Safe
-/// after autodiff: the Relu's gradient reads its output, the producer's gradients its inputs.
-/// Returns how many were fused.
+/// A float Gemm or MatMul, or with \p convolutions a Conv, whose result only feeds a Relu computes
+/// the Relu itself (popart_activation = "Relu", a oneDNN post-op after any bias) and writes the
+/// Relu's output. Returns how many were fused.
 int fuseRelu(Graph &graph, bool convolutions = true);
 
 /// A Conv whose result only feeds a MaxPool (no Indices output, floor rounding, no dilation)

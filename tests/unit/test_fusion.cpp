@@ -863,3 +863,62 @@ TEST(PackedWeights, ConstantMatMulAndGemmWeightsInOneDnnLayoutMatchTheReference)
       }
     }
 }
+
+TEST(FuseRelu, MatMulWithBiasAndReluMatchesTheUnfusedGraph) {
+  // x [2, 5, 8] · W [8, 6] + b → Relu as one MatMul; a Gelu stays apart (slower as a post-op).
+  for (bool gelu : {true, false}) {
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 5, 8}));
+      g.addInput("x");
+      std::mt19937 rng(47);
+      g.addConst("w", randomFloats({8, 6}, rng));
+      g.addConst("b", randomFloats({6}, rng));
+      g.addOp("MatMul", "", 13, "mm", {}, {"x", "w"}, {"p"});
+      g.addOp("Add", "", 13, "add", {}, {"p", "b"}, {"h"});
+      if (gelu)
+        g.addOp("Gelu", "ai.graphcore", 1, "act", {}, {"h"}, {"y"});
+      else
+        g.addOp("Relu", "", 13, "act", {}, {"h"}, {"y"});
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ASSERT_EQ(ir::fuseMatMulBias(fused), 1);
+    ASSERT_EQ(ir::fuseRelu(fused), gelu ? 0 : 1);
+    ASSERT_EQ(fused.ops().size(), gelu ? 2u : 1u);
+    if (!gelu) EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), "Relu");
+    std::mt19937 rng(48);
+    TensorData x = randomFloats({2, 5, 8}, rng, -3, 3);
+    std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused, p, x), want, 1e-5f, gelu ? "gelu" : "relu");
+  }
+}
+
+TEST(FuseRelu, ABiasOrScaleAfterTheActivationIsNotFusedIntoIt) {
+  // MatMul → Relu → Add(b) / Mul(c): once the Relu is in the MatMul, bias and scale would be
+  // applied before it, so they stay separate ops.
+  for (const char *after : {"Add", "Mul"}) {
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 8}));
+    g.addInput("x");
+    std::mt19937 rng(49);
+    g.addConst("w", randomFloats({8, 6}, rng));
+    g.addConst("b", std::string(after) == "Add" ? randomFloats({6}, rng) : scalarF(0.5f));
+    g.addOp("MatMul", "", 13, "mm", {}, {"x", "w"}, {"p"});
+    g.addOp("Relu", "", 13, "relu", {}, {"p"}, {"r"});
+    g.addOp(after, "", 13, "after", {}, {"r", "b"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    ASSERT_EQ(ir::fuseRelu(g), 1);
+    EXPECT_EQ(ir::fuseMatMulBias(g), 0) << after;
+    EXPECT_EQ(ir::fuseMatMulScale(g), 0) << after;
+    EXPECT_EQ(g.ops().size(), 2u) << after;
+  }
+}
