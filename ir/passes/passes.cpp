@@ -122,6 +122,30 @@ static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attr
   return op;
 }
 
+/// The ids of \p op's inputs ("" where one is omitted).
+static std::vector<TensorId> inputIds(const Op &op) {
+  std::vector<TensorId> ids;
+  for (const Tensor *t : op.inputs)
+    ids.push_back(t ? t->id() : "");
+  return ids;
+}
+
+/// Calls \p tryAt on the ops in schedule order until it rewrites one (returns true), then starts
+/// over on the changed graph, until a whole pass rewrites nothing. Returns how many it rewrote.
+template <typename F> static int rewriteAll(Graph &graph, F tryAt) {
+  int rewritten = 0;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (Op *op : graph.schedule())
+      if (tryAt(*op)) {
+        ++rewritten;
+        changed = true;
+        break;
+      }
+  }
+  return rewritten;
+}
+
 /// A Transpose (last two axes) of a MatMul's only use: (A·B)ᵀ = Bᵀ·Aᵀ, as one MatMul.
 static bool foldTransposedProduct(Graph &graph) {
   for (Op *t : graph.schedule()) {
@@ -189,104 +213,76 @@ int foldTransposesIntoMatMul(Graph &graph) {
 }
 
 int fuseRelu(Graph &graph, bool convolutions) {
-  int fused = 0;
-  bool changed = true;
-  while (changed) {
-    changed = false;
-    for (Op *r : graph.schedule()) {
-      if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) continue;
-      Op *c = r->input(0).producer();
-      if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) continue;
-      // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
-      // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
-      bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
-      if (!producer) continue;
-      if (c->type != "Conv" && c->outInfo(0).dataType() != DataType::FLOAT) continue;
-      const Tensor &pre = c->output(0);
-      if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) continue;
-      std::vector<TensorId> ins;
-      for (const Tensor *t : c->inputs)
-        ins.push_back(t ? t->id() : "");
-      Attributes attrs = c->attrs;
-      attrs.set("popart_activation", std::string("Relu"));
-      replacePair(graph, *c, *r, std::move(attrs), ins);
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *r = &candidate;
+    if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) return false;
+    Op *c = r->input(0).producer();
+    if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
+    // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
+    // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
+    bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
+    if (!producer) return false;
+    if (c->type != "Conv" && c->outInfo(0).dataType() != DataType::FLOAT) return false;
+    const Tensor &pre = c->output(0);
+    if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) return false;
+    std::vector<TensorId> ins = inputIds(*c);
+    Attributes attrs = c->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replacePair(graph, *c, *r, std::move(attrs), ins);
+    return true;
+  });
 }
 
 int fuseMaxPoolGradRelu(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *a : graph.schedule()) {
-      if (a->type != "ActivationGrad" || a->domain != "ai.graphcore" || a->attrs.getString("activation", "") != "Relu")
-        continue;
-      if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) continue;
-      Op *m = a->input(1).producer();
-      if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation")) continue;
-      // The Relu's output must be what the pool read: dX of the pool is then masked by it.
-      if (!m->hasInput(0) || &m->input(0) != &a->input(0)) continue;
-      const Tensor &pooled = m->output(0);
-      if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) continue;
-      Attributes attrs = m->attrs;
-      attrs.set("popart_activation", std::string("Relu"));
-      replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *a = &candidate;
+    if (a->type != "ActivationGrad" || a->domain != "ai.graphcore" || a->attrs.getString("activation", "") != "Relu")
+      return false;
+    if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) return false;
+    Op *m = a->input(1).producer();
+    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation")) return false;
+    // The Relu's output must be what the pool read: dX of the pool is then masked by it.
+    if (!m->hasInput(0) || &m->input(0) != &a->input(0)) return false;
+    const Tensor &pooled = m->output(0);
+    if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) return false;
+    Attributes attrs = m->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
+    return true;
+  });
 }
 
 int fuseConvPool(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *p : graph.schedule()) {
-      if (p->type != "MaxPool" || p->domain != "ai.onnx" || !p->hasInput(0) || !p->hasOutput(0) || p->hasOutput(1))
-        continue;
-      Op *c = p->input(0).producer();
-      if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel")) continue;
-      const Tensor &convOut = c->output(0);
-      if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) continue;
-      const Shape &x = p->inInfo(0).shape();
-      size_t nsp = x.size() - 2;
-      if (nsp < 1 || nsp > 3 || p->attrs.getInt("ceil_mode", 0) != 0) continue;
-      std::vector<int64_t> kernel = p->attrs.getInts("kernel_shape", {});
-      if (kernel.size() != nsp) continue;
-      WindowGeometry w = resolveWindow(*p, x, p->outInfo(0).shape(), kernel, false);
-      bool plain = true;
-      for (size_t i = 0; i < nsp; ++i)
-        plain = plain && w.dilations[i] == 1 && w.padBegin[i] >= 0 && w.padEnd[i] >= 0 && w.padBegin[i] < kernel[i] &&
-                w.padEnd[i] < kernel[i];
-      if (!plain) continue;
-      std::vector<TensorId> ins;
-      for (const Tensor *t : c->inputs)
-        ins.push_back(t ? t->id() : "");
-      Attributes attrs = c->attrs;
-      attrs.set("popart_pool_kernel", w.kernel);
-      attrs.set("popart_pool_strides", w.strides);
-      attrs.set("popart_pool_pads", w.pads());
-      attrs.set("popart_pool_input_shape", std::vector<int64_t>(x.begin(), x.end()));
-      Op &op = replacePair(graph, *c, *p, std::move(attrs), ins);
-      if (op.outInfo(0).shape() != graph.tensor(op.output(0).id()).info().shape())
-        throw error(op.debugName(), ": fused pool changed the output shape");
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *p = &candidate;
+    if (p->type != "MaxPool" || p->domain != "ai.onnx" || !p->hasInput(0) || !p->hasOutput(0) || p->hasOutput(1))
+      return false;
+    Op *c = p->input(0).producer();
+    if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel")) return false;
+    const Tensor &convOut = c->output(0);
+    if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) return false;
+    const Shape &x = p->inInfo(0).shape();
+    size_t nsp = x.size() - 2;
+    if (nsp < 1 || nsp > 3 || p->attrs.getInt("ceil_mode", 0) != 0) return false;
+    std::vector<int64_t> kernel = p->attrs.getInts("kernel_shape", {});
+    if (kernel.size() != nsp) return false;
+    WindowGeometry w = resolveWindow(*p, x, p->outInfo(0).shape(), kernel, false);
+    bool plain = true;
+    for (size_t i = 0; i < nsp; ++i)
+      plain = plain && w.dilations[i] == 1 && w.padBegin[i] >= 0 && w.padEnd[i] >= 0 && w.padBegin[i] < kernel[i] &&
+              w.padEnd[i] < kernel[i];
+    if (!plain) return false;
+    Attributes attrs = c->attrs;
+    attrs.set("popart_pool_kernel", w.kernel);
+    attrs.set("popart_pool_strides", w.strides);
+    attrs.set("popart_pool_pads", w.pads());
+    attrs.set("popart_pool_input_shape", std::vector<int64_t>(x.begin(), x.end()));
+    Shape pooled = p->outInfo(0).shape();
+    Op &op = replacePair(graph, *c, *p, std::move(attrs), inputIds(*c));
+    if (op.outInfo(0).shape() != pooled) throw error(op.debugName(), ": fused pool changed the output shape");
+    return true;
+  });
 }
-
-} // namespace popart::ir
-
-namespace popart::ir {
 
 namespace {
 
@@ -458,168 +454,126 @@ bool fuseGeluAt(Graph &graph, const Kept &kept, Op &erf) {
   return true;
 }
 
-/// Applies \p fuseAt to ops of \p type until none fuses; returns how many did.
-template <typename F> int fuseAll(Graph &graph, const char *type, F fuseAt) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *op : graph.schedule())
-      if (isOnnxOp(op, type) && fuseAt(*op)) {
-        ++fused;
-        changed = true;
-        break;
-      }
-  }
-  return fused;
-}
-
 } // namespace
 
 int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &keep) {
   Kept kept{graph, keep};
-  return fuseAll(graph, "ReduceMean", [&](Op &op) { return fuseLayerNormAt(graph, kept, op, statistics); });
+  return rewriteAll(graph, [&](Op &op) { return isOnnxOp(&op, "ReduceMean") && fuseLayerNormAt(graph, kept, op, statistics); });
 }
 
 int fuseGelu(Graph &graph, const std::vector<TensorId> &keep) {
   Kept kept{graph, keep};
-  return fuseAll(graph, "Erf", [&](Op &op) { return fuseGeluAt(graph, kept, op); });
+  return rewriteAll(graph, [&](Op &op) { return isOnnxOp(&op, "Erf") && fuseGeluAt(graph, kept, op); });
 }
 
 int fuseBatchNormRelu(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *r : graph.schedule()) {
-      if (!isOnnxOp(r, "Relu") || !r->hasInput(0) || !r->hasOutput(0)) continue;
-      Op *bn = r->input(0).producer();
-      if (!isOnnxOp(bn, "BatchNormalization") || bn->attrs.has("popart_activation")) continue;
-      if (bn->output(0).consumers().size() != 1 || isGraphOutput(graph, bn->output(0))) continue;
-      std::vector<TensorId> ins, outs{r->output(0).id()};
-      for (const Tensor *t : bn->inputs)
-        ins.push_back(t ? t->id() : "");
-      for (size_t i = 1; i < bn->outputs.size(); ++i)
-        outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
-      Attributes attrs = bn->attrs;
-      attrs.set("popart_activation", std::string("Relu"));
-      replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *r = &candidate;
+    if (!isOnnxOp(r, "Relu") || !r->hasInput(0) || !r->hasOutput(0)) return false;
+    Op *bn = r->input(0).producer();
+    if (!isOnnxOp(bn, "BatchNormalization") || bn->attrs.has("popart_activation")) return false;
+    if (bn->output(0).consumers().size() != 1 || isGraphOutput(graph, bn->output(0))) return false;
+    std::vector<TensorId> ins = inputIds(*bn), outs{r->output(0).id()};
+    for (size_t i = 1; i < bn->outputs.size(); ++i)
+      outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
+    Attributes attrs = bn->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
+    return true;
+  });
 }
 
 int fuseMatMulBias(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *add : graph.schedule()) {
-      if (!isOnnxOp(add, "Add") || add->inputCount() != 2 || !add->hasInput(0) || !add->hasInput(1)) continue;
-      for (size_t side = 0; side < 2 && !changed; ++side) {
-        Op *mm = add->input(side).producer();
-        const Tensor &bias = add->input(1 - side);
-        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
-            mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation")) // both would apply before it
-          continue;
-        const Tensor &product = mm->output(0);
-        if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
-        const Shape &y = product.info().shape();
-        if (y.size() < 2 || mm->inInfo(1).rank() < 2 || add->outInfo(0).shape() != y) continue;
-        if (bias.info().shape() != Shape{y.back()} || bias.info().dataType() != product.info().dataType()) continue;
-        if (bias.info().dataType() != DataType::FLOAT) continue;
-        Attributes attrs = mm->attrs;
-        attrs.set("popart_bias", int64_t{1});
-        replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
-        ++fused;
-        changed = true;
-      }
-      if (changed) break;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *add = &candidate;
+    if (!isOnnxOp(add, "Add") || add->inputCount() != 2 || !add->hasInput(0) || !add->hasInput(1)) return false;
+    for (size_t side = 0; side < 2; ++side) {
+      Op *mm = add->input(side).producer();
+      const Tensor &bias = add->input(1 - side);
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
+          mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation")) // both would apply before it
+        continue;
+      const Tensor &product = mm->output(0);
+      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+      const Shape &y = product.info().shape();
+      if (y.size() < 2 || mm->inInfo(1).rank() < 2 || add->outInfo(0).shape() != y) continue;
+      if (bias.info().shape() != Shape{y.back()} || bias.info().dataType() != product.info().dataType()) continue;
+      if (bias.info().dataType() != DataType::FLOAT) continue;
+      Attributes attrs = mm->attrs;
+      attrs.set("popart_bias", int64_t{1});
+      replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
+      return true;
     }
-  }
-  return fused;
+    return false;
+  });
 }
 
 int fuseMatMulScale(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *op : graph.schedule()) {
-      bool div = isOnnxOp(op, "Div");
-      if ((!div && !isOnnxOp(op, "Mul")) || op->inputCount() != 2 || !op->hasInput(0) || !op->hasInput(1)) continue;
-      for (size_t side = 0; side < (div ? 1u : 2u) && !changed; ++side) {
-        Op *mm = op->input(side).producer();
-        double c = 0;
-        if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
-            mm->attrs.has("popart_activation"))
-          continue;
-        if (!constScalar(&op->input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
-        const Tensor &product = mm->output(0);
-        if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
-        if (product.info().dataType() != DataType::FLOAT || op->outInfo(0).shape() != product.info().shape()) continue;
-        Attributes attrs = mm->attrs;
-        attrs.set("popart_scale", static_cast<float>(div ? 1.0 / c : c));
-        replacePair(graph, *mm, *op, std::move(attrs), {mm->input(0).id(), mm->input(1).id()});
-        ++fused;
-        changed = true;
-      }
-      if (changed) break;
+  return rewriteAll(graph, [&](Op &op) {
+    bool div = isOnnxOp(&op, "Div");
+    if ((!div && !isOnnxOp(&op, "Mul")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return false;
+    for (size_t side = 0; side < (div ? 1u : 2u); ++side) {
+      Op *mm = op.input(side).producer();
+      double c = 0;
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
+          mm->attrs.has("popart_activation"))
+        continue;
+      if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
+      const Tensor &product = mm->output(0);
+      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+      if (product.info().dataType() != DataType::FLOAT || op.outInfo(0).shape() != product.info().shape()) continue;
+      Attributes attrs = mm->attrs;
+      attrs.set("popart_scale", static_cast<float>(div ? 1.0 / c : c));
+      replacePair(graph, *mm, op, std::move(attrs), {mm->input(0).id(), mm->input(1).id()});
+      return true;
     }
-  }
-  return fused;
+    return false;
+  });
 }
 
 int fuseLossGradClassSums(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *r : graph.schedule()) {
-      if (!isOnnxOp(r, "ReduceSum") || r->inputCount() != 2 || !r->hasInput(1) || !r->input(1).isConst()) continue;
-      // Through Reshapes that keep the class axis last, back to the loss gradient.
-      const Tensor *t = &r->input(0);
-      int64_t classes = t->info().rank() >= 1 ? t->info().shape().back() : 0;
-      while (t->producer() && isOnnxOp(t->producer(), "Reshape") && t->info().rank() >= 1 &&
-             t->info().shape().back() == classes)
-        t = &t->producer()->input(0);
-      Op *sce = t->producer();
-      if (!sce || sce->type != "SoftmaxCrossEntropyLossGrad" || sce->domain != "ai.graphcore" || sce->hasOutput(1))
-        continue;
-      if (&sce->output(0) != t || t->info().rank() != 2 || t->info().shape().back() != classes) continue;
-      // The sum runs over every axis but the last.
-      int64_t rank = r->inInfo(0).rank();
-      std::vector<int64_t> axes = r->input(1).data()->toInt64Vector();
-      for (auto &a : axes)
-        a = a < 0 ? a + rank : a;
-      std::sort(axes.begin(), axes.end());
-      std::vector<int64_t> all(static_cast<size_t>(rank - 1));
-      for (int64_t a = 0; a < rank - 1; ++a)
-        all[static_cast<size_t>(a)] = a;
-      if (axes != all || r->outInfo(0).elementCount() != classes) continue;
-      TensorId out = r->output(0).id(), sums = graph.uniqueId(out + "_class_sums");
-      Shape outShape = r->outInfo(0).shape();
-      std::vector<TensorId> ins, outs{sce->output(0).id(), sums};
-      for (const Tensor *in : sce->inputs)
-        ins.push_back(in ? in->id() : "");
-      std::string name = sce->name;
-      int phase = sce->phase, version = sce->version;
-      Attributes attrs = sce->attrs;
-      graph.removeOp(*r);
-      graph.removeOp(*sce);
-      Op &grad = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
-      grad.phase = phase;
-      grad.def->setup(grad);
-      TensorId shape = graph.uniqueId(out + "_shape");
-      graph.addConst(shape, TensorData::fromInt64({static_cast<int64_t>(outShape.size())},
-                                                  std::vector<int64_t>(outShape.begin(), outShape.end())));
-      Op &view = graph.addOp("Reshape", "ai.onnx", 14, "", {}, {sums, shape}, {out});
-      view.phase = phase;
-      view.def->setup(view);
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *r = &candidate;
+    if (!isOnnxOp(r, "ReduceSum") || r->inputCount() != 2 || !r->hasInput(1) || !r->input(1).isConst()) return false;
+    // Through Reshapes that keep the class axis last, back to the loss gradient.
+    const Tensor *t = &r->input(0);
+    int64_t classes = t->info().rank() >= 1 ? t->info().shape().back() : 0;
+    while (t->producer() && isOnnxOp(t->producer(), "Reshape") && t->info().rank() >= 1 &&
+           t->info().shape().back() == classes)
+      t = &t->producer()->input(0);
+    Op *sce = t->producer();
+    if (!sce || sce->type != "SoftmaxCrossEntropyLossGrad" || sce->domain != "ai.graphcore" || sce->hasOutput(1))
+      return false;
+    if (&sce->output(0) != t || t->info().rank() != 2 || t->info().shape().back() != classes) return false;
+    // The sum runs over every axis but the last.
+    int64_t rank = r->inInfo(0).rank();
+    std::vector<int64_t> axes = r->input(1).data()->toInt64Vector();
+    for (auto &a : axes)
+      a = a < 0 ? a + rank : a;
+    std::sort(axes.begin(), axes.end());
+    std::vector<int64_t> all(static_cast<size_t>(rank - 1));
+    for (int64_t a = 0; a < rank - 1; ++a)
+      all[static_cast<size_t>(a)] = a;
+    if (axes != all || r->outInfo(0).elementCount() != classes) return false;
+    TensorId out = r->output(0).id(), sums = graph.uniqueId(out + "_class_sums");
+    Shape outShape = r->outInfo(0).shape();
+    std::vector<TensorId> ins = inputIds(*sce), outs{sce->output(0).id(), sums};
+    std::string name = sce->name;
+    int phase = sce->phase, version = sce->version;
+    Attributes attrs = sce->attrs;
+    graph.removeOp(*r);
+    graph.removeOp(*sce);
+    Op &grad = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
+    grad.phase = phase;
+    grad.def->setup(grad);
+    TensorId shape = graph.uniqueId(out + "_shape");
+    graph.addConst(shape, TensorData::fromInt64({static_cast<int64_t>(outShape.size())},
+                                                std::vector<int64_t>(outShape.begin(), outShape.end())));
+    Op &view = graph.addOp("Reshape", "ai.onnx", 14, "", {}, {sums, shape}, {out});
+    view.phase = phase;
+    view.def->setup(view);
+    return true;
+  });
 }
 
 /// True if \p t is computed (transitively) from an output of \p op.
@@ -640,45 +594,27 @@ static bool dependsOn(const Tensor &t, const Op &op) {
 }
 
 int fuseLossWithGradient(Graph &graph) {
-  int fused = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *g : graph.schedule()) {
-      if (g->type != "SoftmaxCrossEntropyLossGrad" || g->domain != "ai.graphcore" || g->hasOutput(2)) continue;
-      if (!g->hasInput(0) || !g->hasInput(1) || !g->hasInput(3)) continue;
-      Op *f = nullptr;
-      for (Op *c : g->input(0).consumers())
-        if (isOnnxOp(c, "SoftmaxCrossEntropyLoss") && c->hasInput(1) && &c->input(1) == &g->input(1) &&
-            c->hasInput(2) == g->hasInput(2) && (!c->hasInput(2) || &c->input(2) == &g->input(2)) &&
-            c->attrs.getString("reduction", "mean") == g->attrs.getString("reduction", "mean") &&
-            c->attrs.has("ignore_index") == g->attrs.has("ignore_index") &&
-            c->attrs.getInt("ignore_index", 0) == g->attrs.getInt("ignore_index", 0))
-          f = c;
-      if (!f || !f->hasOutput(0)) continue;
-      if (f->hasOutput(1) && (!f->output(1).consumers().empty() || isGraphOutput(graph, f->output(1)))) continue;
-      if (dependsOn(g->input(3), *f)) continue; // the gradient seed must not need the loss
-      std::vector<TensorId> ins, outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "",
-                                      f->output(0).id()};
-      for (const Tensor *in : g->inputs)
-        ins.push_back(in ? in->id() : "");
-      std::vector<TensorId> dead;
-      if (f->hasOutput(1)) dead.push_back(f->output(1).id());
-      std::string name = f->name;
-      int phase = f->phase, version = g->version;
-      Attributes attrs = g->attrs;
-      graph.removeOp(*g);
-      graph.removeOp(*f);
-      for (const auto &id : dead)
-        graph.removeTensor(id);
-      Op &op = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
-      op.phase = phase;
-      op.def->setup(op);
-      ++fused;
-      changed = true;
-      break;
-    }
-  }
-  return fused;
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *g = &candidate;
+    if (g->type != "SoftmaxCrossEntropyLossGrad" || g->domain != "ai.graphcore" || g->hasOutput(2)) return false;
+    if (!g->hasInput(0) || !g->hasInput(1) || !g->hasInput(3)) return false;
+    Op *f = nullptr;
+    for (Op *c : g->input(0).consumers())
+      if (isOnnxOp(c, "SoftmaxCrossEntropyLoss") && c->hasInput(1) && &c->input(1) == &g->input(1) &&
+          c->hasInput(2) == g->hasInput(2) && (!c->hasInput(2) || &c->input(2) == &g->input(2)) &&
+          c->attrs.getString("reduction", "mean") == g->attrs.getString("reduction", "mean") &&
+          c->attrs.has("ignore_index") == g->attrs.has("ignore_index") &&
+          c->attrs.getInt("ignore_index", 0) == g->attrs.getInt("ignore_index", 0))
+        f = c;
+    if (!f || !f->hasOutput(0)) return false;
+    if (f->hasOutput(1) && (!f->output(1).consumers().empty() || isGraphOutput(graph, f->output(1)))) return false;
+    if (dependsOn(g->input(3), *f)) return false; // the gradient seed must not need the loss
+    std::vector<TensorId> ins = inputIds(*g), outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "",
+                                    f->output(0).id()};
+    // Named and phased as the forward; its unused log_prob goes with it.
+    replaceOps(graph, {f, g}, g->type, g->domain, g->version, g->attrs, ins, outs);
+    return true;
+  });
 }
 
 } // namespace popart::ir
