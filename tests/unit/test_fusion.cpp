@@ -922,3 +922,35 @@ TEST(FuseRelu, ABiasOrScaleAfterTheActivationIsNotFusedIntoIt) {
     EXPECT_EQ(g.ops().size(), 2u) << after;
   }
 }
+
+TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
+  // The popart_* attributes can also arrive in a model file: setup names what is wrong.
+  ir::registerBuiltinOps();
+  auto expectError = [](ir::Op &op, const std::string &what) {
+    try {
+      op.def->setup(op);
+      FAIL() << "expected an error containing: " << what;
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 8}));
+  g.addTensor("b", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {8, 6}));
+  g.addTensor("bias5", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {5}));
+  ir::Op &noFlag = g.addOp("MatMul", "", 13, "three_inputs", {}, {"a", "b", "bias5"}, {"y0"});
+  expectError(noFlag, "three_inputs");
+  ir::Attributes bias;
+  bias.set("popart_bias", int64_t{1});
+  ir::Op &wrongBias = g.addOp("MatMul", "", 13, "bad_bias", bias, {"a", "b", "bias5"}, {"y1"});
+  expectError(wrongBias, "must be 1-D of the output's last dimension 6");
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
+  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
+  ir::Attributes pool;
+  pool.set("popart_pool_kernel", std::vector<int64_t>{2, 2});
+  pool.set("popart_pool_strides", std::vector<int64_t>{2, 2});
+  pool.set("popart_pool_input_shape", std::vector<int64_t>{1, 3, 5, 5});
+  ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", pool, {"x", "w"}, {"y2"});
+  expectError(wrongPool, "is not the convolution's result shape");
+}
