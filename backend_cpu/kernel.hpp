@@ -16,6 +16,9 @@ struct KernelArgs {
   size_t inputCount = 0;
   void *const *outputs = nullptr;
   size_t outputCount = 0;
+  /// The kernel's working memory (Kernel::scratchBytes, 64-byte aligned), planned in the arena
+  /// for this step only; null when the kernel runs outside a plan.
+  void *scratch = nullptr;
 
   template <typename T> const T *in(size_t i) const { return static_cast<const T *>(inputs[i]); }
   template <typename T> T *out(size_t i) const { return static_cast<T *>(outputs[i]); }
@@ -45,6 +48,10 @@ public:
   virtual bool readInputIn(size_t /*i*/, const TensorLayout & /*layout*/) { return false; }
   /// From now on writes output \p i in the layout that outputLayout(i) gave.
   virtual void writeOutputIn(size_t /*i*/) {}
+  /// Bytes of working memory run() uses (KernelArgs::scratch). The plan places them in the arena,
+  /// live during this step only, so they share memory with tensors that are dead by then. A
+  /// kernel given no scratch (run outside a plan) must still work.
+  virtual int64_t scratchBytes() const { return 0; }
 };
 
 /// Which kernel implementations may be chosen.

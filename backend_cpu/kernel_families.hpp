@@ -5,6 +5,15 @@
 
 namespace popart::backend_cpu {
 
+/// How the oneDNN MatMul kernel presents a large 2-D product of non-constant operands to oneDNN:
+/// as stored, or with A or B first reordered into its other layout (row-major ↔ transposed, in
+/// the kernel's scratch). oneDNN 2.6's AVX2 f32 gemm runs some shape and layout pairs at half
+/// speed (weight gradients Xᵀ·dY with a long K). Auto times the three ways once per shape and
+/// configuration and keeps the fastest if it gains 15%; the others force one, for tests and A/B
+/// runs. The environment variable POPART_MATMUL_TUNING=0 makes Auto AsStored.
+enum class MatMulOperands { Auto, AsStored, FlippedA, FlippedB };
+void setMatMulOperands(MatMulOperands choice);
+
 void registerReferenceKernels(KernelRegistry &registry);
 void registerDnnlKernels(KernelRegistry &registry);
 
@@ -31,5 +40,9 @@ void registerReferenceActGradKernels(KernelRegistry &registry);
 /// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
 /// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.
 bool tiledMaxPoolGrad(const ir::Op &op);
+/// The same for MaxPool without Indices: one vectorised pass at memory speed, where oneDNN 2.6
+/// without AVX-512 runs plain NCHW pooling in its generic simple_nchw code (10.7 ms against
+/// about 1 ms for the CNN benchmark's first pool), so oneDNN declines it too.
+bool tiledMaxPool(const ir::Op &op);
 
 } // namespace popart::backend_cpu

@@ -17,11 +17,12 @@ bool planned(const ir::Tensor &t) { return t.kind() == ir::TensorKind::Stream ||
 
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases,
-                      const std::map<TensorId, TensorId> &views) {
+                      const std::map<TensorId, TensorId> &views, const std::vector<int64_t> &scratch) {
   struct Interval {
     TensorId id;
     int64_t bytes;
     size_t first, last;
+    int64_t scratchStep = -1; ///< a step's scratch rather than a tensor
   };
   std::map<TensorId, Interval> live;
   size_t end = schedule.size();
@@ -50,9 +51,15 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
   std::vector<Interval> order;
   for (auto &[id, iv] : live)
     order.push_back(iv);
+  for (size_t s = 0; s < scratch.size() && s < schedule.size(); ++s)
+    if (scratch[s] > 0) order.push_back(Interval{"", alignUp(scratch[s]), s, s, static_cast<int64_t>(s)});
   std::sort(order.begin(), order.end(),
-            [](const Interval &a, const Interval &b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.id < b.id; });
+            [](const Interval &a, const Interval &b) {
+              if (a.bytes != b.bytes) return a.bytes > b.bytes;
+              return a.id != b.id ? a.id < b.id : a.scratchStep < b.scratchStep;
+            });
   MemoryPlan plan;
+  plan.scratchOffsets.assign(schedule.size(), -1);
   std::vector<std::pair<Interval, int64_t>> placed;
   for (const Interval &iv : order) {
     plan.unsharedBytes += iv.bytes;
@@ -67,7 +74,10 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
       offset = std::max(offset, e);
     }
     placed.emplace_back(iv, offset);
-    plan.offsets[iv.id] = offset;
+    if (iv.scratchStep >= 0)
+      plan.scratchOffsets[static_cast<size_t>(iv.scratchStep)] = offset;
+    else
+      plan.offsets[iv.id] = offset;
     plan.arenaBytes = std::max(plan.arenaBytes, offset + iv.bytes);
   }
   return plan;
@@ -115,7 +125,34 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       aliases[op->output(static_cast<size_t>(m.output)).id()] = rootId;
     }
   const std::map<TensorId, TensorId> views = findViews(schedule, pinned, aliases);
-  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, views);
+  // Kernels first: the memory plan places their scratch too.
+  registerBuiltinKernels();
+  std::vector<int64_t> scratch;
+  for (const ir::Op *op : schedule) {
+    for (const ir::Tensor *t : op->outputs)
+      if (t && t->info().dataType() == DataType::STRING)
+        throw error(op->debugName(), ": STRING tensors are supported only where they can be computed at compile time");
+    Step step;
+    const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
+    bool isView = op->hasOutput(0) && views.count(op->output(0).id());
+    step.kernel = isView ? std::make_unique<NoOpKernel>() : createKernel(*op, options.provider);
+    scratch.push_back(step.kernel->scratchBytes());
+    stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
+    stepNames_.push_back(op->debugName());
+    stepPhases_.push_back(op->phase);
+    StepInfo info;
+    info.name = op->debugName();
+    info.type = op->domain == "ai.onnx" ? op->type : op->domain + "." + op->type;
+    info.phase = op->phase;
+    info.flops = estimateFlops(*op);
+    for (const ir::Tensor *t : op->inputs)
+      if (t) info.bytes += t->info().byteCount();
+    for (const ir::Tensor *t : op->outputs)
+      if (t) info.bytes += t->info().byteCount();
+    stepInfos_.push_back(std::move(info));
+    steps_.push_back(std::move(step));
+  }
+  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, views, scratch);
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
     if (auto v = views.find(id); v != views.end()) {
@@ -133,37 +170,20 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     }
     infos_[id] = t->info();
   }
-  for (const ir::Op *op : schedule) {
-    for (const ir::Tensor *t : op->outputs)
-      if (t && t->info().dataType() == DataType::STRING)
-        throw error(op->debugName(), ": STRING tensors are supported only where they can be computed at compile time");
-    Step step;
-    registerBuiltinKernels();
-    const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
-    bool isView = op->hasOutput(0) && views.count(op->output(0).id());
-    step.kernel = isView ? std::make_unique<NoOpKernel>() : createKernel(*op, options.provider);
-    stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
-    for (const ir::Tensor *t : op->inputs)
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    Step &step = steps_[s];
+    for (const ir::Tensor *t : schedule[s]->inputs)
       step.inputs.push_back(t ? address(t->id()) : nullptr);
-    for (const ir::Tensor *t : op->outputs)
+    for (const ir::Tensor *t : schedule[s]->outputs)
       step.outputs.push_back(t ? address(t->id()) : nullptr);
-    stepNames_.push_back(op->debugName());
-    stepPhases_.push_back(op->phase);
-    StepInfo info;
-    info.name = op->debugName();
-    info.type = op->domain == "ai.onnx" ? op->type : op->domain + "." + op->type;
-    info.phase = op->phase;
-    info.flops = estimateFlops(*op);
-    for (const ir::Tensor *t : op->inputs)
-      if (t) info.bytes += t->info().byteCount();
-    for (const ir::Tensor *t : op->outputs)
-      if (t) info.bytes += t->info().byteCount();
-    stepInfos_.push_back(std::move(info));
-    steps_.push_back(std::move(step));
   }
   agreeLayouts(schedule, pinned, aliases, views);
-  for (Step &s : steps_)
-    s.args = {s.inputs.data(), s.inputs.size(), s.outputs.data(), s.outputs.size()};
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    Step &step = steps_[s];
+    int64_t offset = memoryPlan_.scratchOffsets[s];
+    step.args = {step.inputs.data(), step.inputs.size(), step.outputs.data(), step.outputs.size(),
+                 offset >= 0 ? arena_.get() + offset : nullptr};
+  }
   logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing)", steps_.size(), memoryPlan_.arenaBytes,
                           memoryPlan_.unsharedBytes);
 }

@@ -15,6 +15,8 @@ namespace popart::backend_cpu {
 /// Offsets of the tensors that share the arena, from liveness over the schedule.
 struct MemoryPlan {
   std::map<TensorId, int64_t> offsets;
+  /// Offset of each step's scratch (Kernel::scratchBytes), -1 where a step has none.
+  std::vector<int64_t> scratchOffsets;
   int64_t arenaBytes = 0;
   /// Sum of the sizes of all planned tensors, as if none shared memory.
   int64_t unsharedBytes = 0;
@@ -24,10 +26,11 @@ struct MemoryPlan {
 /// \p pinned (graph inputs and outputs) stay live for the whole run; tensors in \p aliases
 /// (outputs of in-place updates) get no bytes of their own. Tensors in \p views (outputs of
 /// Reshape-like ops, mapped to the planned tensor whose bytes they reinterpret) get no bytes
-/// either, and each use of a view keeps its root alive.
+/// either, and each use of a view keeps its root alive. \p scratch (bytes per step, if given)
+/// is working memory live during its step only.
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {},
-                      const std::map<TensorId, TensorId> &views = {});
+                      const std::map<TensorId, TensorId> &views = {}, const std::vector<int64_t> &scratch = {});
 
 /// Outputs of ops that only reinterpret their input's bytes (Reshape, Flatten, Squeeze,
 /// Unsqueeze, Identity) mapped to the root tensor they share storage with. Only activations

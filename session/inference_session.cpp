@@ -86,6 +86,7 @@ struct InferenceSession::Impl {
       ir::fuseMatMulScale(*g);
       ir::fuseBatchNormRelu(*g);
       ir::fuseRelu(*g);
+      ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);
     }
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));

@@ -275,6 +275,7 @@ void TrainingSession::Impl::compile() {
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
     ir::fuseRelu(*g, false); // after the bias and scale; training Convs keep their plain kernels
+    ir::fuseMatMulResidual(*g); // last of the MatMul fusions, which cannot follow it
     ir::fuseLossGradClassSums(*g);
     ir::fuseLossWithGradient(*g);
   }

@@ -5,6 +5,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include <popart/error.hpp>
 
@@ -258,6 +259,7 @@ bool supportsConv(const ir::Op &op) { return allFloat(op) && spatialRankOk(op) &
 bool supportsPool(const ir::Op &op) {
   if (!allFloat(op) || !spatialRankOk(op)) return false;
   if (op.type == "MaxPool" && op.hasOutput(1)) return false; // no Indices from oneDNN
+  if (tiledMaxPool(op)) return false;                          // the reference's vectorised pass
   // A dilated window can lie wholly in the padding, where ONNX and oneDNN disagree.
   const Shape &x = op.inInfo(0).shape();
   auto k = op.attrs.getInts("kernel_shape");

@@ -2,6 +2,14 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/kernel_families.hpp"
+#include "core/log.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
 
 namespace popart::backend_cpu {
 
@@ -26,6 +34,23 @@ memory::desc storedDesc(const Shape &shape, size_t rank, bool transposed) {
   memory::dims strides = dnnl_util::plainStrides(swapped);
   std::swap(strides[rank - 1], strides[rank - 2]);
   return memory::desc(dims, memory::data_type::f32, strides);
+}
+
+MatMulOperands forcedOperands = MatMulOperands::Auto;
+
+/// Products smaller than this (FLOPs) are run as stored: timing them would cost more than it saves.
+constexpr double kTuneFlops = 2e8;
+
+/// Milliseconds of the fastest of three runs of \p f after one warm-up.
+template <typename F> double fastestMs(F &&f) {
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) best = std::min(best, ms);
+  }
+  return best;
 }
 
 class MatMulKernel : public Kernel {
@@ -56,44 +81,153 @@ public:
     primitive_attr attr;
     float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
-    if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseRelu, after the bias
-      post_ops po;
+    post_ops po;
+    if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after the bias
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-      attr.set_post_ops(po);
+    hasResidual_ = op.hasInput(3); // fused by fuseMatMulResidual: added last
+    if (hasResidual_) {
+      residualArg_ = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len()) | DNNL_ARG_SRC_1;
+      po.append_binary(algorithm::binary_add, mdY);
+      r_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     }
+    if (po.len() > 0) attr.set_post_ops(po);
     // Constant weights (inference) in the layout oneDNN prefers, packed once.
-    auto make = [&](const memory::desc &weights) {
-      return matmul::primitive_desc(matmul::desc(mdA, weights, mdBias, mdY), attr, dnnl_util::engine());
+    auto make = [&](const memory::desc &src, const memory::desc &weights) {
+      return matmul::primitive_desc(matmul::desc(src, weights, mdBias, mdY), attr, dnnl_util::engine());
     };
     bool constB = op.input(1).isConst();
-    auto pd = make(constB ? dnnl_util::anyLayout(mdB) : mdB);
-    if (constB && dnnl_util::implIs(pd, "ref")) pd = make(mdB);
+    auto pd = make(mdA, constB ? dnnl_util::anyLayout(mdB) : mdB);
+    if (constB && dnnl_util::implIs(pd, "ref")) pd = make(mdA, mdB);
     prim_ = matmul(pd);
     a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
     b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasBias_) bias_ = memory(mdBias, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (constB) packed_.init(b_, pd.weights_desc(), true);
+    bool batched = shapeElementCount(y) != y[rank - 1] * y[rank - 2];
+    if (!constB && !batched) chooseOperands(op, a, b, rank, ta, tb, make);
+  }
+  int64_t scratchBytes() const override {
+    return operands_ == MatMulOperands::FlippedA ? static_cast<int64_t>(a_.get_desc().get_size())
+           : operands_ == MatMulOperands::FlippedB ? static_cast<int64_t>(b_.get_desc().get_size())
+                                                  : 0;
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
     b_.set_data_handle(const_cast<void *>(args.inputs[1]));
     y_.set_data_handle(args.outputs[0]);
-    const memory &wt = packed_ ? packed_.get(b_, args.inputs[1]) : b_;
-    if (hasBias_) {
-      bias_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
-    } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
+    if (hasBias_) bias_.set_data_handle(const_cast<void *>(args.inputs[2]));
+    if (hasResidual_) r_.set_data_handle(const_cast<void *>(args.inputs[3]));
+    if (operands_ != MatMulOperands::AsStored && args.scratch) {
+      bool flippedA = operands_ == MatMulOperands::FlippedA;
+      memory &scratch = flippedA ? scratchA_ : scratchB_;
+      scratch.set_data_handle(args.scratch);
+      dnnl_util::execute(reorder_, reorderArgs_, {{DNNL_ARG_FROM, flippedA ? a_ : b_}, {DNNL_ARG_TO, scratch}});
+      product(reordered_, reorderedArgs_, flippedA ? scratch : a_, flippedA ? b_ : scratch);
+      return;
     }
+    product(prim_, args_, a_, packed_ ? packed_.get(b_, args.inputs[1]) : b_);
   }
 
 private:
-  bool hasBias_ = false;
+  /// Which operand, if any, to reorder into the scratch first (see MatMulOperands). Auto times
+  /// each way on zeroed buffers once per configuration.
+  template <typename Make>
+  void chooseOperands(const ir::Op &op, const Shape &a, const Shape &b, size_t rank, bool ta, bool tb, Make &&make) {
+    MatMulOperands choice = forcedOperands;
+    double flops = 2.0 * static_cast<double>(shapeElementCount(a)) * static_cast<double>(b.back());
+    if (choice == MatMulOperands::Auto) {
+      const char *env = std::getenv("POPART_MATMUL_TUNING");
+      if ((env && std::string(env) == "0") || flops < kTuneFlops) return;
+    }
+    memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
+    auto build = [&](MatMulOperands way) {
+      memory::desc mdA = way == MatMulOperands::FlippedA ? flippedA : a_.get_desc();
+      memory::desc mdB = way == MatMulOperands::FlippedB ? flippedB : b_.get_desc();
+      auto pd = make(mdA, mdB);
+      if (dnnl_util::implIs(pd, "ref")) return false;
+      reordered_ = matmul(pd);
+      reorderedArgs_.clear(); // they name the previous way's memories
+      reorderArgs_.clear();
+      memory &scratch = way == MatMulOperands::FlippedA ? scratchA_ : scratchB_;
+      scratch = memory(way == MatMulOperands::FlippedA ? flippedA : flippedB, dnnl_util::engine(), DNNL_MEMORY_NONE);
+      const memory &from = way == MatMulOperands::FlippedA ? a_ : b_;
+      reorder_ = dnnl_util::userScratchReorder(from, scratch);
+      return true;
+    };
+    if (choice == MatMulOperands::Auto) {
+      static std::mutex mutex;
+      static std::map<std::string, MatMulOperands> chosen;
+      std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") + (hasBias_ ? "+bias" : "") +
+                        (hasResidual_ ? "+residual" : "") + op.attrs.getString("popart_activation", "") +
+                        std::to_string(op.attrs.getFloat("popart_scale", 1.f));
+      std::lock_guard<std::mutex> lock(mutex);
+      auto it = chosen.find(key);
+      choice = it != chosen.end() ? it->second : timeOperands(build);
+      chosen[key] = choice;
+      logging::logger().debug("{}: {} operands for {}", op.debugName(),
+                              choice == MatMulOperands::FlippedA     ? "flipped A"
+                              : choice == MatMulOperands::FlippedB ? "flipped B"
+                                                                   : "stored",
+                              key);
+    }
+    if (choice == MatMulOperands::AsStored || !build(choice)) return;
+    operands_ = choice;
+  }
+
+  /// Times the product as stored and with each reorder; the fastest if it beats the stored way by
+  /// 15% (a smaller gain is within this machine's run-to-run noise).
+  template <typename Build> MatMulOperands timeOperands(Build &&build) {
+    size_t bytesA = a_.get_desc().get_size(), bytesB = b_.get_desc().get_size(), bytesY = y_.get_desc().get_size();
+    std::vector<float> bufA(bytesA / 4), bufB(bytesB / 4), bufY(bytesY / 4), scratch(std::max(bytesA, bytesB) / 4);
+    std::vector<float> bias(hasBias_ ? bias_.get_desc().get_size() / 4 : 0), residual(hasResidual_ ? bufY.size() : 0);
+    KernelArgs args;
+    const void *ins[4] = {bufA.data(), bufB.data(), hasBias_ ? bias.data() : nullptr,
+                          hasResidual_ ? residual.data() : nullptr};
+    void *outs[1] = {bufY.data()};
+    args = {ins, 4, outs, 1, scratch.data()};
+    operands_ = MatMulOperands::AsStored;
+    double stored = fastestMs([&] { run(args); });
+    MatMulOperands best = MatMulOperands::AsStored;
+    double bestMs = stored / 1.15;
+    for (MatMulOperands way : {MatMulOperands::FlippedA, MatMulOperands::FlippedB}) {
+      if (!build(way)) continue;
+      operands_ = way;
+      double ms = fastestMs([&] { run(args); });
+      if (ms < bestMs) {
+        best = way;
+        bestMs = ms;
+      }
+    }
+    operands_ = MatMulOperands::AsStored;
+    return best;
+  }
+
+  /// Runs \p prim from \p src and \p wt into y_, with the bias and residual memories if any.
+  void product(const primitive &prim, std::vector<dnnl_exec_arg_t> &cache, const memory &src, const memory &wt) {
+    if (hasBias_ && hasResidual_)
+      dnnl_util::execute(prim, cache,
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_},
+                          {residualArg_, r_}});
+    else if (hasBias_)
+      dnnl_util::execute(prim, cache,
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
+    else if (hasResidual_)
+      dnnl_util::execute(prim, cache,
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}, {residualArg_, r_}});
+    else
+      dnnl_util::execute(prim, cache, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
+  }
+
+  bool hasBias_ = false, hasResidual_ = false;
+  int residualArg_ = 0;
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
-  memory a_, b_, y_, bias_;
+  memory a_, b_, y_, bias_, r_;
+  MatMulOperands operands_ = MatMulOperands::AsStored;
+  primitive reordered_, reorder_;
+  std::vector<dnnl_exec_arg_t> reorderedArgs_, reorderArgs_;
+  memory scratchA_, scratchB_;
   dnnl_util::PackedWeights packed_;
 };
 
@@ -166,6 +300,8 @@ private:
 };
 
 } // namespace
+
+void setMatMulOperands(MatMulOperands choice) { forcedOperands = choice; }
 
 void registerDnnlMatMulKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, makeKernel<MatMulKernel>});

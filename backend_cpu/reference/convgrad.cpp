@@ -171,14 +171,29 @@ std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
 
 } // namespace
 
-bool tiledMaxPoolGrad(const ir::Op &op) {
-  if (op.type != "MaxPoolGrad" || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4) return false;
+namespace {
+bool tiledWindows(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4) return false;
   std::vector<int64_t> k = op.attrs.getInts("kernel_shape", {}), s = op.attrs.getInts("strides", {});
   std::vector<int64_t> d = op.attrs.getInts("dilations", {1, 1}), pads = op.attrs.getInts("pads", {0, 0, 0, 0});
   if (k.size() != 2 || s.size() != 2) return false;
   for (size_t i = 0; i < 2; ++i)
     if (s[i] < k[i] || d[i] != 1) return false;
   return std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
+}
+} // namespace
+
+bool tiledMaxPoolGrad(const ir::Op &op) { return op.type == "MaxPoolGrad" && tiledWindows(op); }
+
+bool tiledMaxPool(const ir::Op &op) {
+  if (op.type != "MaxPool" || op.hasOutput(1) || !op.hasOutput(0) || !tiledWindows(op)) return false;
+  if (op.attrs.getString("auto_pad", "NOTSET") != "NOTSET") return false;
+  // Every output window lies inside the input (floor rounding, or ceil that adds none).
+  const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
+  std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
+  for (size_t i = 0; i < 2; ++i)
+    if ((y[i + 2] - 1) * s[i] + k[i] > x[i + 2]) return false;
+  return y[0] == x[0] && y[1] == x[1];
 }
 
 void registerReferenceConvGradKernels(KernelRegistry &r) {

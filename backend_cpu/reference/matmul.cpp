@@ -49,7 +49,8 @@ public:
       const T *a = args.in<T>(0);
       const T *b = args.in<T>(1);
       T *y = args.out<T>(0);
-      const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr; // fused by fuseMatMulBias
+      const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr;     // fused by fuseMatMulBias
+      const T *residual = args.hasInput(3) ? args.in<T>(3) : nullptr; // fused by fuseMatMulResidual
       const auto scale = static_cast<C>(scale_);                    // fused by fuseMatMulScale
       for (int64_t bi = 0; bi < batches_; ++bi) {
         const T *pa = a + offsetA_[bi];
@@ -63,6 +64,7 @@ public:
                      static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);
             C v = scale_ == 1.f ? acc : acc * scale;
             if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
+            if (residual) v += static_cast<C>(residual[bi * m_ * n_ + i * n_ + j]);
             py[i * n_ + j] = static_cast<T>(v);
           }
       }

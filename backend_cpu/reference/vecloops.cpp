@@ -102,6 +102,32 @@ POPART_CLONES void batchNormBackward(const float *x, const float *dy, float m, f
     dx[i] = g * (dy[i] - meanDy - (x[i] - m) * r * meanDyXhat);
 }
 
+POPART_CLONES void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh,
+                               int64_t kw, int64_t sh, int64_t sw) {
+  if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && h >= 2 * oh && w >= 2 * ow) { // the common 2×2 pool
+    for (int64_t r = 0; r < oh; ++r) {
+      const float *x0 = x + 2 * r * w, *x1 = x0 + w;
+      float *yr = y + r * ow;
+#pragma omp simd
+      for (int64_t j = 0; j < ow; ++j) {
+        float a = x0[2 * j], b = x0[2 * j + 1], c = x1[2 * j], d = x1[2 * j + 1];
+        float m0 = b > a ? b : a, m1 = d > c ? d : c;
+        yr[j] = m1 > m0 ? m1 : m0;
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < oh; ++r)
+    for (int64_t j = 0; j < ow; ++j) {
+      const float *base = x + r * sh * w + j * sw;
+      float m = base[0];
+      for (int64_t u = 0; u < kh; ++u)
+        for (int64_t v = 0; v < kw; ++v)
+          if (base[u * w + v] > m) m = base[u * w + v];
+      y[r * ow + j] = m;
+    }
+}
+
 POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh,
                                    int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask) {
   const float zero = 0.f;

@@ -42,4 +42,9 @@ void batchNormBackward(const float *x, const float *dy, float m, float r, float 
 void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh, int64_t ow,
                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask);
 
+/// MaxPool on one [h, w] plane whose windows do not overlap (as maxPoolGradPlane): y [oh, ow]
+/// is each window's maximum, with maxPoolGradPlane's choice of the first maximum (and of NaN).
+void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
+                  int64_t sh, int64_t sw);
+
 } // namespace popart::backend_cpu::vec

@@ -8,7 +8,8 @@ namespace popart::ir {
 namespace {
 
 void setupMatMul(Op &op) {
-  requireInputCount(op, 2, op.attrs.getInt("popart_bias", 0) ? 3 : 2);
+  bool residual = op.attrs.getInt("popart_residual", 0) != 0;
+  requireInputCount(op, residual ? 4 : 2, residual ? 4 : op.attrs.getInt("popart_bias", 0) ? 3 : 2);
   Shape a = op.inInfo(0).shape();
   Shape b = op.inInfo(1).shape();
   if (a.empty() || b.empty()) throw error(op.debugName(), ": MatMul inputs must have rank >= 1");
@@ -37,7 +38,12 @@ void setupMatMul(Op &op) {
       throw error(op.debugName(), ": bias ", bias.toString(), " must be 1-D of the output's last dimension ",
                   out.empty() ? int64_t{0} : out.back(), " in ", toString(op.inInfo(0).dataType()));
   }
-  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
+  TensorInfo y(op.inInfo(0).dataType(), out);
+  // popart_residual (set by fuseMatMulResidual): input 3, of the output's shape, is added last.
+  if (residual && (!op.hasInput(3) || op.inInfo(3) != y || bVec))
+    throw error(op.debugName(), ": the residual input 3 must be ", y.toString(), ", got ",
+                op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
+  op.setOutInfo(0, y);
 }
 
 void setupGemm(Op &op) {

@@ -217,7 +217,8 @@ int fuseRelu(Graph &graph, bool convolutions) {
     Op *r = &candidate;
     if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) return false;
     Op *c = r->input(0).producer();
-    if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
+    if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation") || c->attrs.has("popart_residual"))
+      return false;
     // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
     // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
     bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
@@ -491,7 +492,8 @@ int fuseMatMulBias(Graph &graph) {
       Op *mm = add->input(side).producer();
       const Tensor &bias = add->input(1 - side);
       if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
-          mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation")) // both would apply before it
+          mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation") || // they would apply before it
+          mm->attrs.has("popart_residual"))
         continue;
       const Tensor &product = mm->output(0);
       if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -508,6 +510,31 @@ int fuseMatMulBias(Graph &graph) {
   });
 }
 
+int fuseMatMulResidual(Graph &graph) {
+  return rewriteAll(graph, [&](Op &op) {
+    bool sum = isOnnxOp(&op, "Sum");
+    if ((!sum && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return false;
+    if (&op.input(0) == &op.input(1)) return false;
+    for (size_t side = 0; side < 2; ++side) {
+      Op *mm = op.input(side).producer();
+      const Tensor &residual = op.input(1 - side);
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) continue;
+      const Tensor &product = mm->output(0);
+      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+      const TensorInfo &y = product.info();
+      if (y.dataType() != DataType::FLOAT || y.rank() < 2 || residual.info() != y || op.outInfo(0) != y) continue;
+      Attributes attrs = mm->attrs;
+      attrs.set("popart_residual", int64_t{1});
+      std::vector<TensorId> ins = inputIds(*mm);
+      ins.resize(3);
+      ins.push_back(residual.id());
+      replacePair(graph, *mm, op, std::move(attrs), ins);
+      return true;
+    }
+    return false;
+  });
+}
+
 int fuseMatMulScale(Graph &graph) {
   return rewriteAll(graph, [&](Op &op) {
     bool div = isOnnxOp(&op, "Div");
@@ -516,7 +543,7 @@ int fuseMatMulScale(Graph &graph) {
       Op *mm = op.input(side).producer();
       double c = 0;
       if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
-          mm->attrs.has("popart_activation"))
+          mm->attrs.has("popart_activation") || mm->attrs.has("popart_residual"))
         continue;
       if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
       const Tensor &product = mm->output(0);

@@ -59,6 +59,13 @@ int fuseBatchNormRelu(Graph &graph);
 /// Add's output. After autodiff. Returns how many were fused.
 int fuseMatMulBias(Graph &graph);
 
+/// A float MatMul (B a matrix) whose product only feeds an Add or a two-input Sum with a tensor r
+/// of the product's shape (a residual connection, or a gradient summed with another) adds r
+/// itself (popart_residual = 1, r as input 3 after an optional bias: a oneDNN binary post-op,
+/// applied last) and writes the Add's output. After autodiff and after the other MatMul
+/// fusions, which cannot apply after it. Returns how many were fused.
+int fuseMatMulResidual(Graph &graph);
+
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c
 /// scales it itself (popart_scale = c or 1/c: oneDNN's output scale) and writes that output
 /// (attention's 1/√d). A division becomes a product with 1/c, which may differ in the last bit

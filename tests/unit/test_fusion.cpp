@@ -10,6 +10,7 @@
 
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/kernel.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <random>
 
 using namespace popart;
@@ -101,6 +103,14 @@ std::vector<float> runGraph(const ir::Graph &g, KernelProvider p, const TensorDa
   plan.run();
   const auto *y = static_cast<const float *>(plan.address(out));
   return std::vector<float>(y, y + plan.info(out).elementCount());
+}
+
+/// Adds a Transpose of the 2-D tensor \p id; returns its output id + "t".
+TensorId transpose2d(ir::Graph &g, const TensorId &id) {
+  ir::Attributes perm;
+  perm.set("perm", std::vector<int64_t>{1, 0});
+  g.addOp("Transpose", "", 13, "transpose_" + id, perm, {id}, {id + "t"});
+  return id + "t";
 }
 
 void expectNear(const std::vector<float> &got, const std::vector<float> &want, float tol, const std::string &what) {
@@ -497,15 +507,21 @@ std::vector<double> reluPoolGradient(bool fuse, DataType type, const Shape &shap
 
 } // namespace
 
+namespace {
+struct TiledPoolCase {
+  Shape shape;
+  std::vector<int64_t> kernel, strides;
+};
+/// Pools whose windows tile: 2×2 / 2 (the CNN's), an odd size that leaves a row and column
+/// uncovered, 3×3 / 3, and windows with gaps between them (2×2 / 3).
+std::vector<TiledPoolCase> tiledPoolCases() {
+  return {{{2, 3, 8, 10}, {2, 2}, {2, 2}}, {{2, 3, 9, 7}, {2, 2}, {2, 2}}, {{1, 2, 9, 9}, {3, 3}, {3, 3}},
+          {{1, 2, 8, 8}, {2, 2}, {3, 3}}};
+}
+} // namespace
+
 TEST(FuseMaxPoolGradRelu, TiledKernelAndFusionMatchTheGenericGradient) {
-  struct Case {
-    Shape shape;
-    std::vector<int64_t> kernel, strides;
-  };
-  // 2×2 / 2 (the CNN's), an odd size that leaves a row and column uncovered, 3×3 / 3, and
-  // windows with gaps between them (2×2 / 3).
-  for (const Case &c : {Case{{2, 3, 8, 10}, {2, 2}, {2, 2}}, Case{{2, 3, 9, 7}, {2, 2}, {2, 2}},
-                        Case{{1, 2, 9, 9}, {3, 3}, {3, 3}}, Case{{1, 2, 8, 8}, {2, 2}, {3, 3}}}) {
+  for (const TiledPoolCase &c : tiledPoolCases()) {
     std::mt19937 rng(37);
     std::uniform_int_distribution<int> small(-3, 3); // small integers: ties and zeros in most windows
     std::vector<double> x(static_cast<size_t>(shapeElementCount(c.shape)));
@@ -840,14 +856,7 @@ TEST(PackedWeights, ConstantMatMulAndGemmWeightsInOneDnnLayoutMatchTheReference)
         if (transposed) a.set("transB", int64_t{1});
         g.addOp("Gemm", "", 13, "fc", a, {"x", "w"}, {"y"});
       } else {
-        TensorId w = "w";
-        if (transposed) {
-          ir::Attributes perm;
-          perm.set("perm", std::vector<int64_t>{1, 0});
-          g.addOp("Transpose", "", 13, "t", perm, {"w"}, {"wt"});
-          w = "wt";
-        }
-        g.addOp("MatMul", "", 13, "mm", {}, {"x", w}, {"y"});
+        g.addOp("MatMul", "", 13, "mm", {}, {"x", transposed ? transpose2d(g, "w") : TensorId("w")}, {"y"});
       }
       g.addOutput("y");
       ir::inferShapes(g, nullptr);
@@ -945,6 +954,12 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
   bias.set("popart_bias", int64_t{1});
   ir::Op &wrongBias = g.addOp("MatMul", "", 13, "bad_bias", bias, {"a", "b", "bias5"}, {"y1"});
   expectError(wrongBias, "must be 1-D of the output's last dimension 6");
+  ir::Attributes residual;
+  residual.set("popart_residual", int64_t{1});
+  ir::Op &noResidual = g.addOp("MatMul", "", 13, "no_residual", residual, {"a", "b"}, {"y3"});
+  expectError(noResidual, "no_residual");
+  ir::Op &wrongResidual = g.addOp("MatMul", "", 13, "bad_residual", residual, {"a", "b", "", "b"}, {"y4"});
+  expectError(wrongResidual, "the residual input 3 must be FLOAT[4,6], got FLOAT[8,6]");
   g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
   g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
   ir::Attributes pool;
@@ -953,4 +968,165 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
   pool.set("popart_pool_input_shape", std::vector<int64_t>{1, 3, 5, 5});
   ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", pool, {"x", "w"}, {"y2"});
   expectError(wrongPool, "is not the convolution's result shape");
+}
+
+namespace {
+
+/// Runs \p g with \p p on the stream inputs \p feeds (id → value); returns output "y".
+std::vector<float> runFeeds(const ir::Graph &g, KernelProvider p, const std::map<TensorId, TensorData> &feeds) {
+  backend_cpu::ExecutionPlan plan(g, {p});
+  for (const auto &[id, v] : feeds)
+    std::memcpy(plan.address(id), v.data(), static_cast<size_t>(v.byteCount()));
+  plan.run();
+  const auto *y = static_cast<const float *>(plan.address("y"));
+  return std::vector<float>(y, y + plan.info("y").elementCount());
+}
+
+} // namespace
+
+TEST(FuseMatMulResidual, ResidualAddedByTheMatMulMatchesTheAdd) {
+  // y = [Relu](x · w [+ b]) + r, as Add(p, r), Add(r, p) or Sum(p, r); r has the product's shape.
+  struct Case {
+    Shape x;
+    const char *op;
+    bool residualFirst, bias, relu, sharedProduct, broadcastResidual;
+    int fuses;
+  };
+  for (const Case &c : {Case{{2, 5, 8}, "Add", false, true, false, false, false, 1},
+                        Case{{7, 8}, "Add", true, false, true, false, false, 1},
+                        Case{{7, 8}, "Sum", false, true, true, false, false, 1},
+                        Case{{7, 8}, "Add", false, true, false, true, false, 0},
+                        Case{{7, 8}, "Add", false, false, false, false, true, 0}}) {
+    std::string what = std::string(c.op) + (c.bias ? "+bias" : "") + (c.relu ? "+relu" : "") +
+                       (c.sharedProduct ? " shared" : "") + (c.broadcastResidual ? " broadcast" : "");
+    Shape y = c.x;
+    y.back() = 6;
+    Shape rShape = c.broadcastResidual ? Shape{1, 6} : y;
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, c.x));
+      g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, rShape));
+      g.addInput("x");
+      g.addInput("r");
+      std::mt19937 rng(50);
+      g.addConst("w", randomFloats({8, 6}, rng));
+      g.addConst("b", randomFloats({6}, rng));
+      g.addOp("MatMul", "", 13, "mm", {}, {"x", "w"}, {"p"});
+      TensorId p = "p";
+      if (c.bias) {
+        g.addOp("Add", "", 13, "bias", {}, {p, "b"}, {"pb"});
+        p = "pb";
+      }
+      if (c.relu) {
+        g.addOp("Relu", "", 13, "relu", {}, {p}, {"pr"});
+        p = "pr";
+      }
+      g.addOp(c.op, "", 13, "residual", {},
+              c.residualFirst ? std::vector<TensorId>{"r", p} : std::vector<TensorId>{p, "r"}, {"y"});
+      g.addOutput("y");
+      if (c.sharedProduct) g.addOutput(p);
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ir::fuseMatMulBias(fused);
+    ir::fuseRelu(fused);
+    ASSERT_EQ(ir::fuseMatMulResidual(fused), c.fuses) << what;
+    if (!c.fuses) continue;
+    ASSERT_EQ(fused.ops().size(), 1u) << what;
+    // Nothing fuses after the residual: it would apply before it.
+    EXPECT_EQ(ir::fuseMatMulResidual(fused) + ir::fuseMatMulBias(fused) + ir::fuseRelu(fused), 0) << what;
+    std::mt19937 rng(51);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(c.x, rng)}, {"r", randomFloats(rShape, rng)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 1e-5f, what);
+  }
+}
+
+TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
+  // Weight-gradient form Xᵀ · dY (A stored transposed), and a plain product with a bias; each
+  // way of presenting the operands to oneDNN (forced) matches the reference kernel, in a plan
+  // (with scratch) and outside one (without: the kernel runs as stored).
+  for (bool transposedA : {true, false}) {
+    ir::Graph g;
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    Shape aShape = transposedA ? Shape{33, 20} : Shape{20, 33};
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, aShape));
+    g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {33, 17}));
+    g.addInput("x");
+    g.addInput("dy");
+    std::mt19937 rng(60);
+    g.addConst("b", randomFloats({17}, rng));
+    g.addOp("MatMul", "", 13, "mm", {}, {transposedA ? transpose2d(g, "x") : TensorId("x"), "dy"}, {"p"});
+    g.addOp("Add", "", 13, "add", {}, {"p", "b"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    ir::foldTransposesIntoMatMul(g);
+    ir::fuseMatMulBias(g);
+    ASSERT_EQ(g.ops().size(), 1u);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(aShape, rng)}, {"dy", randomFloats({33, 17}, rng)}};
+    std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
+    for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::FlippedA,
+                     backend_cpu::MatMulOperands::FlippedB}) {
+      backend_cpu::setMatMulOperands(way);
+      std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + " way " + std::to_string(int(way));
+      {
+        backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
+        bool reorders = way != backend_cpu::MatMulOperands::AsStored;
+        EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
+      }
+      expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
+      // Outside a plan: no scratch.
+      auto kernel = backend_cpu::createKernel(*g.schedule()[0], KernelProvider::Dnnl);
+      std::vector<float> out(want.size());
+      const void *ins[] = {feeds.at("x").data(), feeds.at("dy").data(), g.tensor("b").data()->data()};
+      void *outs[] = {out.data()};
+      kernel->run({ins, 3, outs, 1});
+      expectNear(out, want, 1e-5f, what + " without scratch");
+    }
+    backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
+  }
+}
+
+TEST(TiledMaxPool, VectorisedPassMatchesTheGenericLoop) {
+  // FLOAT takes the vectorised pass (oneDNN declines it), DOUBLE the generic loop.
+  for (const TiledPoolCase &c : tiledPoolCases()) {
+    std::mt19937 rng(38);
+    std::uniform_int_distribution<int> small(-3, 3); // ties in most windows
+    std::vector<double> x(static_cast<size_t>(shapeElementCount(c.shape)));
+    for (auto &v : x)
+      v = small(rng);
+    auto pool = [&](DataType type, KernelProvider p, KernelProvider *used) {
+      ir::registerBuiltinOps();
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(type, c.shape));
+      g.addInput("x");
+      ir::Attributes a;
+      a.set("kernel_shape", c.kernel);
+      a.set("strides", c.strides);
+      g.addOp("MaxPool", "", 13, "pool", a, {"x"}, {"y"});
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+      backend_cpu::ExecutionPlan plan(g, {p});
+      TensorData in = TensorData::fromDoubles(type, c.shape, x);
+      std::memcpy(plan.address("x"), in.data(), static_cast<size_t>(in.byteCount()));
+      plan.run();
+      if (used) *used = plan.stepProviders()[0];
+      std::vector<double> y(static_cast<size_t>(plan.info("y").elementCount()));
+      for (size_t i = 0; i < y.size(); ++i)
+        y[i] = type == DataType::FLOAT ? static_cast<const float *>(plan.address("y"))[i]
+                                       : static_cast<const double *>(plan.address("y"))[i];
+      return y;
+    };
+    std::vector<double> want = pool(DataType::DOUBLE, KernelProvider::Reference, nullptr);
+    KernelProvider used = KernelProvider::Any;
+    std::vector<double> got = pool(DataType::FLOAT, KernelProvider::Any, &used);
+    EXPECT_EQ(used, KernelProvider::Reference);
+    ASSERT_EQ(got, want);
+  }
 }
