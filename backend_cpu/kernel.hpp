@@ -52,6 +52,10 @@ public:
   /// live during this step only, so they share memory with tensors that are dead by then. A
   /// kernel given no scratch (run outside a plan) must still work.
   virtual int64_t scratchBytes() const { return 0; }
+  /// The input whose buffer output 0 may share (-1: none): the kernel reads each element of it
+  /// only before writing the same element of output 0, which has its size. The plan then writes
+  /// the output over that input where the input is dead after this step.
+  virtual int inPlaceInput() const { return -1; }
 };
 
 /// Which kernel implementations may be chosen.

@@ -152,10 +152,17 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     stepInfos_.push_back(std::move(info));
     steps_.push_back(std::move(step));
   }
-  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, views, scratch);
+  std::map<TensorId, TensorId> shared = views;
+  for (const auto &[out, in] : findInPlace(schedule, pinned, aliases, views))
+    shared[out] = in;
+  // Every entry names its final root (a view of an in-place output shares the input's bytes).
+  for (auto &[id, root] : shared)
+    for (auto next = shared.find(root); next != shared.end(); next = shared.find(root))
+      root = next->second;
+  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, shared, scratch);
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
-    if (auto v = views.find(id); v != views.end()) {
+    if (auto v = shared.find(id); v != shared.end()) {
       addresses_[id] = arena_.get() + memoryPlan_.offsets.at(v->second);
     } else if (auto a = aliases.find(id); a != aliases.end()) {
       addresses_[id] = graph.tensor(a->second).data()->data();
@@ -177,15 +184,60 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     for (const ir::Tensor *t : schedule[s]->outputs)
       step.outputs.push_back(t ? address(t->id()) : nullptr);
   }
-  agreeLayouts(schedule, pinned, aliases, views);
+  agreeLayouts(schedule, pinned, aliases, shared);
+  for (const auto &[out, in] : shared)
+    if (!views.count(out)) inPlace_.push_back(out);
   for (size_t s = 0; s < steps_.size(); ++s) {
     Step &step = steps_[s];
     int64_t offset = memoryPlan_.scratchOffsets[s];
     step.args = {step.inputs.data(), step.inputs.size(), step.outputs.data(), step.outputs.size(),
                  offset >= 0 ? arena_.get() + offset : nullptr};
   }
-  logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing)", steps_.size(), memoryPlan_.arenaBytes,
-                          memoryPlan_.unsharedBytes);
+  logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing); {} outputs in place", steps_.size(),
+                          memoryPlan_.arenaBytes, memoryPlan_.unsharedBytes, inPlace_.size());
+}
+
+std::map<TensorId, TensorId> ExecutionPlan::findInPlace(const std::vector<ir::Op *> &schedule,
+                                                        const std::vector<TensorId> &pinned,
+                                                        const std::map<TensorId, TensorId> &aliases,
+                                                        const std::map<TensorId, TensorId> &views) const {
+  // An output may take its input's bytes when the kernel allows it and nothing reads the input,
+  // or any tensor sharing its bytes (views, earlier in-place outputs), after this step.
+  std::map<TensorId, size_t> lastUse;
+  for (size_t s = 0; s < schedule.size(); ++s)
+    for (const ir::Tensor *t : schedule[s]->inputs)
+      if (t) lastUse[t->id()] = s;
+  std::set<TensorId> pinnedIds(pinned.begin(), pinned.end());
+  std::map<TensorId, TensorId> rootOf = views, inPlace;
+  auto root = [&](const TensorId &id) {
+    auto it = rootOf.find(id);
+    return it == rootOf.end() ? id : it->second;
+  };
+  std::map<TensorId, std::vector<TensorId>> sharers; // root → every tensor on its bytes
+  for (const auto &[view, r] : views)
+    sharers[r].push_back(view);
+  for (size_t s = 0; s < schedule.size(); ++s) {
+    const ir::Op &op = *schedule[s];
+    int k = steps_[s].kernel->inPlaceInput();
+    if (k < 0 || !op.hasInput(static_cast<size_t>(k)) || !op.hasOutput(0)) continue;
+    const ir::Tensor &in = op.input(static_cast<size_t>(k)), &out = op.output(0);
+    if (!planned(in) || !planned(out) || in.info().byteCount() != out.info().byteCount()) continue;
+    if (std::count(op.inputs.begin(), op.inputs.end(), &in) != 1) continue;
+    if (pinnedIds.count(out.id()) || aliases.count(out.id()) || aliases.count(in.id()) || rootOf.count(out.id()))
+      continue;
+    TensorId r = root(in.id());
+    std::vector<TensorId> onBytes = sharers[r];
+    onBytes.push_back(r);
+    bool free = std::none_of(onBytes.begin(), onBytes.end(), [&](const TensorId &id) {
+      auto use = lastUse.find(id);
+      return pinnedIds.count(id) || aliases.count(id) || (use != lastUse.end() && use->second > s);
+    });
+    if (!free) continue;
+    rootOf[out.id()] = r;
+    inPlace[out.id()] = r;
+    sharers[r].push_back(out.id());
+  }
+  return inPlace;
 }
 
 void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,

@@ -104,8 +104,14 @@ public:
   /// bytes in address() are not the plain tensor.
   const std::vector<TensorId> &agreedLayouts() const { return agreedLayouts_; }
   int64_t variableBytes() const { return variableBytes_; }
+  /// Outputs written over an input that was dead after their step (Kernel::inPlaceInput).
+  const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
 private:
+  /// Outputs that may share an input's bytes, mapped to the root they then share (see inPlace()).
+  std::map<TensorId, TensorId> findInPlace(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                                           const std::map<TensorId, TensorId> &aliases,
+                                           const std::map<TensorId, TensorId> &views) const;
   /// Lets adjacent kernels keep the tensor between them in a shared internal layout (Kernel::
   /// outputLayout, readInputIn, writeOutputIn) where no other step or the caller sees it.
   void agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
@@ -128,7 +134,7 @@ private:
   std::vector<std::pair<int64_t, int64_t>> stepTimes_;
   std::vector<ProfileEvent> events_;
   int64_t constBytes_ = 0, variableBytes_ = 0;
-  std::vector<TensorId> agreedLayouts_;
+  std::vector<TensorId> agreedLayouts_, inPlace_;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;

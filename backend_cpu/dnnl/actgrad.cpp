@@ -24,7 +24,9 @@ bool floatAndNotEmpty(const ir::Op &op) { return dnnl_util::inputsFloat(op) && o
 /// writing output 0 as DIFF_SRC.
 class DiffKernel : public Kernel {
 public:
-  DiffKernel(primitive prim, int dataArg, const memory::desc &md) : prim_(std::move(prim)), dataArg_(dataArg) {
+  /// \p inPlace: diff_src may be written over diff_dst (oneDNN's eltwise backward).
+  DiffKernel(primitive prim, int dataArg, const memory::desc &md, bool inPlace = false)
+      : prim_(std::move(prim)), dataArg_(dataArg), inPlace_(inPlace) {
     auto &eng = dnnl_util::engine();
     data_ = memory(md, eng, DNNL_MEMORY_NONE);
     diffDst_ = memory(md, eng, DNNL_MEMORY_NONE);
@@ -36,10 +38,12 @@ public:
     diffSrc_.set_data_handle(args.outputs[0]);
     dnnl_util::execute(prim_, args_, {{dataArg_, data_}, {DNNL_ARG_DIFF_DST, diffDst_}, {DNNL_ARG_DIFF_SRC, diffSrc_}});
   }
+  int inPlaceInput() const override { return inPlace_ ? 1 : -1; }
 
 private:
   primitive prim_;
   int dataArg_;
+  bool inPlace_;
   std::vector<dnnl_exec_arg_t> args_;
   memory data_, diffDst_, diffSrc_;
 };
@@ -166,7 +170,7 @@ std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
   eltwise_forward::primitive_desc hint(
       eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta), eng);
   eltwise_backward::primitive_desc pd(eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), eng, hint);
-  return std::make_unique<DiffKernel>(eltwise_backward(pd), spec.fromDst ? DNNL_ARG_DST : DNNL_ARG_SRC, md);
+  return std::make_unique<DiffKernel>(eltwise_backward(pd), spec.fromDst ? DNNL_ARG_DST : DNNL_ARG_SRC, md, true);
 }
 
 } // namespace

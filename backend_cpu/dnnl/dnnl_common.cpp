@@ -24,8 +24,10 @@ void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
   stream().wait();
 }
 
-SrcDstKernel::SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst)
-    : prim_(std::move(prim)), src_(src, engine(), DNNL_MEMORY_NONE), dst_(dst, engine(), DNNL_MEMORY_NONE) {}
+SrcDstKernel::SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst,
+                           bool inPlace)
+    : prim_(std::move(prim)), src_(src, engine(), DNNL_MEMORY_NONE), dst_(dst, engine(), DNNL_MEMORY_NONE),
+      inPlace_(inPlace) {}
 
 void SrcDstKernel::run(const KernelArgs &args) {
   src_.set_data_handle(const_cast<void *>(args.inputs[0]));

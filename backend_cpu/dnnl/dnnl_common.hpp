@@ -75,13 +75,17 @@ private:
 /// reduction, pooling without indices...
 class SrcDstKernel : public Kernel {
 public:
-  SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst);
+  /// \p inPlace: the primitive may write dst over src (oneDNN's eltwise may).
+  SrcDstKernel(dnnl::primitive prim, const dnnl::memory::desc &src, const dnnl::memory::desc &dst,
+               bool inPlace = false);
   void run(const KernelArgs &args) override;
+  int inPlaceInput() const override { return inPlace_ ? 0 : -1; }
 
 private:
   dnnl::primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
   dnnl::memory src_, dst_;
+  bool inPlace_ = false;
 };
 
 } // namespace popart::backend_cpu::dnnl_util

@@ -52,7 +52,7 @@ std::unique_ptr<Kernel> createEltwise(const ir::Op &op) {
   auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
   auto pd = eltwise_forward::primitive_desc(
       eltwise_forward::desc(prop_kind::forward_inference, spec.alg, md, spec.alpha, spec.beta), dnnl_util::engine());
-  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
+  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md, true); // may run in place
 }
 
 algorithm binaryAlgorithm(const std::string &type) {
@@ -97,6 +97,7 @@ public:
     y_.set_data_handle(args.outputs[0]);
     dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC_0, a_}, {DNNL_ARG_SRC_1, b_}, {DNNL_ARG_DST, y_}});
   }
+  int inPlaceInput() const override { return swapped_ ? 1 : 0; } // oneDNN's binary: dst over src0
 
 private:
   bool swapped_ = false;
@@ -127,7 +128,7 @@ std::unique_ptr<Kernel> createPow(const ir::Op &op) {
   auto pd = eltwise_forward::primitive_desc(
       eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_pow, md, 1.f, exponent),
       dnnl_util::engine());
-  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md);
+  return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md, true); // may run in place
 }
 
 /// Sum and Mean of same-shape inputs: oneDNN's sum primitive (scales 1 or 1/n). The gradient of a
@@ -163,6 +164,7 @@ public:
                             "could not execute a primitive");
     dnnl_util::stream().wait();
   }
+  int inPlaceInput() const override { return 0; } // oneDNN's sum: dst over src 0
 
 private:
   primitive prim_;

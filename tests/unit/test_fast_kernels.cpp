@@ -413,3 +413,51 @@ TEST(FastKernels, FloatBatchNormMatchesTheDoubleKernel) {
     }
   }
 }
+
+TEST(PlanInPlace, ElementwiseOutputsTakeTheBytesOfInputsThatAreDead) {
+  // a = exp(x); b = relu(a); c = sigmoid(b); d = c + x; y = d · 2: b, c and d can each be written
+  // over their dead input, all on a's bytes; y is a graph output and keeps its own. In the second
+  // graph a is read again after b, so b gets its own bytes and the later Add writes over b.
+  for (bool readAgain : {false, true}) {
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {8, 33}));
+    g.addInput("x");
+    g.addConst("two", TensorData::fromDoubles(DataType::FLOAT, {}, {2.0}));
+    g.addOp("Exp", "", 13, "exp", {}, {"x"}, {"a"});
+    g.addOp("Relu", "", 13, "relu", {}, {"a"}, {"b"});
+    g.addOp("Sigmoid", "", 13, "sigmoid", {}, {"b"}, {"c"});
+    g.addOp("Add", "", 13, "add", {}, {"c", readAgain ? "a" : "x"}, {"d"});
+    g.addOp("Mul", "", 13, "mul", {}, {"d", "two"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    std::vector<float> x(8 * 33);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(i % 17) * 0.25f - 2.f;
+    auto run = [&](backend_cpu::ExecutionPlan &plan) {
+      std::memcpy(plan.address("x"), x.data(), x.size() * sizeof(float));
+      plan.run();
+      const auto *y = static_cast<const float *>(plan.address("y"));
+      return std::vector<float>(y, y + x.size());
+    };
+    backend_cpu::ExecutionPlan reference(g, {backend_cpu::KernelProvider::Reference});
+    EXPECT_TRUE(reference.inPlace().empty()); // the reference kernels do not offer it
+    backend_cpu::ExecutionPlan plan(g, {backend_cpu::KernelProvider::Dnnl});
+    if (!readAgain) {
+      EXPECT_EQ(plan.address("b"), plan.address("a"));
+      EXPECT_EQ(plan.address("c"), plan.address("a"));
+      EXPECT_EQ(plan.address("d"), plan.address("a"));
+      EXPECT_EQ(plan.inPlace().size(), 3u);
+      EXPECT_LT(plan.memoryPlan().arenaBytes, reference.memoryPlan().arenaBytes);
+    } else {
+      EXPECT_NE(plan.address("b"), plan.address("a"));
+      EXPECT_EQ(plan.address("c"), plan.address("b"));
+      EXPECT_EQ(plan.address("d"), plan.address("b")); // over c (src0), not over a
+    }
+    EXPECT_NE(plan.address("y"), plan.address("a"));
+    std::vector<float> want = run(reference), got = run(plan);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-6f * (1 + std::fabs(want[i]))) << (readAgain ? "read again " : "") << i;
+  }
+}

@@ -175,7 +175,8 @@ TEST(MemoryPlan, TensorsWithDisjointLifetimesShareBytes) {
     g.addOp("Relu", "", 13, names[i + 1], {}, {names[i]}, {names[i + 1]});
   g.addOutput("y");
   inferShapes(g, nullptr);
-  backend_cpu::ExecutionPlan plan(g, {});
+  // Reference kernels: oneDNN's Relu would run in place (PlanInPlace), which needs no sharing.
+  backend_cpu::ExecutionPlan plan(g, {KernelProvider::Reference});
   const auto &mp = plan.memoryPlan();
   EXPECT_EQ(mp.unsharedBytes, 7 * 4096);
   EXPECT_LE(mp.arenaBytes, 4 * 4096); // x and y pinned, the chain reuses two more buffers
