@@ -1071,7 +1071,7 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
     std::map<TensorId, TensorData> feeds{{"x", randomFloats(aShape, rng)}, {"dy", randomFloats({33, 17}, rng)}};
     std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
     for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::FlippedA,
-                     backend_cpu::MatMulOperands::FlippedB}) {
+                     backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB}) {
       backend_cpu::setMatMulOperands(way);
       std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + " way " + std::to_string(int(way));
       {
