@@ -56,6 +56,12 @@ public:
   /// only before writing the same element of output 0, which has its size. The plan then writes
   /// the output over that input where the input is dead after this step.
   virtual int inPlaceInput() const { return -1; }
+  /// Elements of independent work that runRange can do in any sub-ranges, in any order or at
+  /// once (0: it cannot). The plan merges adjacent such steps (optimiser updates) into one step
+  /// that shares all their elements among the threads in one parallel region.
+  virtual int64_t rangeElements() const { return 0; }
+  /// Does elements [begin, end) of run() on this thread.
+  virtual void runRange(const KernelArgs & /*args*/, int64_t /*begin*/, int64_t /*end*/) {}
 };
 
 /// Which kernel implementations may be chosen.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <omp.h>
 #include <set>
 
 namespace popart::backend_cpu {
@@ -106,6 +107,41 @@ class NoOpKernel : public Kernel {
 public:
   void run(const KernelArgs &) override {}
 };
+
+/// Adjacent steps whose kernels split into independent ranges (Kernel::rangeElements: the
+/// optimiser updates), run as one step: all their elements, end to end, are cut into one
+/// contiguous share per thread in one parallel region, so small updates do not run one after
+/// another on one thread and each thread streams through memory in order.
+class MergedRangesKernel : public Kernel {
+public:
+  struct Member {
+    std::unique_ptr<Kernel> kernel;
+    const KernelArgs *args;
+  };
+  explicit MergedRangesKernel(std::vector<Member> members) : members_(std::move(members)) {
+    starts_.push_back(0);
+    for (const Member &m : members_)
+      starts_.push_back(starts_.back() + m.kernel->rangeElements());
+  }
+  void run(const KernelArgs &) override {
+    const int64_t total = starts_.back();
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t begin = total * t / threads, end = total * (t + 1) / threads;
+      // The members overlapping [begin, end), each for its part of it.
+      auto m = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1);
+      for (; m < members_.size() && starts_[m] < end; ++m) {
+        int64_t b = std::max(begin, starts_[m]) - starts_[m], e = std::min(end, starts_[m + 1]) - starts_[m];
+        if (b < e) members_[m].kernel->runRange(*members_[m].args, b, e);
+      }
+    }
+  }
+
+private:
+  std::vector<Member> members_;
+  std::vector<int64_t> starts_; ///< first element of each member in the merged range, then the total
+};
 } // namespace
 
 ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options) : arena_(alignedBytes(1)) {
@@ -193,8 +229,40 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     step.args = {step.inputs.data(), step.inputs.size(), step.outputs.data(), step.outputs.size(),
                  offset >= 0 ? arena_.get() + offset : nullptr};
   }
+  if (options.mergeUpdates) mergeRangeSteps();
   logging::logger().debug("compiled {} ops; arena {} bytes ({} without sharing); {} outputs in place", steps_.size(),
                           memoryPlan_.arenaBytes, memoryPlan_.unsharedBytes, inPlace_.size());
+}
+
+void ExecutionPlan::mergeRangeSteps() {
+  for (size_t first = 0; first < steps_.size();) {
+    size_t end = first;
+    while (end < steps_.size() && steps_[end].kernel->rangeElements() > 0 && stepPhases_[end] == stepPhases_[first])
+      ++end;
+    if (end - first < 2) {
+      first = std::max(end, first + 1);
+      continue;
+    }
+    std::vector<MergedRangesKernel::Member> members;
+    StepInfo &info = stepInfos_[first];
+    for (size_t s = first; s < end; ++s) {
+      members.push_back({std::move(steps_[s].kernel), &steps_[s].args});
+      steps_[s].kernel = std::make_unique<NoOpKernel>();
+      if (s > first) {
+        info.flops += stepInfos_[s].flops;
+        info.bytes += stepInfos_[s].bytes;
+        stepInfos_[s].flops = 0;
+        stepInfos_[s].bytes = 0;
+        stepNames_[s] += " (merged into step " + std::to_string(first) + ")";
+        stepInfos_[s].name = stepNames_[s];
+      }
+    }
+    steps_[first].kernel = std::make_unique<MergedRangesKernel>(std::move(members));
+    stepNames_[first] = std::to_string(end - first) + " merged updates from " + stepNames_[first];
+    info.name = stepNames_[first];
+    logging::logger().debug("steps {}-{} run as one: {}", first, end - 1, stepNames_[first]);
+    first = end;
+  }
 }
 
 std::map<TensorId, TensorId> ExecutionPlan::findInPlace(const std::vector<ir::Op *> &schedule,

@@ -61,6 +61,8 @@ struct ProfileEvent {
 
 struct CompileOptions {
   KernelProvider provider = KernelProvider::Any;
+  /// Runs adjacent optimiser updates (kernels with Kernel::rangeElements) as one step.
+  bool mergeUpdates = true;
 };
 
 /// The compiled form of a graph: kernels in schedule order with their buffer addresses.
@@ -108,6 +110,9 @@ public:
   const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
 private:
+  /// Replaces each run of two or more adjacent steps of one phase whose kernels split into ranges
+  /// by one step that runs them all (the first; the others become no-ops named after it).
+  void mergeRangeSteps();
   /// Outputs that may share an input's bytes, mapped to the root they then share (see inPlace()).
   std::map<TensorId, TensorId> findInPlace(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                                            const std::map<TensorId, TensorId> &aliases,

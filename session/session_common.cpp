@@ -51,6 +51,7 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
     co.provider = backend_cpu::KernelProvider::Dnnl;
   else if (options.kernels != "any")
     throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+  co.mergeUpdates = options.fuseOps; // --no-fusion runs the updates op by op too
   return co;
 }
 

@@ -5,6 +5,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -24,6 +25,20 @@ public:
       hasState_.push_back(op.hasInput(i));
   }
 
+  int64_t rangeElements() const override { return n_; }
+  /// Large updates are split into chunks over the threads; each element is independent, so the
+  /// result does not depend on the split.
+  void run(const KernelArgs &a) override {
+    if (n_ <= kParallelElements) {
+      runRange(a, 0, n_);
+      return;
+    }
+    const int64_t chunks = (n_ + kParallelElements - 1) / kParallelElements;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c)
+      runRange(a, c * kParallelElements, std::min(n_, (c + 1) * kParallelElements));
+  }
+
 protected:
   int64_t n_;
   std::vector<bool> hasState_;
@@ -38,7 +53,7 @@ protected:
 class SGDKernel : public UpdateKernel {
 public:
   explicit SGDKernel(const ir::Op &op) : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0) {}
-  void run(const KernelArgs &a) override {
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
     const float *hp = a.in<float>(2);
     const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3], vs = hp[4];
     const bool first = hp[5] != 0.0f;
@@ -46,8 +61,8 @@ public:
     const float *g = a.in<float>(1);
     float *w = a.out<float>(0);
     float *v = state(a, 0);
-#pragma omp parallel for simd schedule(static) if (n_ > kParallelElements)
-    for (int64_t i = 0; i < n_; ++i) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
       float d = g[i] * gs + wd * w[i];
       if (v) {
         v[i] = first ? vs * d : mom * v[i] + (1.0f - damp) * vs * d;
@@ -73,37 +88,61 @@ public:
     if (mode_ != "adam" && mode_ != "adamax" && mode_ != "lamb")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
   }
+  int64_t rangeElements() const override { return mode_ == "lamb" ? 0 : n_; } // LAMB needs whole norms
   void run(const KernelArgs &a) override {
-    const float *hp = a.in<float>(2);
-    const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4], bc1 = hp[5], bc2 = hp[6],
-                maxNorm = hp[7];
-    const float gs = *a.in<float>(3);
-    const float *g = a.in<float>(1);
-    float *w = a.out<float>(0);
-    float *m = state(a, 0);
-    float *v = state(a, 1);
-    const float l2 = decoupled_ ? 0.0f : wd;
+    if (mode_ == "lamb")
+      lamb(a);
+    else
+      UpdateKernel::run(a);
+  }
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
+    const Buffers b = buffers(a);
+    const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, gs = b.gs, l2 = b.l2;
+    const float *g = b.g;
+    float *w = b.w, *m = b.m, *v = b.v;
     if (mode_ == "adam") {
       const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
-#pragma omp parallel for simd schedule(static) if (n_ > kParallelElements)
-      for (int64_t i = 0; i < n_; ++i) {
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) {
         float gi = g[i] * gs + l2 * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
         w[i] = w[i] * decay - stepSize * m[i] / (std::sqrt(v[i]) / bc2Sqrt + eps);
       }
-    } else if (mode_ == "adamax") {
+    } else { // adamax
       const float stepSize = lr / bc1, decay = 1.0f - lr * wd;
-      for (int64_t i = 0; i < n_; ++i) {
+      for (int64_t i = begin; i < end; ++i) {
         float gi = g[i] * gs + l2 * w[i];
         m[i] = b1 * m[i] + (1.0f - b1) * gi;
         v[i] = std::max(b2 * v[i], std::abs(gi) + eps);
         if (decoupled_) w[i] *= decay;
         w[i] -= stepSize * m[i] / v[i];
       }
-    } else {
-      // LAMB: first pass updates the moments and measures ‖w‖ and ‖u‖, the second applies
-      // the trust ratio; u is recomputed rather than stored.
+    }
+  }
+
+private:
+  /// The hyperparameters, gradient scale and buffers of one run.
+  struct Buffers {
+    float lr, b1, b2, eps, wd, bc1, bc2, maxNorm, gs, l2;
+    const float *g;
+    float *w, *m, *v;
+  };
+  Buffers buffers(const KernelArgs &a) const {
+    const float *hp = a.in<float>(2);
+    return {hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7], *a.in<float>(3), decoupled_ ? 0.0f : hp[4],
+            a.in<float>(1), a.out<float>(0), state(a, 0), state(a, 1)};
+  }
+
+  /// LAMB: the first pass updates the moments and measures ‖w‖ and ‖u‖, the second applies the
+  /// trust ratio; u is recomputed rather than stored.
+  void lamb(const KernelArgs &a) {
+    const Buffers b = buffers(a);
+    const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, maxNorm = b.maxNorm,
+                gs = b.gs, l2 = b.l2;
+    const float *g = b.g;
+    float *w = b.w, *m = b.m, *v = b.v;
+    {
       const float wdU = decoupled_ ? wd : 0.0f;
       double wNorm2 = 0.0, uNorm2 = 0.0;
       for (int64_t i = 0; i < n_; ++i) {
@@ -124,7 +163,6 @@ public:
     }
   }
 
-private:
   std::string mode_;
   bool decoupled_;
 };
@@ -138,7 +176,7 @@ public:
     if (mode_ != "rmsprop" && mode_ != "centeredrmsprop" && mode_ != "adagrad")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
   }
-  void run(const KernelArgs &a) override {
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
     const float *hp = a.in<float>(2);
     const float lr = hp[0], alpha = hp[1], mom = hp[2], eps = hp[3], wd = hp[4];
     const float gs = *a.in<float>(3);
@@ -148,14 +186,14 @@ public:
     float *ga = state(a, 1);
     float *buf = state(a, 2);
     if (mode_ == "adagrad") {
-      for (int64_t i = 0; i < n_; ++i) {
+      for (int64_t i = begin; i < end; ++i) {
         float gi = g[i] * gs + wd * w[i];
         sq[i] += gi * gi;
         w[i] -= lr * gi / (std::sqrt(sq[i]) + eps);
       }
       return;
     }
-    for (int64_t i = 0; i < n_; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       float gi = g[i] * gs + wd * w[i];
       sq[i] = alpha * sq[i] + (1.0f - alpha) * gi * gi;
       float avg;

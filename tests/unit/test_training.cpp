@@ -493,3 +493,59 @@ TEST(TrainingSession, ConflictingSettingsAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("'nope'"), std::string::npos) << e.what();
   }
 }
+
+TEST(TrainingSession, MergedUpdatesMatchUpdatesOpByOp) {
+  // Weights of 100003, 7 and 40000 elements: the merged update's per-thread shares cut through
+  // them; each optimiser gives bit-identical weights with the updates merged (fuseOps) or not.
+  const std::vector<int64_t> sizes{100003, 7, 40000};
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId loss;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    std::vector<float> w0(static_cast<size_t>(sizes[k]));
+    for (size_t i = 0; i < w0.size(); ++i)
+      w0[i] = static_cast<float>(std::sin(0.37 * double(i) + double(k)));
+    TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {sizes[k]}), "x" + std::to_string(k));
+    TensorId w = b->addInitializedInputTensor(w0, {sizes[k]}, "w" + std::to_string(k));
+    TensorId part = ai.reducesum({ai.mul({w, x})}, std::nullopt, 0);
+    loss = loss.empty() ? part : ai.add({loss, part});
+  }
+  b->addOutputTensor(loss);
+  std::string model = b->getModelProto();
+  std::vector<std::unique_ptr<Optimizer>> optimizers;
+  optimizers.push_back(std::make_unique<SGD>(
+      SGD({{"defaultLearningRate", {0.1f, false}}, {"defaultMomentum", {0.9f, true}}, {"defaultWeightDecay", {0.01f, true}}})));
+  optimizers.push_back(std::make_unique<Adam>(Adam({{"defaultLearningRate", {0.01f, false}},
+                                                    {"defaultWeightDecay", {0.1f, true}}},
+                                                   AdamMode::Adam, WeightDecayMode::Decay)));
+  optimizers.push_back(std::make_unique<Adaptive>(Adaptive(
+      {{"defaultLearningRate", {0.01f, false}}, {"defaultMomentum", {0.5f, true}}}, AdaptiveMode::CenteredRMSProp)));
+  for (const auto &opt : optimizers) {
+    std::vector<std::vector<float>> weights[2];
+    for (int merged = 0; merged < 2; ++merged) {
+      SessionOptions so;
+      so.fuseOps = merged != 0;
+      auto s = TrainingSession::createFromOnnxModel(model, DataFlow(1, {}, AnchorReturnType("ALL")), "", *opt, so);
+      s->prepareDevice();
+      s->weightsFromHost();
+      s->enableProfiling();
+      std::vector<std::vector<float>> xs(sizes.size());
+      for (int t = 0; t < 2; ++t) {
+        for (size_t k = 0; k < sizes.size(); ++k) {
+          xs[k].resize(static_cast<size_t>(sizes[k]));
+          for (size_t i = 0; i < xs[k].size(); ++i)
+            xs[k][i] = static_cast<float>(std::cos(0.11 * double(i) * double(t + 1) + double(k)));
+        }
+        NDArrayWrapper<float> x0(xs[0].data(), {sizes[0]}), x1(xs[1].data(), {sizes[1]}), x2(xs[2].data(), {sizes[2]});
+        StepIO step({{"x0", x0}, {"x1", x1}, {"x2", x2}}, {});
+        s->run(step);
+      }
+      for (size_t k = 0; k < sizes.size(); ++k)
+        weights[merged].push_back(readWeight(*s, "w" + std::to_string(k), sizes[k]));
+      bool reportsMerged = s->profileSummary().find("3 merged updates") != std::string::npos;
+      EXPECT_EQ(reportsMerged, merged != 0) << opt->name();
+    }
+    for (size_t k = 0; k < sizes.size(); ++k)
+      ASSERT_EQ(weights[0][k], weights[1][k]) << opt->name() << " weight " << k;
+  }
+}
