@@ -5,6 +5,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/norm_grad.hpp"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ private:
   memory data_, diffDst_, diffSrc_;
 };
 
-bool supportsSoftmaxGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
+bool supportsSoftmaxGrad(const ir::Op &op) { return floatAndNotEmpty(op) && !rowSoftmaxGrad(op); }
 
 std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();

@@ -186,9 +186,12 @@ TEST(DnnlVsReference, SoftmaxGradKernels) {
   unsigned seed = 800;
   for (const char *type : {"SoftmaxGrad", "LogSoftmaxGrad"})
     for (int64_t axis : {-1, 0, 1}) {
-      compareKernels({type, {{4, 7, 5}, {4, 7, 5}}, attrs({{"axis", axis}}), 1, fill}, ++seed);
+      // A last-axis f32 SoftmaxGrad runs the reference row pass (RowSoftmaxGrad tests it).
+      bool last = std::string(type) == "SoftmaxGrad" && (axis == -1);
+      compareKernels({type, {{4, 7, 5}, {4, 7, 5}}, attrs({{"axis", axis}}), 1, fill}, ++seed, !last);
+      bool last2 = std::string(type) == "SoftmaxGrad" && axis != 0;
       compareKernels({type, {{64, 33}, {64, 33}}, attrs({{"axis", axis == 0 ? int64_t{0} : int64_t{1}}}), 1, fill},
-                     ++seed);
+                     ++seed, !last2);
     }
 }
 
