@@ -163,6 +163,12 @@ private:
       if (mode == "a") choice = MatMulOperands::FlippedA;
       if (mode == "b") choice = MatMulOperands::FlippedB;
       if (mode == "s") choice = MatMulOperands::ShiftedB;
+      static const bool warned = [&] {
+        if (!mode.empty() && mode != "1" && choice == MatMulOperands::Auto)
+          logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b or s; timing as for 1", mode);
+        return true;
+      }();
+      (void)warned;
     }
     memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
     auto build = [&](MatMulOperands way) {
