@@ -16,6 +16,12 @@ namespace popart::backend_cpu {
 enum class MatMulOperands { Auto, AsStored, FlippedA, FlippedB, ShiftedB };
 void setMatMulOperands(MatMulOperands choice);
 
+/// Images per chunk of a oneDNN Conv with a fused MaxPool (fuseConvPool), which convolves and
+/// pools a chunk at a time so that the convolution's result stays in cache: 0 (the default)
+/// sizes chunks to about 512 KiB of result; N ≥ 1 forces N images (N ≥ the batch: all at once),
+/// for tests and A/B runs, as POPART_CONVPOOL_CHUNK=N does when this is 0.
+void setConvPoolChunk(int64_t images);
+
 void registerReferenceKernels(KernelRegistry &registry);
 void registerDnnlKernels(KernelRegistry &registry);
 

@@ -128,6 +128,49 @@ POPART_CLONES void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, 
     }
 }
 
+namespace {
+/// maxPoolBlocked's loop for a block of B channels known when compiling, held as one GCC vector
+/// (in registers: each clone splits it into its own vector width).
+template <int64_t B>
+inline __attribute__((always_inline)) void maxPoolBlockedOf(const float *x, float *y, int64_t w, int64_t oh,
+                                                            int64_t ow, int64_t kh, int64_t kw, int64_t sh,
+                                                            int64_t sw) {
+  typedef float V __attribute__((vector_size(B * sizeof(float))));
+  for (int64_t r = 0; r < oh; ++r)
+    for (int64_t j = 0; j < ow; ++j) {
+      const float *base = x + (r * sh * w + j * sw) * B;
+      V m;
+      __builtin_memcpy(&m, base, sizeof(V));
+      for (int64_t u = 0; u < kh; ++u)
+        for (int64_t v = 0; v < kw; ++v) {
+          V t;
+          __builtin_memcpy(&t, base + (u * w + v) * B, sizeof(V));
+          m = t > m ? t : m;
+        }
+      __builtin_memcpy(y + (r * ow + j) * B, &m, sizeof(V));
+    }
+}
+} // namespace
+
+POPART_CLONES void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t block) {
+  (void)h;
+  if (block == 8) return maxPoolBlockedOf<8>(x, y, w, oh, ow, kh, kw, sh, sw);
+  if (block == 16) return maxPoolBlockedOf<16>(x, y, w, oh, ow, kh, kw, sh, sw);
+  for (int64_t b = 0; b < block; ++b) // any other block: one channel at a time
+    for (int64_t r = 0; r < oh; ++r)
+      for (int64_t j = 0; j < ow; ++j) {
+        const float *base = x + (r * sh * w + j * sw) * block + b;
+        float m = base[0];
+        for (int64_t u = 0; u < kh; ++u)
+          for (int64_t v = 0; v < kw; ++v) {
+            float t = base[(u * w + v) * block];
+            m = t > m ? t : m;
+          }
+        y[(r * ow + j) * block + b] = m;
+      }
+}
+
 POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh,
                                    int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask) {
   const float zero = 0.f;

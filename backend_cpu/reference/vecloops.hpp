@@ -47,4 +47,10 @@ void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int
 void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
                   int64_t sh, int64_t sw);
 
+/// MaxPool on one plane of a channel-blocked layout, x [h, w, block] to y [oh, ow, block]:
+/// each output pixel's \p block channels are the maxima of its kh×kw window (stride sh, sw; no
+/// padding or dilation; windows may overlap), the first maximum winning as in maxPoolPlane.
+void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
+                    int64_t sh, int64_t sw, int64_t block);
+
 } // namespace popart::backend_cpu::vec

@@ -12,12 +12,14 @@
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -357,11 +359,11 @@ struct PoolCase {
   bool relu = true, sameConv = false, shared = false, indices = false, ceil = false;
 };
 
-/// x [2, 5, 11, 11] → Conv 3×3 (16 channels) [→ Relu] → MaxPool → y.
-void buildConvPool(ir::Graph &g, const PoolCase &c) {
+/// x [batch, 5, 11, 11] → Conv 3×3 (16 channels) [→ Relu] → MaxPool → y.
+void buildConvPool(ir::Graph &g, const PoolCase &c, int64_t batch = 2) {
   ir::registerBuiltinOps();
   g.opsets()["ai.onnx"] = 13;
-  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 5, 11, 11}));
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {batch, 5, 11, 11}));
   g.addInput("x");
   std::mt19937 rng(33);
   g.addConst("w", randomFloats({16, 5, 3, 3}, rng, -0.5f, 0.5f));
@@ -421,6 +423,65 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
     buildConvPool(g, c);
     ir::fuseRelu(g);
     EXPECT_EQ(ir::fuseConvPool(g), 0);
+  }
+}
+
+TEST(FuseConvPool, ChunksOfTheBatchMatchTheWholeBatch) {
+  // The oneDNN kernel pools blocked channels itself (no padding: windows apart or overlapping)
+  // and may convolve and pool a chunk of images at a time, with a tail chunk for the rest; with
+  // padding oneDNN's pooling runs on the whole batch. Every way matches the unfused reference.
+  const int64_t batch = 7;
+  std::mt19937 rng(39);
+  TensorData x = randomFloats({batch, 5, 11, 11}, rng);
+  for (const PoolCase &c : {PoolCase{{2, 2}, {2, 2}, {}}, PoolCase{{3, 3}, {2, 2}, {}}, PoolCase{{2, 3}, {1, 2}, {}, false},
+                            PoolCase{{3, 3}, {2, 2}, {1, 1, 1, 1}}}) {
+    ir::Graph plain, fused;
+    buildConvPool(plain, c, batch);
+    buildConvPool(fused, c, batch);
+    if (c.relu) ir::fuseRelu(fused);
+    ASSERT_EQ(ir::fuseConvPool(fused), 1);
+    std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+    for (int64_t chunk : {0, 1, 3, 7, 100}) {
+      backend_cpu::setConvPoolChunk(chunk);
+      std::string what = "window " + std::to_string(c.kernel[0]) + "x" + std::to_string(c.kernel[1]) + ", pads " +
+                         std::to_string(c.pads.size()) + ", chunk " + std::to_string(chunk);
+      backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Dnnl});
+      std::memcpy(plan.address("x"), x.data(), static_cast<size_t>(x.byteCount()));
+      float *y = static_cast<float *>(plan.address("y"));
+      int64_t n = plan.info("y").elementCount();
+      std::fill(y, y + n, std::nanf("")); // nothing left from an earlier plan in the same memory
+      plan.run();
+      expectNear(std::vector<float>(y, y + n), want, 1e-5f, what);
+    }
+    backend_cpu::setConvPoolChunk(0);
+  }
+}
+
+TEST(BlockedMaxPool, MatchesAPoolOfEachChannel) {
+  // vec::maxPoolBlocked on [h, w, block] planes against a plain loop over each channel, with
+  // ties, for the vector blocks (8, 16) and another (3), windows apart and overlapping.
+  struct Case {
+    int64_t block, h, w, kh, kw, sh, sw;
+  };
+  for (const Case &c : {Case{8, 6, 6, 2, 2, 2, 2}, Case{16, 7, 5, 3, 3, 2, 2}, Case{3, 5, 8, 2, 3, 1, 2},
+                        Case{8, 9, 4, 3, 1, 3, 1}}) {
+    int64_t oh = (c.h - c.kh) / c.sh + 1, ow = (c.w - c.kw) / c.sw + 1;
+    std::mt19937 rng(40);
+    std::uniform_int_distribution<int> small(-4, 4);
+    std::vector<float> x(static_cast<size_t>(c.h * c.w * c.block)), got(static_cast<size_t>(oh * ow * c.block));
+    for (auto &v : x)
+      v = static_cast<float>(small(rng));
+    backend_cpu::vec::maxPoolBlocked(x.data(), got.data(), c.h, c.w, oh, ow, c.kh, c.kw, c.sh, c.sw, c.block);
+    for (int64_t b = 0; b < c.block; ++b)
+      for (int64_t r = 0; r < oh; ++r)
+        for (int64_t j = 0; j < ow; ++j) {
+          float m = -100.f;
+          for (int64_t u = 0; u < c.kh; ++u)
+            for (int64_t v = 0; v < c.kw; ++v)
+              m = std::max(m, x[static_cast<size_t>(((r * c.sh + u) * c.w + j * c.sw + v) * c.block + b)]);
+          ASSERT_EQ(got[static_cast<size_t>((r * ow + j) * c.block + b)], m)
+              << "block " << c.block << " channel " << b << " at " << r << "," << j;
+        }
   }
 }
 
