@@ -1132,12 +1132,15 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
     std::map<TensorId, TensorData> feeds{{"x", randomFloats(aShape, rng)}, {"dy", randomFloats({33, 17}, rng)}};
     std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
     for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::FlippedA,
-                     backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB}) {
+                     backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB,
+                     backend_cpu::MatMulOperands::Pointwise}) {
       backend_cpu::setMatMulOperands(way);
       std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + " way " + std::to_string(int(way));
       {
         backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
-        bool reorders = way != backend_cpu::MatMulOperands::AsStored;
+        // Pointwise needs a row-major A (else the product runs as stored) and reorders B.
+        bool reorders = way != backend_cpu::MatMulOperands::AsStored &&
+                        !(way == backend_cpu::MatMulOperands::Pointwise && transposedA);
         EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
       }
       expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
@@ -1148,6 +1151,108 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
       void *outs[] = {out.data()};
       kernel->run({ins, 3, outs, 1});
       expectNear(out, want, 1e-5f, what + " without scratch");
+    }
+    backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
+  }
+}
+
+TEST(MatMulOperands, PointwiseConvolutionMatchesTheReference) {
+  // Products run as oneDNN 1×1 convolutions (forced Pointwise): MatMul with a batched A and a
+  // constant or streamed B (stored or transposed), with bias, Relu, scale or residual; Gemm with
+  // C as a bias, C added before the Relu, alpha. Each matches the reference kernel; a streamed B
+  // is reordered into the plan's scratch. Where Pointwise does not apply (C of [M, 1]; a C row
+  // with alpha, which oneDNN would scale with the product) the product runs as stored.
+  struct Case {
+    std::string what;
+    bool gemm, constB, transB, bias, relu, residual;
+    float scale; ///< MatMul: a Mul by this; Gemm: alpha
+    Shape c;     ///< Gemm's C
+    bool pointwise = true;
+  };
+  const Shape a{3, 7, 20};
+  const int64_t n = 17;
+  std::vector<Case> cases{
+      {"MatMul const B + bias + Relu", false, true, false, true, true, false, 1.f, {}},
+      {"MatMul streamed Bt + residual", false, false, true, false, false, true, 1.f, {}},
+      {"MatMul streamed B, scaled", false, false, false, false, false, false, 0.5f, {}},
+      {"Gemm const Bt, C [N] + Relu", true, true, true, false, true, false, 1.f, {n}},
+      {"Gemm streamed B, C [M, N], alpha", true, false, false, false, true, false, 0.5f, {21, n}},
+      {"Gemm streamed B, C [1, N]", true, false, false, false, false, false, 1.f, {1, n}},
+      {"Gemm C [1, N], alpha", true, false, false, false, false, false, 2.f, {1, n}, false},
+      {"Gemm C [M, 1]", true, false, true, false, false, false, 1.f, {21, 1}, false},
+  };
+  for (const Case &c : cases) {
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    std::mt19937 rng(61);
+    Shape xShape = c.gemm ? Shape{21, 20} : a, bShape = c.transB ? Shape{n, 20} : Shape{20, n};
+    Shape yShape = c.gemm ? Shape{21, n} : Shape{3, 7, n};
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xShape));
+    g.addInput("x");
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(xShape, rng)}};
+    if (c.constB) {
+      g.addConst("w", randomFloats(bShape, rng));
+    } else {
+      g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, bShape));
+      g.addInput("w");
+      feeds.emplace("w", randomFloats(bShape, rng));
+    }
+    // Each stage's output; the last one's is y.
+    int stages = 1 + (!c.gemm && c.scale != 1.f) + (!c.gemm && c.bias) + c.relu + c.residual;
+    auto next = [&](const char *id) { return TensorId(--stages == 0 ? "y" : id); };
+    TensorId out = next("p");
+    if (c.gemm) {
+      ir::Attributes attrs;
+      attrs.set("transB", int64_t{c.transB});
+      attrs.set("alpha", c.scale);
+      g.addConst("c", randomFloats(c.c, rng));
+      g.addOp("Gemm", "", 13, "gemm", attrs, {"x", "w", "c"}, {out});
+    } else {
+      g.addOp("MatMul", "", 13, "mm", {}, {"x", c.transB ? transpose2d(g, "w") : TensorId("w")}, {out});
+      if (c.scale != 1.f) {
+        g.addConst("s", scalarF(c.scale));
+        TensorId ps = next("ps");
+        g.addOp("Mul", "", 13, "scale", {}, {out, "s"}, {ps});
+        out = ps;
+      }
+      if (c.bias) {
+        g.addConst("b", randomFloats({n}, rng));
+        TensorId pb = next("pb");
+        g.addOp("Add", "", 13, "bias", {}, {out, "b"}, {pb});
+        out = pb;
+      }
+    }
+    if (c.relu) {
+      TensorId pr = next("pr");
+      g.addOp("Relu", "", 13, "relu", {}, {out}, {pr});
+      out = pr;
+    }
+    if (c.residual) {
+      g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, yShape));
+      g.addInput("r");
+      feeds.emplace("r", randomFloats(yShape, rng));
+      TensorId pa = next("pa");
+      g.addOp("Add", "", 13, "residual", {}, {out, "r"}, {pa});
+      out = pa;
+    }
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
+    ir::foldTransposesIntoMatMul(g);
+    ir::fuseMatMulScale(g);
+    ir::fuseMatMulBias(g);
+    ir::fuseRelu(g);
+    ir::fuseMatMulResidual(g);
+    ASSERT_EQ(countType(g, c.gemm ? "Gemm" : "MatMul"), 1) << c.what;
+    ASSERT_EQ(g.ops().size(), 1u) << c.what << ": everything fused";
+    for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::Pointwise}) {
+      backend_cpu::setMatMulOperands(way);
+      std::string what = c.what + (way == backend_cpu::MatMulOperands::Pointwise ? ", pointwise" : ", stored");
+      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
+      bool reorders = way == backend_cpu::MatMulOperands::Pointwise && c.pointwise && !c.constB;
+      EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
+      expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
     }
     backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
   }
