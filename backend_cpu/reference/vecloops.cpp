@@ -3,6 +3,7 @@
 
 #include "backend_cpu/reference/vecloops.hpp"
 #include "backend_cpu/reference/vecmath.hpp"
+#include <cmath>
 
 #define POPART_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
@@ -169,6 +170,19 @@ POPART_CLONES void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w
           }
         y[(r * ow + j) * block + b] = m;
       }
+}
+
+POPART_CLONES void adamStep(const float *g, float *w, float *m, float *v, int64_t n, float gs, float l2, float b1,
+                            float b2, float decay, float stepSize, float bc2Sqrt, float eps) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i] * gs + l2 * w[i];
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = w[i] * decay - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + eps);
+  }
 }
 
 POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh,

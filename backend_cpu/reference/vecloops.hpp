@@ -53,4 +53,9 @@ void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, in
 void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
                     int64_t sh, int64_t sw, int64_t block);
 
+/// One Adam / AdamW step over n elements, in place: g' = g·gs + l2·w; m = b1·m + (1 − b1)·g';
+/// v = b2·v + (1 − b2)·g'²; w = w·decay − stepSize·m / (√v / bc2Sqrt + eps).
+void adamStep(const float *g, float *w, float *m, float *v, int64_t n, float gs, float l2, float b1, float b2,
+              float decay, float stepSize, float bc2Sqrt, float eps);
+
 } // namespace popart::backend_cpu::vec
