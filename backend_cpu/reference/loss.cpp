@@ -149,10 +149,11 @@ template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossS
 public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
       : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
-    if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ * d_ + kBlock - 1) / kBlock * c_), 0.0);
+    if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ * d_ + kBlock - 1) / kBlock * c_), T(0));
     if (op.hasOutput(2)) positionLoss_.assign(static_cast<size_t>(n_ * d_), 0.0);
     name_ = op.debugName();
   }
+  int inPlaceInput() const override { return 0; } // dX over the logits, row by row
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
     const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -179,8 +180,9 @@ public:
         if ((l < 0 || l >= c_) && !(ignore_ && l == *ignore_))
           throw error(name_, ": label ", l, " at position ", k, " is out of range [0, ", c_, ")");
       }
-    // Position k's gradient (a row of C classes, strided by D); false if it is all zero.
-    auto position = [&](int64_t k) -> bool {
+    // Position k's gradient (a row of C classes, strided by D), written over x when the plan
+    // runs this kernel in place (inPlaceInput), and added to \p part when that is not null.
+    auto position = [&](int64_t k, T *part) {
       int64_t n = k / d_, i = k % d_;
       const T *xs = x + n * c_ * d_ + i;
       T *out = dx + n * c_ * d_ + i;
@@ -190,18 +192,21 @@ public:
       if (w == 0.0) {
         for (int64_t c = 0; c < c_; ++c)
           out[c * d_] = T(0);
-        return false;
+        return;
       }
       double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
+      const double xl = static_cast<double>(xs[l * d_]); // read before out overwrites it
       if constexpr (std::is_same_v<T, float>) {
         if (d_ == 1) { // contiguous class row: vectorised
           float mx = vec::max(xs, c_);
           float sum = vec::expSubSum(xs, mx, out, c_);
           if (withLoss) // as the forward kernel: -(x_l − log Σ e^x)·w
-            positionLoss_[static_cast<size_t>(k)] = -(static_cast<double>(xs[l]) - (mx + std::log(sum))) * w;
-          vec::scale(out, static_cast<float>(g) / sum, out, c_);
+            positionLoss_[static_cast<size_t>(k)] = -(xl - (mx + std::log(sum))) * w;
+          if (part) vec::scaleAccumulate(out, static_cast<float>(g) / sum, out, part, c_);
+          else vec::scale(out, static_cast<float>(g) / sum, out, c_);
           out[l] -= static_cast<float>(g);
-          return true;
+          if (part) part[l] -= static_cast<float>(g);
+          return;
         }
       }
       T mx = xs[0];
@@ -215,48 +220,41 @@ public:
       }
       if (withLoss)
         positionLoss_[static_cast<size_t>(k)] =
-            -(static_cast<double>(xs[l * d_]) - (static_cast<double>(mx) + std::log(static_cast<double>(sum)))) * w;
+            -(xl - (static_cast<double>(mx) + std::log(static_cast<double>(sum)))) * w;
       T scale = static_cast<T>(g) / sum;
       for (int64_t c = 0; c < c_; ++c)
         out[c * d_] *= scale;
       out[l * d_] -= static_cast<T>(g);
-      return true;
+      if (part)
+        for (int64_t c = 0; c < c_; ++c)
+          part[c] += out[c * d_];
     };
 
     if (!a.hasOutput(1)) {
 #pragma omp parallel for schedule(static)
       for (int64_t k = 0; k < positions; ++k)
-        position(k);
+        position(k, nullptr);
       if (withLoss) writeLoss(a.out<T>(2), denom);
       return;
     }
-    // With the class sums (fuseLossGradClassSums): each block of kBlock positions sums its rows in
-    // double while they are in cache, then the blocks are added in order, so the result does
+    // With the class sums (fuseLossGradClassSums): each block of kBlock positions sums its rows
+    // while they are in cache, then the blocks are added in order in double, so the result does
     // not depend on the thread count.
     const int64_t blocks = (positions + kBlock - 1) / kBlock;
-    double *partial = partial_.data();
+    T *partial = partial_.data();
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; ++b) {
-      double *part = partial + b * c_;
-      std::fill(part, part + c_, 0.0);
-      for (int64_t k = b * kBlock; k < std::min(positions, (b + 1) * kBlock); ++k) {
-        if (!position(k)) continue;
-        const T *row = dx + (k / d_) * c_ * d_ + k % d_;
-        if constexpr (std::is_same_v<T, float>)
-          if (d_ == 1) {
-            vec::accumulate(row, part, c_);
-            continue;
-          }
-        for (int64_t c = 0; c < c_; ++c)
-          part[c] += static_cast<double>(row[c * d_]);
-      }
+      T *part = partial + b * c_;
+      std::fill(part, part + c_, T(0));
+      for (int64_t k = b * kBlock; k < std::min(positions, (b + 1) * kBlock); ++k)
+        position(k, part);
     }
     T *sums = a.out<T>(1);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < c_; ++c) {
       double s = 0;
       for (int64_t b = 0; b < blocks; ++b)
-        s += partial[b * c_ + c];
+        s += static_cast<double>(partial[b * c_ + c]);
       sums[c] = static_cast<T>(s);
     }
     if (withLoss) writeLoss(a.out<T>(2), denom);
@@ -279,7 +277,7 @@ private:
   std::vector<double> positionLoss_;
   DataType labelType_;
   bool hasWeights_;
-  std::vector<double> partial_;
+  std::vector<T> partial_; ///< per block of kBlock positions: its rows' sum
 };
 
 std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {

@@ -5,7 +5,7 @@
 #include "backend_cpu/reference/vecmath.hpp"
 #include <cmath>
 
-#define POPART_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define POPART_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 
 namespace popart::backend_cpu::vec {
 
@@ -62,6 +62,15 @@ POPART_CLONES void accumulate(const float *x, double *acc, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
     acc[i] += static_cast<double>(x[i]);
+}
+
+POPART_CLONES void scaleAccumulate(const float *x, float s, float *y, float *acc, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i] * s;
+    y[i] = v;
+    acc[i] += v;
+  }
 }
 
 POPART_CLONES double sum(const float *x, int64_t n) {

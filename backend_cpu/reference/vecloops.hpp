@@ -1,6 +1,7 @@
 #pragma once
-// Vectorised f32 loops for the reference kernels' hot paths. Each is built for AVX-512, AVX2
-// and baseline x86-64 and picked at load time (target_clones), so the binary stays portable.
+// Vectorised f32 loops for the reference kernels' hot paths. Each is built for AVX-512,
+// x86-64-v3 (AVX2 with FMA) and baseline x86-64 and picked at load time (target_clones), so the
+// binary stays portable.
 // They are serial: callers split work across threads and keep each output's order fixed, so
 // results do not depend on the thread count's scheduling.
 
@@ -22,6 +23,8 @@ void scale(const float *x, float s, float *y, int64_t n);
 void addScalar(const float *x, float s, float *y, int64_t n);
 /// acc += x, in double.
 void accumulate(const float *x, double *acc, int64_t n);
+/// y = x * s and acc += y (y may alias x).
+void scaleAccumulate(const float *x, float s, float *y, float *acc, int64_t n);
 /// Σ x, in double.
 double sum(const float *x, int64_t n);
 /// Σ (x − m)², in double.

@@ -764,7 +764,8 @@ namespace {
 /// \p reduction and some labels ignored (and one out of range if \p badLabel). Returns the loss
 /// (summed) and the gradients of z and b, with the passes applied as asked.
 std::vector<std::vector<double>> lossAndGradients(DataType type, bool classSums, bool withLoss,
-                                                  const std::string &reduction = "mean", bool badLabel = false) {
+                                                  const std::string &reduction = "mean", bool badLabel = false,
+                                                  const std::vector<TensorId> &wrt = {"z", "b"}) {
   ir::registerBuiltinOps();
   ir::Graph g;
   g.opsets()["ai.onnx"] = 13;
@@ -793,7 +794,7 @@ std::vector<std::vector<double>> lossAndGradients(DataType type, bool classSums,
   }
   g.addOutput(loss);
   ir::inferShapes(g, nullptr);
-  std::vector<TensorId> grads = autodiff::buildGradients(g, loss, {"z", "b"});
+  std::vector<TensorId> grads = autodiff::buildGradients(g, loss, wrt);
   for (const auto &id : grads)
     g.addOutput(id);
   ir::inferShapes(g, nullptr);
@@ -803,6 +804,14 @@ std::vector<std::vector<double>> lossAndGradients(DataType type, bool classSums,
     EXPECT_EQ(countType(g, "SoftmaxCrossEntropyLoss"), 0);
   }
   backend_cpu::ExecutionPlan plan(g, {KernelProvider::Any});
+  // Unless it is a graph output (dz), the loss gradient is written over the logits, which
+  // nothing reads after it.
+  if (wrt.size() == 1)
+    for (const auto &op : g.ops())
+      if (op->type == "SoftmaxCrossEntropyLossGrad") {
+        const auto &inPlace = plan.inPlace();
+        EXPECT_NE(std::find(inPlace.begin(), inPlace.end(), op->output(0).id()), inPlace.end());
+      }
   std::mt19937 rng(43);
   std::uniform_real_distribution<double> d(-3, 3);
   for (const char *id : {"z", "b"}) {
@@ -835,6 +844,16 @@ TEST(FuseLossGradClassSums, BiasGradientFromTheLossGradientMatches) {
   // db, the sum of the loss gradient over rows, is written by the loss gradient op.
   for (DataType type : {DataType::FLOAT, DataType::DOUBLE})
     expectSame(lossAndGradients(type, true, false), lossAndGradients(type, false, false), "class sums");
+}
+
+TEST(SoftmaxCrossEntropyLossGrad, WrittenOverTheLogitsMatches) {
+  // Only db asked for: dlogits is an intermediate, so the plan writes it over the logits.
+  for (DataType type : {DataType::FLOAT, DataType::DOUBLE})
+    for (bool withLoss : {false, true}) {
+      auto all = lossAndGradients(type, false, false);
+      auto got = lossAndGradients(type, false, withLoss, "mean", false, {"b"});
+      expectSame({got[0], got[1]}, {all[0], all[2]}, withLoss ? "in place, with the loss" : "in place");
+    }
 }
 
 TEST(FuseLossWithGradient, LossFromTheGradientPassMatchesTheForward) {
