@@ -15,9 +15,23 @@ namespace popart::backend_cpu {
 /// gemm; it applies to MatMul and Gemm, with constant B too (packed once). Auto times the ways
 /// that apply once per shape and configuration, on aligned buffers as in the plan, and keeps the
 /// fastest if it gains 8% (Pointwise: 2%, as it needs no copy of A); the others force one (where
-/// it applies), for tests and A/B runs. POPART_MATMUL_TUNING=0 makes Auto AsStored; =a, =b, =s,
-/// =p force FlippedA, FlippedB, ShiftedB, Pointwise.
-enum class MatMulOperands { Auto, AsStored, FlippedA, FlippedB, ShiftedB, Pointwise };
+/// it applies), for tests and A/B runs. Swapped computes Yᵀ = Bᵀ·Aᵀ into the scratch and
+/// transposes it into Y (SwappedCopy: with Bᵀ first copied row-major): the head's weight gradient
+/// [8000, 2048]ᵀ·[2048, 256] runs as [256, 2048]·[2048, 8000] at 170 GFLOP/s, not 140.
+/// FlippedPointwise copies a transposed A row-major, then runs Pointwise (weight gradients).
+/// POPART_MATMUL_TUNING=0 makes Auto AsStored; =a, =b, =s, =p, =t, =tc, =ap force FlippedA,
+/// FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy, FlippedPointwise.
+enum class MatMulOperands {
+  Auto,
+  AsStored,
+  FlippedA,
+  FlippedB,
+  ShiftedB,
+  Pointwise,
+  Swapped,
+  SwappedCopy,
+  FlippedPointwise
+};
 void setMatMulOperands(MatMulOperands choice);
 
 /// Images per chunk of a oneDNN Conv with a fused MaxPool (fuseConvPool), which convolves and

@@ -39,6 +39,18 @@ memory::desc storedDesc(const Shape &shape, size_t rank, bool transposed) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
+/// \p md with its last two axes swapped: the transposed view of the same bytes.
+memory::desc transposedView(const memory::desc &md) {
+  std::vector<int> perm(static_cast<size_t>(md.data.ndims));
+  for (size_t i = 0; i < perm.size(); ++i)
+    perm[i] = static_cast<int>(i);
+  std::swap(perm[perm.size() - 1], perm[perm.size() - 2]);
+  return md.permute_axes(perm);
+}
+
+/// Bytes rounded up to oneDNN's 64-byte alignment.
+int64_t aligned64(size_t bytes) { return static_cast<int64_t>((bytes + 63) / 64 * 64); }
+
 MatMulOperands forcedOperands = MatMulOperands::Auto;
 
 /// Whether \p md is a plain strided layout (no inner blocks). Packing constant weights into one
@@ -69,8 +81,8 @@ MatMulOperands rememberedWay(const std::string &key, const std::function<MatMulO
 }
 
 /// The tuning mode: forcedOperands unless it is Auto, then POPART_MATMUL_TUNING's (0: AsStored;
-/// a, b, s, p: FlippedA, FlippedB, ShiftedB, Pointwise; else Auto, warning once about a value
-/// other than 1).
+/// a, b, s, p, t, tc, ap: FlippedA, FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy,
+/// FlippedPointwise; else Auto, warning once about a value other than 1).
 MatMulOperands tuningMode() {
   if (forcedOperands != MatMulOperands::Auto) return forcedOperands;
   const char *env = std::getenv("POPART_MATMUL_TUNING");
@@ -80,9 +92,12 @@ MatMulOperands tuningMode() {
   if (mode == "b") return MatMulOperands::FlippedB;
   if (mode == "s") return MatMulOperands::ShiftedB;
   if (mode == "p") return MatMulOperands::Pointwise;
+  if (mode == "t") return MatMulOperands::Swapped;
+  if (mode == "tc") return MatMulOperands::SwappedCopy;
+  if (mode == "ap") return MatMulOperands::FlippedPointwise;
   static const bool warned = [&] {
     if (!mode.empty() && mode != "1")
-      logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b, s or p; timing as for 1", mode);
+      logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b, s, p, t, tc or ap; timing as for 1", mode);
     return true;
   }();
   (void)warned;
@@ -252,6 +267,7 @@ public:
       r_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     }
     if (po.len() > 0) attr.set_post_ops(po);
+    attr_ = attr;
     // Constant weights (inference) in the layout oneDNN prefers, packed once.
     auto make = [&](const memory::desc &src, const memory::desc &weights) {
       return matmul::primitive_desc(matmul::desc(src, weights, mdBias, mdY), attr, dnnl_util::engine());
@@ -268,7 +284,8 @@ public:
     bool batched = shapeElementCount(y) != y[rank - 1] * y[rank - 2];
     reorderable_ = !constB && !batched;
     bool oneB = shapeElementCount(b) == b[rank - 1] * b[rank - 2];
-    if (!ta && oneB) { // a 1×1 convolution over all of A's rows applies (PointwiseProduct)
+    if (oneB) { // a 1×1 convolution over all of A's rows applies (PointwiseProduct), A row-major first
+      pointwiseFlipsA_ = ta;
       pointwiseSpec_.m = shapeElementCount(y) / y[rank - 1];
       pointwiseSpec_.k = a[rank - 1];
       pointwiseSpec_.n = y[rank - 1];
@@ -286,6 +303,11 @@ public:
            : operands_ == MatMulOperands::FlippedB ? static_cast<int64_t>(b_.get_desc().get_size())
            : operands_ == MatMulOperands::ShiftedB  ? static_cast<int64_t>(b_.get_desc().get_size()) + kShift
            : operands_ == MatMulOperands::Pointwise ? pointwise_.scratchBytes()
+           : operands_ == MatMulOperands::FlippedPointwise
+               ? aligned64(a_.get_desc().get_size()) + pointwise_.scratchBytes()
+           : swapped()                               ? swapCopyOffset_ + (operands_ == MatMulOperands::SwappedCopy
+                                                                            ? aligned64(b_.get_desc().get_size())
+                                                                            : 0)
                                                     : 0;
   }
   void run(const KernelArgs &args) override {
@@ -297,6 +319,31 @@ public:
     if (operands_ == MatMulOperands::Pointwise && (args.scratch || pointwise_.scratchBytes() == 0)) {
       pointwise_.run(args.inputs[0], args.inputs[1], hasBias_ ? args.inputs[2] : nullptr,
                      hasResidual_ ? args.inputs[3] : nullptr, args.outputs[0], args.scratch);
+      return;
+    }
+    if (operands_ == MatMulOperands::FlippedPointwise && args.scratch) {
+      auto *scratch = static_cast<uint8_t *>(args.scratch);
+      scratchA_.set_data_handle(scratch);
+      dnnl_util::execute(reorder_, reorderArgs_, {{DNNL_ARG_FROM, a_}, {DNNL_ARG_TO, scratchA_}});
+      pointwise_.run(scratch, args.inputs[1], hasBias_ ? args.inputs[2] : nullptr,
+                     hasResidual_ ? args.inputs[3] : nullptr, args.outputs[0],
+                     scratch + aligned64(a_.get_desc().get_size()));
+      return;
+    }
+    if (swapped() && args.scratch) {
+      auto *scratch = static_cast<uint8_t *>(args.scratch);
+      bT_.set_data_handle(const_cast<void *>(args.inputs[1]));
+      aT_.set_data_handle(const_cast<void *>(args.inputs[0]));
+      yT_.set_data_handle(scratch);
+      yTasY_.set_data_handle(scratch);
+      const memory *src = &bT_;
+      if (operands_ == MatMulOperands::SwappedCopy) {
+        bTcopy_.set_data_handle(scratch + swapCopyOffset_);
+        dnnl_util::execute(reorder_, reorderArgs_, {{DNNL_ARG_FROM, bT_}, {DNNL_ARG_TO, bTcopy_}});
+        src = &bTcopy_;
+      }
+      dnnl_util::execute(reordered_, reorderedArgs_, {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, aT_}, {DNNL_ARG_DST, yT_}});
+      dnnl_util::execute(swapOut_, swapOutArgs_, {{DNNL_ARG_FROM, yTasY_}, {DNNL_ARG_TO, y_}});
       return;
     }
     if (operands_ == MatMulOperands::ShiftedB && args.scratch) {
@@ -328,7 +375,15 @@ private:
     if (choice == MatMulOperands::AsStored || (choice == MatMulOperands::Auto && flops < kTuneFlops)) return;
     memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
     auto build = [&](MatMulOperands way) {
-      if (way == MatMulOperands::Pointwise) return pointwiseSpec_.m > 0 && pointwise_.init(pointwiseSpec_);
+      if (way == MatMulOperands::Pointwise)
+        return pointwiseSpec_.m > 0 && !pointwiseFlipsA_ && pointwise_.init(pointwiseSpec_);
+      if (way == MatMulOperands::FlippedPointwise) {
+        if (pointwiseSpec_.m == 0 || !pointwiseFlipsA_ || !pointwise_.init(pointwiseSpec_)) return false;
+        reorderArgs_.clear();
+        scratchA_ = memory(flippedA, dnnl_util::engine(), DNNL_MEMORY_NONE);
+        reorder_ = dnnl_util::userScratchReorder(a_, scratchA_);
+        return true;
+      }
       if (!reorderable_) return false;
       reorderedArgs_.clear(); // they name the previous way's memories
       reorderArgs_.clear();
@@ -336,6 +391,7 @@ private:
         scratchB_ = memory(b_.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE);
         return true;
       }
+      if (way == MatMulOperands::Swapped || way == MatMulOperands::SwappedCopy) return buildSwapped(way);
       memory::desc mdA = way == MatMulOperands::FlippedA ? flippedA : a_.get_desc();
       memory::desc mdB = way == MatMulOperands::FlippedB ? flippedB : b_.get_desc();
       auto pd = make(mdA, mdB);
@@ -357,11 +413,15 @@ private:
                               : choice == MatMulOperands::FlippedB ? "flipped B"
                               : choice == MatMulOperands::ShiftedB  ? "shifted B"
                               : choice == MatMulOperands::Pointwise ? "1x1 convolution"
+                              : choice == MatMulOperands::Swapped   ? "swapped"
+                              : choice == MatMulOperands::SwappedCopy ? "swapped, B copied,"
+                              : choice == MatMulOperands::FlippedPointwise ? "flipped A, 1x1 convolution"
                                                                     : "stored",
                               key);
     }
     bool applied = choice != MatMulOperands::AsStored && build(choice);
-    if (!applied || choice != MatMulOperands::Pointwise) pointwise_ = PointwiseProduct(); // its packed weights
+    if (!applied || (choice != MatMulOperands::Pointwise && choice != MatMulOperands::FlippedPointwise))
+      pointwise_ = PointwiseProduct(); // its packed weights
     if (applied) operands_ = choice;
   }
 
@@ -382,7 +442,8 @@ private:
     MatMulOperands best = MatMulOperands::AsStored;
     double bestMs = stored;
     for (MatMulOperands way :
-         {MatMulOperands::FlippedA, MatMulOperands::FlippedB, MatMulOperands::ShiftedB, MatMulOperands::Pointwise}) {
+         {MatMulOperands::FlippedA, MatMulOperands::FlippedB, MatMulOperands::ShiftedB, MatMulOperands::Pointwise,
+          MatMulOperands::Swapped, MatMulOperands::SwappedCopy, MatMulOperands::FlippedPointwise}) {
       if (!build(way)) continue;
       operands_ = way;
       auto scratch = alignedBytes(static_cast<size_t>(std::max<int64_t>(scratchBytes(), 1))); // as the plan's
@@ -397,6 +458,36 @@ private:
     }
     operands_ = MatMulOperands::AsStored;
     return best;
+  }
+
+  bool swapped() const { return operands_ == MatMulOperands::Swapped || operands_ == MatMulOperands::SwappedCopy; }
+
+  /// Swapped ways: Yᵀ = Bᵀ·Aᵀ into the scratch (Bᵀ as a view of B, or for SwappedCopy a row-major
+  /// copy of it after Yᵀ), then transposed into Y. Not with a bias (per row of Yᵀ, which oneDNN
+  /// 2.6 leaves to its reference matmul) or a residual (the post-op would read it transposed).
+  bool buildSwapped(MatMulOperands way) {
+    if (hasBias_ || hasResidual_) return false;
+    memory::desc src = transposedView(b_.get_desc()), wts = transposedView(a_.get_desc());
+    memory::dims yDims = y_.get_desc().dims(), yTDims = yDims;
+    std::swap(yTDims[yTDims.size() - 1], yTDims[yTDims.size() - 2]);
+    memory::desc yT(yTDims, memory::data_type::f32, dnnl_util::plainStrides(yTDims));
+    memory::desc srcCopy(src.dims(), memory::data_type::f32, dnnl_util::plainStrides(src.dims()));
+    bool copy = way == MatMulOperands::SwappedCopy;
+    matmul::primitive_desc pd(matmul::desc(copy ? srcCopy : src, wts, yT), attr_, dnnl_util::engine());
+    if (dnnl_util::implIs(pd, "ref")) return false;
+    reordered_ = matmul(pd);
+    bT_ = memory(src, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    aT_ = memory(wts, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    yT_ = memory(yT, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    yTasY_ = memory(transposedView(yT), dnnl_util::engine(), DNNL_MEMORY_NONE);
+    swapOutArgs_.clear();
+    swapOut_ = dnnl_util::userScratchReorder(yTasY_, y_);
+    swapCopyOffset_ = aligned64(yT.get_size());
+    if (copy) {
+      bTcopy_ = memory(srcCopy, dnnl_util::engine(), DNNL_MEMORY_NONE);
+      reorder_ = dnnl_util::userScratchReorder(bT_, bTcopy_);
+    }
+    return true;
   }
 
   /// Runs \p prim from \p src and \p wt into y_, with the bias and residual memories if any.
@@ -424,9 +515,15 @@ private:
   primitive reordered_, reorder_;
   std::vector<dnnl_exec_arg_t> reorderedArgs_, reorderArgs_;
   memory scratchA_, scratchB_;
+  primitive_attr attr_;                   ///< the product's output scale and post-ops
+  memory bT_, aT_, yT_, yTasY_, bTcopy_; ///< Swapped ways (buildSwapped)
+  primitive swapOut_;
+  std::vector<dnnl_exec_arg_t> swapOutArgs_;
+  int64_t swapCopyOffset_ = 0;
   dnnl_util::PackedWeights packed_;
   bool reorderable_ = false;          ///< FlippedA, FlippedB and ShiftedB apply
-  PointwiseProduct::Spec pointwiseSpec_; ///< m > 0: Pointwise applies
+  PointwiseProduct::Spec pointwiseSpec_; ///< m > 0: Pointwise (A row-major) or FlippedPointwise applies
+  bool pointwiseFlipsA_ = false;         ///< A is stored transposed: FlippedPointwise, not Pointwise
   PointwiseProduct pointwise_;
 };
 

@@ -1127,52 +1127,61 @@ TEST(FuseMatMulResidual, ResidualAddedByTheMatMulMatchesTheAdd) {
 }
 
 TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
-  // Weight-gradient form Xᵀ · dY (A stored transposed), and a plain product with a bias; each
-  // way of presenting the operands to oneDNN (forced) matches the reference kernel, in a plan
-  // (with scratch) and outside one (without: the kernel runs as stored).
-  for (bool transposedA : {true, false}) {
-    ir::Graph g;
-    ir::registerBuiltinOps();
-    g.opsets()["ai.onnx"] = 13;
-    Shape aShape = transposedA ? Shape{33, 20} : Shape{20, 33};
-    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, aShape));
-    g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {33, 17}));
-    g.addInput("x");
-    g.addInput("dy");
-    std::mt19937 rng(60);
-    g.addConst("b", randomFloats({17}, rng));
-    g.addOp("MatMul", "", 13, "mm", {}, {transposedA ? transpose2d(g, "x") : TensorId("x"), "dy"}, {"p"});
-    g.addOp("Add", "", 13, "add", {}, {"p", "b"}, {"y"});
-    g.addOutput("y");
-    ir::inferShapes(g, nullptr);
-    ir::foldTransposesIntoMatMul(g);
-    ir::fuseMatMulBias(g);
-    ASSERT_EQ(g.ops().size(), 1u);
-    std::map<TensorId, TensorData> feeds{{"x", randomFloats(aShape, rng)}, {"dy", randomFloats({33, 17}, rng)}};
-    std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
-    for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::FlippedA,
-                     backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB,
-                     backend_cpu::MatMulOperands::Pointwise}) {
-      backend_cpu::setMatMulOperands(way);
-      std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + " way " + std::to_string(int(way));
-      {
-        backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
-        // Pointwise needs a row-major A (else the product runs as stored) and reorders B.
-        bool reorders = way != backend_cpu::MatMulOperands::AsStored &&
-                        !(way == backend_cpu::MatMulOperands::Pointwise && transposedA);
-        EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
+  // Weight-gradient form Xᵀ · dY (A stored transposed), and a plain product, each with and
+  // without a bias; each way of presenting the operands to oneDNN (forced) matches the reference
+  // kernel, in a plan (with scratch) and outside one (without: the kernel runs as stored).
+  for (bool transposedA : {true, false})
+    for (bool bias : {true, false}) {
+      ir::Graph g;
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      Shape aShape = transposedA ? Shape{33, 20} : Shape{20, 33};
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, aShape));
+      g.addTensor("dy", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {33, 17}));
+      g.addInput("x");
+      g.addInput("dy");
+      std::mt19937 rng(60);
+      g.addConst("b", randomFloats({17}, rng));
+      g.addOp("MatMul", "", 13, "mm", {}, {transposedA ? transpose2d(g, "x") : TensorId("x"), "dy"},
+              {bias ? "p" : "y"});
+      if (bias) g.addOp("Add", "", 13, "add", {}, {"p", "b"}, {"y"});
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+      ir::foldTransposesIntoMatMul(g);
+      ir::fuseMatMulBias(g);
+      ASSERT_EQ(g.ops().size(), 1u);
+      std::map<TensorId, TensorData> feeds{{"x", randomFloats(aShape, rng)}, {"dy", randomFloats({33, 17}, rng)}};
+      std::vector<float> want = runFeeds(g, KernelProvider::Reference, feeds);
+      for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::FlippedA,
+                       backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB,
+                       backend_cpu::MatMulOperands::Pointwise, backend_cpu::MatMulOperands::Swapped,
+                       backend_cpu::MatMulOperands::SwappedCopy, backend_cpu::MatMulOperands::FlippedPointwise}) {
+        backend_cpu::setMatMulOperands(way);
+        std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + (bias ? " + b" : "") + " way " +
+                           std::to_string(int(way));
+        {
+          backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
+          // Pointwise needs a row-major A and FlippedPointwise a transposed one (else the product
+          // runs as stored); both reorder B. The swapped ways do not take a bias.
+          bool swapped =
+              way == backend_cpu::MatMulOperands::Swapped || way == backend_cpu::MatMulOperands::SwappedCopy;
+          bool reorders = way != backend_cpu::MatMulOperands::AsStored &&
+                          !(way == backend_cpu::MatMulOperands::Pointwise && transposedA) &&
+                          !(way == backend_cpu::MatMulOperands::FlippedPointwise && !transposedA) &&
+                          !(swapped && bias);
+          EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
+        }
+        expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
+        // Outside a plan: no scratch.
+        auto kernel = backend_cpu::createKernel(*g.schedule()[0], KernelProvider::Dnnl);
+        std::vector<float> out(want.size());
+        const void *ins[] = {feeds.at("x").data(), feeds.at("dy").data(), g.tensor("b").data()->data()};
+        void *outs[] = {out.data()};
+        kernel->run({ins, bias ? 3 : 2, outs, 1});
+        expectNear(out, want, 1e-5f, what + " without scratch");
       }
-      expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
-      // Outside a plan: no scratch.
-      auto kernel = backend_cpu::createKernel(*g.schedule()[0], KernelProvider::Dnnl);
-      std::vector<float> out(want.size());
-      const void *ins[] = {feeds.at("x").data(), feeds.at("dy").data(), g.tensor("b").data()->data()};
-      void *outs[] = {out.data()};
-      kernel->run({ins, 3, outs, 1});
-      expectNear(out, want, 1e-5f, what + " without scratch");
+      backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
     }
-    backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
-  }
 }
 
 TEST(MatMulOperands, PointwiseConvolutionMatchesTheReference) {
