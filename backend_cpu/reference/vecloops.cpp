@@ -34,14 +34,14 @@ POPART_CLONES float expSubSum(const float *x, float m, float *y, int64_t n) {
   if (y) {
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) {
-      float e = vecmath::exp(x[i] - m);
+      float e = vecmath::expNonPositive(x[i] - m);
       y[i] = e;
       s += e;
     }
   } else {
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i)
-      s += vecmath::exp(x[i] - m);
+      s += vecmath::expNonPositive(x[i] - m);
   }
   return s;
 }

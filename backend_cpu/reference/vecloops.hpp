@@ -15,7 +15,8 @@ void exp(const float *x, float *y, int64_t n);
 void erf(const float *x, float *y, int64_t n);
 /// The largest of x[0..n), n > 0 (NaNs are skipped; callers' later sums propagate them).
 float max(const float *x, int64_t n);
-/// Σ e^(x - m); also stores each e^(x - m) in y when y is not null.
+/// Σ e^(x - m) for m >= every x (softmax's row maximum); also stores each e^(x - m) in y when y
+/// is not null.
 float expSubSum(const float *x, float m, float *y, int64_t n);
 /// y = x * s (y may alias x).
 void scale(const float *x, float s, float *y, int64_t n);

@@ -40,6 +40,26 @@ POPART_VECMATH_INLINE float exp(float x) {
   return x != x ? x : y;
 }
 
+/// e^x for x <= 0 (softmax's x − max): exp without the overflow path. Below -87.3 it returns 0;
+/// NaN stays NaN (through the arithmetic); x > 0 is outside its contract.
+POPART_VECMATH_INLINE float expNonPositive(float x) {
+  const float lo = -87.3365f;
+  float c = x < lo ? lo : x;
+  const float shift = 12582912.f;
+  float n = (c * 1.44269504088896341f + shift) - shift;
+  float r = c - n * 0.693145751953125f;
+  r = r - n * 1.42860682030941723212e-6f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  float y = p * bitsToFloat((static_cast<int32_t>(n) + 127) << 23);
+  return x < lo ? 0.f : y;
+}
+
 /// erf(x): the Maclaurin series below |x| = 0.5, Abramowitz and Stegun 7.1.26 above.
 POPART_VECMATH_INLINE float erf(float x) {
   float a = x < 0 ? -x : x;

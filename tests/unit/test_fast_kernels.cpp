@@ -107,6 +107,35 @@ TEST(VecMath, ExpMatchesLibmWithin3Ulp) {
   EXPECT_EQ(out[5], 1.f);
 }
 
+TEST(VecMath, SoftmaxExponentialsMatchLibmWithin3Ulp) {
+  // expSubSum(x, m) for x <= m: each e^(x − m) (by expNonPositive) and their sum.
+  std::vector<float> x;
+  for (float v = -100.f; v <= 0.f; v += 0.0011f)
+    x.push_back(v);
+  x.push_back(0.f);
+  x.push_back(-INFINITY);
+  std::vector<float> y(x.size());
+  float sum = backend_cpu::vec::expSubSum(x.data(), 0.f, y.data(), static_cast<int64_t>(x.size()));
+  double worstUlp = 0, want = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    double ref = std::exp(static_cast<double>(x[i]));
+    want += ref;
+    if (ref < std::numeric_limits<float>::min()) { // where e^x is subnormal this may return 0
+      EXPECT_LE(y[i], std::numeric_limits<float>::min()) << x[i];
+      continue;
+    }
+    double ulp = std::nextafter(static_cast<float>(ref), INFINITY) - static_cast<float>(ref);
+    worstUlp = std::max(worstUlp, std::fabs(y[i] - ref) / ulp);
+  }
+  std::cout << "softmax exp: worst error " << worstUlp << " ulp over " << x.size() << " points\n";
+  EXPECT_LE(worstUlp, 3.0);
+  EXPECT_NEAR(sum, want, 1e-5 * want);
+  EXPECT_EQ(backend_cpu::vec::expSubSum(x.data(), 0.f, nullptr, static_cast<int64_t>(x.size())), sum);
+  float withNan[] = {-1.f, NAN};
+  EXPECT_TRUE(std::isnan(backend_cpu::vec::expSubSum(withNan, 0.f, y.data(), 2)));
+  EXPECT_TRUE(std::isnan(y[1]));
+}
+
 TEST(VecMath, ErfMatchesLibm) {
   std::vector<float> x, y;
   for (float v = -7.f; v < 7.f; v += 0.00071f)
