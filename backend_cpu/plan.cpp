@@ -1,4 +1,5 @@
 #include "backend_cpu/plan.hpp"
+#include "ir/ops/matmul_layout.hpp"
 #include "ir/ops/window.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
@@ -415,7 +416,8 @@ double estimateFlops(const ir::Op &op) {
   if ((type == "MatMul" || type == "Gemm") && op.inputCount() >= 2 && op.hasOutput(0)) {
     const Shape &a = op.inInfo(0).shape();
     if (a.empty()) return elems(op.outputs[0]);
-    bool ta = type == "Gemm" ? op.attrs.getInt("transA", 0) != 0 : op.attrs.getInt("popart_transA", 0) != 0;
+    if (type == "MatMul") return 2.0 * elems(op.outputs[0]) * static_cast<double>(ir::matMulOperand(op, 0).shape.back());
+    bool ta = op.attrs.getInt("transA", 0) != 0;
     int64_t k = ta && a.size() >= 2 ? a[a.size() - 2] : a.back();
     return 2.0 * elems(op.outputs[0]) * static_cast<double>(k);
   }

@@ -5,6 +5,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
+#include "ir/ops/matmul_layout.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -51,6 +52,17 @@ memory::desc transposedView(const memory::desc &md) {
 /// Bytes rounded up to oneDNN's 64-byte alignment.
 int64_t aligned64(size_t bytes) { return static_cast<int64_t>((bytes + 63) / 64 * 64); }
 
+/// \p s padded in front to \p rank axes of size 1, as a desc with its strides.
+memory::desc stridedDesc(const ir::StridedShape &s, size_t rank) {
+  memory::dims dims(rank, 1), strides(rank, shapeElementCount(s.shape));
+  size_t pad = rank - s.shape.size();
+  for (size_t j = pad; j < rank; ++j) {
+    dims[j] = s.shape[j - pad];
+    strides[j] = s.strides[j - pad];
+  }
+  return memory::desc(dims, memory::data_type::f32, strides);
+}
+
 MatMulOperands forcedOperands = MatMulOperands::Auto;
 
 /// Whether \p md is a plain strided layout (no inner blocks). Packing constant weights into one
@@ -81,8 +93,8 @@ MatMulOperands rememberedWay(const std::string &key, const std::function<MatMulO
 }
 
 /// The tuning mode: forcedOperands unless it is Auto, then POPART_MATMUL_TUNING's (0: AsStored;
-/// a, b, s, p, t, tc, ap: FlippedA, FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy,
-/// FlippedPointwise; else Auto, warning once about a value other than 1).
+/// a, b, s, p, t, tc, ap, u: FlippedA, FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy,
+/// FlippedPointwise, Unpermuted; else Auto, warning once about a value other than 1).
 MatMulOperands tuningMode() {
   if (forcedOperands != MatMulOperands::Auto) return forcedOperands;
   const char *env = std::getenv("POPART_MATMUL_TUNING");
@@ -95,9 +107,10 @@ MatMulOperands tuningMode() {
   if (mode == "t") return MatMulOperands::Swapped;
   if (mode == "tc") return MatMulOperands::SwappedCopy;
   if (mode == "ap") return MatMulOperands::FlippedPointwise;
+  if (mode == "u") return MatMulOperands::Unpermuted;
   static const bool warned = [&] {
     if (!mode.empty() && mode != "1")
-      logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b, s, p, t, tc or ap; timing as for 1", mode);
+      logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b, s, p, t, tc, ap or u; timing as for 1", mode);
     return true;
   }();
   (void)warned;
@@ -232,11 +245,10 @@ private:
 class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op) {
-    Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
+    // The logical operands (popart_transA/B and popart_permA/B applied; matmul_layout.hpp).
+    Shape a = ir::matMulOperand(op, 0).shape, b = ir::matMulOperand(op, 1).shape;
     bool ta = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
     bool tb = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
-    if (ta) std::swap(a[a.size() - 1], a[a.size() - 2]);
-    if (tb) std::swap(b[b.size() - 1], b[b.size() - 2]);
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     size_t rank = std::max(a.size(), b.size());
@@ -250,6 +262,16 @@ public:
     y[rank - 2] = a[rank - 2];
     y[rank - 1] = b[rank - 1];
     auto mdA = storedDesc(a, rank, ta), mdB = storedDesc(b, rank, tb), mdY = dnnl_util::plainDesc(y, rank);
+    const bool permuted = ir::matMulPermuted(op); // popart_permA/B/Y: every operand through its strides
+    if (permuted) {
+      // Unpermuted's plain layouts of the permuted tensors (transposes stay strides).
+      if (op.attrs.has("popart_permA")) unpermuted_[0] = dnnl_util::plainDesc(a, rank);
+      if (op.attrs.has("popart_permB")) unpermuted_[1] = dnnl_util::plainDesc(b, rank);
+      if (op.attrs.has("popart_permY")) unpermuted_[2] = mdY;
+      mdA = stridedDesc(ir::matMulOperand(op, 0), rank);
+      mdB = stridedDesc(ir::matMulOperand(op, 1), rank);
+      mdY = stridedDesc(ir::matMulResult(op), rank);
+    }
     hasBias_ = op.hasInput(2); // fused by fuseMatMulBias: [N] broadcast over the rows
     memory::dims biasDims(rank, 1);
     biasDims.back() = y.back();
@@ -282,9 +304,9 @@ public:
     if (hasBias_) bias_ = memory(mdBias, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (constB) packed_.init(b_, pd.weights_desc(), true);
     bool batched = shapeElementCount(y) != y[rank - 1] * y[rank - 2];
-    reorderable_ = !constB && !batched;
+    reorderable_ = !constB && !batched && !permuted;
     bool oneB = shapeElementCount(b) == b[rank - 1] * b[rank - 2];
-    if (oneB) { // a 1×1 convolution over all of A's rows applies (PointwiseProduct), A row-major first
+    if (oneB && !permuted) { // a 1×1 convolution over all of A's rows applies (PointwiseProduct), A row-major first
       pointwiseFlipsA_ = ta;
       pointwiseSpec_.m = shapeElementCount(y) / y[rank - 1];
       pointwiseSpec_.k = a[rank - 1];
@@ -296,7 +318,7 @@ public:
       pointwiseSpec_.addAfter = hasResidual_;
       pointwiseSpec_.scale = scale;
     }
-    if (reorderable_ || pointwiseSpec_.m > 0) chooseOperands(op, a, b, rank, ta, tb, make);
+    if (reorderable_ || pointwiseSpec_.m > 0 || permuted) chooseOperands(op, a, b, rank, ta, tb, make);
   }
   int64_t scratchBytes() const override {
     return operands_ == MatMulOperands::FlippedA   ? static_cast<int64_t>(a_.get_desc().get_size())
@@ -305,6 +327,7 @@ public:
            : operands_ == MatMulOperands::Pointwise ? pointwise_.scratchBytes()
            : operands_ == MatMulOperands::FlippedPointwise
                ? aligned64(a_.get_desc().get_size()) + pointwise_.scratchBytes()
+           : operands_ == MatMulOperands::Unpermuted ? unpermutedOffset_[3]
            : swapped()                               ? swapCopyOffset_ + (operands_ == MatMulOperands::SwappedCopy
                                                                             ? aligned64(b_.get_desc().get_size())
                                                                             : 0)
@@ -319,6 +342,31 @@ public:
     if (operands_ == MatMulOperands::Pointwise && (args.scratch || pointwise_.scratchBytes() == 0)) {
       pointwise_.run(args.inputs[0], args.inputs[1], hasBias_ ? args.inputs[2] : nullptr,
                      hasResidual_ ? args.inputs[3] : nullptr, args.outputs[0], args.scratch);
+      return;
+    }
+    if (operands_ == MatMulOperands::Unpermuted && args.scratch) {
+      auto *scratch = static_cast<uint8_t *>(args.scratch);
+      const memory *src = &a_, *wt = &b_, *dst = &y_;
+      if (plainA_) {
+        plainA_.set_data_handle(scratch + unpermutedOffset_[0]);
+        dnnl_util::execute(reorderA_, reorderAArgs_, {{DNNL_ARG_FROM, a_}, {DNNL_ARG_TO, plainA_}});
+        src = &plainA_;
+      }
+      if (plainB_) {
+        plainB_.set_data_handle(scratch + unpermutedOffset_[1]);
+        dnnl_util::execute(reorderB_, reorderBArgs_, {{DNNL_ARG_FROM, b_}, {DNNL_ARG_TO, plainB_}});
+        wt = &plainB_;
+      }
+      if (plainY_) {
+        plainY_.set_data_handle(scratch + unpermutedOffset_[2]);
+        dst = &plainY_;
+      }
+      if (hasBias_)
+        dnnl_util::execute(reordered_, reorderedArgs_,
+                           {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, *dst}});
+      else
+        dnnl_util::execute(reordered_, reorderedArgs_, {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_DST, *dst}});
+      if (plainY_) dnnl_util::execute(reorderY_, reorderYArgs_, {{DNNL_ARG_FROM, plainY_}, {DNNL_ARG_TO, y_}});
       return;
     }
     if (operands_ == MatMulOperands::FlippedPointwise && args.scratch) {
@@ -375,6 +423,7 @@ private:
     if (choice == MatMulOperands::AsStored || (choice == MatMulOperands::Auto && flops < kTuneFlops)) return;
     memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
     auto build = [&](MatMulOperands way) {
+      if (way == MatMulOperands::Unpermuted) return buildUnpermuted();
       if (way == MatMulOperands::Pointwise)
         return pointwiseSpec_.m > 0 && !pointwiseFlipsA_ && pointwise_.init(pointwiseSpec_);
       if (way == MatMulOperands::FlippedPointwise) {
@@ -407,6 +456,8 @@ private:
       std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") + (hasBias_ ? "+bias" : "") +
                         (hasResidual_ ? "+residual" : "") + op.attrs.getString("popart_activation", "") +
                         std::to_string(op.attrs.getFloat("popart_scale", 1.f)) + (op.input(1).isConst() ? "const" : "");
+      for (const char *perm : {"popart_permA", "popart_permB", "popart_permY"})
+        if (op.attrs.has(perm)) key += std::string(" ") + (perm + 7) + toString(Shape(op.attrs.getInts(perm)));
       choice = rememberedWay(key, [&] { return timeOperands(build); });
       logging::logger().debug("{}: {} operands for {}", op.debugName(),
                               choice == MatMulOperands::FlippedA     ? "flipped A"
@@ -416,6 +467,7 @@ private:
                               : choice == MatMulOperands::Swapped   ? "swapped"
                               : choice == MatMulOperands::SwappedCopy ? "swapped, B copied,"
                               : choice == MatMulOperands::FlippedPointwise ? "flipped A, 1x1 convolution"
+                              : choice == MatMulOperands::Unpermuted ? "unpermuted"
                                                                     : "stored",
                               key);
     }
@@ -443,7 +495,8 @@ private:
     double bestMs = stored;
     for (MatMulOperands way :
          {MatMulOperands::FlippedA, MatMulOperands::FlippedB, MatMulOperands::ShiftedB, MatMulOperands::Pointwise,
-          MatMulOperands::Swapped, MatMulOperands::SwappedCopy, MatMulOperands::FlippedPointwise}) {
+          MatMulOperands::Swapped, MatMulOperands::SwappedCopy, MatMulOperands::FlippedPointwise,
+          MatMulOperands::Unpermuted}) {
       if (!build(way)) continue;
       operands_ = way;
       auto scratch = alignedBytes(static_cast<size_t>(std::max<int64_t>(scratchBytes(), 1))); // as the plan's
@@ -458,6 +511,43 @@ private:
     }
     operands_ = MatMulOperands::AsStored;
     return best;
+  }
+
+  /// Unpermuted: the operands that popart_permA/B permute copied into plain layouts, the product
+  /// into a plain buffer and copied into the permuted output (for a oneDNN whose strided product
+  /// is slower than the copies). Not with a residual (read in the output's permuted layout).
+  bool buildUnpermuted() {
+    bool any = !unpermuted_[0].is_zero() || !unpermuted_[1].is_zero() || !unpermuted_[2].is_zero();
+    if (!any || hasResidual_) return false;
+    memory::desc src = unpermuted_[0].is_zero() ? a_.get_desc() : unpermuted_[0];
+    memory::desc wt = unpermuted_[1].is_zero() ? b_.get_desc() : unpermuted_[1];
+    memory::desc dst = unpermuted_[2].is_zero() ? y_.get_desc() : unpermuted_[2];
+    matmul::primitive_desc pd;
+    try {
+      pd = matmul::primitive_desc(matmul::desc(src, wt, hasBias_ ? bias_.get_desc() : memory::desc(), dst), attr_,
+                                  dnnl_util::engine());
+    } catch (const dnnl::error &) {
+      return false;
+    }
+    if (dnnl_util::implIs(pd, "ref")) return false;
+    reordered_ = matmul(pd);
+    reorderAArgs_.clear();
+    reorderBArgs_.clear();
+    reorderYArgs_.clear();
+    plainA_ = plainB_ = plainY_ = memory();
+    int64_t offset = 0;
+    memory *plain[3] = {&plainA_, &plainB_, &plainY_};
+    for (size_t i = 0; i < 3; ++i) {
+      unpermutedOffset_[i] = offset;
+      if (unpermuted_[i].is_zero()) continue;
+      *plain[i] = memory(unpermuted_[i], dnnl_util::engine(), DNNL_MEMORY_NONE);
+      offset += aligned64(unpermuted_[i].get_size());
+    }
+    unpermutedOffset_[3] = offset;
+    if (plainA_) reorderA_ = dnnl_util::userScratchReorder(a_, plainA_);
+    if (plainB_) reorderB_ = dnnl_util::userScratchReorder(b_, plainB_);
+    if (plainY_) reorderY_ = dnnl_util::userScratchReorder(plainY_, y_);
+    return true;
   }
 
   bool swapped() const { return operands_ == MatMulOperands::Swapped || operands_ == MatMulOperands::SwappedCopy; }
@@ -520,6 +610,11 @@ private:
   primitive swapOut_;
   std::vector<dnnl_exec_arg_t> swapOutArgs_;
   int64_t swapCopyOffset_ = 0;
+  memory::desc unpermuted_[3];          ///< plain layouts of the permuted A, B, Y (empty: as stored)
+  memory plainA_, plainB_, plainY_;    ///< Unpermuted's copies (buildUnpermuted)
+  primitive reorderA_, reorderB_, reorderY_;
+  std::vector<dnnl_exec_arg_t> reorderAArgs_, reorderBArgs_, reorderYArgs_;
+  int64_t unpermutedOffset_[4] = {0, 0, 0, 0}; ///< of A, B, Y in the scratch, and its size
   dnnl_util::PackedWeights packed_;
   bool reorderable_ = false;          ///< FlippedA, FlippedB and ShiftedB apply
   PointwiseProduct::Spec pointwiseSpec_; ///< m > 0: Pointwise (A row-major) or FlippedPointwise applies

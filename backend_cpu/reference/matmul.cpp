@@ -3,6 +3,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
+#include "ir/ops/matmul_layout.hpp"
 
 namespace popart::backend_cpu {
 
@@ -11,34 +12,56 @@ namespace {
 class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()) {
-    Shape a = op.inInfo(0).shape(), b = op.inInfo(1).shape();
-    // Stored transposed (popart_transA/B): element (i, p) of A is at p·m + i instead of i·k + p.
-    transA_ = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
-    transB_ = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
+    // Operands and result through strides (popart_transA/B, popart_permA/B/Y; matmul_layout.hpp).
+    ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
     scale_ = op.attrs.getFloat("popart_scale", 1.f);
     relu_ = op.attrs.getString("popart_activation", "") == "Relu";
-    if (transA_) std::swap(a[a.size() - 1], a[a.size() - 2]);
-    if (transB_) std::swap(b[b.size() - 1], b[b.size() - 2]);
-    if (a.size() == 1) a.insert(a.begin(), 1);
-    if (b.size() == 1) b.push_back(1);
-    m_ = a[a.size() - 2];
-    k_ = a.back();
-    n_ = b.back();
-    Shape batchA(a.begin(), a.end() - 2), batchB(b.begin(), b.end() - 2);
-    size_t rank = std::max(batchA.size(), batchB.size());
-    while (batchA.size() < rank)
-      batchA.insert(batchA.begin(), 1);
-    while (batchB.size() < rank)
-      batchB.insert(batchB.begin(), 1);
-    Shape batch(rank);
-    for (size_t i = 0; i < rank; ++i)
-      batch[i] = std::max(batchA[i], batchB[i]);
+    bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
+    if (aVec) { // [k] is [1, k]; the result has no m axis
+      a.shape.insert(a.shape.begin(), 1);
+      a.strides.insert(a.strides.begin(), 0);
+    }
+    if (bVec) { // [k] is [k, 1]; the result has no n axis
+      b.shape.push_back(1);
+      b.strides.push_back(0);
+    }
+    m_ = a.shape[a.shape.size() - 2];
+    k_ = a.shape.back();
+    n_ = b.shape.back();
+    aI_ = a.strides[a.strides.size() - 2];
+    aP_ = a.strides.back();
+    bP_ = b.strides[b.strides.size() - 2];
+    bJ_ = b.strides.back();
+    size_t yMatrix = (aVec ? 0 : 1) + (bVec ? 0 : 1);
+    size_t rank = y.shape.size() - yMatrix; // batch axes
+    yI_ = aVec ? 0 : y.strides[rank];
+    yJ_ = bVec ? 0 : y.strides.back();
+    // Each batch's A, B and Y offsets (broadcast batch axes of A and B have stride 0), once.
+    auto batchStrides = [&](const ir::StridedShape &s) {
+      std::vector<int64_t> st(rank, 0);
+      size_t axes = s.shape.size() - 2;
+      for (size_t d = 0; d < axes; ++d)
+        if (s.shape[d] != 1) st[rank - axes + d] = s.strides[d];
+      return st;
+    };
+    std::vector<int64_t> sa = batchStrides(a), sb = batchStrides(b);
+    Shape batch(y.shape.begin(), y.shape.begin() + static_cast<std::ptrdiff_t>(rank));
     batches_ = shapeElementCount(batch);
-    // Offsets of each batch's A and B matrix, computed once.
-    BroadcastWalker w(batch, {batchA, batchB});
-    for (int64_t i = 0; i < batches_; ++i, w.next()) {
-      offsetA_.push_back(w.offset(0) * m_ * k_);
-      offsetB_.push_back(w.offset(1) * k_ * n_);
+    std::vector<int64_t> index(rank, 0);
+    for (int64_t bi = 0; bi < batches_; ++bi) {
+      int64_t oa = 0, ob = 0, oy = 0;
+      for (size_t d = 0; d < rank; ++d) {
+        oa += index[d] * sa[d];
+        ob += index[d] * sb[d];
+        oy += index[d] * y.strides[d];
+      }
+      offsetA_.push_back(oa);
+      offsetB_.push_back(ob);
+      offsetY_.push_back(oy);
+      for (size_t d = rank; d-- > 0;) { // next batch index, last axis fastest
+        if (++index[d] < batch[d]) break;
+        index[d] = 0;
+      }
     }
   }
 
@@ -55,17 +78,16 @@ public:
       for (int64_t bi = 0; bi < batches_; ++bi) {
         const T *pa = a + offsetA_[bi];
         const T *pb = b + offsetB_[bi];
-        T *py = y + bi * m_ * n_;
         for (int64_t i = 0; i < m_; ++i)
           for (int64_t j = 0; j < n_; ++j) {
             C acc = bias ? static_cast<C>(bias[j]) : C(0);
             for (int64_t p = 0; p < k_; ++p)
-              acc += static_cast<C>(pa[transA_ ? p * m_ + i : i * k_ + p]) *
-                     static_cast<C>(pb[transB_ ? j * k_ + p : p * n_ + j]);
+              acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
             C v = scale_ == 1.f ? acc : acc * scale;
             if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
-            if (residual) v += static_cast<C>(residual[bi * m_ * n_ + i * n_ + j]);
-            py[i * n_ + j] = static_cast<T>(v);
+            int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
+            if (residual) v += static_cast<C>(residual[at]);
+            y[at] = static_cast<T>(v);
           }
       }
     });
@@ -75,9 +97,9 @@ private:
   DataType type_;
   float scale_ = 1.f;
   bool relu_ = false; ///< fuseRelu
-  bool transA_ = false, transB_ = false;
   int64_t m_, k_, n_, batches_;
-  std::vector<int64_t> offsetA_, offsetB_;
+  int64_t aI_, aP_, bP_, bJ_, yI_, yJ_; ///< element strides of rows and columns
+  std::vector<int64_t> offsetA_, offsetB_, offsetY_;
 };
 
 class GemmKernel : public Kernel {

@@ -2,24 +2,84 @@
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
+#include "ir/ops/matmul_layout.hpp"
 
 namespace popart::ir {
+
+namespace {
+
+bool isPermutation(const std::vector<int64_t> &perm, size_t rank) {
+  if (perm.size() != rank) return false;
+  std::vector<bool> seen(rank, false);
+  for (int64_t p : perm) {
+    if (p < 0 || p >= static_cast<int64_t>(rank) || seen[static_cast<size_t>(p)]) return false;
+    seen[static_cast<size_t>(p)] = true;
+  }
+  return true;
+}
+
+std::vector<int64_t> rowMajorStrides(const Shape &shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (size_t j = shape.size(); j-- > 1;)
+    strides[j - 1] = strides[j] * shape[j];
+  return strides;
+}
+
+} // namespace
+
+StridedShape matMulOperand(const Op &op, size_t i) {
+  const Shape &stored = op.inInfo(i).shape();
+  StridedShape s{stored, rowMajorStrides(stored)};
+  std::vector<int64_t> perm = op.attrs.getInts(i == 0 ? "popart_permA" : "popart_permB", {});
+  if (!perm.empty()) {
+    if (!isPermutation(perm, stored.size()))
+      throw error(op.debugName(), ": ", i == 0 ? "popart_permA" : "popart_permB", " is not a permutation of input ",
+                  i, "'s ", stored.size(), " axes");
+    StridedShape p{stored, s.strides};
+    for (size_t j = 0; j < perm.size(); ++j) {
+      p.shape[j] = stored[static_cast<size_t>(perm[j])];
+      p.strides[j] = s.strides[static_cast<size_t>(perm[j])];
+    }
+    s = p;
+  }
+  if (op.attrs.getInt(i == 0 ? "popart_transA" : "popart_transB", 0) && s.shape.size() >= 2) {
+    std::swap(s.shape[s.shape.size() - 1], s.shape[s.shape.size() - 2]);
+    std::swap(s.strides[s.strides.size() - 1], s.strides[s.strides.size() - 2]);
+  }
+  return s;
+}
+
+StridedShape matMulResult(const Op &op) {
+  const Shape &stored = op.outInfo(0).shape();
+  StridedShape s{stored, rowMajorStrides(stored)};
+  std::vector<int64_t> perm = op.attrs.getInts("popart_permY", {});
+  if (perm.empty()) return s;
+  StridedShape p{stored, s.strides};
+  for (size_t j = 0; j < perm.size() && j < stored.size(); ++j) { // stored axis j is product axis perm[j]
+    p.shape[static_cast<size_t>(perm[j])] = stored[j];
+    p.strides[static_cast<size_t>(perm[j])] = s.strides[j];
+  }
+  return p;
+}
+
+bool matMulPermuted(const Op &op) {
+  return op.attrs.has("popart_permA") || op.attrs.has("popart_permB") || op.attrs.has("popart_permY");
+}
 
 namespace {
 
 void setupMatMul(Op &op) {
   bool residual = op.attrs.getInt("popart_residual", 0) != 0;
   requireInputCount(op, residual ? 4 : 2, residual ? 4 : op.attrs.getInt("popart_bias", 0) ? 3 : 2);
-  Shape a = op.inInfo(0).shape();
-  Shape b = op.inInfo(1).shape();
-  if (a.empty() || b.empty()) throw error(op.debugName(), ": MatMul inputs must have rank >= 1");
+  if (op.inInfo(0).shape().empty() || op.inInfo(1).shape().empty())
+    throw error(op.debugName(), ": MatMul inputs must have rank >= 1");
   if (op.inInfo(0).dataType() != op.inInfo(1).dataType())
     throw error(op.debugName(), ": input types differ (", toString(op.inInfo(0).dataType()), " and ",
                 toString(op.inInfo(1).dataType()), ")");
-  // popart_transA / popart_transB (set by foldTransposesIntoMatMul): the input holds the
-  // matrix with its last two axes swapped.
-  if (op.attrs.getInt("popart_transA", 0) && a.size() >= 2) std::swap(a[a.size() - 1], a[a.size() - 2]);
-  if (op.attrs.getInt("popart_transB", 0) && b.size() >= 2) std::swap(b[b.size() - 1], b[b.size() - 2]);
+  // popart_transA/B and popart_permA/B (set by foldTransposesIntoMatMul): the input holds the
+  // operand transposed (matmul_layout.hpp).
+  Shape a = matMulOperand(op, 0).shape;
+  Shape b = matMulOperand(op, 1).shape;
   bool aVec = a.size() == 1, bVec = b.size() == 1;
   if (aVec) a.insert(a.begin(), 1);
   if (bVec) b.push_back(1);
@@ -37,6 +97,18 @@ void setupMatMul(Op &op) {
     if (bVec || bias.shape() != Shape{out.back()} || bias.dataType() != op.inInfo(0).dataType())
       throw error(op.debugName(), ": bias ", bias.toString(), " must be 1-D of the output's last dimension ",
                   out.empty() ? int64_t{0} : out.back(), " in ", toString(op.inInfo(0).dataType()));
+  }
+  // popart_permY (set by foldTransposesIntoMatMul): the output holds the product transposed,
+  // its last axis kept last (so a bias stays on it).
+  std::vector<int64_t> permY = op.attrs.getInts("popart_permY", {});
+  if (!permY.empty()) {
+    if (!isPermutation(permY, out.size()) || permY.back() != static_cast<int64_t>(out.size()) - 1)
+      throw error(op.debugName(), ": popart_permY must be a permutation of the product's ", out.size(),
+                  " axes that keeps the last one last");
+    Shape stored(out.size());
+    for (size_t j = 0; j < out.size(); ++j)
+      stored[j] = out[static_cast<size_t>(permY[j])];
+    out = stored;
   }
   TensorInfo y(op.inInfo(0).dataType(), out);
   // popart_residual (set by fuseMatMulResidual): input 3, of the output's shape, is added last.

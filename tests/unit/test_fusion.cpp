@@ -1325,3 +1325,118 @@ TEST(TiledMaxPool, VectorisedPassMatchesTheGenericLoop) {
     ASSERT_EQ(got, want);
   }
 }
+
+namespace {
+
+/// Attention's head split and merge as exported from PyTorch, forward and backward: q, k, v
+/// [2, 5, 3, 4] (batch, sequence, heads, head size) → Q = q(0,2,1,3), Kᵀ = k(0,2,3,1),
+/// V = v(0,2,1,3); y = (Q·Kᵀ·V)(0,2,1,3) + (q(0,2,3,1)·Q·Kᵀ)(0,3,1,2); u = q(3,1,2,0)·e, whose
+/// transpose moves the stored last axis first and cannot be read through strides. The loss is a
+/// weighted sum of y and u; the outputs are y, u and the gradients of q, k, v and e.
+void attentionPermutations(ir::Graph &g) {
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  for (const char *id : {"q", "k", "v"}) {
+    g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 5, 3, 4}));
+    g.addInput(id);
+  }
+  g.addTensor("e", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 6}));
+  g.addInput("e");
+  auto transpose = [&](const TensorId &in, std::vector<int64_t> perm, const TensorId &out) {
+    ir::Attributes a;
+    a.set("perm", perm);
+    g.addOp("Transpose", "", 13, out, a, {in}, {out});
+  };
+  transpose("q", {0, 2, 1, 3}, "Q");
+  transpose("k", {0, 2, 3, 1}, "Kt");
+  transpose("v", {0, 2, 1, 3}, "V");
+  g.addOp("MatMul", "", 13, "scores", {}, {"Q", "Kt"}, {"S"});   // [2, 3, 5, 5]
+  g.addOp("MatMul", "", 13, "context", {}, {"S", "V"}, {"O"});   // [2, 3, 5, 4]
+  transpose("O", {0, 2, 1, 3}, "merged");                         // [2, 5, 3, 4]
+  transpose("q", {0, 2, 3, 1}, "Qt");                             // [2, 3, 4, 5]
+  g.addOp("MatMul", "", 13, "w", {}, {"Qt", "S"}, {"W"});         // [2, 3, 4, 5]
+  transpose("W", {0, 3, 1, 2}, "Wt");                             // [2, 5, 3, 4]
+  g.addOp("Add", "", 13, "add", {}, {"merged", "Wt"}, {"y"});
+  transpose("q", {3, 1, 2, 0}, "U");                              // [4, 5, 3, 2]
+  g.addOp("MatMul", "", 13, "u", {}, {"U", "e"}, {"u"});          // [4, 5, 3, 6]
+  ir::inferShapes(g, nullptr);
+  TensorId loss = gradcheck::weightedSumLoss(2)(g, {"y", "u"}, 13);
+  ir::inferShapes(g, nullptr);
+  std::vector<TensorId> grads = autodiff::buildGradients(g, loss, {"q", "k", "v", "e"});
+  g.addOutput("y");
+  g.addOutput("u");
+  for (const auto &id : grads)
+    g.addOutput(id);
+  ir::inferShapes(g, nullptr);
+}
+
+std::vector<std::vector<float>> runOutputs(const ir::Graph &g, KernelProvider p) {
+  backend_cpu::ExecutionPlan plan(g, {p});
+  std::mt19937 rng(71);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (const char *id : {"q", "k", "v", "e"}) {
+    auto *x = static_cast<float *>(plan.address(id));
+    for (int64_t i = 0; i < plan.info(id).elementCount(); ++i)
+      x[i] = d(rng);
+  }
+  plan.run();
+  std::vector<std::vector<float>> out;
+  for (const auto &id : g.outputs()) {
+    const auto *y = static_cast<const float *>(plan.address(id));
+    out.emplace_back(y, y + plan.info(id).elementCount());
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(FoldTransposes, HeadPermutationsAreReadAndWrittenThroughStrides) {
+  ir::Graph built, folded;
+  attentionPermutations(built);
+  attentionPermutations(folded);
+  int transposes = countType(built, "Transpose");
+  EXPECT_GT(ir::foldTransposesIntoMatMul(folded), 0);
+  // Every Transpose folds into the products but u's input (and its gradient's, which is not
+  // next to a MatMul): the forward's 7 and the backward's.
+  EXPECT_EQ(countType(folded, "Transpose"), 2) << "of " << transposes;
+  int permuted = 0;
+  for (const auto &op : folded.ops())
+    permuted += op->attrs.has("popart_permA") || op->attrs.has("popart_permB") || op->attrs.has("popart_permY");
+  EXPECT_GE(permuted, 6);
+  auto want = runOutputs(built, KernelProvider::Reference);
+  // Any: oneDNN's MatMul, reading through the strides or (Unpermuted) copying to plain layouts.
+  for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::Unpermuted})
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any}) {
+      backend_cpu::setMatMulOperands(way);
+      auto got = runOutputs(folded, p);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < want.size(); ++k)
+        expectNear(got[k], want[k], 1e-5f,
+                   "output " + built.outputs()[k] + " provider " + std::to_string(int(p)) + " way " + std::to_string(int(way)));
+    }
+  backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
+}
+
+TEST(FoldTransposes, BadPermutationsAreErrors) {
+  ir::registerBuiltinOps();
+  for (const char *attr : {"popart_permA", "popart_permY"})
+    for (std::vector<int64_t> perm : {std::vector<int64_t>{0, 1, 1}, std::vector<int64_t>{1, 0, 2, 3},
+                                      std::vector<int64_t>{0, 2, 1}}) {
+      if (std::string(attr) == "popart_permA" && perm == std::vector<int64_t>{0, 2, 1}) continue; // valid
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 3}));
+      g.addTensor("b", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 3}));
+      g.addInput("a");
+      g.addInput("b");
+      ir::Attributes a;
+      a.set(attr, perm);
+      g.addOp("MatMul", "", 13, "mm", a, {"a", "b"}, {"y"});
+      try {
+        ir::inferShapes(g, nullptr);
+        FAIL() << attr << " " << toString(Shape(perm.begin(), perm.end()));
+      } catch (const error &e) {
+        EXPECT_NE(std::string(e.what()).find(attr), std::string::npos) << e.what();
+      }
+    }
+}
