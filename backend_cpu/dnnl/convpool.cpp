@@ -9,6 +9,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include "backend_cpu/reference/vecloops.hpp"
+#include "core/log.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -283,12 +284,26 @@ private:
   /// convolving into one small buffer and pooling into their slice of the output. Left whole when
   /// a layout pads the batch or does not keep it outermost, or a chunk would take another
   /// implementation or weight layout.
+  /// POPART_CONVPOOL_CHUNK's image count; 0 (automatic) for anything but a positive integer,
+  /// warning once.
+  static int64_t chunkFromEnv(const char *env) {
+    char *end = nullptr;
+    long long v = std::strtoll(env, &end, 10);
+    if (end != env && *end == '\0' && v > 0) return v;
+    static const bool warned = [&] {
+      logging::logger().warn("POPART_CONVPOOL_CHUNK='{}' is not a positive image count; sizing chunks automatically", env);
+      return true;
+    }();
+    (void)warned;
+    return 0;
+  }
+
   template <typename Make>
   void initChunks(const ir::Op &op, const convolution_forward::primitive_desc &full, Make &make) {
     int64_t n = full.src_desc().data.dims[0];
     batch_ = n;
     int64_t chunk = forcedChunk;
-    if (const char *env = std::getenv("POPART_CONVPOOL_CHUNK"); env && chunk == 0) chunk = std::atoll(env);
+    if (const char *env = std::getenv("POPART_CONVPOOL_CHUNK"); env && chunk == 0) chunk = chunkFromEnv(env);
     if (chunk <= 0) // enough images for about kChunkBytes of convolution result
       chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(full.dst_desc().get_size()) / n));
     if (chunk >= n) return;
