@@ -628,6 +628,51 @@ int fuseMatMulResidual(Graph &graph) {
       replacePair(graph, *mm, op, std::move(attrs), ins);
       return true;
     }
+    // The product through a Reshape (gradients of 3-D activations through 2-D products): the
+    // residual is viewed in the product's shape and the fused result reshaped back.
+    for (size_t side = 0; side < 2; ++side) {
+      Op *view = op.input(side).producer();
+      const Tensor &residual = op.input(1 - side);
+      if (!isOnnxOp(view, "Reshape") || !view->hasInput(0) || !view->hasInput(1)) continue;
+      const Tensor &viewed = view->output(0);
+      if (viewed.consumers().size() != 1 || isGraphOutput(graph, viewed)) continue;
+      Op *mm = view->input(0).producer();
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) continue;
+      const Tensor &product = mm->output(0);
+      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
+      const TensorInfo &y = product.info();
+      if (y.dataType() != DataType::FLOAT || y.rank() < 2 || residual.info() != viewed.info() ||
+          op.outInfo(0) != viewed.info())
+        continue;
+      TensorId shapeOut = view->input(1).id(), out = op.output(0).id();
+      TensorId productShape = graph.uniqueId(out + "_product_shape");
+      graph.addConst(productShape, TensorData::fromInt64({static_cast<int64_t>(y.rank())},
+                                                         std::vector<int64_t>(y.shape().begin(), y.shape().end())));
+      TensorId residualView = graph.uniqueId(out + "_residual_view"), fused = graph.uniqueId(out + "_product");
+      Attributes attrs = mm->attrs;
+      attrs.set("popart_residual", int64_t{1});
+      std::vector<TensorId> ins = inputIds(*mm);
+      ins.resize(3);
+      ins.push_back(residualView);
+      std::string name = mm->name, domain = mm->domain, viewDomain = view->domain;
+      int version = mm->version, phase = mm->phase, viewVersion = view->version;
+      TensorId productId = product.id(), viewedId = viewed.id(), residualId = residual.id();
+      graph.removeOp(op);
+      graph.removeOp(*view);
+      graph.removeOp(*mm);
+      graph.removeTensor(viewedId);
+      graph.removeTensor(productId);
+      Op &r = graph.addOp("Reshape", viewDomain, viewVersion, residualView, {}, {residualId, productShape}, {residualView});
+      r.phase = phase;
+      r.def->setup(r);
+      Op &m = graph.addOp("MatMul", domain, version, name, std::move(attrs), ins, {fused});
+      m.phase = phase;
+      m.def->setup(m);
+      Op &back = graph.addOp("Reshape", viewDomain, viewVersion, out, {}, {fused, shapeOut}, {out});
+      back.phase = phase;
+      back.def->setup(back);
+      return true;
+    }
     return false;
   });
 }

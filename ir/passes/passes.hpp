@@ -62,8 +62,10 @@ int fuseMatMulBias(Graph &graph);
 /// A float MatMul (B a matrix) whose product only feeds an Add or a two-input Sum with a tensor r
 /// of the product's shape (a residual connection, or a gradient summed with another) adds r
 /// itself (popart_residual = 1, r as input 3 after an optional bias: a oneDNN binary post-op,
-/// applied last) and writes the Add's output. After autodiff and after the other MatMul
-/// fusions, which cannot apply after it. Returns how many were fused.
+/// applied last) and writes the Add's output. Also through a Reshape of the product (the
+/// gradient of a 3-D activation from a 2-D product): r is viewed in the product's shape and the
+/// result reshaped to the Add's. After autodiff and after the other MatMul fusions, which cannot
+/// apply after it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c

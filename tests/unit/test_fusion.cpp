@@ -1440,3 +1440,37 @@ TEST(FoldTransposes, BadPermutationsAreErrors) {
       }
     }
 }
+
+TEST(FuseMatMulResidual, ResidualThroughAReshapeOfTheProductMatches) {
+  // y = Reshape(x [6, 8] · w [8, 5], [2, 3, 5]) + r [2, 3, 5]: the MatMul adds r viewed as
+  // [6, 5] and its result is reshaped back; a Reshape that something else reads stops it.
+  for (bool sharedView : {false, true}) {
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {6, 8}));
+      g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 5}));
+      g.addInput("x");
+      g.addInput("r");
+      std::mt19937 rng(52);
+      g.addConst("w", randomFloats({8, 5}, rng));
+      g.addConst("to3d", TensorData::fromInt64({3}, {2, 3, 5}));
+      g.addOp("MatMul", "", 13, "mm", {}, {"x", "w"}, {"p"});
+      g.addOp("Reshape", "", 13, "view", {}, {"p", "to3d"}, {"p3"});
+      g.addOp("Sum", "", 13, "sum", {}, {"r", "p3"}, {"y"});
+      g.addOutput("y");
+      if (sharedView) g.addOutput("p3");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ASSERT_EQ(ir::fuseMatMulResidual(fused), sharedView ? 0 : 1);
+    EXPECT_EQ(countType(fused, "Sum"), sharedView ? 1 : 0);
+    std::mt19937 rng(53);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats({6, 8}, rng)}, {"r", randomFloats({2, 3, 5}, rng)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 1e-5f, sharedView ? "shared view" : "through the view");
+  }
+}
