@@ -607,7 +607,46 @@ int fuseMatMulBias(Graph &graph) {
   });
 }
 
+/// Whether \p t is a MatMul's product, directly or through a Reshape, that only \p t's consumer
+/// reads: fuseMatMulResidual can fold an addition of it into the MatMul.
+static bool foldableProduct(const Graph &graph, const Tensor &t) {
+  const Tensor *p = &t;
+  if (p->consumers().size() != 1 || isGraphOutput(graph, *p)) return false;
+  if (p->producer() && isOnnxOp(p->producer(), "Reshape") && p->producer()->hasInput(0)) p = &p->producer()->input(0);
+  Op *mm = p->producer();
+  return isOnnxOp(mm, "MatMul") && mm->inputCount() <= 3 && mm->inInfo(1).rank() >= 2 && p->consumers().size() == 1 &&
+         !isGraphOutput(graph, *p) && p->info().dataType() == DataType::FLOAT && p->info().rank() >= 2;
+}
+
+/// Sum(a, b, ..., p) of three or more same-shaped inputs, p a foldable product: Sum(Sum(a, b, ...),
+/// p), whose outer Sum fuseMatMulResidual then folds into p's MatMul.
+static bool splitSumForResidual(Graph &graph, Op &op) {
+  if (!isOnnxOp(&op, "Sum") || op.inputCount() < 3 || !op.hasOutput(0)) return false;
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (!op.hasInput(i) || op.inInfo(i) != op.outInfo(0)) return false;
+  for (size_t i = op.inputCount(); i-- > 0;) {
+    if (!foldableProduct(graph, op.input(i))) continue;
+    std::vector<TensorId> rest;
+    for (size_t j = 0; j < op.inputCount(); ++j)
+      if (j != i) rest.push_back(op.input(j).id());
+    TensorId product = op.input(i).id(), out = op.output(0).id();
+    TensorId partial = graph.uniqueId(out + "_partial");
+    std::string name = op.name, domain = op.domain;
+    int version = op.version, phase = op.phase;
+    graph.removeOp(op);
+    Op &first = graph.addOp("Sum", domain, version, partial, {}, rest, {partial});
+    first.phase = phase;
+    first.def->setup(first);
+    Op &second = graph.addOp("Sum", domain, version, name, {}, {partial, product}, {out});
+    second.phase = phase;
+    second.def->setup(second);
+    return true;
+  }
+  return false;
+}
+
 int fuseMatMulResidual(Graph &graph) {
+  rewriteAll(graph, [&](Op &op) { return splitSumForResidual(graph, op); });
   return rewriteAll(graph, [&](Op &op) {
     bool sum = isOnnxOp(&op, "Sum");
     if ((!sum && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return false;

@@ -64,8 +64,10 @@ int fuseMatMulBias(Graph &graph);
 /// itself (popart_residual = 1, r as input 3 after an optional bias: a oneDNN binary post-op,
 /// applied last) and writes the Add's output. Also through a Reshape of the product (the
 /// gradient of a 3-D activation from a 2-D product): r is viewed in the product's shape and the
-/// result reshaped to the Add's. After autodiff and after the other MatMul fusions, which cannot
-/// apply after it. Returns how many were fused.
+/// result reshaped to the Add's. A Sum of three or more same-shaped inputs is first split into
+/// two-input Sums, one per such product (Sum(a, p, q) = Sum(Sum(a, p), q)), so that each
+/// product adds the sum before it. After autodiff and after the other MatMul fusions, which
+/// cannot apply after it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c

@@ -1474,3 +1474,41 @@ TEST(FuseMatMulResidual, ResidualThroughAReshapeOfTheProductMatches) {
       expectNear(runFeeds(fused, p, feeds), want, 1e-5f, sharedView ? "shared view" : "through the view");
   }
 }
+
+TEST(FuseMatMulResidual, SumOfSeveralProductsBecomesAChain) {
+  // y = Sum(r, Reshape(x·w1), x3·w2, Reshape(x·w3)) with r and x3 [2, 3, 5]: each product adds
+  // the sum before it, and no Sum is left.
+  auto build = [&](ir::Graph &g) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {6, 8}));
+    g.addTensor("x3", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 8}));
+    g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 5}));
+    for (const char *id : {"x", "x3", "r"})
+      g.addInput(id);
+    std::mt19937 rng(54);
+    for (const char *w : {"w1", "w2", "w3"})
+      g.addConst(w, randomFloats({8, 5}, rng));
+    g.addConst("to3d", TensorData::fromInt64({3}, {2, 3, 5}));
+    g.addOp("MatMul", "", 13, "mm1", {}, {"x", "w1"}, {"p1"});
+    g.addOp("Reshape", "", 13, "view1", {}, {"p1", "to3d"}, {"q1"});
+    g.addOp("MatMul", "", 13, "mm2", {}, {"x3", "w2"}, {"q2"});
+    g.addOp("MatMul", "", 13, "mm3", {}, {"x", "w3"}, {"p3"});
+    g.addOp("Reshape", "", 13, "view3", {}, {"p3", "to3d"}, {"q3"});
+    g.addOp("Sum", "", 13, "sum", {}, {"r", "q1", "q2", "q3"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+  };
+  ir::Graph plain, fused;
+  build(plain);
+  build(fused);
+  EXPECT_EQ(ir::fuseMatMulResidual(fused), 3);
+  EXPECT_EQ(countType(fused, "Sum"), 0);
+  std::mt19937 rng(55);
+  std::map<TensorId, TensorData> feeds{{"x", randomFloats({6, 8}, rng)},
+                                       {"x3", randomFloats({2, 3, 8}, rng)},
+                                       {"r", randomFloats({2, 3, 5}, rng)}};
+  std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+    expectNear(runFeeds(fused, p, feeds), want, 1e-5f, "chain");
+}
