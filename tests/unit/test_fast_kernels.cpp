@@ -171,7 +171,9 @@ TEST(FastKernels, FloatReduceSumAndMeanMatchTheDoubleKernel) {
   };
   std::vector<Case> cases{{{2048, 77}, {0}},          {{64, 3000}, {1}},     {{5, 6, 7}, {1}},  {{5, 6, 7}, {0, 1}},
                           {{5, 6, 7}, {1, 2}},        {{3, 1, 700, 2}, {2}}, {{4, 5, 6}, {}},   {{1, 1, 9}, {0}},
-                          {{6, 1100, 3}, {1}},        {{4, 5, 6}, {0, 2}},   {{2, 3, 4, 5}, {0, 2}}};
+                          {{6, 1100, 3}, {1}},        {{4, 5, 6}, {0, 2}},   {{2, 3, 4, 5}, {0, 2}},
+                          // bias gradients: R cut into slices (fewer than 8 column blocks)
+                          {{16, 128, 256}, {0, 1}},   {{2048, 1024}, {0}},   {{3, 70, 600}, {1}}};
   for (const Case &c : cases)
     for (const char *type : {"ReduceSum", "ReduceMean"})
       for (int keep : {0, 1}) {
