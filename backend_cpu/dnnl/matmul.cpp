@@ -78,6 +78,11 @@ constexpr double kTuneFlops = 1e8;
 /// The gain another way must show over the stored one to be chosen; Pointwise copies no operand
 /// (constant B is packed once, another B is a weights reorder far smaller than the product).
 constexpr double kGain = 1.08, kPointwiseGain = 1.02;
+/// The ways timed against the stored one, in order.
+constexpr MatMulOperands kTimedWays[] = {MatMulOperands::FlippedA,         MatMulOperands::FlippedB,
+                                         MatMulOperands::ShiftedB,         MatMulOperands::Pointwise,
+                                         MatMulOperands::Swapped,          MatMulOperands::SwappedCopy,
+                                         MatMulOperands::FlippedPointwise, MatMulOperands::Unpermuted};
 /// ShiftedB's offset of B in the scratch: 16 bytes off oneDNN's 64-byte alignment.
 constexpr int64_t kShift = 16;
 
@@ -423,19 +428,18 @@ private:
     if (choice == MatMulOperands::AsStored || (choice == MatMulOperands::Auto && flops < kTuneFlops)) return;
     memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
     auto build = [&](MatMulOperands way) {
+      reorderedArgs_.clear(); // they name the previous way's memories
+      reorderArgs_.clear();
       if (way == MatMulOperands::Unpermuted) return buildUnpermuted();
       if (way == MatMulOperands::Pointwise)
         return pointwiseSpec_.m > 0 && !pointwiseFlipsA_ && pointwise_.init(pointwiseSpec_);
       if (way == MatMulOperands::FlippedPointwise) {
         if (pointwiseSpec_.m == 0 || !pointwiseFlipsA_ || !pointwise_.init(pointwiseSpec_)) return false;
-        reorderArgs_.clear();
         scratchA_ = memory(flippedA, dnnl_util::engine(), DNNL_MEMORY_NONE);
         reorder_ = dnnl_util::userScratchReorder(a_, scratchA_);
         return true;
       }
       if (!reorderable_) return false;
-      reorderedArgs_.clear(); // they name the previous way's memories
-      reorderArgs_.clear();
       if (way == MatMulOperands::ShiftedB) {
         scratchB_ = memory(b_.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE);
         return true;
@@ -493,10 +497,7 @@ private:
     double stored = fastestMs([&] { run(args); });
     MatMulOperands best = MatMulOperands::AsStored;
     double bestMs = stored;
-    for (MatMulOperands way :
-         {MatMulOperands::FlippedA, MatMulOperands::FlippedB, MatMulOperands::ShiftedB, MatMulOperands::Pointwise,
-          MatMulOperands::Swapped, MatMulOperands::SwappedCopy, MatMulOperands::FlippedPointwise,
-          MatMulOperands::Unpermuted}) {
+    for (MatMulOperands way : kTimedWays) {
       if (!build(way)) continue;
       operands_ = way;
       auto scratch = alignedBytes(static_cast<size_t>(std::max<int64_t>(scratchBytes(), 1))); // as the plan's

@@ -12,14 +12,12 @@ namespace popart::backend_cpu::vecmath {
 
 POPART_VECMATH_INLINE float bitsToFloat(int32_t i) { return std::bit_cast<float>(i); }
 
-/// e^x. Below -87.3 (where e^x is subnormal) it returns 0; above 88.7 +inf; NaN stays NaN.
-POPART_VECMATH_INLINE float exp(float x) {
-  const float hi = 88.7228f, lo = -87.3365f;
-  float c = x > hi ? hi : x;
-  c = c < lo ? lo : c;
-  // x = n ln2 + r, |r| <= ln2/2, with n rounded to nearest by the 1.5·2^23 trick.
+/// e^c for c clamped to [-87.3, 88.7] as p · 2^n: n = round(c / ln 2) (returned in \p n) and p
+/// = e^r on |r| <= ln2/2.
+POPART_VECMATH_INLINE float expReduced(float c, float &n) {
+  // c = n ln2 + r, |r| <= ln2/2, with n rounded to nearest by the 1.5·2^23 trick.
   const float shift = 12582912.f;
-  float n = (c * 1.44269504088896341f + shift) - shift;
+  n = (c * 1.44269504088896341f + shift) - shift;
   float r = c - n * 0.693145751953125f; // ln2 split in two for an exact product
   r = r - n * 1.42860682030941723212e-6f;
   // e^r on [-ln2/2, ln2/2]: degree-6 Taylor polynomial (truncation < 1.1e-7 relative).
@@ -29,7 +27,16 @@ POPART_VECMATH_INLINE float exp(float x) {
   p = p * r + 1.f / 6.f;
   p = p * r + 0.5f;
   p = p * r + 1.f;
-  p = p * r + 1.f;
+  return p * r + 1.f;
+}
+
+/// e^x. Below -87.3 (where e^x is subnormal) it returns 0; above 88.7 +inf; NaN stays NaN.
+POPART_VECMATH_INLINE float exp(float x) {
+  const float hi = 88.7228f, lo = -87.3365f;
+  float c = x > hi ? hi : x;
+  c = c < lo ? lo : c;
+  float n;
+  float p = expReduced(c, n);
   // 2^n from its exponent bits; n = 128 (x above ln FLT_MAX - ln 2) is 2^127 · 2.
   int32_t ni = static_cast<int32_t>(n);
   int32_t top = ni > 127 ? 1 : 0;
@@ -44,18 +51,8 @@ POPART_VECMATH_INLINE float exp(float x) {
 /// NaN stays NaN (through the arithmetic); x > 0 is outside its contract.
 POPART_VECMATH_INLINE float expNonPositive(float x) {
   const float lo = -87.3365f;
-  float c = x < lo ? lo : x;
-  const float shift = 12582912.f;
-  float n = (c * 1.44269504088896341f + shift) - shift;
-  float r = c - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.f / 720.f;
-  p = p * r + 1.f / 120.f;
-  p = p * r + 1.f / 24.f;
-  p = p * r + 1.f / 6.f;
-  p = p * r + 0.5f;
-  p = p * r + 1.f;
-  p = p * r + 1.f;
+  float n;
+  float p = expReduced(x < lo ? lo : x, n);
   float y = p * bitsToFloat((static_cast<int32_t>(n) + 127) << 23);
   return x < lo ? 0.f : y;
 }

@@ -106,6 +106,16 @@ static bool isGraphOutput(const Graph &graph, const Tensor &t) {
   return std::find(graph.outputs().begin(), graph.outputs().end(), t.id()) != graph.outputs().end();
 }
 
+/// Adds an op that replaces part of a rewritten graph: in \p phase, its outputs set up.
+static Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::string &domain, int version,
+                          const std::string &name, Attributes attrs, const std::vector<TensorId> &inputs,
+                          const std::vector<TensorId> &outputs) {
+  Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
+  op.phase = phase;
+  op.def->setup(op);
+  return op;
+}
+
 /// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
 /// \p producer's type, domain, version, name and phase that reads \p inputs and writes
 /// \p consumer's output 0.
@@ -116,10 +126,7 @@ static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attr
   graph.removeOp(consumer);
   graph.removeOp(producer);
   graph.removeTensor(mid);
-  Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, {out});
-  op.phase = phase;
-  op.def->setup(op);
-  return op;
+  return addRewrittenOp(graph, phase, type, domain, version, name, std::move(attrs), inputs, {out});
 }
 
 /// The ids of \p op's inputs ("" where one is omitted).
@@ -168,29 +175,11 @@ static void copyLayoutAttrs(const Op &from, Attributes &to, bool swapOperands) {
   if (from.attrs.has(b)) to.set("popart_permB", from.attrs.getInts(b));
 }
 
-/// A Transpose (last two axes) of a MatMul's only use: (A·B)ᵀ = Bᵀ·Aᵀ, as one MatMul.
-static bool foldTransposedProduct(Graph &graph) {
-  for (Op *t : graph.schedule()) {
-    if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !swapsLastTwoAxes(*t)) continue;
-    Op *m = t->input(0).producer();
-    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2) continue;
-    const Tensor &product = m->output(0);
-    if (product.consumers().size() != 1 || isGraphOutput(graph, product) || m->attrs.has("popart_permY")) continue;
-    if (m->inInfo(0).rank() < 2 || m->inInfo(1).rank() < 2) continue;
-    Attributes attrs;
-    if (!m->attrs.getInt("popart_transB", 0)) attrs.set("popart_transA", int64_t{1});
-    if (!m->attrs.getInt("popart_transA", 0)) attrs.set("popart_transB", int64_t{1});
-    copyLayoutAttrs(*m, attrs, true);
-    replacePair(graph, *m, *t, std::move(attrs), {m->input(1).id(), m->input(0).id()});
-    return true;
-  }
-  return false;
-}
-
 /// A Transpose of a MatMul's only use that keeps the product's last axis among its last two:
-/// the MatMul writes the transposed result itself (popart_permY, with the last axis kept last;
-/// (A·B)ᵀ = Bᵀ·Aᵀ first if the Transpose moves it to second last).
-static bool foldPermutedProduct(Graph &graph) {
+/// the MatMul writes the transposed result itself. One that moves the last axis to second last
+/// uses (A·B)ᵀ = Bᵀ·Aᵀ (for a Transpose of the last two axes only, that is all); what remains
+/// keeps the last axis last (popart_permY).
+static bool foldTransposedProduct(Graph &graph) {
   for (Op *t : graph.schedule()) {
     if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !t->hasOutput(0)) continue;
     Op *m = t->input(0).producer();
@@ -202,7 +191,7 @@ static bool foldPermutedProduct(Graph &graph) {
     if (m->inInfo(0).rank() < 2 || m->inInfo(1).rank() < 2) continue;
     size_t r = product.info().rank();
     std::vector<int64_t> perm = transposePerm(*t);
-    if (r < 3 || perm.size() != r || isIdentity(perm) || swapsLastTwoAxes(*t)) continue;
+    if (perm.size() != r || isIdentity(perm)) continue;
     int64_t last = static_cast<int64_t>(r) - 1;
     bool swap = perm[r - 1] == last - 1;
     if (perm[r - 1] != last && !swap) continue;
@@ -211,16 +200,16 @@ static bool foldPermutedProduct(Graph &graph) {
     bool ta = m->attrs.getInt("popart_transA", 0) != 0, tb = m->attrs.getInt("popart_transB", 0) != 0;
     if (swap) { // product = (Bᵀ·Aᵀ)ᵀ: the Transpose of Bᵀ·Aᵀ by σ∘perm keeps the last axis last
       std::swap(inputs[0], inputs[1]);
-      if (!tb) attrs.set("popart_transA", int64_t{1});
-      if (!ta) attrs.set("popart_transB", int64_t{1});
+      std::swap(ta, tb);
+      ta = !ta;
+      tb = !tb;
       for (auto &p : perm)
         p = p == last ? last - 1 : p == last - 1 ? last : p;
-    } else {
-      if (ta) attrs.set("popart_transA", int64_t{1});
-      if (tb) attrs.set("popart_transB", int64_t{1});
     }
+    if (ta) attrs.set("popart_transA", int64_t{1});
+    if (tb) attrs.set("popart_transB", int64_t{1});
     copyLayoutAttrs(*m, attrs, swap);
-    attrs.set("popart_permY", perm);
+    if (!isIdentity(perm)) attrs.set("popart_permY", perm);
     replacePair(graph, *m, *t, std::move(attrs), inputs);
     return true;
   }
@@ -265,7 +254,7 @@ static bool foldTransposeIntoOperand(Op &op, size_t i, Op &t) {
 
 int foldTransposesIntoMatMul(Graph &graph) {
   int folded = 0;
-  while (foldTransposedProduct(graph) || foldPermutedProduct(graph))
+  while (foldTransposedProduct(graph))
     ++folded;
   std::vector<Op *> transposes;
   for (Op *op : graph.schedule()) {
@@ -607,25 +596,32 @@ int fuseMatMulBias(Graph &graph) {
   });
 }
 
-/// Whether \p t is a MatMul's product, directly or through a Reshape, that only \p t's consumer
-/// reads: fuseMatMulResidual can fold an addition of it into the MatMul.
-static bool foldableProduct(const Graph &graph, const Tensor &t) {
-  const Tensor *p = &t;
-  if (p->consumers().size() != 1 || isGraphOutput(graph, *p)) return false;
-  if (p->producer() && isOnnxOp(p->producer(), "Reshape") && p->producer()->hasInput(0)) p = &p->producer()->input(0);
-  Op *mm = p->producer();
-  return isOnnxOp(mm, "MatMul") && mm->inputCount() <= 3 && mm->inInfo(1).rank() >= 2 && p->consumers().size() == 1 &&
-         !isGraphOutput(graph, *p) && p->info().dataType() == DataType::FLOAT && p->info().rank() >= 2;
+/// The float MatMul (B a matrix) whose product is \p t, if that product has no other reader and
+/// is not a graph output: an addition of it can be the MatMul's residual post-op.
+static Op *residualProduct(const Graph &graph, const Tensor &t) {
+  Op *mm = t.producer();
+  if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) return nullptr;
+  if (t.consumers().size() != 1 || isGraphOutput(graph, t)) return nullptr;
+  if (t.info().dataType() != DataType::FLOAT || t.info().rank() < 2) return nullptr;
+  return mm;
 }
 
-/// Sum(a, b, ..., p) of three or more same-shaped inputs, p a foldable product: Sum(Sum(a, b, ...),
-/// p), whose outer Sum fuseMatMulResidual then folds into p's MatMul.
+/// The Reshape that \p t comes from, if nothing else reads \p t and it views a residualProduct.
+static Op *reshapedProduct(const Graph &graph, const Tensor &t) {
+  Op *view = t.producer();
+  if (!isOnnxOp(view, "Reshape") || !view->hasInput(0) || !view->hasInput(1)) return nullptr;
+  if (t.consumers().size() != 1 || isGraphOutput(graph, t)) return nullptr;
+  return residualProduct(graph, view->input(0)) ? view : nullptr;
+}
+
+/// Sum(a, b, ..., p) of three or more same-shaped inputs, p a product (maybe reshaped) that
+/// fuseMatMulResidual can fold: Sum(Sum(a, b, ...), p).
 static bool splitSumForResidual(Graph &graph, Op &op) {
   if (!isOnnxOp(&op, "Sum") || op.inputCount() < 3 || !op.hasOutput(0)) return false;
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (!op.hasInput(i) || op.inInfo(i) != op.outInfo(0)) return false;
   for (size_t i = op.inputCount(); i-- > 0;) {
-    if (!foldableProduct(graph, op.input(i))) continue;
+    if (!residualProduct(graph, op.input(i)) && !reshapedProduct(graph, op.input(i))) continue;
     std::vector<TensorId> rest;
     for (size_t j = 0; j < op.inputCount(); ++j)
       if (j != i) rest.push_back(op.input(j).id());
@@ -634,12 +630,39 @@ static bool splitSumForResidual(Graph &graph, Op &op) {
     std::string name = op.name, domain = op.domain;
     int version = op.version, phase = op.phase;
     graph.removeOp(op);
-    Op &first = graph.addOp("Sum", domain, version, partial, {}, rest, {partial});
-    first.phase = phase;
-    first.def->setup(first);
-    Op &second = graph.addOp("Sum", domain, version, name, {}, {partial, product}, {out});
-    second.phase = phase;
-    second.def->setup(second);
+    addRewrittenOp(graph, phase, "Sum", domain, version, partial, {}, rest, {partial});
+    addRewrittenOp(graph, phase, "Sum", domain, version, name, {}, {partial, product}, {out});
+    return true;
+  }
+  return false;
+}
+
+/// A two-input Add or Sum of a Reshape of a product and a residual of the Reshape's shape:
+/// Reshape(product + Reshape(residual)), whose addition fuseMatMulResidual then folds.
+static bool addBeforeReshape(Graph &graph, Op &op) {
+  if ((!isOnnxOp(&op, "Sum") && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) ||
+      !op.hasInput(1) || &op.input(0) == &op.input(1) || !op.hasOutput(0))
+    return false;
+  for (size_t side = 0; side < 2; ++side) {
+    Op *view = reshapedProduct(graph, op.input(side));
+    const Tensor &residual = op.input(1 - side);
+    if (!view || residual.info() != op.input(side).info() || op.outInfo(0) != residual.info()) continue;
+    const TensorInfo &y = view->inInfo(0);
+    TensorId out = op.output(0).id(), shapeOut = view->input(1).id(), productId = view->input(0).id();
+    TensorId productShape = graph.uniqueId(out + "_product_shape");
+    graph.addConst(productShape, TensorData::fromInt64({static_cast<int64_t>(y.rank())},
+                                                       std::vector<int64_t>(y.shape().begin(), y.shape().end())));
+    TensorId residualView = graph.uniqueId(out + "_residual_view"), sum = graph.uniqueId(out + "_product");
+    std::string type = op.type, domain = op.domain, name = op.name, viewDomain = view->domain;
+    int version = op.version, phase = op.phase, viewVersion = view->version;
+    TensorId viewedId = op.input(side).id(), residualId = residual.id();
+    graph.removeOp(op);
+    graph.removeOp(*view);
+    graph.removeTensor(viewedId);
+    addRewrittenOp(graph, phase, "Reshape", viewDomain, viewVersion, residualView, {}, {residualId, productShape},
+                   {residualView});
+    addRewrittenOp(graph, phase, type, domain, version, name, {}, {productId, residualView}, {sum});
+    addRewrittenOp(graph, phase, "Reshape", viewDomain, viewVersion, out, {}, {sum, shapeOut}, {out});
     return true;
   }
   return false;
@@ -647,69 +670,21 @@ static bool splitSumForResidual(Graph &graph, Op &op) {
 
 int fuseMatMulResidual(Graph &graph) {
   rewriteAll(graph, [&](Op &op) { return splitSumForResidual(graph, op); });
+  rewriteAll(graph, [&](Op &op) { return addBeforeReshape(graph, op); });
   return rewriteAll(graph, [&](Op &op) {
     bool sum = isOnnxOp(&op, "Sum");
     if ((!sum && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return false;
     if (&op.input(0) == &op.input(1)) return false;
     for (size_t side = 0; side < 2; ++side) {
-      Op *mm = op.input(side).producer();
+      Op *mm = residualProduct(graph, op.input(side));
       const Tensor &residual = op.input(1 - side);
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) continue;
-      const Tensor &product = mm->output(0);
-      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
-      const TensorInfo &y = product.info();
-      if (y.dataType() != DataType::FLOAT || y.rank() < 2 || residual.info() != y || op.outInfo(0) != y) continue;
+      if (!mm || residual.info() != op.input(side).info() || op.outInfo(0) != residual.info()) continue;
       Attributes attrs = mm->attrs;
       attrs.set("popart_residual", int64_t{1});
       std::vector<TensorId> ins = inputIds(*mm);
       ins.resize(3);
       ins.push_back(residual.id());
       replacePair(graph, *mm, op, std::move(attrs), ins);
-      return true;
-    }
-    // The product through a Reshape (gradients of 3-D activations through 2-D products): the
-    // residual is viewed in the product's shape and the fused result reshaped back.
-    for (size_t side = 0; side < 2; ++side) {
-      Op *view = op.input(side).producer();
-      const Tensor &residual = op.input(1 - side);
-      if (!isOnnxOp(view, "Reshape") || !view->hasInput(0) || !view->hasInput(1)) continue;
-      const Tensor &viewed = view->output(0);
-      if (viewed.consumers().size() != 1 || isGraphOutput(graph, viewed)) continue;
-      Op *mm = view->input(0).producer();
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) continue;
-      const Tensor &product = mm->output(0);
-      if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
-      const TensorInfo &y = product.info();
-      if (y.dataType() != DataType::FLOAT || y.rank() < 2 || residual.info() != viewed.info() ||
-          op.outInfo(0) != viewed.info())
-        continue;
-      TensorId shapeOut = view->input(1).id(), out = op.output(0).id();
-      TensorId productShape = graph.uniqueId(out + "_product_shape");
-      graph.addConst(productShape, TensorData::fromInt64({static_cast<int64_t>(y.rank())},
-                                                         std::vector<int64_t>(y.shape().begin(), y.shape().end())));
-      TensorId residualView = graph.uniqueId(out + "_residual_view"), fused = graph.uniqueId(out + "_product");
-      Attributes attrs = mm->attrs;
-      attrs.set("popart_residual", int64_t{1});
-      std::vector<TensorId> ins = inputIds(*mm);
-      ins.resize(3);
-      ins.push_back(residualView);
-      std::string name = mm->name, domain = mm->domain, viewDomain = view->domain;
-      int version = mm->version, phase = mm->phase, viewVersion = view->version;
-      TensorId productId = product.id(), viewedId = viewed.id(), residualId = residual.id();
-      graph.removeOp(op);
-      graph.removeOp(*view);
-      graph.removeOp(*mm);
-      graph.removeTensor(viewedId);
-      graph.removeTensor(productId);
-      Op &r = graph.addOp("Reshape", viewDomain, viewVersion, residualView, {}, {residualId, productShape}, {residualView});
-      r.phase = phase;
-      r.def->setup(r);
-      Op &m = graph.addOp("MatMul", domain, version, name, std::move(attrs), ins, {fused});
-      m.phase = phase;
-      m.def->setup(m);
-      Op &back = graph.addOp("Reshape", viewDomain, viewVersion, out, {}, {fused, shapeOut}, {out});
-      back.phase = phase;
-      back.def->setup(back);
       return true;
     }
     return false;
