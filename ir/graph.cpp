@@ -128,13 +128,19 @@ TensorId Graph::uniqueId(const std::string &prefix) {
 }
 
 std::vector<Op *> Graph::schedule() const {
-  // Edges: producer -> consumer, and reader -> op updating that input in place.
-  std::map<const Op *, std::set<Op *>> successors;
+  // Edges: producer -> consumer, and reader -> op updating that input in place. Successors are
+  // kept in the order the edges are found (ops in insertion order), not by address: the schedule,
+  // and so the memory plan and the op numbering of passes, are the same in every run.
+  std::map<const Op *, std::vector<Op *>> successors;
+  std::set<std::pair<const Op *, const Op *>> edges;
   std::map<const Op *, size_t> pending;
   for (const auto &op : ops_)
     pending[op.get()] = 0;
   auto addEdge = [&](const Op *from, Op *to) {
-    if (from != to && successors[from].insert(to).second) ++pending[to];
+    if (from != to && edges.emplace(from, to).second) {
+      successors[from].push_back(to);
+      ++pending[to];
+    }
   };
   for (const auto &op : ops_) {
     for (Tensor *t : op->inputs)

@@ -147,6 +147,38 @@ TEST(Passes, DeadCodeIsRemoved) {
   EXPECT_FALSE(g.hasTensor("z"));
 }
 
+TEST(Graph, ScheduleOrdersReadyOpsByInsertionNotAddress) {
+  // Ten readers of x; the first five are removed and five more added, which the allocator places
+  // in the freed (lower) addresses. Ops ready together run in the order they were added, so the
+  // schedule (and the memory plan built on it) is the same in every run.
+  registerBuiltinOps();
+  Graph g;
+  g.addTensor("x", TensorKind::Stream, TensorInfo(DataType::FLOAT, {4}));
+  g.addInput("x");
+  g.addOp("Relu", "", 13, "p", {}, {"x"}, {"px"});
+  std::vector<std::string> want{"p"};
+  for (int i = 0; i < 10; ++i)
+    g.addOp("Exp", "", 13, "c" + std::to_string(i), {}, {"px"}, {"c" + std::to_string(i) + "y"});
+  for (int i = 0; i < 5; ++i) {
+    for (const auto &op : g.ops())
+      if (op->name == "c" + std::to_string(i)) {
+        g.removeOp(*op);
+        break;
+      }
+    g.removeTensor("c" + std::to_string(i) + "y");
+  }
+  for (int i = 5; i < 10; ++i)
+    want.push_back("c" + std::to_string(i));
+  for (int i = 0; i < 5; ++i) {
+    g.addOp("Exp", "", 13, "d" + std::to_string(i), {}, {"px"}, {"d" + std::to_string(i) + "y"});
+    want.push_back("d" + std::to_string(i));
+  }
+  std::vector<std::string> got;
+  for (const Op *op : g.schedule())
+    got.push_back(op->name);
+  EXPECT_EQ(got, want);
+}
+
 TEST(Passes, SetupErrorsNameTheOp) {
   registerBuiltinOps();
   Graph g;
