@@ -408,7 +408,9 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
     buildConvPool(plain, fusing[i]);
     buildConvPool(fused, fusing[i]);
     Shape want = plain.tensor("y").info().shape();
-    if (fusing[i].relu) ASSERT_EQ(ir::fuseRelu(fused), 1);
+    if (fusing[i].relu) {
+      ASSERT_EQ(ir::fuseRelu(fused), 1);
+    }
     ASSERT_EQ(ir::fuseConvPool(fused), 1) << "case " << i;
     ASSERT_EQ(fused.ops().size(), 1u);
     EXPECT_EQ(fused.tensor("y").info().shape(), want);
@@ -557,7 +559,9 @@ std::vector<double> reluPoolGradient(bool fuse, DataType type, const Shape &shap
   TensorId dx = autodiff::buildGradients(g, loss, {"x"})[0];
   g.addOutput(dx);
   ir::inferShapes(g, nullptr);
-  if (fuse) EXPECT_EQ(ir::fuseMaxPoolGradRelu(g), 1);
+  if (fuse) {
+    EXPECT_EQ(ir::fuseMaxPoolGradRelu(g), 1);
+  }
   backend_cpu::ExecutionPlan plan(g, {p});
   TensorData in = TensorData::fromDoubles(type, shape, x);
   std::memcpy(plan.address("x"), in.data(), static_cast<size_t>(in.byteCount()));
@@ -798,7 +802,9 @@ std::vector<std::vector<double>> lossAndGradients(DataType type, bool classSums,
   for (const auto &id : grads)
     g.addOutput(id);
   ir::inferShapes(g, nullptr);
-  if (classSums) EXPECT_EQ(ir::fuseLossGradClassSums(g), 1);
+  if (classSums) {
+    EXPECT_EQ(ir::fuseLossGradClassSums(g), 1);
+  }
   if (withLoss) {
     EXPECT_EQ(ir::fuseLossWithGradient(g), 1);
     EXPECT_EQ(countType(g, "SoftmaxCrossEntropyLoss"), 0);
@@ -980,7 +986,9 @@ TEST(FuseRelu, MatMulWithBiasAndReluMatchesTheUnfusedGraph) {
     ASSERT_EQ(ir::fuseMatMulBias(fused), 1);
     ASSERT_EQ(ir::fuseRelu(fused), gelu ? 0 : 1);
     ASSERT_EQ(fused.ops().size(), gelu ? 2u : 1u);
-    if (!gelu) EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), "Relu");
+    if (!gelu) {
+      EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), "Relu");
+    }
     std::mt19937 rng(48);
     TensorData x = randomFloats({2, 5, 8}, rng, -3, 3);
     std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
@@ -1178,7 +1186,7 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
         std::vector<float> out(want.size());
         const void *ins[] = {feeds.at("x").data(), feeds.at("dy").data(), g.tensor("b").data()->data()};
         void *outs[] = {out.data()};
-        kernel->run({ins, bias ? 3 : 2, outs, 1});
+        kernel->run({ins, bias ? size_t{3} : size_t{2}, outs, 1});
         expectNear(out, want, 1e-5f, what + " without scratch");
       }
       backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
