@@ -91,17 +91,6 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
     graph.removeTensor(id);
 }
 
-static bool swapsLastTwoAxes(const Op &transpose) {
-  size_t rank = transpose.inInfo(0).rank();
-  if (rank < 2) return false;
-  std::vector<int64_t> perm = transpose.attrs.getInts("perm", {});
-  if (perm.empty()) return rank == 2; // the default reverses the axes
-  if (perm.size() != rank) return false;
-  for (size_t i = 0; i + 2 < rank; ++i)
-    if (perm[i] != static_cast<int64_t>(i)) return false;
-  return perm[rank - 2] == static_cast<int64_t>(rank - 1) && perm[rank - 1] == static_cast<int64_t>(rank - 2);
-}
-
 static bool isGraphOutput(const Graph &graph, const Tensor &t) {
   return std::find(graph.outputs().begin(), graph.outputs().end(), t.id()) != graph.outputs().end();
 }
@@ -219,8 +208,8 @@ static bool foldTransposedProduct(Graph &graph) {
 /// Folds Transpose \p t into input \p i of MatMul \p op if the result leaves the stored last
 /// axis among the operand's last two (so the kernels read it with one unit stride).
 static bool foldTransposeIntoOperand(Op &op, size_t i, Op &t) {
-  size_t rank = op.inInfo(i).rank();
-  if (t.inInfo(0).rank() != rank || rank < 2) return false;
+  size_t rank = static_cast<size_t>(op.inInfo(i).rank());
+  if (static_cast<size_t>(t.inInfo(0).rank()) != rank || rank < 2) return false;
   const char *transAttr = i == 0 ? "popart_transA" : "popart_transB";
   const char *permAttr = i == 0 ? "popart_permA" : "popart_permB";
   std::vector<int64_t> outer = op.attrs.getInts(permAttr, {}), inner = transposePerm(t);
