@@ -12,6 +12,13 @@ int64_t shapeElementCount(const Shape &shape) {
   return n;
 }
 
+std::vector<int64_t> rowMajorStrides(const Shape &shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (size_t i = shape.size(); i-- > 1;)
+    s[i - 1] = s[i] * shape[i];
+  return s;
+}
+
 std::string toString(const Shape &shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) {

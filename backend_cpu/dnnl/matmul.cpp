@@ -366,11 +366,7 @@ public:
         plainY_.set_data_handle(scratch + unpermutedOffset_[2]);
         dst = &plainY_;
       }
-      if (hasBias_)
-        dnnl_util::execute(reordered_, reorderedArgs_,
-                           {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, *dst}});
-      else
-        dnnl_util::execute(reordered_, reorderedArgs_, {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_DST, *dst}});
+      product(reordered_, reorderedArgs_, *src, *wt, *dst); // no residual (buildUnpermuted)
       if (plainY_) dnnl_util::execute(reorderY_, reorderYArgs_, {{DNNL_ARG_FROM, plainY_}, {DNNL_ARG_TO, y_}});
       return;
     }
@@ -395,7 +391,7 @@ public:
         dnnl_util::execute(reorder_, reorderArgs_, {{DNNL_ARG_FROM, bT_}, {DNNL_ARG_TO, bTcopy_}});
         src = &bTcopy_;
       }
-      dnnl_util::execute(reordered_, reorderedArgs_, {{DNNL_ARG_SRC, *src}, {DNNL_ARG_WEIGHTS, aT_}, {DNNL_ARG_DST, yT_}});
+      product(reordered_, reorderedArgs_, *src, aT_, yT_); // no bias or residual (buildSwapped)
       dnnl_util::execute(swapOut_, swapOutArgs_, {{DNNL_ARG_FROM, yTasY_}, {DNNL_ARG_TO, y_}});
       return;
     }
@@ -581,20 +577,25 @@ private:
     return true;
   }
 
-  /// Runs \p prim from \p src and \p wt into y_, with the bias and residual memories if any.
+  /// Runs \p prim from \p src and \p wt into \p dst (y_ unless given), with the bias and
+  /// residual memories if any.
   void product(const primitive &prim, std::vector<dnnl_exec_arg_t> &cache, const memory &src, const memory &wt) {
+    product(prim, cache, src, wt, y_);
+  }
+  void product(const primitive &prim, std::vector<dnnl_exec_arg_t> &cache, const memory &src, const memory &wt,
+               const memory &dst) {
     if (hasBias_ && hasResidual_)
       dnnl_util::execute(prim, cache,
-                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_},
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, dst},
                           {residualArg_, r_}});
     else if (hasBias_)
       dnnl_util::execute(prim, cache,
-                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, y_}});
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, dst}});
     else if (hasResidual_)
       dnnl_util::execute(prim, cache,
-                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}, {residualArg_, r_}});
+                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, dst}, {residualArg_, r_}});
     else
-      dnnl_util::execute(prim, cache, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
+      dnnl_util::execute(prim, cache, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, dst}});
   }
 
   bool hasBias_ = false, hasResidual_ = false;

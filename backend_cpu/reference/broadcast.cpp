@@ -4,13 +4,6 @@
 
 namespace popart::backend_cpu {
 
-std::vector<int64_t> rowMajorStrides(const Shape &shape) {
-  std::vector<int64_t> s(shape.size(), 1);
-  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
-    s[i] = s[i + 1] * shape[i + 1];
-  return s;
-}
-
 std::vector<int64_t> broadcastStrides(const Shape &in, const Shape &out) {
   std::vector<int64_t> inStrides = rowMajorStrides(in);
   std::vector<int64_t> s(out.size(), 0);

@@ -9,8 +9,6 @@ namespace popart::backend_cpu {
 
 /// Strides (in elements) of \p in when broadcast to \p out: 0 along broadcast dimensions.
 std::vector<int64_t> broadcastStrides(const Shape &in, const Shape &out);
-/// Row-major strides of \p shape.
-std::vector<int64_t> rowMajorStrides(const Shape &shape);
 
 /// Walks the elements of an output shape, keeping the matching offset of each input.
 class BroadcastWalker {

@@ -17,6 +17,8 @@ using TensorId = std::string;
 
 /// \returns the number of elements of \p shape (1 for a scalar).
 int64_t shapeElementCount(const Shape &shape);
+/// \returns the row-major strides of \p shape, in elements (the last axis has stride 1).
+std::vector<int64_t> rowMajorStrides(const Shape &shape);
 /// \returns "[d0,d1,...]".
 std::string toString(const Shape &shape);
 /// \returns true when no dimension is negative.

@@ -18,13 +18,6 @@ bool isPermutation(const std::vector<int64_t> &perm, size_t rank) {
   return true;
 }
 
-std::vector<int64_t> rowMajorStrides(const Shape &shape) {
-  std::vector<int64_t> strides(shape.size(), 1);
-  for (size_t j = shape.size(); j-- > 1;)
-    strides[j - 1] = strides[j] * shape[j];
-  return strides;
-}
-
 } // namespace
 
 StridedShape matMulOperand(const Op &op, size_t i) {
