@@ -5,7 +5,7 @@
 #include "backend_cpu/reference/vecmath.hpp"
 #include <cmath>
 
-#define POPART_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
+#define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 
 namespace popart::backend_cpu::vec {
 

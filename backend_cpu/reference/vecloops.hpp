@@ -1,9 +1,11 @@
 #pragma once
-// Vectorised f32 loops for the reference kernels' hot paths. Each is built for AVX-512,
-// x86-64-v3 (AVX2 with FMA) and baseline x86-64 and picked at load time (target_clones), so the
-// binary stays portable.
+// Vectorised f32 loops for the reference kernels' hot paths. Each is built for x86-64-v4
+// (AVX-512 with VL), x86-64-v3 (AVX2 with FMA) and baseline x86-64 and picked at load time
+// (target_clones), so the binary stays portable.
 // They are serial: callers split work across threads and keep each output's order fixed, so
-// results do not depend on the thread count's scheduling.
+// results do not depend on the thread count's scheduling. An element gets the same bits in the
+// vector body and in the remainder loops, wherever a range starts: the AVX-512 clone is v4, not
+// plain avx512f, whose 256-bit remainder had no FMA and rounded differently from the body.
 
 #include <cstdint>
 

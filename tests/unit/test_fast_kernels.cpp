@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <random>
@@ -81,6 +82,52 @@ double maxRelDiff(const TensorData &a, const TensorData &b) {
 }
 
 } // namespace
+
+TEST(VecMath, ElementwiseLoopsGiveTheSameBitsWhereverARangeStarts) {
+  // Threads and merged updates split these loops at arbitrary elements, so an element must get
+  // the same bits in the vector body, the narrower remainder loop and the scalar tail (an
+  // AVX-512 build whose 256-bit remainder lacked FMA once rounded Adam's v differently there).
+  const int64_t n = 203;
+  std::vector<float> x(n), dy(n), w0(n), m0(n), v0(n);
+  for (int64_t i = 0; i < n; ++i) {
+    x[static_cast<size_t>(i)] = static_cast<float>(std::sin(0.37 * double(i)) * 3.0);
+    dy[static_cast<size_t>(i)] = static_cast<float>(std::cos(0.11 * double(i)));
+    w0[static_cast<size_t>(i)] = static_cast<float>(std::sin(0.05 * double(i) + 1.0));
+    m0[static_cast<size_t>(i)] = static_cast<float>(0.01 * std::sin(double(i)));
+    v0[static_cast<size_t>(i)] = static_cast<float>(0.001 * (1.0 + std::cos(0.5 * double(i))));
+  }
+  // Each loop as f(begin, end, outputs), run whole and then split at every cut in [1, 40].
+  using Loop = std::function<void(int64_t, int64_t, std::vector<std::vector<float>> &)>;
+  const std::vector<std::pair<std::string, Loop>> loops{
+      {"exp", [&](int64_t b, int64_t e, auto &o) { backend_cpu::vec::exp(x.data() + b, o[0].data() + b, e - b); }},
+      {"erf", [&](int64_t b, int64_t e, auto &o) { backend_cpu::vec::erf(x.data() + b, o[0].data() + b, e - b); }},
+      {"centerScaleShift",
+       [&](int64_t b, int64_t e, auto &o) {
+         backend_cpu::vec::centerScaleShift(x.data() + b, 0.3f, 1.7f, -0.2f, o[0].data() + b, e - b);
+       }},
+      {"batchNormBackward",
+       [&](int64_t b, int64_t e, auto &o) {
+         backend_cpu::vec::batchNormBackward(x.data() + b, dy.data() + b, 0.3f, 1.3f, 0.9f, 0.05f, 0.7f,
+                                             o[0].data() + b, e - b);
+       }},
+      {"adamStep", [&](int64_t b, int64_t e, auto &o) {
+         backend_cpu::vec::adamStep(dy.data() + b, o[0].data() + b, o[1].data() + b, o[2].data() + b, e - b, 0.5f,
+                                    0.01f, 0.9f, 0.999f, 0.999f, 0.05f, 0.0447f, 1e-8f);
+       }}};
+  auto fresh = [&] { return std::vector<std::vector<float>>{w0, m0, v0}; };
+  for (const auto &[name, loop] : loops) {
+    auto whole = fresh();
+    loop(0, n, whole);
+    for (int64_t cut = 1; cut <= 40; ++cut) {
+      auto split = fresh();
+      loop(0, cut, split);
+      loop(cut, n, split);
+      for (size_t k = 0; k < whole.size(); ++k)
+        ASSERT_EQ(0, std::memcmp(whole[k].data(), split[k].data(), sizeof(float) * static_cast<size_t>(n)))
+            << name << " output " << k << " split at " << cut;
+    }
+  }
+}
 
 TEST(VecMath, ExpMatchesLibmWithin3Ulp) {
   std::vector<float> x, y;
