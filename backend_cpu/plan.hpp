@@ -106,6 +106,10 @@ public:
   /// bytes in address() are not the plain tensor.
   const std::vector<TensorId> &agreedLayouts() const { return agreedLayouts_; }
   int64_t variableBytes() const { return variableBytes_; }
+  /// Heap the kernels and the plan's tables took while compiling, net of the arena: oneDNN
+  /// primitives and their JIT code, scratchpads, workspaces, packed weights (glibc's count of
+  /// bytes in use, before and after; 0 where malloc is replaced, as under AddressSanitizer).
+  int64_t kernelBytes() const { return kernelBytes_; }
   /// Outputs written over an input that was dead after their step (Kernel::inPlaceInput).
   const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
@@ -138,7 +142,7 @@ private:
   int64_t profileStart_ = 0;
   std::vector<std::pair<int64_t, int64_t>> stepTimes_;
   std::vector<ProfileEvent> events_;
-  int64_t constBytes_ = 0, variableBytes_ = 0;
+  int64_t constBytes_ = 0, variableBytes_ = 0, kernelBytes_ = 0;
   std::vector<TensorId> agreedLayouts_, inPlace_;
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;

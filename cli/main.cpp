@@ -188,8 +188,11 @@ int run(const Options &opt) {
   so.batchSize = opt.batch;
   so.kernels = opt.kernels;
   so.fuseOps = !opt.noFusion;
-  auto probe = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, std::vector<TensorId>{}), so);
-  auto session = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, probe->getOutputIds()), so);
+  // The outputs' names come from a first session, gone before the one that runs is made (both
+  // alive at once doubled the peak RSS).
+  const std::vector<TensorId> outputs =
+      InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, std::vector<TensorId>{}), so)->getOutputIds();
+  auto session = InferenceSession::createFromOnnxModel(opt.model, DataFlow(1, outputs), so);
   if (!opt.dataDir.empty()) {
     fs::path dir(opt.dataDir);
     if (!fs::is_directory(dir)) throw error("--data-dir '", opt.dataDir, "' is not a folder");

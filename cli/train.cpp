@@ -228,7 +228,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   auto optimizer = makeOptimizer(o, baseLr);
 
   // The loss is anchored, so its name is needed first: the model's only declared scalar output,
-  // else a session without anchors finds it (that compiles the graph once more).
+  // else a session without anchors finds it from the inferred shapes (no plan is compiled).
   TensorId lossId = o.loss;
   if (lossId.empty()) {
     auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), so);
@@ -238,10 +238,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     if (scalars.size() == 1) {
       lossId = scalars[0];
     } else {
-      auto probe = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "",
-                                                        *optimizer, so);
-      probe->prepareDevice();
-      lossId = probe->getLossId();
+      lossId = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "", *optimizer, so)
+                   ->getLossId();
     }
   }
   auto session =

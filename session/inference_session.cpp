@@ -285,7 +285,8 @@ void InferenceSession::writeProfileTrace(const std::string &path) const {
 std::string InferenceSession::profileSummary() const {
   if (!impl_->plan) throw error("profileSummary: the session has not run");
   const auto &p = *impl_->plan;
-  return session::profileSummary(p, {{"planned activation arena", p.memoryPlan().arenaBytes},
+  return session::profileSummary(p, {{"activation arena", p.memoryPlan().arenaBytes},
+                                     {"kernels", p.kernelBytes()},
                                      {"weights and constants", p.constBytes() + p.variableBytes()}});
 }
 

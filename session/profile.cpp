@@ -113,7 +113,10 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
                   sec > 0 ? a.flops / sec / 1e9 : 0.0, sec > 0 ? a.bytes / sec / 1e9 : 0.0, a.ops, type.c_str());
     s += line;
   }
-  s += "memory:";
+  int64_t total = 0;
+  for (const auto &part : memory)
+    total += part.second;
+  s += "memory: planned peak " + megabytes(total) + ":";
   for (size_t i = 0; i < memory.size(); ++i)
     s += (i ? "; " : " ") + memory[i].first + " " + megabytes(memory[i].second);
   s += "\n";

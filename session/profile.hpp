@@ -14,7 +14,7 @@ namespace popart::session {
 void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string &path);
 
 /// The per-op table (share of time, time per run, GFLOP/s, GB/s), the per-type table and the
-/// memory report whose lines are \p memory ({label, bytes}).
+/// memory report: the planned peak (the sum of \p memory) and its parts ({label, bytes}).
 std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
                            const std::vector<std::pair<std::string, int64_t>> &memory, size_t topOps = 25);
 

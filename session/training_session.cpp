@@ -58,7 +58,10 @@ struct TrainingSession::Impl {
   std::vector<std::vector<float>> resolvedHp;
   TensorId lossScaleId;                ///< FLOAT scalar Variable multiplying the loss
   TensorId rngStateId;                 ///< INT64 [2] Variable {seed, counter} for random ops
-  std::map<TensorId, TensorData> initialValues;
+  /// What weightsFromHost restores: each persistent tensor's value after compile, shared with
+  /// `declared` where it holds the same bytes (the model's weights), or null when all zero (most
+  /// optimiser state), so that the session does not hold another copy of them.
+  std::map<TensorId, std::shared_ptr<const TensorData>> initialValues;
 
   int64_t step = 0, skipped = 0, goodSteps = 0;
   float lossScale = 1.0f;
@@ -97,6 +100,11 @@ struct TrainingSession::Impl {
     return onnx_import::importModelBytes(model.bytes, model.baseDir, io, model.sourceName);
   }
 
+  /// The model imported with the session's input shapes, non-float Variables frozen, shapes
+  /// inferred.
+  std::unique_ptr<ir::Graph> shapedImport() const;
+  /// Sets lossId, if not given, to \p g's only scalar output.
+  void findLoss(const ir::Graph &g);
   void compile();
   void writeHostScalars();
   void resolveHyperParameters() {
@@ -132,7 +140,7 @@ static void freezeNonTrainable(ir::Graph &g) {
     if (t->kind() == ir::TensorKind::Variable && !isFloatingPoint(t->info().dataType())) t->setKind(ir::TensorKind::Const);
 }
 
-void TrainingSession::Impl::compile() {
+std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport() const {
   auto g = import();
   for (const auto &id : inputIds) {
     TensorInfo info = session::resolvedInputInfo(*declared, id, inputShapes, options);
@@ -144,23 +152,30 @@ void TrainingSession::Impl::compile() {
   freezeNonTrainable(*g);
   backend_cpu::ReferenceEvaluator evaluator;
   ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  return g;
+}
+
+void TrainingSession::Impl::findLoss(const ir::Graph &g) {
+  if (!lossId.empty()) return;
+  std::vector<TensorId> scalars;
+  for (const auto &o : g.outputs())
+    if (g.tensor(o).info().elementCount() == 1) scalars.push_back(o);
+  if (scalars.size() != 1)
+    throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (",
+                session::joinIds(scalars), "): name the loss tensor");
+  lossId = scalars[0];
+}
+
+void TrainingSession::Impl::compile() {
+  auto g = shapedImport();
+  findLoss(*g);
   if (options.fuseOps) { // before autodiff, so that the fused ops' gradient rules apply
     std::vector<TensorId> keep = dataFlow.anchors();
-    if (!lossId.empty()) keep.push_back(lossId);
+    keep.push_back(lossId);
     ir::fuseLayerNorm(*g, true, keep);
     ir::fuseGelu(*g, keep);
   }
 
-  // The loss.
-  if (lossId.empty()) {
-    std::vector<TensorId> scalars;
-    for (const auto &o : g->outputs())
-      if (g->tensor(o).info().elementCount() == 1) scalars.push_back(o);
-    if (scalars.size() != 1)
-      throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (",
-                  session::joinIds(scalars), "): name the loss tensor");
-    lossId = scalars[0];
-  }
   if (!g->hasTensor(lossId)) throw error("loss '", lossId, "' is not a tensor of model '", model.sourceName, "'");
   const TensorInfo &lossInfo = g->tensor(lossId).info();
   if (lossInfo.elementCount() != 1 || !isFloatingPoint(lossInfo.dataType()))
@@ -259,6 +274,7 @@ void TrainingSession::Impl::compile() {
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
 
+  backend_cpu::ReferenceEvaluator evaluator;
   ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
   std::vector<TensorId> keep{lossId};
   for (const auto &a : dataFlow.anchors()) {
@@ -282,15 +298,30 @@ void TrainingSession::Impl::compile() {
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();
-  for (const auto &id : persistentIds())
-    initialValues.emplace(id, variable(id));
+  for (const auto &id : persistentIds()) {
+    const TensorData &now = variable(id);
+    const auto size = static_cast<size_t>(now.byteCount());
+    const auto *bytes = static_cast<const uint8_t *>(now.data());
+    std::shared_ptr<const TensorData> value;
+    if (declared->hasTensor(id))
+      if (const auto &d = declared->tensor(id).data(); d && d->byteCount() == now.byteCount() && (size == 0 || std::memcmp(d->data(), bytes, size) == 0))
+        value = d;
+    if (!value && std::any_of(bytes, bytes + size, [](uint8_t b) { return b != 0; }))
+      value = std::make_shared<const TensorData>(now);
+    initialValues.emplace(id, std::move(value));
+  }
   logging::logger().info("training {} weights of '{}' with {}; {} ops, arena {} bytes", weightIds.size(),
                          model.sourceName, optimizer->name(), plan->stepCount(), plan->memoryPlan().arenaBytes);
 }
 
 void TrainingSession::Impl::resetState() {
-  for (const auto &[id, data] : initialValues)
-    std::memcpy(variable(id).data(), data.data(), static_cast<size_t>(data.byteCount()));
+  for (const auto &[id, data] : initialValues) {
+    TensorData &v = variable(id);
+    if (data)
+      std::memcpy(v.data(), data->data(), static_cast<size_t>(data->byteCount()));
+    else
+      std::memset(v.data(), 0, static_cast<size_t>(v.byteCount()));
+  }
   for (const auto &u : applied.updates)
     if (!u.accumulator.empty()) std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
   step = skipped = goodSteps = 0;
@@ -597,7 +628,8 @@ std::vector<TensorId> TrainingSession::getOptimizerStateIds() const {
   return impl_->stateIds;
 }
 const TensorId &TrainingSession::getLossId() const {
-  const_cast<TrainingSession *>(this)->prepareDevice();
+  // Found from the shapes alone: no plan is compiled for it.
+  if (impl_->lossId.empty()) impl_->findLoss(*impl_->shapedImport());
   return impl_->lossId;
 }
 TensorInfo TrainingSession::getInfo(const TensorId &id) const {
@@ -635,7 +667,8 @@ std::string TrainingSession::profileSummary() const {
     if (!u.accumulator.empty()) accumulators += m.variable(u.accumulator).byteCount();
   const auto &p = *m.plan;
   int64_t other = p.variableBytes() - weights - stats - state - accumulators;
-  return session::profileSummary(p, {{"planned activation arena", p.memoryPlan().arenaBytes},
+  return session::profileSummary(p, {{"activation arena", p.memoryPlan().arenaBytes},
+                                     {"kernels", p.kernelBytes()},
                                      {"weights", weights},
                                      {"optimiser state", state},
                                      {"gradient accumulators", accumulators},

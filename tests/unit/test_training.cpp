@@ -7,6 +7,9 @@
 #include <popart/session.hpp>
 
 #include <gtest/gtest.h>
+#include <cstring>
+#include <map>
+#include <regex>
 
 #include <cmath>
 #include <filesystem>
@@ -438,6 +441,52 @@ TEST(TrainingSession, WriteWeightsAndErrors) {
   EXPECT_THROW(s->readWeights(wrong), error);
   s->weightsFromHost(); // back to the model's initializers
   EXPECT_EQ(readWeight(*s, "w")[0], 0.5f);
+}
+
+TEST(TrainingSession, WeightsFromHostRestartsTrainingFromTheModelAndZeroState) {
+  // Adam's moments start at zero and the step counter at 0; after weightsFromHost the same
+  // steps must give the same weights and state, bit for bit, as the first time.
+  Adam opt({{"defaultLearningRate", {0.05f, false}}}, AdamMode::Adam);
+  auto s = session(opt);
+  const std::vector<TensorId> stateIds = s->getOptimizerStateIds();
+  ASSERT_FALSE(stateIds.empty());
+  std::vector<std::vector<float>> first[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      s->weightsFromHost();
+      EXPECT_EQ(readWeight(*s, "w")[2], 2.0f);
+    }
+    for (int k = 0; k < 3; ++k)
+      step(*s, data(k));
+    first[pass].push_back(readWeight(*s, "w"));
+    for (const auto &id : stateIds) {
+      TensorInfo info = s->getInfo(id);
+      if (info.dataType() == DataType::FLOAT) first[pass].push_back(readWeight(*s, id, info.elementCount()));
+    }
+  }
+  EXPECT_NE(first[0][0], std::vector<float>(kW0.begin(), kW0.end()));
+  EXPECT_EQ(first[0], first[1]);
+}
+
+TEST(TrainingSession, MemoryReportsThePlannedPeakAsTheSumOfItsParts) {
+  auto s = session(Adam({{"defaultLearningRate", {0.05f, false}}}, AdamMode::Adam));
+  s->enableProfiling();
+  step(*s, data(0));
+  const std::string summary = s->profileSummary();
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(summary, m, std::regex(R"(memory: planned peak ([0-9.]+) MB: ([^\n]*))"))) << summary;
+  const double peak = std::stod(m[1].str());
+  const std::string rest = m[2].str();
+  std::map<std::string, double> parts;
+  double sum = 0;
+  const std::regex partRe(R"(([a-z][a-z ]*) ([0-9.]+) MB)");
+  for (auto it = std::sregex_iterator(rest.begin(), rest.end(), partRe); it != std::sregex_iterator(); ++it) {
+    parts[(*it)[1].str()] = std::stod((*it)[2].str());
+    sum += std::stod((*it)[2].str());
+  }
+  for (const char *part : {"activation arena", "kernels", "weights", "optimiser state"})
+    EXPECT_TRUE(parts.count(part)) << part << " missing from: " << summary;
+  EXPECT_NEAR(peak, sum, 0.01 * double(parts.size())) << summary; // each part rounded to 0.01 MB
 }
 
 TEST(TrainingSession, BatchesPerStepRunsOneUpdatePerBatchAndReturnsEveryLoss) {
