@@ -42,10 +42,13 @@ public:
   virtual ~Kernel() = default;
   virtual void run(const KernelArgs &args) = 0;
   /// The layout this kernel would rather write output \p i in (empty: plain). The plan offers it
-  /// to the tensor's only reader (readInputIn) and, if taken, confirms it with writeOutputIn.
+  /// to every reader of the tensor (acceptsInputIn) and, if all take it, has them read it so
+  /// (readInputIn) and confirms it with writeOutputIn.
   virtual TensorLayout outputLayout(size_t /*i*/) const { return {}; }
-  /// From now on reads input \p i in \p layout; false, and nothing changes, if it cannot.
-  virtual bool readInputIn(size_t /*i*/, const TensorLayout & /*layout*/) { return false; }
+  /// Whether this kernel can read input \p i in \p layout (nothing changes).
+  virtual bool acceptsInputIn(size_t /*i*/, const TensorLayout & /*layout*/) const { return false; }
+  /// From now on reads input \p i in \p layout, which acceptsInputIn accepted.
+  virtual void readInputIn(size_t /*i*/, const TensorLayout & /*layout*/) {}
   /// From now on writes output \p i in the layout that outputLayout(i) gave.
   virtual void writeOutputIn(size_t /*i*/) {}
   /// Bytes of working memory run() uses (KernelArgs::scratch). The plan places them in the arena,

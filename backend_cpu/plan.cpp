@@ -330,8 +330,9 @@ std::map<TensorId, TensorId> ExecutionPlan::findInPlace(const std::vector<ir::Op
 void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                                  const std::map<TensorId, TensorId> &aliases,
                                  const std::map<TensorId, TensorId> &views) {
-  // A tensor between one producer and one reader, that nothing else sees (not pinned, not a view
-  // or a view's root, not an alias), may be kept in a layout the two kernels share.
+  // A tensor that only its producer and its readers see (not pinned, not a view or a view's
+  // root, not an alias) may be kept in a layout they all share: a ResNet block's input, read by
+  // its first convolution and as the residual of its last.
   std::set<TensorId> hidden(pinned.begin(), pinned.end());
   for (const auto &[view, root] : views) {
     hidden.insert(view);
@@ -343,18 +344,27 @@ void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const st
   for (size_t s = 0; s < schedule.size(); ++s)
     for (size_t i = 0; i < schedule[s]->outputs.size(); ++i) {
       const ir::Tensor *t = schedule[s]->outputs[i];
-      if (!t || !planned(*t) || hidden.count(t->id()) || aliases.count(t->id()) || t->consumers().size() != 1) continue;
-      const ir::Op *reader = t->consumers()[0];
-      auto uses = std::count(reader->inputs.begin(), reader->inputs.end(), t);
-      if (uses != 1) continue;
-      size_t input = static_cast<size_t>(std::find(reader->inputs.begin(), reader->inputs.end(), t) - reader->inputs.begin());
+      if (!t || !planned(*t) || hidden.count(t->id()) || aliases.count(t->id()) || t->consumers().empty()) continue;
       TensorLayout layout = steps_[s].kernel->outputLayout(i);
       if (!layout || layout.bytes > t->info().byteCount()) continue;
-      if (!steps_[stepOf.at(reader)].kernel->readInputIn(input, layout)) continue;
+      std::vector<std::pair<Kernel *, size_t>> readers; // each reader's kernel and input index
+      std::string names;
+      for (const ir::Op *reader : t->consumers()) {
+        if (std::count(reader->inputs.begin(), reader->inputs.end(), t) != 1) break;
+        size_t input = static_cast<size_t>(std::find(reader->inputs.begin(), reader->inputs.end(), t) -
+                                           reader->inputs.begin());
+        Kernel *k = steps_[stepOf.at(reader)].kernel.get();
+        if (!k->acceptsInputIn(input, layout)) break;
+        readers.emplace_back(k, input);
+        names += (names.empty() ? "" : ", ") + reader->debugName();
+      }
+      if (readers.size() != t->consumers().size()) continue;
+      for (const auto &[k, input] : readers)
+        k->readInputIn(input, layout);
       steps_[s].kernel->writeOutputIn(i);
       agreedLayouts_.push_back(t->id());
       logging::logger().debug("'{}' stays in the {} layout of {} for {}", t->id(), layout.provider,
-                              schedule[s]->debugName(), reader->debugName());
+                              schedule[s]->debugName(), names);
     }
 }
 

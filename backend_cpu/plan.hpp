@@ -121,8 +121,9 @@ private:
   std::map<TensorId, TensorId> findInPlace(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                                            const std::map<TensorId, TensorId> &aliases,
                                            const std::map<TensorId, TensorId> &views) const;
-  /// Lets adjacent kernels keep the tensor between them in a shared internal layout (Kernel::
-  /// outputLayout, readInputIn, writeOutputIn) where no other step or the caller sees it.
+  /// Lets a kernel and every reader of its output keep that tensor in a shared internal layout
+  /// (Kernel::outputLayout, acceptsInputIn, readInputIn, writeOutputIn) where no other step or
+  /// the caller sees it.
   void agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                     const std::map<TensorId, TensorId> &aliases, const std::map<TensorId, TensorId> &views);
 

@@ -85,6 +85,7 @@ struct InferenceSession::Impl {
       ir::fuseMatMulBias(*g);
       ir::fuseMatMulScale(*g);
       ir::fuseBatchNormRelu(*g);
+      ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
       ir::fuseRelu(*g);
       ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);

@@ -1,6 +1,7 @@
 // oneDNN kernels, f32: Conv (convolution_forward, in the layouts oneDNN picks, reordered from
-// and to the plain buffers inside the kernel; optionally with a fused Relu and a fused max pool,
-// which runs on the convolution's blocked layout, a chunk of images at a time), ConvTranspose
+// and to the plain buffers inside the kernel; optionally with a fused residual add (binary post-op),
+// Relu and max pool, the pool on the convolution's blocked layout, a chunk of images at a
+// time), ConvTranspose
 // (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward), on plain layouts.
 // Each supports() builds the primitive descriptor once and declines if oneDNN refuses it.
 
@@ -102,11 +103,17 @@ public:
     } else {
       // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
       // to and from the plain buffers around it.
-      if (op.attrs.getString("popart_activation", "") == "Relu") { // fused by fuseRelu
+      // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
+      // once that layout is known), then the Relu (fuseRelu).
+      hasResidual_ = op.attrs.getInt("popart_residual", 0) != 0;
+      const bool relu = op.attrs.getString("popart_activation", "") == "Relu";
+      auto setPostOps = [&](const memory::desc *residual) {
         post_ops po;
-        po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+        if (residual) po.append_binary(algorithm::binary_add, *residual);
+        if (relu) po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
         attr.set_post_ops(po);
-      }
+      };
+      setPostOps(nullptr);
       auto make = [&](const memory::desc &x, const memory::desc &wt, const memory::desc &y) {
         convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, x, wt, mdB, y,
                                     w.strides, w.dilates, w.padL, w.padR);
@@ -116,6 +123,18 @@ public:
       };
       auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
       if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
+      if (hasResidual_) {
+        // oneDNN's optimised convolutions write blocked channels; a plain result means its
+        // reference one, where the reference kernel does as well.
+        if (pd.dst_desc() == mdY || dnnl_util::implIs(pd, "ref"))
+          throw ::popart::error(op.debugName(), ": a residual on a plain result is left to the reference");
+        const memory::desc blocked = pd.dst_desc();
+        setPostOps(&blocked);
+        pd = make(pd.src_desc(), pd.weights_desc(), blocked);
+        if (dnnl_util::implIs(pd, "ref"))
+          throw ::popart::error(op.debugName(), ": no optimised convolution adds the residual");
+        residual_ = memory(blocked, eng); // the residual reordered to the result's layout
+      }
       prim_ = convolution_forward(pd);
       scratch_ = memory(pd.scratchpad_desc(), eng);
       if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
@@ -134,6 +153,10 @@ public:
     if (!transposed) weights_.init(w_, weightsDesc_, op.input(1).isConst());
     const memory &result = pooled_ ? poolDst_ : inner_[2];
     if (result) fromInner_ = dnnl_util::userScratchReorder(result, y_);
+    if (hasResidual_) {
+      r_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+      toInner_[1] = dnnl_util::userScratchReorder(r_, residual_);
+    }
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -152,7 +175,23 @@ public:
         dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, poolDst_}, {DNNL_ARG_TO, y_}});
       return;
     }
-    if (hasBias_) {
+    if (residualInLayout_) { // the binary post-op's addend, in the result's layout
+      residual_.set_data_handle(const_cast<void *>(args.inputs[3]));
+    } else if (hasResidual_) {
+      r_.set_data_handle(const_cast<void *>(args.inputs[3]));
+      dnnl_util::execute(toInner_[1], reorderArgs_[1], {{DNNL_ARG_FROM, r_}, {DNNL_ARG_TO, residual_}});
+    }
+    constexpr int kResidualArg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
+    if (hasResidual_ && hasBias_) {
+      b_.set_data_handle(const_cast<void *>(args.inputs[2]));
+      dnnl_util::execute(prim_, args_,
+                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
+                          {kResidualArg, residual_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+    } else if (hasResidual_) {
+      dnnl_util::execute(prim_, args_,
+                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {kResidualArg, residual_},
+                          {DNNL_ARG_SCRATCHPAD, scratch_}});
+    } else if (hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
                          {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
@@ -189,13 +228,22 @@ public:
     result = memory(result.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE); // the output's bytes now
     outputInLayout_ = true;
   }
-  bool readInputIn(size_t i, const TensorLayout &layout) override {
-    if (i != 0 || !inner_[0] || std::strcmp(layout.provider, "dnnl") != 0) return false;
+  // The image in the convolution's source layout; the residual in its result's layout (run()
+  // then copies it to the result instead of reordering it).
+  bool acceptsInputIn(size_t i, const TensorLayout &layout) const override {
+    if (std::strcmp(layout.provider, "dnnl") != 0) return false;
     const auto &desc = *static_cast<const memory::desc *>(layout.desc.get());
-    if (desc != inner_[0].get_desc()) return false;
-    inner_[0] = memory(desc, dnnl_util::engine(), DNNL_MEMORY_NONE);
+    if (i == 0) return inner_[0] && desc == inner_[0].get_desc();
+    return i == 3 && hasResidual_ && desc == residual_.get_desc();
+  }
+  void readInputIn(size_t i, const TensorLayout &layout) override {
+    if (i == 3) { // read where it is: the reorder's buffer goes
+      residual_ = memory(residual_.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE);
+      residualInLayout_ = true;
+      return;
+    }
+    inner_[0] = memory(*static_cast<const memory::desc *>(layout.desc.get()), dnnl_util::engine(), DNNL_MEMORY_NONE);
     inputInLayout_ = true;
-    return true;
   }
 
 private:
@@ -368,7 +416,7 @@ private:
   int64_t poolBlock_ = 0; ///< > 0: the fused pool runs blockedPool on this channel block
   PoolGeom poolGeom_{};
 
-  bool hasBias_ = false, pooled_ = false;
+  bool hasBias_ = false, pooled_ = false, hasResidual_ = false, residualInLayout_ = false;
   bool inputInLayout_ = false, outputInLayout_ = false; ///< agreed with the neighbours (no reorder)
   primitive pool_;
   memory poolDst_, poolScratch_; ///< the pooled result in the convolution's layout (empty: plain)
@@ -377,9 +425,10 @@ private:
   dnnl_util::PackedWeights weights_; ///< in oneDNN's chosen layout (constant ones packed once)
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
-  memory x_, w_, b_, y_, scratch_;
+  memory x_, w_, b_, y_, r_, scratch_; ///< r_: the residual (input 3), plain
+  memory residual_;                   ///< the residual in the result's layout (the binary post-op's)
   memory inner_[3];           ///< [0] src, [2] dst in oneDNN's chosen layout (empty: plain); weights: weights_
-  primitive toInner_[1], fromInner_;
+  primitive toInner_[2], fromInner_; ///< [0] src, [1] the residual into dst's layout
   std::vector<dnnl_exec_arg_t> reorderArgs_[3];
 };
 

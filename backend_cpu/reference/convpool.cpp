@@ -39,6 +39,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
   bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseRelu
+  bool residual = op.attrs.getInt("popart_residual", 0) != 0;      // fused by fuseConvResidual
   ir::FusedPool pool;
   bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
   Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};
@@ -49,6 +50,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
     auto buffer = std::make_shared<std::vector<T>>(static_cast<size_t>(convElements));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
       const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
+      const T *R = residual ? a.in<T>(3) : nullptr;
       T *Y = pooled ? buffer->data() : a.out<T>(0);
       forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
         int64_t mm = gi * ch.mg + mo;
@@ -59,8 +61,10 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
           for (int64_t ci = 0; ci < ch.cg; ++ci)
             acc += static_cast<C>(xb[ci * g.inSize + inf]) * static_cast<C>(wb[ci * g.kSize + kf]);
         });
+        const int64_t at = (b * ch.m + mm) * g.outSize + o;
+        if (R) acc = static_cast<C>(static_cast<T>(acc)) + static_cast<C>(R[at]); // the Add, in T as unfused
         if (relu && acc < C(0)) acc = C(0); // NaN stays NaN, as ONNX Relu keeps it
-        Y[(b * ch.m + mm) * g.outSize + o] = static_cast<T>(acc);
+        Y[at] = static_cast<T>(acc);
       });
       if (!pooled) return;
       T *P = a.out<T>(0);

@@ -77,7 +77,8 @@ Shape windowOutput(const Op &op, const Shape &in, const std::vector<int64_t> &ke
 }
 
 void setupConv(Op &op) {
-  requireInputCount(op, 2, 3);
+  const bool residual = op.attrs.getInt("popart_residual", 0) != 0;
+  requireInputCount(op, residual ? 4 : 2, residual ? 4 : 3);
   requireType(op, 0, kFloatTypes);
   requireSpatialInput(op, "Conv");
   const Shape &x = op.inInfo(0).shape(), &w = op.inInfo(1).shape();
@@ -104,6 +105,12 @@ void setupConv(Op &op) {
   Shape y{x[0], w[0]};
   y.insert(y.end(), out.begin(), out.end());
   (void)nsp;
+  // popart_residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
+  // after the bias and before a fused activation.
+  if (residual && (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) ||
+                   op.attrs.has("popart_pool_kernel")))
+    throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
+                " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
   if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
     if (pool.input != y)
       throw error(op.debugName(), ": popart_pool_input_shape ", toString(pool.input),

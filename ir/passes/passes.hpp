@@ -70,6 +70,13 @@ int fuseMatMulBias(Graph &graph);
 /// cannot apply after it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
+/// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum
+/// with a tensor r of the result's shape (a ResNet block's shortcut) adds r itself
+/// (popart_residual = 1, r as input 3 after an optional bias: oneDNN's sum post-op, before a
+/// Relu that fuseRelu fuses after it) and writes the Add's output. Inference, before fuseRelu.
+/// Returns how many were fused.
+int fuseConvResidual(Graph &graph);
+
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c
 /// scales it itself (popart_scale = c or 1/c: oneDNN's output scale) and writes that output
 /// (attention's 1/√d). A division becomes a product with 1/c, which may differ in the last bit

@@ -1057,6 +1057,8 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
   pool.set("popart_pool_input_shape", std::vector<int64_t>{1, 3, 5, 5});
   ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", pool, {"x", "w"}, {"y2"});
   expectError(wrongPool, "is not the convolution's result shape");
+  ir::Op &convResidual = g.addOp("Conv", "", 13, "bad_conv_residual", residual, {"x", "w", "", "x"}, {"y5"});
+  expectError(convResidual, "the residual input 3 must be FLOAT[1,3,4,4] without a fused pool, got FLOAT[1,2,6,6]");
 }
 
 namespace {
@@ -1133,6 +1135,123 @@ TEST(FuseMatMulResidual, ResidualAddedByTheMatMulMatchesTheAdd) {
     for (auto p : {KernelProvider::Reference, KernelProvider::Any})
       expectNear(runFeeds(fused, p, feeds), want, 1e-5f, what);
   }
+}
+
+TEST(FuseConvResidual, ResidualAddedByTheConvolutionMatchesTheAdd) {
+  // y = [Relu](Conv(x, w [, b]) + r), as Add(c, r), Add(r, c) or Sum(c, r): the residual added
+  // by the convolution (oneDNN's sum post-op, before the Relu) matches the ops one by one, with
+  // 16 and 3 (padded to a block) channels and with r a graph input or computed.
+  struct Case {
+    int64_t channels;
+    const char *op;
+    bool residualFirst, bias, relu, rComputed, sharedResult, broadcastResidual, reluBeforeAdd;
+    int fuses;
+  };
+  for (const Case &c : {Case{16, "Add", false, true, true, false, false, false, false, 1},
+                        Case{16, "Add", true, false, false, true, false, false, false, 1},
+                        Case{3, "Sum", false, true, true, false, false, false, false, 1},
+                        Case{3, "Add", false, false, true, true, false, false, false, 1},
+                        Case{16, "Add", false, true, false, false, true, false, false, 0},
+                        Case{16, "Add", false, true, false, false, false, true, false, 0},
+                        Case{16, "Add", false, true, false, false, false, false, true, 0}}) {
+    std::string what = std::to_string(c.channels) + " channels " + c.op + (c.bias ? "+bias" : "") +
+                       (c.relu ? "+relu" : "") + (c.rComputed ? " r computed" : "") +
+                       (c.sharedResult ? " shared" : "") + (c.broadcastResidual ? " broadcast" : "") +
+                       (c.reluBeforeAdd ? " relu before the add" : "");
+    const Shape xs{2, 4, 9, 9}, ys{2, c.channels, 9, 9};
+    const Shape rs = c.broadcastResidual ? Shape{1, c.channels, 1, 1} : ys;
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+      g.addTensor("r0", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, rs));
+      g.addInput("x");
+      g.addInput("r0");
+      std::mt19937 rng(52);
+      g.addConst("w", randomFloats({c.channels, 4, 3, 3}, rng, -0.3f, 0.3f));
+      g.addConst("b", randomFloats({c.channels}, rng));
+      ir::Attributes pad;
+      pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+      std::vector<TensorId> convIns{"x", "w"};
+      if (c.bias) convIns.push_back("b");
+      g.addOp("Conv", "", 13, "conv", pad, convIns, {"cv"});
+      TensorId cv = "cv";
+      if (c.reluBeforeAdd) {
+        g.addOp("Relu", "", 13, "relu0", {}, {cv}, {"cvr"});
+        cv = "cvr";
+      }
+      TensorId r = "r0";
+      if (c.rComputed) { // an intermediate: the output may take its bytes
+        g.addOp("Neg", "", 13, "neg", {}, {"r0"}, {"r"});
+        r = "r";
+      }
+      // With r computed, the block's result goes on to a Neg (no graph output either).
+      TensorId result = c.rComputed ? "z" : "y", sum = c.relu ? "s" : result;
+      g.addOp(c.op, "", 13, "residual", {}, c.residualFirst ? std::vector<TensorId>{r, cv} : std::vector<TensorId>{cv, r},
+              {sum});
+      if (c.relu) g.addOp("Relu", "", 13, "relu", {}, {sum}, {result});
+      if (c.rComputed) g.addOp("Neg", "", 13, "after", {}, {result}, {"y"});
+      g.addOutput("y");
+      if (c.sharedResult) g.addOutput(cv);
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ASSERT_EQ(ir::fuseConvResidual(fused), c.fuses) << what;
+    if (!c.fuses) continue;
+    if (c.relu) EXPECT_EQ(ir::fuseRelu(fused), 1) << what; // relu(conv + r)
+    EXPECT_EQ(ir::fuseConvPool(fused) + ir::fuseConvResidual(fused), 0) << what;
+    ASSERT_EQ(fused.ops().size(), c.rComputed ? 3u : 1u) << what;
+    std::mt19937 rng(53);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(xs, rng)}, {"r0", randomFloats(rs, rng)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 1e-5f, what);
+  }
+}
+
+TEST(FuseConvResidual, ResNetBlocksStayBlockedAndMatch) {
+  // Two blocks x → Conv+Relu → Conv → Add(x) → Relu, 16 channels. The shortcut is the block's
+  // input, which its first convolution reads too; between the blocks that tensor stays in
+  // oneDNN's blocked layout for both readers (the second block's first convolution and its
+  // residual), and inside each block the first convolution's result stays blocked.
+  auto build = [](ir::Graph &g) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x0", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 16, 8, 8}));
+    g.addInput("x0");
+    std::mt19937 rng(54);
+    ir::Attributes pad;
+    pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    g.addOp("Relu", "", 13, "pre", {}, {"x0"}, {"in0"});
+    for (int k = 0; k < 2; ++k) {
+      std::string n = std::to_string(k), in = "in" + n, out = k == 1 ? "y" : "in" + std::to_string(k + 1);
+      g.addConst("w1_" + n, randomFloats({16, 16, 3, 3}, rng, -0.2f, 0.2f));
+      g.addConst("w2_" + n, randomFloats({16, 16, 3, 3}, rng, -0.2f, 0.2f));
+      g.addConst("b2_" + n, randomFloats({16}, rng));
+      g.addOp("Conv", "", 13, "c1_" + n, pad, {in, "w1_" + n}, {"a" + n});
+      g.addOp("Relu", "", 13, "r1_" + n, {}, {"a" + n}, {"ar" + n});
+      g.addOp("Conv", "", 13, "c2_" + n, pad, {"ar" + n, "w2_" + n, "b2_" + n}, {"b" + n});
+      g.addOp("Add", "", 13, "add_" + n, {}, {"b" + n, in}, {"s" + n});
+      g.addOp("Relu", "", 13, "r2_" + n, {}, {"s" + n}, {out});
+    }
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+  };
+  ir::Graph plain, fused;
+  build(plain);
+  build(fused);
+  EXPECT_EQ(ir::fuseConvResidual(fused), 2);
+  EXPECT_EQ(ir::fuseRelu(fused), 4);
+  ASSERT_EQ(fused.ops().size(), 5u);
+  backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Any});
+  EXPECT_EQ(plan.agreedLayouts(), (std::vector<TensorId>{"ar0", "in1", "ar1"}));
+  std::mt19937 rng(55);
+  std::map<TensorId, TensorData> feeds{{"x0", randomFloats({2, 16, 8, 8}, rng)}};
+  std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+    expectNear(runFeeds(fused, p, feeds), want, 1e-4f, "blocks");
 }
 
 TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
