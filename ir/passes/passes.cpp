@@ -682,7 +682,37 @@ static bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Te
   return false;
 }
 
+/// A float Gemm (alpha 1; no C, or a [N] bias with beta 1) whose result only feeds an Add or a
+/// two-input Sum with a tensor of its shape becomes the MatMul it is (popart_transA/B,
+/// popart_bias), so that fuseMatMulResidual folds the residual into it.
+static bool gemmBeforeResidual(Graph &graph, Op &op) {
+  if (!isOnnxOp(&op, "Gemm") || !op.hasOutput(0) || op.attrs.getFloat("alpha", 1.f) != 1.f) return false;
+  const Tensor &y = op.output(0);
+  if (y.info().dataType() != DataType::FLOAT || y.consumers().size() != 1 || isGraphOutput(graph, y)) return false;
+  bool bias = op.hasInput(2);
+  if (bias && (op.attrs.getFloat("beta", 1.f) != 1.f || op.inInfo(2).shape() != Shape{y.info().dim(1)})) return false;
+  const Op *add = y.consumers()[0];
+  if ((!isOnnxOp(add, "Add") && !isOnnxOp(add, "Sum")) || add->inputCount() != 2 || !add->hasInput(0) ||
+      !add->hasInput(1) || &add->input(0) == &add->input(1))
+    return false;
+  const Tensor &other = &add->input(0) == &y ? add->input(1) : add->input(0);
+  if (other.info() != y.info() || add->outInfo(0) != y.info()) return false;
+  Attributes attrs;
+  if (op.attrs.getInt("transA", 0)) attrs.set("popart_transA", int64_t{1});
+  if (op.attrs.getInt("transB", 0)) attrs.set("popart_transB", int64_t{1});
+  if (bias) attrs.set("popart_bias", int64_t{1});
+  if (op.attrs.has("popart_activation")) attrs.set("popart_activation", op.attrs.getString("popart_activation"));
+  std::vector<TensorId> ins = inputIds(op);
+  TensorId out = y.id();
+  std::string name = op.name;
+  int phase = op.phase;
+  graph.removeOp(op);
+  addRewrittenOp(graph, phase, "MatMul", "ai.onnx", 13, name, std::move(attrs), ins, {out});
+  return true;
+}
+
 int fuseMatMulResidual(Graph &graph) {
+  rewriteAll(graph, [&](Op &op) { return gemmBeforeResidual(graph, op); });
   rewriteAll(graph, [&](Op &op) { return splitSumForResidual(graph, op); });
   rewriteAll(graph, [&](Op &op) { return addBeforeReshape(graph, op); });
   return rewriteAll(graph, [&](Op &op) {

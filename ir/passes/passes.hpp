@@ -66,8 +66,10 @@ int fuseMatMulBias(Graph &graph);
 /// gradient of a 3-D activation from a 2-D product): r is viewed in the product's shape and the
 /// result reshaped to the Add's. A Sum of three or more same-shaped inputs is first split into
 /// two-input Sums, one per such product (Sum(a, p, q) = Sum(Sum(a, p), q)), so that each
-/// product adds the sum before it. After autodiff and after the other MatMul fusions, which
-/// cannot apply after it. Returns how many were fused.
+/// product adds the sum before it. A Gemm (alpha 1, no C or a [N] bias with beta 1, maybe
+/// with a fused Relu) followed by such an Add first becomes its MatMul (popart_transA/B,
+/// popart_bias). After autodiff and after the other MatMul fusions, which cannot apply after
+/// it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
 /// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum

@@ -1137,6 +1137,65 @@ TEST(FuseMatMulResidual, ResidualAddedByTheMatMulMatchesTheAdd) {
   }
 }
 
+TEST(FuseMatMulResidual, GemmWithAResidualBecomesAMatMulThatAddsIt) {
+  // y = [Relu](Gemm(a, b [, c])) + r: the Gemm becomes a MatMul with its transposes and bias and
+  // adds r; alpha ≠ 1 or a [M, N] C stay a Gemm and an Add.
+  struct Case {
+    bool transA, transB, bias, relu;
+    float alpha;
+    bool fullC;
+    int fuses;
+  };
+  for (const Case &c : {Case{false, true, true, false, 1.f, false, 1}, Case{true, false, false, true, 1.f, false, 1},
+                        Case{false, false, true, true, 1.f, false, 1}, Case{false, true, true, false, 2.f, false, 0},
+                        Case{false, true, true, false, 1.f, true, 0}}) {
+    std::string what = std::string(c.transA ? "Aᵀ" : "A") + (c.transB ? "·Bᵀ" : "·B") + (c.bias ? "+bias" : "") +
+                       (c.relu ? "+relu" : "") + " alpha " + std::to_string(c.alpha) + (c.fullC ? " [M,N] C" : "");
+    const int64_t m = 7, k = 8, n = 6;
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, c.transA ? Shape{k, m} : Shape{m, k}));
+      g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {m, n}));
+      g.addInput("a");
+      g.addInput("r");
+      std::mt19937 rng(56);
+      g.addConst("b", randomFloats(c.transB ? Shape{n, k} : Shape{k, n}, rng));
+      g.addConst("c", randomFloats(c.fullC ? Shape{m, n} : Shape{n}, rng));
+      ir::Attributes attrs;
+      attrs.set("transA", int64_t{c.transA});
+      attrs.set("transB", int64_t{c.transB});
+      attrs.set("alpha", c.alpha);
+      std::vector<TensorId> ins{"a", "b"};
+      if (c.bias) ins.push_back("c");
+      g.addOp("Gemm", "", 13, "gemm", attrs, ins, {"p"});
+      TensorId p = "p";
+      if (c.relu) {
+        g.addOp("Relu", "", 13, "relu", {}, {p}, {"pr"});
+        p = "pr";
+      }
+      g.addOp("Add", "", 13, "residual", {}, {p, "r"}, {"y"});
+      g.addOutput("y");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ir::fuseRelu(fused);
+    ASSERT_EQ(ir::fuseMatMulResidual(fused), c.fuses) << what;
+    if (c.fuses) {
+      ASSERT_EQ(fused.ops().size(), 1u) << what;
+      EXPECT_EQ(fused.ops().front()->type, "MatMul") << what;
+    }
+    std::mt19937 rng(57);
+    std::map<TensorId, TensorData> feeds{{"a", randomFloats(plain.tensor("a").info().shape(), rng)},
+                                         {"r", randomFloats({m, n}, rng)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 1e-5f, what);
+  }
+}
+
 TEST(FuseConvResidual, ResidualAddedByTheConvolutionMatchesTheAdd) {
   // y = [Relu](Conv(x, w [, b]) + r), as Add(c, r), Add(r, c) or Sum(c, r): the residual added
   // by the convolution (oneDNN's sum post-op, before the Relu) matches the ops one by one, with
