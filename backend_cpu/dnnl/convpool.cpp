@@ -228,8 +228,8 @@ public:
     result = memory(result.get_desc(), dnnl_util::engine(), DNNL_MEMORY_NONE); // the output's bytes now
     outputInLayout_ = true;
   }
-  // The image in the convolution's source layout; the residual in its result's layout (run()
-  // then copies it to the result instead of reordering it).
+  // The image in the convolution's source layout; the residual in its result's layout (the
+  // binary post-op then reads it where it is, with no reorder).
   bool acceptsInputIn(size_t i, const TensorLayout &layout) const override {
     if (std::strcmp(layout.provider, "dnnl") != 0) return false;
     const auto &desc = *static_cast<const memory::desc *>(layout.desc.get());
