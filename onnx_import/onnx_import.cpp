@@ -248,9 +248,15 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
 
   ir::TensorKind initKind = options.initializersAsVariables ? ir::TensorKind::Variable : ir::TensorKind::Const;
   for (auto &init : *model.mutable_graph()->mutable_initializer()) {
-    TensorData data = tensorFromProto(init, baseDir);
-    ir::Tensor &t = graph->addTensor(init.name(), initKind, data.info());
-    t.setData(std::make_shared<TensorData>(std::move(data)));
+    std::shared_ptr<TensorData> data;
+    if (const ir::Tensor *from = options.initializersFrom ? options.initializersFrom->findTensor(init.name()) : nullptr;
+        from && initKind == ir::TensorKind::Const && from->kind() == ir::TensorKind::Const && from->data() &&
+        from->info() == TensorInfo(dataTypeFromOnnx(init.data_type()), shapeFromDims(init.dims())))
+      data = from->data();
+    else
+      data = std::make_shared<TensorData>(tensorFromProto(init, baseDir));
+    ir::Tensor &t = graph->addTensor(init.name(), initKind, data->info());
+    t.setData(std::move(data));
     graph->addInitializer(init.name());
     // The proto's copy is freed now (clear() would keep the capacity), so that the weights are
     // not held twice until the import ends: BERT-mini's peak RSS -29 MB.

@@ -15,6 +15,10 @@ struct ImportOptions {
   bool initializersAsVariables = false;
   /// Run onnx::checker on the model.
   bool check = true;
+  /// Const initializers take their data from this graph's tensor of the same name and info
+  /// (shared, not copied) where it has one: a second import of the same model, as a session's
+  /// recompile does. Nothing writes a Const's data, so the two graphs can share it.
+  const ir::Graph *initializersFrom = nullptr;
 };
 
 /// Loads the model in file \p path; external data is resolved relative to its folder.

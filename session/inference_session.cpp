@@ -38,6 +38,7 @@ struct InferenceSession::Impl {
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
     io.check = options.checkModel;
+    io.initializersFrom = declared.get(); // compiles share the declared model's weights
     return onnx_import::importModelBytes(modelBytes, baseDir, io, sourceName);
   }
 

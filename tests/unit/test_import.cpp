@@ -93,6 +93,45 @@ TEST(Import, RunsAModelFromBytesWithSymbolicBatch) {
   EXPECT_EQ(runRelu(*s, {-1, 2, 3}, {1, 3}), (std::vector<float>{0, 2, 3}));
 }
 
+TEST(Import, ASecondImportSharesTheFirstsConstInitializers) {
+  // y = Relu(x) + c: a session's recompile imports the model again and takes c's data from the
+  // first import instead of a copy; Variables (training) and a c of another shape are not shared.
+  auto model = [](int64_t n) {
+    onnx::ModelProto m = reluModel();
+    auto *g = m.mutable_graph();
+    g->mutable_node(0)->set_output(0, "r");
+    auto *add = g->add_node();
+    add->set_op_type("Add");
+    add->add_input("r");
+    add->add_input("c");
+    add->add_output("y");
+    auto *c = g->add_initializer();
+    c->set_name("c");
+    c->set_data_type(onnx::TensorProto::FLOAT);
+    c->add_dims(n);
+    for (int64_t i = 0; i < n; ++i)
+      c->add_float_data(0.5f * float(i));
+    return m.SerializeAsString();
+  };
+  onnx_import::ImportOptions plain;
+  auto first = onnx_import::importModelBytes(model(3), ".", plain, "m");
+  onnx_import::ImportOptions sharing;
+  sharing.initializersFrom = first.get();
+  auto second = onnx_import::importModelBytes(model(3), ".", sharing, "m");
+  EXPECT_EQ(second->tensor("c").data().get(), first->tensor("c").data().get());
+  auto other = onnx_import::importModelBytes(model(1), ".", sharing, "m");
+  EXPECT_NE(other->tensor("c").data().get(), first->tensor("c").data().get());
+  EXPECT_EQ(other->tensor("c").info().shape(), Shape{1});
+  sharing.initializersAsVariables = true;
+  auto variables = onnx_import::importModelBytes(model(3), ".", sharing, "m");
+  EXPECT_NE(variables->tensor("c").data().get(), first->tensor("c").data().get());
+  EXPECT_EQ(variables->tensor("c").data()->toDoubleVector(), (std::vector<double>{0, 0.5, 1}));
+  // Through a session: a new batch size recompiles on the shared weights.
+  auto s = InferenceSession::createFromOnnxModel(model(3), DataFlow(1, {"y"}));
+  EXPECT_EQ(runRelu(*s, {-1, 2, -3, 4, 5, -6}, {2, 3}), (std::vector<float>{0, 2.5, 1, 4, 5.5, 1}));
+  EXPECT_EQ(runRelu(*s, {-1, 2, 3}, {1, 3}), (std::vector<float>{0, 2.5, 4}));
+}
+
 TEST(Import, MissingFileIsNamed) {
   std::string msg = expectError([] { onnx_import::importModelFile("/nonexistent/model.onnx"); });
   EXPECT_NE(msg.find("'/nonexistent/model.onnx' does not exist"), std::string::npos) << msg;
