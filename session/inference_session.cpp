@@ -85,6 +85,7 @@ struct InferenceSession::Impl {
       ir::foldTransposesIntoMatMul(*g);
       ir::fuseMatMulBias(*g);
       ir::fuseMatMulScale(*g);
+      ir::foldBatchNormIntoConv(*g);
       ir::fuseBatchNormRelu(*g);
       ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
       ir::fuseRelu(*g);

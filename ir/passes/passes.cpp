@@ -720,6 +720,57 @@ int fuseMatMulResidual(Graph &graph) {
   });
 }
 
+int foldBatchNormIntoConv(Graph &graph) {
+  return rewriteAll(graph, [&](Op &bn) {
+    if (!isOnnxOp(&bn, "BatchNormalization") || bn.inputCount() != 5 || !bn.hasOutput(0)) return false;
+    if (bn.attrs.getInt("training_mode", 0) != 0 || bn.attrs.getInt("spatial", 1) == 0) return false;
+    for (size_t i = 1; i < bn.outputs.size(); ++i)
+      if (bn.hasOutput(i)) return false; // running statistics asked for: a training-mode node
+    Op *conv = bn.hasInput(0) ? bn.input(0).producer() : nullptr;
+    if (!isOnnxOp(conv, "Conv") || conv->attrs.has("popart_activation") || conv->attrs.has("popart_pool_kernel") ||
+        conv->attrs.has("popart_residual"))
+      return false;
+    const Tensor &y = conv->output(0);
+    if (y.consumers().size() != 1 || isGraphOutput(graph, y) || y.info().dataType() != DataType::FLOAT) return false;
+    auto constFloats = [](const Op &op, size_t i) -> const TensorData * {
+      if (!op.hasInput(i)) return nullptr;
+      const Tensor &t = op.input(i);
+      return t.kind() == TensorKind::Const && t.data() && t.info().dataType() == DataType::FLOAT ? t.data().get()
+                                                                                                 : nullptr;
+    };
+    const int64_t m = y.info().dim(1);
+    const TensorData *w = constFloats(*conv, 1), *b = conv->hasInput(2) ? constFloats(*conv, 2) : nullptr;
+    if (!w || (conv->hasInput(2) && !b)) return false;
+    std::vector<const TensorData *> p; // scale, B, mean, var
+    for (size_t i = 1; i < 5; ++i) {
+      p.push_back(constFloats(bn, i));
+      if (!p.back() || p.back()->info().shape() != Shape{m}) return false;
+    }
+    // y = (conv - mean) * scale / sqrt(var + eps) + B, per output channel: the factor goes into
+    // W's rows and the rest into the bias.
+    const double eps = bn.attrs.getFloat("epsilon", 1e-5f);
+    const int64_t perChannel = w->info().elementCount() / m;
+    TensorData w2(w->info()), b2(TensorInfo(DataType::FLOAT, {m}));
+    for (int64_t c = 0; c < m; ++c) {
+      const double f = double(p[0]->as<float>()[c]) / std::sqrt(double(p[3]->as<float>()[c]) + eps);
+      for (int64_t k = 0; k < perChannel; ++k)
+        w2.as<float>()[c * perChannel + k] = static_cast<float>(double(w->as<float>()[c * perChannel + k]) * f);
+      const double bias = b ? double(b->as<float>()[c]) : 0.0;
+      b2.as<float>()[c] = static_cast<float>((bias - double(p[2]->as<float>()[c])) * f + double(p[1]->as<float>()[c]));
+    }
+    TensorId wId = graph.uniqueId(bn.output(0).id() + "_folded_weights");
+    TensorId bId = graph.uniqueId(bn.output(0).id() + "_folded_bias");
+    graph.addConst(wId, std::move(w2));
+    graph.addConst(bId, std::move(b2));
+    std::vector<TensorId> ins = inputIds(*conv);
+    ins.resize(3);
+    ins[1] = wId;
+    ins[2] = bId;
+    replacePair(graph, *conv, bn, conv->attrs, ins);
+    return true;
+  });
+}
+
 int fuseConvResidual(Graph &graph) {
   auto conv = [&](const Tensor &t) -> Op * {
     Op *c = t.producer();

@@ -72,6 +72,13 @@ int fuseMatMulBias(Graph &graph);
 /// it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
+/// Inference: a BatchNormalization (running statistics, no training outputs) whose input is a
+/// float Conv's result that nothing else reads, with constant weights, bias and statistics,
+/// folds into that Conv: W'[c] = W[c]·s[c], b'[c] = (b[c] − mean[c])·s[c] + B[c] with
+/// s = scale / √(var + ε), new constants (the originals are not written). Before the other Conv
+/// fusions. Returns how many were folded.
+int foldBatchNormIntoConv(Graph &graph);
+
 /// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum
 /// with a tensor r of the result's shape (a ResNet block's shortcut) adds r itself
 /// (popart_residual = 1, r as input 3 after an optional bias: oneDNN's sum post-op, before a

@@ -1196,6 +1196,70 @@ TEST(FuseMatMulResidual, GemmWithAResidualBecomesAMatMulThatAddsIt) {
   }
 }
 
+TEST(FoldBatchNormIntoConv, FoldedConvolutionMatchesConvThenBatchNorm) {
+  // y = Relu(BatchNormalization(Conv(x, w [, b]))) with constant statistics: the normalisation
+  // goes into new weights and bias; a streamed scale, a second reader of the convolution's
+  // result or a training-mode node (running statistics as outputs) keep the two ops.
+  struct Case {
+    bool bias, streamScale, sharedResult, trainingOutputs;
+    int folds;
+  };
+  for (const Case &c : {Case{true, false, false, false, 1}, Case{false, false, false, false, 1},
+                        Case{true, true, false, false, 0}, Case{true, false, true, false, 0},
+                        Case{true, false, false, true, 0}}) {
+    std::string what = std::string(c.bias ? "bias" : "no bias") + (c.streamScale ? " streamed scale" : "") +
+                       (c.sharedResult ? " shared" : "") + (c.trainingOutputs ? " training outputs" : "");
+    const int64_t ch = 16;
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 14;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 4, 7, 7}));
+      g.addInput("x");
+      std::mt19937 rng(58);
+      g.addConst("w", randomFloats({ch, 4, 3, 3}, rng, -0.3f, 0.3f));
+      g.addConst("b", randomFloats({ch}, rng));
+      if (c.streamScale) {
+        g.addTensor("scale", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {ch}));
+        g.addInput("scale");
+      } else {
+        g.addConst("scale", randomFloats({ch}, rng, 0.5f, 1.5f));
+      }
+      g.addConst("shift", randomFloats({ch}, rng));
+      g.addConst("mean", randomFloats({ch}, rng, -0.2f, 0.2f));
+      g.addConst("var", randomFloats({ch}, rng, 0.5f, 2.f));
+      ir::Attributes pad;
+      pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+      std::vector<TensorId> convIns{"x", "w"};
+      if (c.bias) convIns.push_back("b");
+      g.addOp("Conv", "", 14, "conv", pad, convIns, {"cv"});
+      ir::Attributes bnAttrs;
+      bnAttrs.set("epsilon", 1e-3f);
+      std::vector<TensorId> bnOuts{"n"};
+      if (c.trainingOutputs) {
+        bnAttrs.set("training_mode", int64_t{1});
+        bnOuts = {"n", "rm", "rv"};
+      }
+      g.addOp("BatchNormalization", "", 14, "bn", bnAttrs, {"cv", "scale", "shift", "mean", "var"}, bnOuts);
+      g.addOp("Relu", "", 14, "relu", {}, {"n"}, {"y"});
+      g.addOutput("y");
+      if (c.sharedResult) g.addOutput("cv");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    ASSERT_EQ(ir::foldBatchNormIntoConv(fused), c.folds) << what;
+    if (!c.folds) continue;
+    EXPECT_EQ(ir::fuseRelu(fused), 1) << what;
+    ASSERT_EQ(fused.ops().size(), 1u) << what;
+    std::mt19937 rng(59);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats({2, 4, 7, 7}, rng)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 1e-5f, what);
+  }
+}
+
 TEST(FuseConvResidual, ResidualAddedByTheConvolutionMatchesTheAdd) {
   // y = [Relu](Conv(x, w [, b]) + r), as Add(c, r), Add(r, c) or Sum(c, r): the residual added
   // by the convolution (oneDNN's sum post-op, before the Relu) matches the ops one by one, with
