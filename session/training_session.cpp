@@ -300,15 +300,16 @@ void TrainingSession::Impl::compile() {
   initialValues.clear();
   for (const auto &id : persistentIds()) {
     const TensorData &now = variable(id);
-    const auto size = static_cast<size_t>(now.byteCount());
     const auto *bytes = static_cast<const uint8_t *>(now.data());
+    const auto size = static_cast<size_t>(now.byteCount());
+    const ir::Tensor *inModel = declared->findTensor(id);
     std::shared_ptr<const TensorData> value;
-    if (declared->hasTensor(id))
-      if (const auto &d = declared->tensor(id).data(); d && d->byteCount() == now.byteCount() && (size == 0 || std::memcmp(d->data(), bytes, size) == 0))
-        value = d;
-    if (!value && std::any_of(bytes, bytes + size, [](uint8_t b) { return b != 0; }))
+    if (inModel && inModel->data() && inModel->data()->byteCount() == now.byteCount() &&
+        std::memcmp(inModel->data()->data(), bytes, size) == 0)
+      value = inModel->data();
+    else if (std::any_of(bytes, bytes + size, [](uint8_t b) { return b != 0; }))
       value = std::make_shared<const TensorData>(now);
-    initialValues.emplace(id, std::move(value));
+    initialValues.emplace(id, std::move(value)); // null: all zero
   }
   logging::logger().info("training {} weights of '{}' with {}; {} ops, arena {} bytes", weightIds.size(),
                          model.sourceName, optimizer->name(), plan->stepCount(), plan->memoryPlan().arenaBytes);

@@ -661,12 +661,16 @@ static bool addBeforeReshape(Graph &graph, Op &op) {
   return false;
 }
 
+/// An Add or a two-input Sum of two distinct tensors.
+static bool isTwoInputAdd(const Op *op) {
+  if (!isOnnxOp(op, "Add") && !isOnnxOp(op, "Sum")) return false;
+  return op->inputCount() == 2 && op->hasInput(0) && op->hasInput(1) && &op->input(0) != &op->input(1);
+}
+
 /// An Add or two-input Sum of \p producerOf(one input)'s result and a tensor r of its shape
 /// becomes that producer with popart_residual = 1 and r as input 3 (after an optional bias).
 static bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Tensor &)> &producerOf) {
-  bool sum = isOnnxOp(&op, "Sum");
-  if ((!sum && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1)) return false;
-  if (&op.input(0) == &op.input(1)) return false;
+  if (!isTwoInputAdd(&op)) return false;
   for (size_t side = 0; side < 2; ++side) {
     Op *producer = producerOf(op.input(side));
     const Tensor &residual = op.input(1 - side);
@@ -692,9 +696,7 @@ static bool gemmBeforeResidual(Graph &graph, Op &op) {
   bool bias = op.hasInput(2);
   if (bias && (op.attrs.getFloat("beta", 1.f) != 1.f || op.inInfo(2).shape() != Shape{y.info().dim(1)})) return false;
   const Op *add = y.consumers()[0];
-  if ((!isOnnxOp(add, "Add") && !isOnnxOp(add, "Sum")) || add->inputCount() != 2 || !add->hasInput(0) ||
-      !add->hasInput(1) || &add->input(0) == &add->input(1))
-    return false;
+  if (!isTwoInputAdd(add)) return false;
   const Tensor &other = &add->input(0) == &y ? add->input(1) : add->input(0);
   if (other.info() != y.info() || add->outInfo(0) != y.info()) return false;
   Attributes attrs;
@@ -720,25 +722,30 @@ int fuseMatMulResidual(Graph &graph) {
   });
 }
 
+/// The float Conv that produced \p t, if nothing else reads \p t and the Conv has no fused
+/// pool, activation or residual yet.
+static Op *bareConvOf(const Graph &graph, const Tensor &t) {
+  Op *c = t.producer();
+  if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") ||
+      c->attrs.has("popart_pool_kernel") || c->attrs.has("popart_residual"))
+    return nullptr;
+  if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
+  return c;
+}
+
 int foldBatchNormIntoConv(Graph &graph) {
   return rewriteAll(graph, [&](Op &bn) {
     if (!isOnnxOp(&bn, "BatchNormalization") || bn.inputCount() != 5 || !bn.hasOutput(0)) return false;
     if (bn.attrs.getInt("training_mode", 0) != 0 || bn.attrs.getInt("spatial", 1) == 0) return false;
     for (size_t i = 1; i < bn.outputs.size(); ++i)
       if (bn.hasOutput(i)) return false; // running statistics asked for: a training-mode node
-    Op *conv = bn.hasInput(0) ? bn.input(0).producer() : nullptr;
-    if (!isOnnxOp(conv, "Conv") || conv->attrs.has("popart_activation") || conv->attrs.has("popart_pool_kernel") ||
-        conv->attrs.has("popart_residual"))
-      return false;
-    const Tensor &y = conv->output(0);
-    if (y.consumers().size() != 1 || isGraphOutput(graph, y) || y.info().dataType() != DataType::FLOAT) return false;
+    Op *conv = bn.hasInput(0) ? bareConvOf(graph, bn.input(0)) : nullptr;
+    if (!conv) return false;
     auto constFloats = [](const Op &op, size_t i) -> const TensorData * {
-      if (!op.hasInput(i)) return nullptr;
-      const Tensor &t = op.input(i);
-      return t.kind() == TensorKind::Const && t.data() && t.info().dataType() == DataType::FLOAT ? t.data().get()
-                                                                                                 : nullptr;
+      if (!op.hasInput(i) || !op.input(i).isConst() || op.inInfo(i).dataType() != DataType::FLOAT) return nullptr;
+      return op.input(i).data().get();
     };
-    const int64_t m = y.info().dim(1);
+    const int64_t m = conv->outInfo(0).dim(1);
     const TensorData *w = constFloats(*conv, 1), *b = conv->hasInput(2) ? constFloats(*conv, 2) : nullptr;
     if (!w || (conv->hasInput(2) && !b)) return false;
     std::vector<const TensorData *> p; // scale, B, mean, var
@@ -772,15 +779,9 @@ int foldBatchNormIntoConv(Graph &graph) {
 }
 
 int fuseConvResidual(Graph &graph) {
-  auto conv = [&](const Tensor &t) -> Op * {
-    Op *c = t.producer();
-    if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") ||
-        c->attrs.has("popart_pool_kernel") || c->attrs.has("popart_residual"))
-      return nullptr;
-    if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
-    return c;
-  };
-  return rewriteAll(graph, [&](Op &op) { return foldResidual(graph, op, conv); });
+  return rewriteAll(graph, [&](Op &op) {
+    return foldResidual(graph, op, [&](const Tensor &t) { return bareConvOf(graph, t); });
+  });
 }
 
 int fuseMatMulScale(Graph &graph) {
