@@ -120,6 +120,9 @@ static void freezeNonTrainable(ir::Graph &g) {
   std::vector<ir::Tensor *> stack;
   for (const auto &op : g.ops()) {
     std::vector<int> idx = op->def->valueInputs;
+    if (op->def->valueInputsOf)
+      for (int i : op->def->valueInputsOf(*op))
+        idx.push_back(i);
     if (op->def->allInputsAreValueInputs)
       for (size_t i = 0; i < op->inputCount(); ++i)
         idx.push_back(static_cast<int>(i));
