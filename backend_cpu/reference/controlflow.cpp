@@ -32,14 +32,16 @@ Value valueOf(const void *data, const TensorInfo &staticInfo) {
 
 /// Copies \p src (a tensor of \p info, or a SequenceData) to \p dst, checking a tensor has the
 /// info \p expected that the plan was compiled for.
+/// Errors name \p owner (the op) and \p what (the value); nothing is formatted unless one is thrown.
 void copyValue(const void *src, const TensorInfo &info, void *dst, const TensorInfo &expected,
-               const std::string &what) {
+               const std::string &owner, const char *what, const std::string &name) {
   if (!expected.isTensor()) {
     *static_cast<SequenceData *>(dst) = *static_cast<const SequenceData *>(src);
     return;
   }
   if (info != expected)
-    throw error(what, " is ", info.toString(), " but the plan was compiled for ", expected.toString());
+    throw error(owner, ": ", what, " '", name, "' is ", info.toString(), " but the plan was compiled for ",
+                expected.toString());
   if (info.byteCount()) std::memcpy(dst, src, static_cast<size_t>(info.byteCount()));
 }
 
@@ -105,8 +107,8 @@ public:
     for (size_t i = 0; i < inputs.size(); ++i) {
       const ir::Tensor &t = inst->graph->tensor(inputs[i]);
       if (t.kind() == ir::TensorKind::Const) continue; // baked in
-      copyValue(values[i].data, values[i].info, plan.address(inputs[i]), plan.info(inputs[i]),
-                op_ + ": subgraph '" + attr_ + "' input '" + inputs[i] + "'");
+      copyValue(values[i].data, values[i].info, plan.address(inputs[i]), plan.info(inputs[i]), op_,
+                "subgraph input", inputs[i]);
     }
     plan.run();
     return *inst;
@@ -115,8 +117,7 @@ public:
   /// Copies output \p k of \p inst to \p dst, which holds a value of \p expected.
   void readOutput(Instance &inst, size_t k, void *dst, const TensorInfo &expected) const {
     const TensorId &id = inst.graph->outputs()[k];
-    copyValue(inst.plan->address(id), inst.plan->info(id), dst, expected,
-              op_ + ": output " + std::to_string(k) + " of subgraph '" + attr_ + "'");
+    copyValue(inst.plan->address(id), inst.plan->info(id), dst, expected, op_, "subgraph output", id);
   }
   static const void *outputAddress(Instance &inst, size_t k) { return inst.plan->address(inst.graph->outputs()[k]); }
   static const TensorInfo &outputInfo(Instance &inst, size_t k) { return inst.plan->info(inst.graph->outputs()[k]); }
@@ -153,14 +154,29 @@ private:
 };
 
 /// Values of \p body's inputs: \p formal, then the captured op inputs from \p args.
-std::vector<Value> subgraphValues(const std::vector<int> &sources, const std::vector<TensorInfo> &inInfos,
-                                  const KernelArgs &args, std::vector<Value> formal) {
-  std::vector<Value> values;
+/// Points \p values (one per subgraph input, sized by the caller once) at \p formal, then at the
+/// captured op inputs in \p args. Infos are only assigned when they change (tensors: never), so
+/// binding allocates nothing unless sequences are involved.
+void bindValues(std::vector<Value> &values, const std::vector<int> &sources, const std::vector<TensorInfo> &inInfos,
+                const KernelArgs &args, const std::vector<Value> &formal) {
+  values.resize(sources.size());
   size_t f = 0;
-  for (int s : sources)
-    values.push_back(s < 0 ? formal[f++]
-                           : valueOf(args.inputs[static_cast<size_t>(s)], inInfos[static_cast<size_t>(s)]));
-  return values;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    int s = sources[i];
+    if (s < 0) {
+      const Value &v = formal[f++];
+      values[i].data = v.data;
+      if (values[i].info != v.info) values[i].info = v.info;
+      continue;
+    }
+    const TensorInfo &info = inInfos[static_cast<size_t>(s)];
+    if (info.isTensor()) {
+      values[i].data = args.inputs[static_cast<size_t>(s)];
+      if (values[i].info != info) values[i].info = info;
+    } else {
+      values[i] = valueOf(args.inputs[static_cast<size_t>(s)], info);
+    }
+  }
 }
 
 std::vector<TensorInfo> inputInfos(const ir::Op &op) {
@@ -203,7 +219,9 @@ public:
   void run(const KernelArgs &args) override {
     bool cond = *args.in<bool>(0);
     SubgraphRunner &r = cond ? then_ : else_;
-    auto &inst = r.run(subgraphValues(cond ? thenSources_ : elseSources_, inInfos_, args, {}));
+    std::vector<Value> &values = cond ? thenValues_ : elseValues_;
+    bindValues(values, cond ? thenSources_ : elseSources_, inInfos_, args, noFormal_);
+    auto &inst = r.run(values);
     for (size_t k = 0; k < outInfos_.size(); ++k)
       if (args.hasOutput(k)) r.readOutput(inst, k, args.outputs[k], outInfos_[k]);
   }
@@ -212,6 +230,7 @@ private:
   std::vector<TensorInfo> inInfos_, outInfos_;
   SubgraphRunner then_, else_;
   std::vector<int> thenSources_, elseSources_;
+  std::vector<Value> thenValues_, elseValues_, noFormal_;
 };
 
 class LoopKernel : public Kernel {
@@ -220,8 +239,16 @@ public:
       : name_(op.debugName()), inInfos_(inputInfos(op)), outInfos_(outputInfos(op)),
         carried_(ir::ownInputCount(op) - 2), sources_(ir::subgraphInputSources(op, *op.attrs.getGraph("body"))),
         body_(op, "body", withCaptures(op, "body", formalInfos(op)), bakeIterationAndCond(op)) {
+    state_.reserve(carried_);
     for (size_t i = 0; i < carried_; ++i)
       state_.emplace_back(outInfos_[i]);
+    formal_ = {{&iteration_, TensorInfo(DataType::INT64, {})}, {&cond_, TensorInfo(DataType::BOOL, {})}};
+    for (Slot &s : state_)
+      formal_.push_back(s.value());
+    for (const ir::Tensor *t : op.inputs)
+      inputNames_.push_back(t ? t->id() : "");
+    for (const ir::Tensor *t : op.outputs)
+      outputNames_.push_back(t ? t->id() : "");
   }
 
   void run(const KernelArgs &args) override {
@@ -230,20 +257,21 @@ public:
     bool cond = args.hasInput(1) ? *args.in<bool>(1) : true;
     for (size_t i = 0; i < carried_; ++i) {
       if (!args.hasInput(2 + i)) throw error(name_, ": loop-carried input ", i, " is missing");
-      Value v = valueOf(args.inputs[2 + i], inInfos_[2 + i]);
       Slot &s = state_[i];
       if (s.info.isTensor())
-        copyValue(v.data, v.info, s.data(), s.info, name_ + ": loop-carried value " + std::to_string(i));
+        copyValue(args.inputs[2 + i], inInfos_[2 + i], s.data(), s.info, name_, "loop-carried value",
+                  inputNames_[2 + i]);
       else
-        s.sequence = *static_cast<const SequenceData *>(v.data);
+        s.sequence = *static_cast<const SequenceData *>(args.inputs[2 + i]);
     }
     const size_t scans = outInfos_.size() - carried_;
-    int64_t it = 0;
-    for (; (!hasTrips || it < trips) && cond; ++it) {
-      std::vector<Value> formal{{&it, TensorInfo(DataType::INT64, {})}, {&cond, TensorInfo(DataType::BOOL, {})}};
-      for (Slot &s : state_)
-        formal.push_back(s.value());
-      auto &inst = body_.run(subgraphValues(sources_, inInfos_, args, formal));
+    int64_t &it = iteration_;
+    cond_ = cond;
+    for (it = 0; (!hasTrips || it < trips) && cond_; ++it) {
+      for (size_t i = 0; i < carried_; ++i)
+        if (!state_[i].info.isTensor()) formal_[2 + i] = state_[i].value();
+      bindValues(values_, sources_, inInfos_, args, formal_);
+      auto &inst = body_.run(values_);
       // Read everything before writing: the body's outputs may be its inputs.
       const TensorInfo &condInfo = SubgraphRunner::outputInfo(inst, 0);
       if (condInfo.elementCount() != 1 || condInfo.dataType() != DataType::BOOL)
@@ -262,13 +290,14 @@ public:
           std::memcpy(static_cast<uint8_t *>(args.outputs[carried_ + k]) + it * bytes,
                       SubgraphRunner::outputAddress(inst, 1 + carried_ + k), static_cast<size_t>(bytes));
       }
-      cond = next;
+      cond_ = next;
     }
     if (scans > 0 && it != trips)
       throw error(name_, ": stopped after ", it, " of ", trips,
                   " iterations, but its scan outputs were sized for the trip count");
     for (size_t i = 0; i < carried_; ++i)
-      if (args.hasOutput(i)) copyValue(state_[i].data(), state_[i].info, args.outputs[i], outInfos_[i], name_);
+      if (args.hasOutput(i))
+        copyValue(state_[i].data(), state_[i].info, args.outputs[i], outInfos_[i], name_, "output", outputNames_[i]);
   }
 
 private:
@@ -293,6 +322,10 @@ private:
   std::vector<int> sources_;
   SubgraphRunner body_;
   std::vector<Slot> state_;
+  int64_t iteration_ = 0;
+  bool cond_ = true;
+  std::vector<Value> formal_, values_;
+  std::vector<std::string> inputNames_, outputNames_;
 };
 
 /// Copies slice \p t along \p axis of a tensor of \p shape between \p whole and \p slice
@@ -320,8 +353,20 @@ public:
         sources_(ir::subgraphInputSources(op, *op.attrs.getGraph("body"))),
         body_(op, "body", withCaptures(op, "body", formalInfos(op))) {
     std::vector<TensorInfo> f = formalInfos(op);
+    slots_.reserve(f.size());
     for (const TensorInfo &i : f)
       slots_.emplace_back(i);
+    for (Slot &s : slots_)
+      formal_.push_back(s.value());
+    // Shapes of one batch entry, so that run() copies no Shape.
+    for (size_t j = 0; j < l_.scanInputs; ++j) {
+      inShapes_.push_back(inInfos_[l_.firstState + l_.states + j].shape());
+      if (l_.batched) inShapes_.back().erase(inShapes_.back().begin());
+    }
+    for (size_t k = 0; k < l_.scanOutputs; ++k) {
+      outShapes_.push_back(outInfos_[l_.states + k].shape());
+      if (l_.batched) outShapes_.back().erase(outShapes_.back().begin());
+    }
   }
 
   void run(const KernelArgs &args) override {
@@ -337,24 +382,20 @@ public:
           const TensorInfo &info = inInfos_[in];
           Slot &s = slots_[l_.states + j];
           int64_t step = l_.inputReverse[j] ? l_.length - 1 - t : t;
-          Shape shape = info.shape();
+          const Shape &shape = inShapes_[j];
           int64_t per = info.byteCount() / l_.batch;
-          if (l_.batched) shape.erase(shape.begin());
           copySlice(const_cast<uint8_t *>(args.in<uint8_t>(in)) + b * per, shape, l_.inputAxes[j], step,
                     static_cast<uint8_t *>(s.tensor.data()), dataTypeSize(info.dataType()), true);
         }
-        std::vector<Value> formal;
-        for (Slot &s : slots_)
-          formal.push_back(s.value());
-        auto &inst = body_.run(subgraphValues(sources_, inInfos_, args, formal));
+        bindValues(values_, sources_, inInfos_, args, formal_);
+        auto &inst = body_.run(values_);
         for (size_t i = 0; i < l_.states; ++i)
           body_.readOutput(inst, i, slots_[i].data(), slots_[i].info);
         for (size_t k = 0; k < l_.scanOutputs; ++k) {
           if (!args.hasOutput(l_.states + k)) continue;
           const TensorInfo &out = outInfos_[l_.states + k];
-          Shape shape = out.shape();
+          const Shape &shape = outShapes_[k];
           int64_t per = out.byteCount() / l_.batch;
-          if (l_.batched) shape.erase(shape.begin());
           const TensorInfo &e = SubgraphRunner::outputInfo(inst, l_.states + k);
           if (e.byteCount() * l_.length != per)
             throw error(name_, ": scan output ", k, " is ", e.toString(), ", which does not fit ", out.toString());
@@ -398,6 +439,8 @@ private:
   std::vector<int> sources_;
   SubgraphRunner body_;
   std::vector<Slot> slots_;
+  std::vector<Value> formal_, values_;
+  std::vector<Shape> inShapes_, outShapes_;
 };
 
 class SequenceMapKernel : public Kernel {
@@ -424,7 +467,8 @@ public:
           formal.push_back({t.data(), t.info()});
         }
       }
-      auto &inst = body_.run(subgraphValues(sources_, inInfos_, args, formal));
+      bindValues(values_, sources_, inInfos_, args, formal);
+      auto &inst = body_.run(values_);
       for (size_t k = 0; k < outs.size(); ++k)
         outs[k].items.emplace_back(SubgraphRunner::outputInfo(inst, k), SubgraphRunner::outputAddress(inst, k));
     }
@@ -445,6 +489,7 @@ private:
   size_t own_;
   std::vector<int> sources_;
   SubgraphRunner body_;
+  std::vector<Value> values_;
 };
 
 } // namespace
