@@ -5,10 +5,10 @@
 // infos (and the iteration number and condition) it meets, and each specialisation is compiled
 // once and cached.
 
+#include "ir/ops/controlflow.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
 #include "core/log.hpp"
-#include "ir/ops/controlflow.hpp"
 #include <popart/error.hpp>
 
 #include <cstring>
@@ -33,8 +33,8 @@ Value valueOf(const void *data, const TensorInfo &staticInfo) {
 /// Copies \p src (a tensor of \p info, or a SequenceData) to \p dst, checking a tensor has the
 /// info \p expected that the plan was compiled for.
 /// Errors name \p owner (the op) and \p what (the value); nothing is formatted unless one is thrown.
-void copyValue(const void *src, const TensorInfo &info, void *dst, const TensorInfo &expected,
-               const std::string &owner, const char *what, const std::string &name) {
+void copyValue(const void *src, const TensorInfo &info, void *dst, const TensorInfo &expected, const std::string &owner,
+               const char *what, const std::string &name) {
   if (!expected.isTensor()) {
     *static_cast<SequenceData *>(dst) = *static_cast<const SequenceData *>(src);
     return;
@@ -107,8 +107,8 @@ public:
     for (size_t i = 0; i < inputs.size(); ++i) {
       const ir::Tensor &t = inst->graph->tensor(inputs[i]);
       if (t.kind() == ir::TensorKind::Const) continue; // baked in
-      copyValue(values[i].data, values[i].info, plan.address(inputs[i]), plan.info(inputs[i]), op_,
-                "subgraph input", inputs[i]);
+      copyValue(values[i].data, values[i].info, plan.address(inputs[i]), plan.info(inputs[i]), op_, "subgraph input",
+                inputs[i]);
     }
     plan.run();
     return *inst;
@@ -400,10 +400,12 @@ public:
           if (e.byteCount() * l_.length != per)
             throw error(name_, ": scan output ", k, " is ", e.toString(), ", which does not fit ", out.toString());
           int64_t step = l_.outputReverse[k] ? l_.length - 1 - t : t;
-          int64_t axis = l_.outputAxes[k] < 0 ? l_.outputAxes[k] + static_cast<int64_t>(shape.size()) : l_.outputAxes[k];
-          copySlice(static_cast<uint8_t *>(args.outputs[l_.states + k]) + b * per, shape, axis, step,
-                    const_cast<uint8_t *>(static_cast<const uint8_t *>(SubgraphRunner::outputAddress(inst, l_.states + k))),
-                    dataTypeSize(out.dataType()), false);
+          int64_t axis =
+              l_.outputAxes[k] < 0 ? l_.outputAxes[k] + static_cast<int64_t>(shape.size()) : l_.outputAxes[k];
+          copySlice(
+              static_cast<uint8_t *>(args.outputs[l_.states + k]) + b * per, shape, axis, step,
+              const_cast<uint8_t *>(static_cast<const uint8_t *>(SubgraphRunner::outputAddress(inst, l_.states + k))),
+              dataTypeSize(out.dataType()), false);
         }
       }
       for (size_t i = 0; i < l_.states; ++i) {
@@ -446,8 +448,8 @@ private:
 class SequenceMapKernel : public Kernel {
 public:
   explicit SequenceMapKernel(const ir::Op &op)
-      : name_(op.debugName()), inInfos_(inputInfos(op)), outInfos_(outputInfos(op)),
-        own_(ir::ownInputCount(op)), sources_(ir::subgraphInputSources(op, *op.attrs.getGraph("body"))),
+      : name_(op.debugName()), inInfos_(inputInfos(op)), outInfos_(outputInfos(op)), own_(ir::ownInputCount(op)),
+        sources_(ir::subgraphInputSources(op, *op.attrs.getGraph("body"))),
         body_(op, "body", withCaptures(op, "body", formalInfos(op))) {}
 
   void run(const KernelArgs &args) override {

@@ -213,9 +213,9 @@ bool isSequenceIdentity(const ir::Op &op) { return op.hasInput(0) && !op.inInfo(
 } // namespace
 
 void registerReferenceSequenceKernels(KernelRegistry &r) {
-  for (const char *type : {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt",
-                           "SequenceLength", "SplitToSequence", "ConcatFromSequence", "Optional",
-                           "OptionalHasElement", "OptionalGetElement"})
+  for (const char *type :
+       {"SequenceEmpty", "SequenceConstruct", "SequenceInsert", "SequenceErase", "SequenceAt", "SequenceLength",
+        "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalHasElement", "OptionalGetElement"})
     r.add({"ai.onnx", type, KernelProvider::Reference, nullptr, makeKernel<SequenceKernel>});
   r.add({"ai.onnx", "Identity", KernelProvider::Reference, isSequenceIdentity, makeKernel<SequenceKernel>});
 }

@@ -102,7 +102,7 @@ std::optional<std::vector<TensorInfo>> subgraphOutputInfos(const Op &op, const c
     // An output that is an input of the subgraph has the info that input is given.
     auto in = std::find(body.inputs().begin(), body.inputs().end(), id);
     declared.push_back(in != body.inputs().end() ? infos[static_cast<size_t>(in - body.inputs().begin())]
-                                                  : body.tensor(id).info());
+                                                 : body.tensor(id).info());
   }
   if (std::all_of(declared.begin(), declared.end(), [](const TensorInfo &i) { return i.isKnown(); })) return declared;
   return std::nullopt;
@@ -115,7 +115,7 @@ TensorInfo mergeInfos(const TensorInfo &a, const TensorInfo &b) {
   // A sequence known to be empty says nothing about its elements' shape.
   Shape shape = a.elementsKnown() && a.elements().empty()   ? b.shape()
                 : b.elementsKnown() && b.elements().empty() ? a.shape()
-                                                           : mergeShapes(a.shape(), b.shape());
+                                                            : mergeShapes(a.shape(), b.shape());
   return TensorInfo(a.valueKind(), a.dataType(), shape);
 }
 
@@ -129,8 +129,7 @@ const Graph &requireGraph(const Op &op, const char *attr) {
 
 void requireOutputCount(const Op &op, const char *attr, const Graph &body, size_t expected) {
   if (body.outputs().size() != expected)
-    throw error(op.debugName(), ": subgraph '", attr, "' has ", body.outputs().size(), " outputs, expected ",
-                expected);
+    throw error(op.debugName(), ": subgraph '", attr, "' has ", body.outputs().size(), " outputs, expected ", expected);
 }
 
 void setupIf(Op &op) {

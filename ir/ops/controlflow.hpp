@@ -55,7 +55,7 @@ struct ScanLayout {
   size_t scanOutputs = 0;
   size_t firstState = 0; ///< op input index of the first state (1 for opset 8)
   std::vector<int64_t> inputAxes, inputReverse, outputAxes, outputReverse;
-  int64_t length = 0;    ///< iterations (the scan axis' size)
+  int64_t length = 0; ///< iterations (the scan axis' size)
   int64_t batch = 1;
 };
 ScanLayout scanLayout(const Op &op);

@@ -111,8 +111,8 @@ void setupSequenceLength(Op &op) {
   op.setOutInfo(0, TensorInfo(DataType::INT64, {}));
   if (seq.elementsKnown() && op.hasOutput(0)) { // known from the info alone, as Shape's value is
     op.output(0).setKind(TensorKind::Const);
-    op.output(0).setData(std::make_shared<TensorData>(
-        TensorData::fromInt64({}, {static_cast<int64_t>(seq.elements().size())})));
+    op.output(0).setData(
+        std::make_shared<TensorData>(TensorData::fromInt64({}, {static_cast<int64_t>(seq.elements().size())})));
   }
 }
 
@@ -145,8 +145,7 @@ void setupSplitToSequence(Op &op) {
     int64_t total = 0;
     for (int64_t s : sizes)
       total += s;
-    if (total != len)
-      throw error(op.debugName(), ": split sizes add up to ", total, " but axis ", axis, " has ", len);
+    if (total != len) throw error(op.debugName(), ": split sizes add up to ", total, " but axis ", axis, " has ", len);
     for (int64_t s : sizes)
       e.push_back(piece(s, true));
   } else if (op.inInfo(1).rank() == 1) {

@@ -308,7 +308,8 @@ TEST(Sequences, OptionalHoldsAValueOrNone) {
   g.addOp("OptionalHasElement", "ai.onnx", 15, "", {}, {"o"}, {"has"});
   g.addOp("OptionalGetElement", "ai.onnx", 15, "", {}, {"o"}, {"back"});
   Attributes t;
-  t.set("type", std::vector<int64_t>{static_cast<int64_t>(ValueKind::Tensor), static_cast<int64_t>(DataType::FLOAT), 2});
+  t.set("type",
+        std::vector<int64_t>{static_cast<int64_t>(ValueKind::Tensor), static_cast<int64_t>(DataType::FLOAT), 2});
   g.addOp("Optional", "ai.onnx", 15, "", t, {}, {"none"});
   g.addOp("OptionalHasElement", "ai.onnx", 15, "", {}, {"none"}, {"hasNone"});
   for (const char *o : {"has", "back", "hasNone"})
