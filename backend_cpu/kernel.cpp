@@ -1,5 +1,7 @@
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/ops/controlflow.hpp"
 #include <popart/error.hpp>
 
 #include <mutex>
@@ -34,6 +36,9 @@ void registerBuiltinKernels() {
     KernelRegistry &r = KernelRegistry::instance();
     registerReferenceKernels(r);
     registerDnnlKernels(r);
+    // Subgraph ops fold constants in their subgraphs with the reference kernels too.
+    static ReferenceEvaluator folder(false);
+    ir::setSubgraphFolder(&folder);
   });
 }
 

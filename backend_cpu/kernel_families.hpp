@@ -67,6 +67,8 @@ void registerReferenceTrainingKernels(KernelRegistry &registry);
 void registerReferenceVarUpdateKernels(KernelRegistry &registry);
 void registerReferenceConvGradKernels(KernelRegistry &registry);
 void registerReferenceActGradKernels(KernelRegistry &registry);
+void registerReferenceSequenceKernels(KernelRegistry &registry);
+void registerReferenceControlFlowKernels(KernelRegistry &registry);
 
 /// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
 /// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.

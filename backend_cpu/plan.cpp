@@ -15,7 +15,9 @@ namespace popart::backend_cpu {
 namespace {
 constexpr int64_t kAlignment = 64;
 int64_t alignUp(int64_t v) { return (v + kAlignment - 1) / kAlignment * kAlignment; }
-bool planned(const ir::Tensor &t) { return t.kind() == ir::TensorKind::Stream || t.kind() == ir::TensorKind::ActGrad; }
+bool planned(const ir::Tensor &t) {
+  return (t.kind() == ir::TensorKind::Stream || t.kind() == ir::TensorKind::ActGrad) && t.info().isTensor();
+}
 } // namespace
 
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
@@ -215,7 +217,11 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
   malloc_trim(0);
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
-    if (auto v = shared.find(id); v != shared.end()) {
+    if (!t->info().isTensor()) {
+      // Sequences and optionals live on the host, one object per tensor, owned by the plan.
+      sequences_.push_back(std::make_unique<SequenceData>());
+      addresses_[id] = sequences_.back().get();
+    } else if (auto v = shared.find(id); v != shared.end()) {
       addresses_[id] = arena_.get() + memoryPlan_.offsets.at(v->second);
     } else if (auto a = aliases.find(id); a != aliases.end()) {
       addresses_[id] = graph.tensor(a->second).data()->data();
@@ -479,7 +485,9 @@ double estimateFlops(const ir::Op &op) {
 bool ReferenceEvaluator::canEvaluate(const ir::Op &op) const {
   registerBuiltinKernels();
   for (const ir::Tensor *t : op.outputs)
-    if (t && !t->info().isKnown()) return false;
+    if (t && (!t->info().isKnown() || !t->info().isTensor())) return false;
+  for (const ir::Tensor *t : op.inputs)
+    if (t && !t->info().isTensor()) return false;
   return KernelRegistry::instance().find(op, KernelProvider::Reference) != nullptr;
 }
 

@@ -72,7 +72,8 @@ public:
   /// copied: the plan keeps references to their data.
   ExecutionPlan(const ir::Graph &graph, const CompileOptions &options);
 
-  /// Address of tensor \p id's bytes (arena, constant or variable storage).
+  /// Address of tensor \p id's bytes (arena, constant or variable storage); for a sequence or
+  /// optional, its SequenceData, which the plan owns.
   void *address(const TensorId &id) const;
   const TensorInfo &info(const TensorId &id) const;
   /// The value of a Const or Variable tensor (STRING outputs are only ever constants); null otherwise.
@@ -148,6 +149,7 @@ private:
   std::map<TensorId, void *> addresses_;
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;
+  std::vector<std::unique_ptr<SequenceData>> sequences_; ///< values of sequence and optional tensors
   std::map<TensorId, const TensorData *> constData_;
   MemoryPlan memoryPlan_;
 };
@@ -155,6 +157,11 @@ private:
 /// Evaluates constant ops with the reference kernels, for ir::inferShapes.
 class ReferenceEvaluator : public ir::ConstEvaluator {
 public:
+  /// Registers the kernels first (and so the subgraph folder, ir::setSubgraphFolder), unless
+  /// \p registerKernels is false (the folder itself, made while registering).
+  explicit ReferenceEvaluator(bool registerKernels = true) {
+    if (registerKernels) registerBuiltinKernels();
+  }
   bool canEvaluate(const ir::Op &op) const override;
   std::vector<TensorData> evaluate(const ir::Op &op) const override;
 };

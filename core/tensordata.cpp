@@ -101,4 +101,16 @@ TensorData TensorData::scalarFloat(float value) {
   return t;
 }
 
+TensorInfo SequenceData::info(ValueKind kind, DataType type) const {
+  std::vector<TensorInfo> infos;
+  for (const TensorData &t : items)
+    infos.push_back(t.info());
+  if (kind == ValueKind::OptionalTensor)
+    return TensorInfo(kind, type, items.empty() ? Shape{-1} : items[0].info().shape());
+  TensorInfo seq = sequenceInfoOf(infos, type);
+  TensorInfo out(kind, seq.dataType(), seq.shape());
+  out.setElements(std::move(infos));
+  return out;
+}
+
 } // namespace popart

@@ -59,6 +59,17 @@ private:
   std::vector<std::string> strings_;
 };
 
+/// The value of a sequence or optional at run time (ValueKind other than Tensor): tensors on
+/// the host, outside the activation arena, since their number and shapes may change from run to
+/// run. An execution plan owns one per such tensor; kernels get a pointer to it as their buffer.
+/// An optional tensor holds one item when present; an absent optional holds none.
+struct SequenceData {
+  std::vector<TensorData> items;
+  bool present = true;
+  /// The info of this value as \p kind, with its element list (for specialising subgraphs).
+  TensorInfo info(ValueKind kind, DataType type) const;
+};
+
 /// \returns 64-byte aligned storage of \p bytes bytes (at least one), zero-filled.
 std::unique_ptr<uint8_t, void (*)(uint8_t *)> alignedBytes(size_t bytes);
 

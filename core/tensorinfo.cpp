@@ -40,7 +40,41 @@ int64_t TensorInfo::dim(int64_t i) const {
   return shape_[static_cast<size_t>(i < 0 ? i + r : i)];
 }
 
-std::string TensorInfo::toString() const { return popart::toString(dataType_) + popart::toString(shape_); }
+std::string TensorInfo::toString() const {
+  std::string element = popart::toString(dataType_) + popart::toString(shape_);
+  switch (kind_) {
+  case ValueKind::Tensor: return element;
+  case ValueKind::OptionalTensor: return "optional(" + element + ")";
+  case ValueKind::Sequence:
+  case ValueKind::OptionalSequence: {
+    std::string s = "seq(" + element + (elementsKnown_ ? " x" + std::to_string(elements_.size()) : "") + ")";
+    return kind_ == ValueKind::Sequence ? s : "optional(" + s + ")";
+  }
+  }
+  return element;
+}
+
+void TensorInfo::setElements(std::vector<TensorInfo> elements) {
+  elements_ = std::move(elements);
+  elementsKnown_ = true;
+}
+
+Shape mergeShapes(const Shape &a, const Shape &b) {
+  if (a.size() != b.size()) return {-1};
+  Shape s = a;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (a[i] != b[i]) s[i] = -1;
+  return s;
+}
+
+TensorInfo sequenceInfoOf(const std::vector<TensorInfo> &elements, DataType type) {
+  Shape shape = elements.empty() ? Shape{-1} : elements[0].shape();
+  for (const TensorInfo &e : elements)
+    shape = mergeShapes(shape, e.shape());
+  TensorInfo info(ValueKind::Sequence, elements.empty() ? type : elements[0].dataType(), shape);
+  info.setElements(elements);
+  return info;
+}
 
 std::ostream &operator<<(std::ostream &os, const TensorInfo &info) { return os << info.toString(); }
 std::ostream &operator<<(std::ostream &os, DataType type) { return os << toString(type); }

@@ -1,4 +1,5 @@
 #include "ir/attributes.hpp"
+#include "ir/graph.hpp"
 #include <popart/error.hpp>
 
 #include <sstream>
@@ -67,6 +68,11 @@ std::shared_ptr<TensorData> Attributes::getTensor(const std::string &name) const
   return v ? *v : nullptr;
 }
 
+std::shared_ptr<const Graph> Attributes::getGraph(const std::string &name) const {
+  const auto *v = find<std::shared_ptr<const Graph>>(name);
+  return v ? *v : nullptr;
+}
+
 std::string Attributes::toString() const {
   std::ostringstream os;
   bool first = true;
@@ -83,6 +89,8 @@ std::string Attributes::toString() const {
             os << '"' << v << '"';
           } else if constexpr (std::is_same_v<V, std::shared_ptr<TensorData>>) {
             os << "tensor " << (v ? v->info().toString() : "null");
+          } else if constexpr (std::is_same_v<V, std::shared_ptr<const Graph>>) {
+            os << "graph(" << (v ? v->ops().size() : 0) << " ops)";
           } else {
             os << "[";
             for (size_t i = 0; i < v.size(); ++i)

@@ -13,9 +13,11 @@ namespace popart::ir {
 
 class Graph;
 
-/// One attribute value: int, float, string, tensor, or a list of ints, floats or strings.
+/// One attribute value: int, float, string, tensor, a list of ints, floats or strings, or a
+/// subgraph (If's branches, Loop's and Scan's body). A subgraph is never edited once imported:
+/// ops that need it specialised work on a clone (Graph::clone), so ops may share it.
 using AttributeValue = std::variant<int64_t, float, std::string, std::vector<int64_t>, std::vector<float>,
-                                    std::vector<std::string>, std::shared_ptr<TensorData>>;
+                                    std::vector<std::string>, std::shared_ptr<TensorData>, std::shared_ptr<const Graph>>;
 
 /// The attributes of one op, looked up by name with typed getters.
 class Attributes {
@@ -38,6 +40,8 @@ public:
   std::vector<float> getFloats(const std::string &name) const;
   std::vector<std::string> getStrings(const std::string &name) const;
   std::shared_ptr<TensorData> getTensor(const std::string &name) const;
+  /// The subgraph attribute \p name, or null when absent.
+  std::shared_ptr<const Graph> getGraph(const std::string &name) const;
 
   /// One line, "name=value" pairs, for IR dumps.
   std::string toString() const;

@@ -120,6 +120,38 @@ void Graph::removeOp(Op &op) {
   if (it != ops_.end()) ops_.erase(it);
 }
 
+std::unique_ptr<Graph> Graph::clone() const {
+  auto g = std::make_unique<Graph>();
+  for (const auto &[id, t] : tensors_) {
+    Tensor &c = g->addTensor(id, t->kind(), t->info());
+    c.setData(t->data());
+  }
+  // addOp takes over the copied output tensors (no producer yet), keeping their infos.
+  std::vector<Op *> order;
+  try {
+    order = schedule();
+  } catch (const error &) {
+    for (const auto &op : ops_)
+      order.push_back(op.get());
+  }
+  for (const Op *op : order) {
+    std::vector<TensorId> ins, outs;
+    for (const Tensor *t : op->inputs)
+      ins.push_back(t ? t->id() : "");
+    for (const Tensor *t : op->outputs)
+      outs.push_back(t ? t->id() : "");
+    Op &c = g->addOp(op->type, op->domain, op->version, op->name, op->attrs, ins, outs);
+    c.placement = op->placement;
+    c.phase = op->phase;
+  }
+  g->inputs_ = inputs_;
+  g->outputs_ = outputs_;
+  g->initializers_ = initializers_;
+  g->opsets_ = opsets_;
+  g->nextUniqueId_ = nextUniqueId_;
+  return g;
+}
+
 TensorId Graph::uniqueId(const std::string &prefix) {
   while (true) {
     TensorId id = prefix + "__" + std::to_string(nextUniqueId_++);

@@ -62,6 +62,10 @@ public:
   std::vector<Op *> schedule() const;
   /// Checks every consumed tensor is a graph input, a constant/variable or produced by an op.
   void checkConnected() const;
+  /// A copy of this graph: tensors (Const and Variable data shared, not copied), ops with
+  /// their attributes, inputs, outputs and opsets. Subgraph attributes are shared too (nothing
+  /// edits them). Used to specialise subgraphs for the infos they are run with.
+  std::unique_ptr<Graph> clone() const;
   /// A text dump: inputs, tensors with kinds and infos, ops in schedule order.
   std::string dump() const;
 

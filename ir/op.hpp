@@ -70,6 +70,9 @@ struct OpDef {
   /// Inputs whose values (not only shapes) decide the output shapes: they must be constant
   /// when setup runs, which the session arranges by specialising on fed values.
   std::vector<int> valueInputs;
+  /// Value inputs that depend on the op's attributes (Loop's trip count, when it has scan
+  /// outputs to size); null for none beyond valueInputs.
+  std::vector<int> (*valueInputsOf)(const Op &op) = nullptr;
   /// False for ops that must not be evaluated at compile time (random ops).
   bool foldable = true;
   /// Rewrites an old-opset form into the current one (attributes that became inputs...).

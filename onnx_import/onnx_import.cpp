@@ -9,7 +9,9 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -146,7 +148,14 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   return data;
 }
 
-ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string &baseDir) {
+/// Converts a subgraph attribute; appends the outer-scope tensors it reads to \p captures.
+using SubgraphImporter = std::function<std::shared_ptr<const ir::Graph>(const onnx::GraphProto &,
+                                                                        std::vector<std::string> &captures)>;
+
+TensorInfo infoFromType(const onnx::TypeProto &type, const std::string &name);
+
+ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string &baseDir,
+                                 const SubgraphImporter &subgraph, std::vector<std::string> &captures) {
   ir::Attributes attrs;
   for (const auto &a : node.attribute()) {
     switch (a.type()) {
@@ -163,10 +172,18 @@ ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string 
     case onnx::AttributeProto::TENSOR:
       attrs.set(a.name(), std::make_shared<TensorData>(tensorFromProto(a.t(), baseDir)));
       break;
-    case onnx::AttributeProto::GRAPH:
+    case onnx::AttributeProto::GRAPH: attrs.set(a.name(), subgraph(a.g(), captures)); break;
+    case onnx::AttributeProto::TYPE_PROTO: {
+      // Stored as ints {kind, element type, dims...} (Optional's "type").
+      TensorInfo info = infoFromType(a.tp(), a.name());
+      std::vector<int64_t> v{static_cast<int64_t>(info.valueKind()), static_cast<int64_t>(info.dataType())};
+      v.insert(v.end(), info.shape().begin(), info.shape().end());
+      attrs.set(a.name(), v);
+      break;
+    }
     case onnx::AttributeProto::GRAPHS:
       throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(),
-                  "' is a subgraph; control flow (If, Loop, Scan) is not supported");
+                  "' is a list of subgraphs, which is not supported");
     default:
       throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(), "' has unsupported type ",
                   static_cast<int>(a.type()));
@@ -198,15 +215,117 @@ void canonicalizeConstant(ir::Attributes &attrs, const std::string &nodeName) {
   attrs.set("value", t);
 }
 
-TensorInfo infoFromValueInfo(const onnx::ValueInfoProto &vi) {
-  if (!vi.type().has_tensor_type())
-    throw error("graph input '", vi.name(), "' is not a tensor (sequences, maps and optionals are not supported)");
-  const auto &tt = vi.type().tensor_type();
+TensorInfo infoFromTensorType(const onnx::TypeProto::Tensor &tt) {
   Shape shape;
   if (tt.has_shape())
     for (const auto &d : tt.shape().dim())
       shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
   return TensorInfo(dataTypeFromOnnx(tt.elem_type()), shape);
+}
+
+TensorInfo infoFromType(const onnx::TypeProto &type, const std::string &name) {
+  if (type.has_tensor_type()) return infoFromTensorType(type.tensor_type());
+  auto sequenceOf = [&](const onnx::TypeProto &elem, ValueKind kind) {
+    if (!elem.has_tensor_type())
+      throw error("'", name, "' is a sequence of non-tensors, which is not supported");
+    TensorInfo e = infoFromTensorType(elem.tensor_type());
+    return TensorInfo(kind, e.dataType(), e.shape());
+  };
+  if (type.has_sequence_type()) return sequenceOf(type.sequence_type().elem_type(), ValueKind::Sequence);
+  if (type.has_optional_type()) {
+    const auto &elem = type.optional_type().elem_type();
+    if (elem.has_tensor_type()) {
+      TensorInfo e = infoFromTensorType(elem.tensor_type());
+      return TensorInfo(ValueKind::OptionalTensor, e.dataType(), e.shape());
+    }
+    if (elem.has_sequence_type()) return sequenceOf(elem.sequence_type().elem_type(), ValueKind::OptionalSequence);
+  }
+  throw error("'", name, "' is not a tensor, sequence or optional (maps are not supported)");
+}
+
+TensorInfo infoFromValueInfo(const onnx::ValueInfoProto &vi) { return infoFromType(vi.type(), vi.name()); }
+
+/// Tensors visible to a subgraph: its enclosing graphs' (ONNX's outer scope), innermost first.
+struct Scope {
+  const ir::Graph *graph = nullptr;
+  const Scope *outer = nullptr;
+  const ir::Tensor *find(const std::string &name) const {
+    for (const Scope *s = this; s && s->graph; s = s->outer)
+      if (const ir::Tensor *t = s->graph->findTensor(name)) return t;
+    return nullptr;
+  }
+};
+
+/// Makes \p name usable in \p graph, a subgraph enclosed by \p outer: an outer constant is
+/// shared, anything else becomes a captured input of the subgraph (listed in \p captures).
+void resolveOuterName(ir::Graph &graph, const Scope *outer, const std::string &name,
+                      std::vector<std::string> &captures, const std::string &where) {
+  if (name.empty() || graph.hasTensor(name)) return;
+  const ir::Tensor *t = outer ? outer->find(name) : nullptr;
+  if (!t) throw error(where, ": tensor '", name, "' is not defined in its graph or an enclosing one");
+  if (t->isConst()) {
+    graph.addTensor(name, ir::TensorKind::Const, t->info()).setData(t->data());
+    return;
+  }
+  graph.addTensor(name, ir::TensorKind::Stream, t->info());
+  graph.addInput(name);
+  captures.push_back(name);
+}
+
+/// Adds the nodes of \p g to \p graph. \p outer is null for the main graph; for a subgraph,
+/// names from enclosing graphs are resolved through it and collected in \p captures.
+void addNodes(const onnx::GraphProto &g, ir::Graph &graph, const Scope *outer, const std::string &baseDir,
+              std::vector<std::string> &captures) {
+  Scope here{&graph, outer};
+  SubgraphImporter subgraph = [&](const onnx::GraphProto &sg, std::vector<std::string> &nodeCaptures) {
+    auto sub = std::make_shared<ir::Graph>();
+    sub->opsets() = graph.opsets();
+    for (const auto &init : sg.initializer()) {
+      auto data = std::make_shared<TensorData>(tensorFromProto(init, baseDir));
+      sub->addTensor(init.name(), ir::TensorKind::Const, data->info()).setData(data);
+    }
+    for (const auto &input : sg.input()) {
+      if (sub->hasTensor(input.name())) continue;
+      sub->addTensor(input.name(), ir::TensorKind::Stream, infoFromValueInfo(input));
+      sub->addInput(input.name());
+    }
+    std::vector<std::string> inner;
+    addNodes(sg, *sub, &here, baseDir, inner);
+    for (const auto &output : sg.output()) {
+      resolveOuterName(*sub, &here, output.name(), inner, "subgraph '" + sg.name() + "' output");
+      ir::Tensor &t = sub->tensor(output.name());
+      // Declared types, used when the subgraph's shapes depend on values known only at run time.
+      if (t.producer() && !t.info().isKnown() && output.has_type()) t.setInfo(infoFromValueInfo(output));
+      sub->addOutput(output.name());
+    }
+    for (const auto &name : inner)
+      if (std::find(nodeCaptures.begin(), nodeCaptures.end(), name) == nodeCaptures.end())
+        nodeCaptures.push_back(name);
+    return std::shared_ptr<const ir::Graph>(std::move(sub));
+  };
+  for (const auto &node : g.node()) {
+    std::string domain = ir::canonicalDomain(node.domain());
+    auto it = graph.opsets().find(domain);
+    if (it == graph.opsets().end())
+      throw error("node '", node.name(), "' (", node.op_type(), ") uses domain '", domain,
+                  "', which the model does not import");
+    std::vector<std::string> nodeCaptures;
+    ir::Attributes attrs = convertAttributes(node, baseDir, subgraph, nodeCaptures);
+    if (node.op_type() == "Constant" && domain == "ai.onnx") canonicalizeConstant(attrs, node.name());
+    std::vector<TensorId> ins(node.input().begin(), node.input().end());
+    std::vector<TensorId> outs(node.output().begin(), node.output().end());
+    std::string where = "node '" + node.name() + "' (" + node.op_type() + ")";
+    if (!nodeCaptures.empty()) {
+      // Outer-scope tensors the node's subgraphs read become inputs of the node, so that
+      // scheduling, liveness and dead-code removal see them.
+      attrs.set("popart_captures", nodeCaptures);
+      ins.insert(ins.end(), nodeCaptures.begin(), nodeCaptures.end());
+    }
+    if (outer)
+      for (const auto &name : ins)
+        resolveOuterName(graph, outer, name, captures, where);
+    graph.addOp(node.op_type(), domain, it->second, node.name(), std::move(attrs), ins, outs);
+  }
 }
 
 } // namespace
@@ -265,18 +384,8 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
     graph->addTensor(input.name(), ir::TensorKind::Stream, infoFromValueInfo(input));
     graph->addInput(input.name());
   }
-  for (const auto &node : g.node()) {
-    std::string domain = ir::canonicalDomain(node.domain());
-    auto it = graph->opsets().find(domain);
-    if (it == graph->opsets().end())
-      throw error("node '", node.name(), "' (", node.op_type(), ") uses domain '", domain,
-                  "', which the model does not import");
-    ir::Attributes attrs = convertAttributes(node, baseDir);
-    if (node.op_type() == "Constant" && domain == "ai.onnx") canonicalizeConstant(attrs, node.name());
-    std::vector<TensorId> ins(node.input().begin(), node.input().end());
-    std::vector<TensorId> outs(node.output().begin(), node.output().end());
-    graph->addOp(node.op_type(), domain, it->second, node.name(), std::move(attrs), ins, outs);
-  }
+  std::vector<std::string> noCaptures;
+  addNodes(g, *graph, nullptr, baseDir, noCaptures);
   for (const auto &output : g.output()) {
     if (!graph->hasTensor(output.name())) throw error("graph output '", output.name(), "' is not produced by any node");
     graph->addOutput(output.name());
@@ -301,6 +410,37 @@ TensorData readTensorProtoFile(const std::string &path) {
   } catch (const error &e) {
     throw error("tensor file '", path, "': ", e.what());
   }
+}
+
+namespace {
+SequenceData sequenceFromProto(const onnx::SequenceProto &seq, const std::string &path) {
+  if (seq.elem_type() != onnx::SequenceProto::TENSOR && seq.tensor_values_size() == 0 && seq.elem_type() != 0)
+    throw error("sequence file '", path, "': only sequences of tensors are supported");
+  SequenceData value;
+  for (const auto &t : seq.tensor_values())
+    value.items.push_back(tensorFromProto(t, fs::path(path).parent_path().string()));
+  return value;
+}
+} // namespace
+
+SequenceData readSequenceProtoFile(const std::string &path, ValueKind kind) {
+  std::string bytes = readFile(path, "sequence file");
+  if (kind == ValueKind::Sequence) {
+    onnx::SequenceProto seq;
+    if (!parseProto(seq, bytes)) throw error("file '", path, "' is not a valid serialized SequenceProto");
+    return sequenceFromProto(seq, path);
+  }
+  onnx::OptionalProto opt;
+  if (!parseProto(opt, bytes)) throw error("file '", path, "' is not a valid serialized OptionalProto");
+  SequenceData value;
+  if (opt.has_tensor_value()) {
+    value.items.push_back(tensorFromProto(opt.tensor_value(), fs::path(path).parent_path().string()));
+  } else if (opt.has_sequence_value()) {
+    value = sequenceFromProto(opt.sequence_value(), path);
+  } else {
+    value.present = false;
+  }
+  return value;
 }
 
 std::string serializeTensorProto(const TensorData &data, const std::string &name) {

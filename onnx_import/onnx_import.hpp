@@ -29,6 +29,9 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
                                             const std::string &sourceName = "<bytes>");
 /// Reads a serialized TensorProto file (the ONNX test-data input_<i>.pb format).
 TensorData readTensorProtoFile(const std::string &path);
+/// Reads a serialized SequenceProto (\p kind Sequence) or OptionalProto (OptionalTensor,
+/// OptionalSequence) file, as the ONNX test data stores sequence and optional values.
+SequenceData readSequenceProtoFile(const std::string &path, ValueKind kind);
 /// Serializes \p data as a TensorProto named \p name.
 std::string serializeTensorProto(const TensorData &data, const std::string &name);
 /// The model \p modelBytes with the initializers named in \p values replaced by those values

@@ -149,7 +149,8 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
       throw error("InputShapeInfo names '", id, "', which is not an input of the model");
   // A value input computed from fed inputs (Cast, Add, ...) needs those fed inputs' values.
   for (const auto &[t, use] : ir::shapeDecidingTensors(*m.declared))
-    if (t->kind() == ir::TensorKind::Stream) m.valueInputs.insert(t->id());
+    // A sequence input's element infos are part of what a plan is compiled for already.
+    if (t->kind() == ir::TensorKind::Stream && t->info().isTensor()) m.valueInputs.insert(t->id());
   for (const auto &a : dataFlow.anchors())
     if (!m.declared->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of model '", m.sourceName, "'");
   return s;
@@ -161,7 +162,7 @@ void InferenceSession::prepareDevice() {
   std::map<TensorId, TensorInfo> infos;
   for (const auto &id : m.inputIds) {
     TensorInfo info = m.resolvedInfo(id);
-    if (!info.isKnown()) return; // symbolic dimensions: compiled by the first run
+    if (!info.isKnown() || !info.isTensor()) return; // symbolic dimensions, sequences: compiled by the first run
     infos[id] = info;
   }
   m.compile(infos, {});
@@ -174,8 +175,34 @@ void InferenceSession::run(StepIO &stepio) {
   std::map<TensorId, const IArray *> arrays;
   for (const auto &[id, arr] : stepio.inputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
-      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
+      throw error(
+          "StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
+  for (const auto &[id, value] : stepio.sequenceInputs())
+    if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end() ||
+        m.declared->tensor(id).info().isTensor())
+      throw error("StepIO sequence input '", id, "' is not a sequence or optional input of the model");
   for (const auto &id : m.inputIds) {
+    if (!m.declared->tensor(id).info().isTensor()) {
+      auto seq = stepio.sequenceInputs().find(id);
+      if (seq == stepio.sequenceInputs().end())
+        throw error("sequence input '", id, "' is missing from the StepIO (StepIO::setSequenceInput)");
+      if (bps > 1) throw error("sequence input '", id, "' needs batchesPerStep 1");
+      const TensorInfo &declared = m.declared->tensor(id).info();
+      std::vector<TensorInfo> elements;
+      for (IArray *e : seq->second.elements) {
+        if (e->dataType() != declared.dataType())
+          throw error("sequence input '", id, "' has an element of type ", toString(e->dataType()),
+                      " but the model expects ", toString(declared.dataType()));
+        elements.emplace_back(e->dataType(), e->shape());
+      }
+      if (declared.valueKind() == ValueKind::OptionalTensor && elements.size() != (seq->second.present ? 1u : 0u))
+        throw error("optional input '", id, "' needs one element when present and none otherwise");
+      TensorInfo fed = sequenceInfoOf(elements, declared.dataType());
+      TensorInfo info(declared.valueKind(), declared.dataType(), fed.shape());
+      if (declared.valueKind() != ValueKind::OptionalTensor) info.setElements(elements);
+      infos[id] = info;
+      continue;
+    }
     auto it = stepio.inputs().find(id);
     if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
     IArray &arr = it->second;
@@ -222,6 +249,15 @@ void InferenceSession::run(StepIO &stepio) {
   for (int b = 0; b < bps; ++b) {
     for (const auto &id : m.inputIds) {
       if (m.valueInputs.count(id)) continue;
+      if (!m.plan->info(id).isTensor()) {
+        const SequenceInput &in = stepio.sequenceInputs().at(id);
+        SequenceData value;
+        value.present = in.present;
+        for (IArray *e : in.elements)
+          value.items.emplace_back(TensorInfo(e->dataType(), e->shape()), e->data());
+        *static_cast<SequenceData *>(m.plan->address(id)) = std::move(value);
+        continue;
+      }
       IArray &arr = stepio.inputs().at(id);
       int64_t bytes = m.plan->info(id).byteCount();
       if (bytes == 0) continue;
@@ -251,6 +287,20 @@ TensorInfo InferenceSession::getInfo(const TensorId &id) const {
   if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end())
     return impl_->resolvedInfo(id);
   return impl_->declared->tensor(id).info();
+}
+
+SequenceOutput InferenceSession::getSequenceOutput(const TensorId &id) const {
+  if (!impl_->plan) throw error("getSequenceOutput: the session has not run");
+  if (impl_->plan->info(id).isTensor()) throw error("getSequenceOutput: '", id, "' is a tensor");
+  const auto &value = *static_cast<const SequenceData *>(impl_->plan->address(id));
+  SequenceOutput out;
+  out.present = value.present;
+  for (const TensorData &t : value.items) {
+    out.infos.push_back(t.info());
+    const auto *b = static_cast<const uint8_t *>(t.data());
+    out.bytes.emplace_back(b, b + t.byteCount());
+  }
+  return out;
 }
 
 std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }

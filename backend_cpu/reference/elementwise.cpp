@@ -231,6 +231,7 @@ template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
 }
 
 bool supportsUnary(const ir::Op &op) {
+  if (!op.inInfo(0).isTensor()) return false; // Identity of a sequence: backend_cpu/reference/sequence.cpp
   DataType t = op.inInfo(0).dataType();
   if (t == DataType::STRING || t == DataType::BOOL) return op.type == "Identity";
   if (!isFloatingPoint(t)) {

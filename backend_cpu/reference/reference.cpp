@@ -22,6 +22,8 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceVarUpdateKernels(r);
   registerReferenceConvGradKernels(r);
   registerReferenceActGradKernels(r);
+  registerReferenceSequenceKernels(r);
+  registerReferenceControlFlowKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -36,6 +36,9 @@ public:
   std::vector<TensorId> getOutputIds() const;
   /// Type and shape of tensor \p id (-1 for dimensions not known until the first run).
   TensorInfo getInfo(const TensorId &id) const;
+  /// The value of sequence or optional output \p id after the last run (such outputs are not
+  /// written to StepIO buffers, since their shapes may change from run to run).
+  SequenceOutput getSequenceOutput(const TensorId &id) const;
   /// The IR as text (after compilation if it has happened).
   std::string dumpIr() const;
   /// Bytes of the activation arena of the compiled plan (0 before compilation).

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 #include <type_traits>
 
 namespace popart {
@@ -48,6 +49,20 @@ private:
   Shape shape_;
 };
 
+/// The value of a sequence or optional input (ValueKind other than Tensor): its elements in
+/// order, not owned. An optional tensor has one element; present = false is an empty optional.
+struct SequenceInput {
+  std::vector<IArray *> elements;
+  bool present = true;
+};
+
+/// The value of a sequence or optional output after a run: its elements, copied.
+struct SequenceOutput {
+  bool present = true;
+  std::vector<TensorInfo> infos;
+  std::vector<std::vector<uint8_t>> bytes; ///< each element's row-major bytes
+};
+
 /// The host buffers of one run: inputs by tensor id, and the anchors' output buffers.
 class StepIO {
 public:
@@ -55,10 +70,14 @@ public:
       : inputs_(std::move(inputs)), outputs_(std::move(outputs)) {}
   const std::map<TensorId, IArray &> &inputs() const { return inputs_; }
   const std::map<TensorId, IArray &> &outputs() const { return outputs_; }
+  /// Feeds the sequence or optional input \p id (InferenceSession; batchesPerStep 1).
+  void setSequenceInput(const TensorId &id, SequenceInput value) { sequenceInputs_[id] = std::move(value); }
+  const std::map<TensorId, SequenceInput> &sequenceInputs() const { return sequenceInputs_; }
 
 private:
   std::map<TensorId, IArray &> inputs_;
   std::map<TensorId, IArray &> outputs_;
+  std::map<TensorId, SequenceInput> sequenceInputs_;
 };
 
 /// Host buffers for weights, by tensor id (PopART's WeightsIO): TrainingSession::readWeights

@@ -24,5 +24,7 @@ void registerTrainingOps(OpRegistry &registry);
 void registerVarUpdateOps(OpRegistry &registry);
 void registerConvGradOps(OpRegistry &registry);
 void registerActGradOps(OpRegistry &registry);
+void registerControlFlowOps(OpRegistry &registry);
+void registerSequenceOps(OpRegistry &registry);
 
 } // namespace popart::ir

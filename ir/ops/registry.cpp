@@ -27,6 +27,8 @@ void registerBuiltinOps() {
     registerVarUpdateOps(r);
     registerConvGradOps(r);
     registerActGradOps(r);
+    registerControlFlowOps(r);
+    registerSequenceOps(r);
   });
 }
 

@@ -38,6 +38,9 @@ std::vector<size_t> valueInputIndices(const Op &op) {
   }
   for (int i : op.def->valueInputs)
     idx.push_back(static_cast<size_t>(i));
+  if (op.def->valueInputsOf)
+    for (int i : op.def->valueInputsOf(op))
+      idx.push_back(static_cast<size_t>(i));
   return idx;
 }
 

@@ -34,6 +34,36 @@ bool isUnsupportedMessage(const std::string &m) {
   return false;
 }
 
+bool closeEnough(double w, double g) {
+  if (std::isnan(w) && std::isnan(g)) return true;
+  if (std::isinf(w) && w == g) return true;
+  return std::fabs(g - w) <= 1e-7 + 1e-3 * std::fabs(w);
+}
+
+/// Compares a sequence or optional output with the expected SequenceProto / OptionalProto file.
+bool sameSequence(const fs::path &file, ValueKind kind, const SequenceOutput &got, std::string &detail) {
+  SequenceData want = onnx_import::readSequenceProtoFile(file.string(), kind);
+  if (want.present != got.present || want.items.size() != got.infos.size()) {
+    detail = "expected " + std::to_string(want.items.size()) + " elements" + (want.present ? "" : " (no value)") +
+             ", got " + std::to_string(got.infos.size()) + (got.present ? "" : " (no value)");
+    return false;
+  }
+  for (size_t e = 0; e < want.items.size(); ++e) {
+    if (want.items[e].info() != got.infos[e]) {
+      detail = "element " + std::to_string(e) + ": expected " + want.items[e].info().toString() + ", got " +
+               got.infos[e].toString();
+      return false;
+    }
+    TensorData g(got.infos[e], got.bytes[e].data());
+    for (int64_t k = 0; k < g.info().elementCount(); ++k)
+      if (!closeEnough(want.items[e].valueAsDouble(k), g.valueAsDouble(k))) {
+        detail = "element " + std::to_string(e) + "[" + std::to_string(k) + "] differs";
+        return false;
+      }
+  }
+  return true;
+}
+
 Outcome runTest(const fs::path &dir, std::string &detail) {
   try {
     SessionOptions so;
@@ -49,11 +79,31 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
     for (const auto &set : sets) {
       auto inputIds = session->getInputIds();
       std::vector<TensorData> inputs;
-      for (size_t i = 0; i < inputIds.size(); ++i)
-        inputs.push_back(onnx_import::readTensorProtoFile((set / ("input_" + std::to_string(i) + ".pb")).string()));
+      std::map<TensorId, SequenceData> sequences; // sequence and optional inputs
+      for (size_t i = 0; i < inputIds.size(); ++i) {
+        std::string file = (set / ("input_" + std::to_string(i) + ".pb")).string();
+        ValueKind kind = session->getInfo(inputIds[i]).valueKind();
+        if (kind == ValueKind::Tensor) {
+          inputs.push_back(onnx_import::readTensorProtoFile(file));
+        } else {
+          inputs.emplace_back();
+          sequences[inputIds[i]] = onnx_import::readSequenceProtoFile(file, kind);
+        }
+      }
       std::vector<std::unique_ptr<RawArray>> arrays;
       std::map<TensorId, IArray &> in, out;
+      std::map<TensorId, SequenceInput> sequenceInputs;
+      for (auto &[id, value] : sequences) {
+        SequenceInput si;
+        si.present = value.present;
+        for (TensorData &t : value.items) {
+          arrays.push_back(std::make_unique<RawArray>(t.data(), t.info().dataType(), t.info().shape()));
+          si.elements.push_back(arrays.back().get());
+        }
+        sequenceInputs[id] = si;
+      }
       for (size_t i = 0; i < inputIds.size(); ++i) {
+        if (sequences.count(inputIds[i])) continue;
         // ONNX 1.12's test data stores bfloat16 tensors as UINT16.
         if (inputs[i].info().dataType() == DataType::UINT16 &&
             session->getInfo(inputIds[i]).dataType() == DataType::BFLOAT16)
@@ -64,21 +114,36 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
         in.emplace(inputIds[i], *arrays.back());
       }
       StepIO compileOnly(in, {});
+      for (const auto &[id, si] : sequenceInputs)
+        compileOnly.setSequenceInput(id, si);
       session->run(compileOnly);
       std::vector<TensorData> got;
-      for (const auto &id : outputsIds)
-        got.emplace_back(session->getInfo(id));
+      std::vector<TensorInfo> outInfos;
+      for (const auto &id : outputsIds) {
+        outInfos.push_back(session->getInfo(id));
+        got.emplace_back(outInfos.back().isTensor() ? TensorData(outInfos.back()) : TensorData());
+      }
       for (size_t i = 0; i < outputsIds.size(); ++i) {
+        if (!outInfos[i].isTensor()) continue; // read with getSequenceOutput
         void *data =
             got[i].info().dataType() == DataType::STRING ? static_cast<void *>(got[i].strings().data()) : got[i].data();
         arrays.push_back(std::make_unique<RawArray>(data, got[i].info().dataType(), got[i].info().shape()));
         out.emplace(outputsIds[i], *arrays.back());
       }
       StepIO io(in, out);
+      for (const auto &[id, si] : sequenceInputs)
+        io.setSequenceInput(id, si);
       session->run(io);
       for (size_t i = 0; i < outputsIds.size(); ++i) {
         fs::path p = set / ("output_" + std::to_string(i) + ".pb");
         if (!fs::exists(p)) continue;
+        if (!outInfos[i].isTensor()) {
+          if (!sameSequence(p, outInfos[i].valueKind(), session->getSequenceOutput(outputsIds[i]), detail)) {
+            detail = "output " + outputsIds[i] + ": " + detail;
+            return Outcome::Fail;
+          }
+          continue;
+        }
         TensorData want = onnx_import::readTensorProtoFile(p.string());
         if (want.info().dataType() == DataType::UINT16 && got[i].info().dataType() == DataType::BFLOAT16)
           want.reinterpretAs(DataType::BFLOAT16);
