@@ -1,4 +1,10 @@
-// Recurrent ops: RNN, GRU, LSTM (opsets 7-17, layout attribute from 14).
+// Recurrent ops: RNN, GRU, LSTM (opsets 7-17, layout attribute from 14), and their gradient ops
+// (domain ai.graphcore), created by the autodiff rules of autodiff/rules_rnn.cpp:
+//   LSTMGrad / GRUGrad / RNNGrad(X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c)
+//     -> dX, dW, dR, dB, d_initial_h, d_initial_c
+// with the forward op's attributes. Inputs other than X, W and R and all outputs may be
+// omitted; initial_c and dY_c belong to LSTMGrad only. The grad op recomputes the forward pass
+// (see rules_rnn.cpp for why) and has no sequence_lens, peepholes, clip or activation list.
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
@@ -7,10 +13,12 @@ namespace popart::ir {
 
 namespace {
 
-int64_t gateCount(const std::string &type) { return type == "LSTM" ? 4 : type == "GRU" ? 3 : 1; }
+int64_t gateCount(const std::string &type) {
+  return type.rfind("LSTM", 0) == 0 ? 4 : type.rfind("GRU", 0) == 0 ? 3 : 1;
+}
 
-void setupRecurrent(Op &op) {
-  requireInputCount(op, 3, op.type == "LSTM" ? 8 : 6);
+/// Checks X, W and R (inputs 0-2) and returns the infos of Y and of the states Y_h / Y_c.
+std::pair<TensorInfo, TensorInfo> recurrentInfos(const Op &op) {
   const Shape &x = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &r = op.inInfo(2).shape();
   if (x.size() != 3 || w.size() != 3 || r.size() != 3)
     throw error(op.debugName(), ": X, W and R must be 3-D, got ", toString(x), ", ", toString(w), ", ", toString(r));
@@ -29,10 +37,49 @@ void setupRecurrent(Op &op) {
     throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gates * hidden, ",", hidden,
                 "]");
   DataType t = op.inInfo(0).dataType();
-  op.setOutInfo(0, TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}));
   Shape state = batchFirst ? Shape{batch, dirs, hidden} : Shape{dirs, batch, hidden};
-  op.setOutInfo(1, TensorInfo(t, state));
-  if (op.type == "LSTM") op.setOutInfo(2, TensorInfo(t, state));
+  return {TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}),
+          TensorInfo(t, state)};
+}
+
+void setupRecurrent(Op &op) {
+  requireInputCount(op, 3, op.type == "LSTM" ? 8 : 6);
+  auto [y, state] = recurrentInfos(op);
+  op.setOutInfo(0, y);
+  op.setOutInfo(1, state);
+  if (op.type == "LSTM") op.setOutInfo(2, state);
+}
+
+void setupRecurrentGrad(Op &op) {
+  requireInputCount(op, 3, 9);
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE});
+  auto [y, state] = recurrentInfos(op);
+  bool lstm = op.type == "LSTMGrad";
+  const TensorInfo &w = op.inInfo(1);
+  int64_t dirs = w.dim(0);
+  TensorInfo bias(w.dataType(), Shape{dirs, 2 * w.dim(1)});
+  auto expect = [&](size_t i, const TensorInfo &info, const char *name) {
+    if (op.hasInput(i) && op.inInfo(i) != info)
+      throw error(op.debugName(), ": ", name, " is ", op.inInfo(i).toString(), ", expected ", info.toString());
+  };
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != op.inInfo(0).dataType())
+      throw error(op.debugName(), ": input ", i, " has type ", toString(op.inInfo(i).dataType()), ", expected ",
+                  toString(op.inInfo(0).dataType()));
+  expect(3, bias, "B");
+  expect(4, state, "initial_h");
+  expect(5, state, "initial_c");
+  expect(6, y, "dY");
+  expect(7, state, "dY_h");
+  expect(8, state, "dY_c");
+  if (!lstm && (op.hasInput(5) || op.hasInput(8) || op.hasOutput(5)))
+    throw error(op.debugName(), ": only LSTMGrad has a cell state");
+  op.setOutInfo(0, op.inInfo(0));
+  op.setOutInfo(1, op.inInfo(1));
+  op.setOutInfo(2, op.inInfo(2));
+  op.setOutInfo(3, bias);
+  op.setOutInfo(4, state);
+  if (lstm) op.setOutInfo(5, state);
 }
 
 } // namespace
@@ -40,6 +87,11 @@ void setupRecurrent(Op &op) {
 void registerRnnOps(OpRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"})
     r.add(makeDef(t, 7, 1000, setupRecurrent));
+  for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"}) {
+    OpDef d = makeDef(t, 1, 1000, setupRecurrentGrad);
+    d.domain = "ai.graphcore";
+    r.add(d);
+  }
 }
 
 } // namespace popart::ir
