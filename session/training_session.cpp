@@ -132,6 +132,10 @@ static void freezeNonTrainable(ir::Graph &g) {
     stack.pop_back();
     if (!seen.insert(t).second) continue;
     if (t->kind() == ir::TensorKind::Variable) t->setKind(ir::TensorKind::Const);
+    // Shape and Size read only their input's shape: what produced that input stays trainable
+    // (PyTorch's RNN export sizes initial states by Expand(zeros, Shape(X)) of the layer before).
+    if (ir::Op *p = t->producer(); p && p->domain == "ai.onnx" && (p->type == "Shape" || p->type == "Size"))
+      continue;
     if (ir::Op *p = t->producer())
       for (ir::Tensor *in : p->inputs)
         if (in) stack.push_back(in);
