@@ -16,8 +16,10 @@
 //    one direction and layout 0, X and the states of layout 0 are used in place).
 // supports() builds the kernel once and declines if oneDNN refuses it.
 
+#include "ir/ops/rnn.hpp"
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -69,7 +71,8 @@ Geometry geometryOf(const ir::Op &op) {
 /// What the oneDNN cells compute: default activations, no clip, input_forget, peepholes or
 /// sequence lengths other than a constant full length.
 bool plainCell(const ir::Op &op) {
-  if (!dnnl_util::inputsFloat(op)) return false;
+  for (size_t i = 0; i < std::min<size_t>(op.inputCount(), 9); ++i) // input 9: the grad op's saved state
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
   if (op.attrs.has("clip") || op.attrs.has("activation_alpha") || op.attrs.has("activation_beta")) return false;
   if (op.attrs.getInt("input_forget", 0) != 0) return false;
   bool lstm = op.type.rfind("LSTM", 0) == 0, gru = op.type.rfind("GRU", 0) == 0;
@@ -219,15 +222,35 @@ memory owned(const memory::desc &md) {
   return m;
 }
 
+/// The saved state of a recurrent op (ir::saveRecurrentState) as the oneDNN kernels use it:
+/// a header, oneDNN's workspace, and the two forward results the backward reads besides it
+/// (dst_layer in oneDNN's layout and, for LSTM, dst_iter_c), each at a 64-byte offset.
+struct SavedLayout {
+  int64_t wsBytes = 0, wsOffset = 64, dstOffset = 0, cOffset = 0, total = 0;
+};
+constexpr uint64_t kSavedMagic = 0x6c6e6e726e6e6464ULL; // written by the oneDNN forward only
+
+int64_t round64(int64_t v) { return (v + 63) / 64 * 64; }
+
+SavedLayout savedLayout(const Geometry &g, const rnn_primitive_desc_base &fwdTraining) {
+  SavedLayout s;
+  s.wsBytes = static_cast<int64_t>(fwdTraining.workspace_desc().get_size());
+  s.dstOffset = s.wsOffset + round64(s.wsBytes);
+  s.cOffset = s.dstOffset + round64(4 * g.T * g.N * g.D * g.H);
+  s.total = s.cOffset + (g.cell == Cell::Lstm ? round64(4 * g.D * g.N * g.H) : 0);
+  return s;
+}
+
 /// What both kernels share: geometry, descriptors, the weights and bias in oneDNN's order and
 /// layouts, and the copies between ONNX's layouts and oneDNN's.
 class RecurrentBase : public Kernel {
 protected:
-  RecurrentBase(const ir::Op &op, bool backward)
+  RecurrentBase(const ir::Op &op, bool backward, bool training)
       : g_(geometryOf(op)),
         constWeights_(op.input(1).isConst() && op.input(2).isConst() && (!op.hasInput(3) || op.input(3).isConst())),
-        d_(descsOf(g_, constWeights_ && !backward)) {
-    auto [f, b] = makePds(g_, d_, backward, backward);
+        d_(descsOf(g_, constWeights_ && !backward && !training)) {
+    auto [f, b] = makePds(g_, d_, training || backward, backward);
+    saved_ = savedLayout(g_, f);
     fwdPd_ = f;
     bwdPd_ = b;
     fwd_ = primitive(fwdPd_);
@@ -359,9 +382,23 @@ protected:
   /// Whether a sequence tensor (Y, dY) is oneDNN's layout as it is.
   bool sequenceInPlace() const { return g_.D == 1 && !g_.batchFirst; }
 
+  /// Whether the saved state at \p p holds what this kernel's forward_training wrote.
+  bool savedValid(const void *p) const {
+    const auto *h = static_cast<const uint64_t *>(p);
+    return h[0] == kSavedMagic && h[1] == static_cast<uint64_t>(saved_.wsBytes) &&
+           h[2] == static_cast<uint64_t>(saved_.total);
+  }
+  void markSaved(void *p) const {
+    auto *h = static_cast<uint64_t *>(p);
+    h[0] = kSavedMagic;
+    h[1] = static_cast<uint64_t>(saved_.wsBytes);
+    h[2] = static_cast<uint64_t>(saved_.total);
+  }
+
   Geometry g_;
   bool constWeights_ = false;
   Descs d_;
+  SavedLayout saved_;
   rnn_primitive_desc_base fwdPd_, bwdPd_;
   primitive fwd_, bwd_;
   memory scratch_, userWl_, userWi_, bias_, fwdWl_, fwdWi_, bwdWl_, bwdWi_, xLayer_, xCopy_;
@@ -370,11 +407,30 @@ protected:
   const void *preparedFrom_ = nullptr;
 };
 
-/// LSTM, GRU, RNN forward (inference): X, W, R, B, -, initial_h, initial_c -> Y, Y_h, Y_c.
+/// Runs \p prim with the arguments in \p args (built once, their memories re-pointed per run).
+void runPrimitive(const primitive &prim, const std::vector<std::pair<int, memory *>> &args,
+                  std::vector<dnnl_exec_arg_t> &cache) {
+  if (cache.empty())
+    for (const auto &[arg, mem] : args)
+      cache.push_back({arg, mem->get()});
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(prim.get(), dnnl_util::stream().get(), static_cast<int>(cache.size()), cache.data()),
+      "could not execute a recurrent primitive");
+  dnnl_util::stream().wait();
+}
+
+/// LSTM, GRU, RNN forward: X, W, R, B, -, initial_h, initial_c -> Y, Y_h, Y_c [, saved state].
+/// With a saved-state output it runs forward_training and keeps the workspace, dst_layer and
+/// dst_iter_c there for the grad kernel; else forward_inference.
 class RecurrentKernel : public RecurrentBase {
 public:
-  explicit RecurrentKernel(const ir::Op &op) : RecurrentBase(op, false) {
+  explicit RecurrentKernel(const ir::Op &op)
+      : RecurrentBase(op, false, op.hasOutput(ir::recurrentSavedOutput(op))), savedIndex_(ir::recurrentSavedOutput(op)),
+        keep_(op.hasOutput(savedIndex_)) {
     lstm_ = g_.cell == Cell::Lstm;
+    if (keep_ && op.outInfo(savedIndex_).elementCount() != saved_.total)
+      throw ::popart::error(op.debugName(), ": the saved state has ", op.outInfo(savedIndex_).elementCount(),
+                            " bytes, oneDNN's forward keeps ", saved_.total);
     auto &eng = dnnl_util::engine();
     h0_ = owned(d_.srcIter);
     h0Zero_ = owned(d_.srcIter);
@@ -388,10 +444,19 @@ public:
     yCopy_ = owned(d_.dstLayer);
     h0Arg_ = memory(d_.srcIter, eng, DNNL_MEMORY_NONE);
     hNArg_ = memory(d_.dstIter, eng, DNNL_MEMORY_NONE);
+    if (keep_) ws_ = memory(fwdPd_.workspace_desc(), eng, DNNL_MEMORY_NONE);
+    std::vector<std::pair<int, memory *>> args{{DNNL_ARG_SRC_LAYER, &xLayer_},    {DNNL_ARG_SRC_ITER, &h0Arg_},
+                                               {DNNL_ARG_WEIGHTS_LAYER, &fwdWl_}, {DNNL_ARG_WEIGHTS_ITER, &fwdWi_},
+                                               {DNNL_ARG_BIAS, &bias_},           {DNNL_ARG_DST_LAYER, &y_},
+                                               {DNNL_ARG_DST_ITER, &hNArg_},      {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (lstm_) {
       c0Arg_ = memory(d_.srcIterC, eng, DNNL_MEMORY_NONE);
       cNArg_ = memory(d_.dstIterC, eng, DNNL_MEMORY_NONE);
+      args.push_back({DNNL_ARG_SRC_ITER_C, &c0Arg_});
+      args.push_back({DNNL_ARG_DST_ITER_C, &cNArg_});
     }
+    if (keep_) args.push_back({DNNL_ARG_WORKSPACE, &ws_});
+    args_ = std::move(args);
   }
 
   void run(const KernelArgs &a) override {
@@ -410,56 +475,56 @@ public:
     };
     initial(5, h0Arg_, h0_, h0Zero_);
     if (lstm_) initial(6, c0Arg_, c0_, c0Zero_);
-    bool yDirect = a.hasOutput(0) && sequenceInPlace();
-    y_.set_data_handle(yDirect ? a.outputs[0] : yCopy_.get_data_handle());
-    bool hDirect = a.hasOutput(1) && !g_.batchFirst, cDirect = lstm_ && a.hasOutput(2) && !g_.batchFirst;
+    char *saved = keep_ ? static_cast<char *>(a.outputs[savedIndex_]) : nullptr;
+    // dst_layer and dst_iter_c go where the grad kernel reads them when there is a saved state.
+    bool yDirect = !keep_ && a.hasOutput(0) && sequenceInPlace();
+    y_.set_data_handle(keep_ ? saved + saved_.dstOffset : yDirect ? a.outputs[0] : yCopy_.get_data_handle());
+    bool hDirect = a.hasOutput(1) && !g_.batchFirst, cDirect = !keep_ && lstm_ && a.hasOutput(2) && !g_.batchFirst;
     hNArg_.set_data_handle(hDirect ? a.outputs[1] : hN_.get_data_handle());
-    if (lstm_) cNArg_.set_data_handle(cDirect ? a.outputs[2] : cN_.get_data_handle());
-    if (lstm_)
-      dnnl_util::execute(fwd_, args_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0Arg_},
-                          {DNNL_ARG_SRC_ITER_C, c0Arg_},
-                          {DNNL_ARG_WEIGHTS_LAYER, fwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, fwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hNArg_},
-                          {DNNL_ARG_DST_ITER_C, cNArg_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
-    else
-      dnnl_util::execute(fwd_, args_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0Arg_},
-                          {DNNL_ARG_WEIGHTS_LAYER, fwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, fwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hNArg_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
-    if (a.hasOutput(0) && !yDirect)
-      copySequence(a.out<float>(0), static_cast<float *>(yCopy_.get_data_handle()), false);
+    if (lstm_) cNArg_.set_data_handle(keep_ ? saved + saved_.cOffset : cDirect ? a.outputs[2] : cN_.get_data_handle());
+    if (keep_) ws_.set_data_handle(saved + saved_.wsOffset);
+    runPrimitive(fwd_, args_, cache_);
+    if (a.hasOutput(0) && !yDirect) {
+      auto *from = static_cast<float *>(y_.get_data_handle());
+      if (sequenceInPlace())
+        std::memcpy(a.outputs[0], from, d_.dstLayer.get_size());
+      else
+        copySequence(a.out<float>(0), from, false);
+    }
     if (a.hasOutput(1) && !hDirect) copyState(a.out<float>(1), static_cast<float *>(hN_.get_data_handle()), false);
-    if (lstm_ && a.hasOutput(2) && !cDirect)
-      copyState(a.out<float>(2), static_cast<float *>(cN_.get_data_handle()), false);
+    if (lstm_ && a.hasOutput(2) && !cDirect) {
+      auto *from = static_cast<float *>(cNArg_.get_data_handle());
+      if (!g_.batchFirst)
+        std::memcpy(a.outputs[2], from, d_.dstIterC.get_size());
+      else
+        copyState(a.out<float>(2), from, false);
+    }
+    if (keep_) markSaved(saved);
   }
 
 private:
-  bool lstm_ = false;
-  memory h0_, h0Zero_, hN_, c0_, c0Zero_, cN_, y_, yCopy_, h0Arg_, hNArg_, c0Arg_, cNArg_;
-  std::vector<dnnl_exec_arg_t> args_;
+  size_t savedIndex_;
+  bool keep_ = false, lstm_ = false;
+  memory h0_, h0Zero_, hN_, c0_, c0Zero_, cN_, y_, yCopy_, h0Arg_, hNArg_, c0Arg_, cNArg_, ws_;
+  std::vector<std::pair<int, memory *>> args_;
+  std::vector<dnnl_exec_arg_t> cache_;
 };
 
-/// LSTMGrad, GRUGrad, RNNGrad: X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c -> dX, dW, dR, dB,
-/// d initial_h, d initial_c. Every buffer the primitives see is the kernel's own except X (layout 0).
+/// LSTMGrad, GRUGrad, RNNGrad: X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c [, saved state]
+/// -> dX, dW, dR, dB, d initial_h, d initial_c. With a saved state that the oneDNN forward wrote,
+/// only the backward primitive runs; else forward_training first, into buffers of its own.
 class RecurrentGradKernel : public RecurrentBase {
 public:
-  explicit RecurrentGradKernel(const ir::Op &op) : RecurrentBase(op, true) {
+  explicit RecurrentGradKernel(const ir::Op &op) : RecurrentBase(op, true, true) {
     lstm_ = g_.cell == Cell::Lstm;
-    ws_ = owned(fwdPd_.workspace_desc());
+    savedBytesIn_ = op.hasInput(9) ? op.inInfo(9).elementCount() : 0;
     if (bwdPd_.workspace_desc() != fwdPd_.workspace_desc())
       throw ::popart::error(op.debugName(), ": oneDNN's backward wants another workspace");
-    y_ = owned(d_.dstLayer);
+    auto &eng = dnnl_util::engine();
+    ownWs_ = owned(fwdPd_.workspace_desc());
+    ownY_ = owned(d_.dstLayer);
+    ws_ = memory(fwdPd_.workspace_desc(), eng, DNNL_MEMORY_NONE);
+    y_ = memory(d_.dstLayer, eng, DNNL_MEMORY_NONE);
     h0_ = owned(d_.srcIter);
     hN_ = owned(d_.dstIter);
     dy_ = owned(d_.dstLayer);
@@ -473,15 +538,47 @@ public:
         db_.get_desc() != d_.bias || bwdPd_.diff_src_layer_desc() != d_.srcLayer ||
         bwdPd_.diff_dst_layer_desc() != d_.dstLayer)
       throw ::popart::error(op.debugName(), ": oneDNN chose other layouts for the gradients");
+    std::vector<std::pair<int, memory *>> fwd{
+        {DNNL_ARG_SRC_LAYER, &xLayer_},   {DNNL_ARG_SRC_ITER, &h0_},  {DNNL_ARG_WEIGHTS_LAYER, &fwdWl_},
+        {DNNL_ARG_WEIGHTS_ITER, &fwdWi_}, {DNNL_ARG_BIAS, &bias_},    {DNNL_ARG_DST_LAYER, &y_},
+        {DNNL_ARG_DST_ITER, &hN_},        {DNNL_ARG_WORKSPACE, &ws_}, {DNNL_ARG_SCRATCHPAD, &scratch_}};
+    std::vector<std::pair<int, memory *>> bwd{{DNNL_ARG_SRC_LAYER, &xLayer_},
+                                              {DNNL_ARG_SRC_ITER, &h0_},
+                                              {DNNL_ARG_WEIGHTS_LAYER, &bwdWl_},
+                                              {DNNL_ARG_WEIGHTS_ITER, &bwdWi_},
+                                              {DNNL_ARG_BIAS, &bias_},
+                                              {DNNL_ARG_DST_LAYER, &y_},
+                                              {DNNL_ARG_DST_ITER, &hN_},
+                                              {DNNL_ARG_DIFF_SRC_LAYER, &dx_},
+                                              {DNNL_ARG_DIFF_SRC_ITER, &dh0_},
+                                              {DNNL_ARG_DIFF_WEIGHTS_LAYER, &dwl_},
+                                              {DNNL_ARG_DIFF_WEIGHTS_ITER, &dwi_},
+                                              {DNNL_ARG_DIFF_BIAS, &db_},
+                                              {DNNL_ARG_DIFF_DST_LAYER, &dy_},
+                                              {DNNL_ARG_DIFF_DST_ITER, &dhN_},
+                                              {DNNL_ARG_WORKSPACE, &ws_},
+                                              {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (lstm_) {
       c0_ = owned(d_.srcIterC);
-      cN_ = owned(d_.dstIterC);
+      ownCN_ = owned(d_.dstIterC);
+      cN_ = memory(d_.dstIterC, eng, DNNL_MEMORY_NONE);
       dcN_ = owned(d_.dstIterC);
       dc0_ = owned(d_.srcIterC);
+      fwd.push_back({DNNL_ARG_SRC_ITER_C, &c0_});
+      fwd.push_back({DNNL_ARG_DST_ITER_C, &cN_});
+      bwd.push_back({DNNL_ARG_SRC_ITER_C, &c0_});
+      bwd.push_back({DNNL_ARG_DST_ITER_C, &cN_});
+      bwd.push_back({DNNL_ARG_DIFF_SRC_ITER_C, &dc0_});
+      bwd.push_back({DNNL_ARG_DIFF_DST_ITER_C, &dcN_});
     }
+    fwdArgList_ = std::move(fwd);
+    bwdArgList_ = std::move(bwd);
   }
 
   void run(const KernelArgs &a) override {
+    const char *saved = a.hasInput(9) && savedBytesIn_ == saved_.total && savedValid(a.inputs[9])
+                            ? static_cast<const char *>(a.inputs[9])
+                            : nullptr;
     prepareWeights(a, true);
     prepareX(a);
     auto stateIn = [&](size_t input, memory &to) {
@@ -506,74 +603,22 @@ public:
       std::memcpy(dy, a.inputs[6], d_.dstLayer.get_size());
     else
       copySequence(const_cast<float *>(a.in<float>(6)), dy, true);
-    if (lstm_)
-      dnnl_util::execute(fwd_, fwdArgs_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0_},
-                          {DNNL_ARG_SRC_ITER_C, c0_},
-                          {DNNL_ARG_WEIGHTS_LAYER, fwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, fwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hN_},
-                          {DNNL_ARG_DST_ITER_C, cN_},
-                          {DNNL_ARG_WORKSPACE, ws_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
-    else
-      dnnl_util::execute(fwd_, fwdArgs_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0_},
-                          {DNNL_ARG_WEIGHTS_LAYER, fwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, fwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hN_},
-                          {DNNL_ARG_WORKSPACE, ws_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
+    if (saved) {
+      auto *p = const_cast<char *>(saved);
+      ws_.set_data_handle(p + saved_.wsOffset);
+      y_.set_data_handle(p + saved_.dstOffset);
+      if (lstm_) cN_.set_data_handle(p + saved_.cOffset);
+    } else {
+      ws_.set_data_handle(ownWs_.get_data_handle());
+      y_.set_data_handle(ownY_.get_data_handle());
+      if (lstm_) cN_.set_data_handle(ownCN_.get_data_handle());
+      runPrimitive(fwd_, fwdArgList_, fwdArgs_);
+    }
     // The backward primitive adds into the weight and bias gradients.
     std::memset(dwl_.get_data_handle(), 0, dwl_.get_desc().get_size());
     std::memset(dwi_.get_data_handle(), 0, dwi_.get_desc().get_size());
     std::memset(db_.get_data_handle(), 0, db_.get_desc().get_size());
-    if (lstm_)
-      dnnl_util::execute(bwd_, bwdArgs_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0_},
-                          {DNNL_ARG_SRC_ITER_C, c0_},
-                          {DNNL_ARG_WEIGHTS_LAYER, bwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, bwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hN_},
-                          {DNNL_ARG_DST_ITER_C, cN_},
-                          {DNNL_ARG_DIFF_SRC_LAYER, dx_},
-                          {DNNL_ARG_DIFF_SRC_ITER, dh0_},
-                          {DNNL_ARG_DIFF_SRC_ITER_C, dc0_},
-                          {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl_},
-                          {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi_},
-                          {DNNL_ARG_DIFF_BIAS, db_},
-                          {DNNL_ARG_DIFF_DST_LAYER, dy_},
-                          {DNNL_ARG_DIFF_DST_ITER, dhN_},
-                          {DNNL_ARG_DIFF_DST_ITER_C, dcN_},
-                          {DNNL_ARG_WORKSPACE, ws_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
-    else
-      dnnl_util::execute(bwd_, bwdArgs_,
-                         {{DNNL_ARG_SRC_LAYER, xLayer_},
-                          {DNNL_ARG_SRC_ITER, h0_},
-                          {DNNL_ARG_WEIGHTS_LAYER, bwdWl_},
-                          {DNNL_ARG_WEIGHTS_ITER, bwdWi_},
-                          {DNNL_ARG_BIAS, bias_},
-                          {DNNL_ARG_DST_LAYER, y_},
-                          {DNNL_ARG_DST_ITER, hN_},
-                          {DNNL_ARG_DIFF_SRC_LAYER, dx_},
-                          {DNNL_ARG_DIFF_SRC_ITER, dh0_},
-                          {DNNL_ARG_DIFF_WEIGHTS_LAYER, dwl_},
-                          {DNNL_ARG_DIFF_WEIGHTS_ITER, dwi_},
-                          {DNNL_ARG_DIFF_BIAS, db_},
-                          {DNNL_ARG_DIFF_DST_LAYER, dy_},
-                          {DNNL_ARG_DIFF_DST_ITER, dhN_},
-                          {DNNL_ARG_WORKSPACE, ws_},
-                          {DNNL_ARG_SCRATCHPAD, scratch_}});
+    runPrimitive(bwd_, bwdArgList_, bwdArgs_);
     writeGradients(a);
   }
 
@@ -635,7 +680,9 @@ private:
   }
 
   bool lstm_ = false;
-  memory ws_, y_, h0_, hN_, c0_, cN_, dy_, dhN_, dcN_, dx_, dh0_, dc0_, dwl_, dwi_, db_;
+  int64_t savedBytesIn_ = 0;
+  memory ownWs_, ownY_, ownCN_, ws_, y_, h0_, hN_, c0_, cN_, dy_, dhN_, dcN_, dx_, dh0_, dc0_, dwl_, dwi_, db_;
+  std::vector<std::pair<int, memory *>> fwdArgList_, bwdArgList_;
   std::vector<dnnl_exec_arg_t> fwdArgs_, bwdArgs_;
 };
 
@@ -652,6 +699,17 @@ template <typename K> bool supportsRecurrent(const ir::Op &op) {
 }
 
 } // namespace
+
+int64_t recurrentSavedBytes(const ir::Op &op) {
+  if (op.domain != "ai.onnx" || !plainCell(op)) return 0;
+  try {
+    Geometry g = geometryOf(op);
+    Descs d = descsOf(g, false);
+    return savedLayout(g, makePds(g, d, true, false).first).total;
+  } catch (const dnnl::error &) {
+    return 0;
+  }
+}
 
 void registerDnnlRnnKernels(KernelRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"})

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace popart::backend_cpu {
 
@@ -117,6 +118,9 @@ private:
     T *y = args.hasOutput(0) ? args.out<T>(0) : nullptr;
     T *yh = args.hasOutput(1) ? args.out<T>(1) : nullptr;
     T *yc = args.hasOutput(2) ? args.out<T>(2) : nullptr;
+    // A saved-state output (ir::saveRecurrentState) gets a header that no grad kernel accepts:
+    // they recompute the forward pass.
+    if (size_t saved = kind_ == "LSTM" ? 3 : 2; args.hasOutput(saved)) std::memset(args.outputs[saved], 0, 64);
     int64_t G = gates_ * hidden_;
     for (int64_t d = 0; d < dirs_; ++d) {
       bool reverse = reverseOnly_ || d == 1;

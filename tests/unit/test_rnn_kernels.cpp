@@ -5,10 +5,15 @@
 #include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
+#include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
+#include "ir/ops/rnn.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <random>
 
 using namespace popart;
@@ -117,4 +122,125 @@ TEST(RnnKernels, DnnlDeclinesWhatItDoesNotCompute) {
   op.attrs.erase("clip");
   op.attrs.set("activations", std::vector<std::string>{"Sigmoid", "Relu", "Tanh"});
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, backend_cpu::KernelProvider::Reference);
+}
+
+namespace {
+
+/// The forward op of \p c and its grad op in one graph (all inputs streams, every output a graph
+/// output), with the saved state between them when \p save; fed from \p seed and run with
+/// \p provider. Returns the grad op's outputs (dX, dW, dR, dB, d initial_h [, d initial_c]).
+std::vector<std::vector<float>> runForwardAndGrad(const Config &c, bool save, backend_cpu::KernelProvider provider,
+                                                  unsigned seed, int *saved = nullptr) {
+  std::mt19937 rng(seed);
+  ir::Graph g;
+  ir::Op &fwd = buildOp(g, c, 5, 3, 4, 6, false, rng);
+  std::mt19937 gradRng(seed); // the same output-gradient choice every call
+  ir::Graph scratch;
+  ir::Op &shape = buildOp(scratch, c, 5, 3, 4, 6, true, gradRng);
+  std::vector<TensorId> ins;
+  for (size_t i = 0; i < shape.inputCount(); ++i) {
+    TensorId id = shape.hasInput(i) ? shape.input(i).id() : "";
+    if (!id.empty() && !g.hasTensor(id)) g.addTensor(id, ir::TensorKind::Stream, shape.inInfo(i));
+    ins.push_back(id);
+  }
+  std::vector<TensorId> outs;
+  for (size_t i = 0; i < shape.outputCount(); ++i)
+    outs.push_back(shape.hasOutput(i) ? shape.output(i).id() : "");
+  ir::Attributes a = shape.attrs;
+  a.set("popart_forward", fwd.id);
+  ir::Op &grad = g.addOp(shape.type, "ai.graphcore", 1, "rnn_grad", a, ins, outs);
+  grad.def->setup(grad);
+  for (const auto &[id, t] : g.tensors())
+    if (t->kind() == ir::TensorKind::Stream) g.addInput(id);
+  for (const auto *t : fwd.outputs)
+    if (t) g.addOutput(t->id());
+  for (const auto &o : outs)
+    if (!o.empty()) g.addOutput(o);
+  int n = save ? ir::saveRecurrentState(g, [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); }) : 0;
+  if (saved) *saved = n;
+  backend_cpu::ExecutionPlan plan(g, {provider});
+  std::uniform_real_distribution<float> value(-1, 1);
+  std::mt19937 fill(seed + 1);
+  for (const auto &id : g.inputs()) {
+    auto *p = static_cast<float *>(plan.address(id));
+    for (int64_t k = 0; k < plan.info(id).elementCount(); ++k)
+      p[k] = value(fill);
+  }
+  plan.run();
+  plan.run(); // a second run reads the saved state of its own forward
+  std::vector<std::vector<float>> result;
+  for (const auto &o : outs) {
+    if (o.empty()) continue;
+    const auto *p = static_cast<const float *>(plan.address(o));
+    result.emplace_back(p, p + plan.info(o).elementCount());
+  }
+  return result;
+}
+
+} // namespace
+
+// The oneDNN grad kernels reading the workspace that the oneDNN forward kept (ir::saveRecurrentState)
+// give what the reference kernels give.
+TEST(RnnKernels, SavedStateMatchesRecomputation) {
+  backend_cpu::registerBuiltinKernels();
+  unsigned seed = 10;
+  for (Config c : {Config{"LSTM", 0, "bidirectional", 0, true, true}, Config{"LSTM", 0, "forward", 1, true, true},
+                   Config{"GRU", 1, "reverse", 0, true, false}, Config{"GRU", 0, "bidirectional", 1, false, true},
+                   Config{"RNN", 0, "forward", 0, true, true}}) {
+    SCOPED_TRACE(describe(c, {5, 3, 4, 6}));
+    int saved = 0;
+    auto fast = runForwardAndGrad(c, true, backend_cpu::KernelProvider::Any, seed, &saved);
+    EXPECT_EQ(saved, 1);
+    auto ref = runForwardAndGrad(c, false, backend_cpu::KernelProvider::Reference, seed);
+    // Reference kernels given a saved state: the forward marks it unusable, the grad recomputes.
+    auto refSaved = runForwardAndGrad(c, true, backend_cpu::KernelProvider::Reference, seed);
+    ASSERT_EQ(fast.size(), ref.size());
+    for (size_t i = 0; i < ref.size(); ++i)
+      for (size_t k = 0; k < ref[i].size(); ++k) {
+        ASSERT_NEAR(fast[i][k], ref[i][k], 1e-4 * (1 + std::fabs(ref[i][k]))) << "output " << i << "[" << k << "]";
+        ASSERT_EQ(refSaved[i][k], ref[i][k]) << "output " << i << "[" << k << "]";
+      }
+    ++seed;
+  }
+}
+
+// A oneDNN grad kernel given a saved state that the oneDNN forward did not write (a reference
+// forward zeroes its header) recomputes the forward pass.
+TEST(RnnKernels, DnnlGradRecomputesWithoutItsWorkspace) {
+  backend_cpu::registerBuiltinKernels();
+  std::mt19937 rng(20);
+  ir::Graph g, forwardGraph;
+  Config c{"LSTM", 0, "bidirectional", 0, true, true};
+  ir::Op &fwd = buildOp(forwardGraph, c, 4, 2, 3, 5, false, rng);
+  ir::Op &grad = buildOp(g, c, 4, 2, 3, 5, true, rng);
+  int64_t bytes = backend_cpu::recurrentSavedBytes(fwd);
+  ASSERT_GT(bytes, 64);
+  g.addTensor("saved", ir::TensorKind::Stream, TensorInfo(DataType::UINT8, {bytes}));
+  g.setOpInput(grad, 9, &g.tensor("saved"));
+  grad.def->setup(grad);
+  std::vector<TensorData> inputs;
+  std::vector<const void *> in;
+  std::uniform_real_distribution<float> value(-1, 1);
+  for (size_t i = 0; i < grad.inputCount(); ++i) {
+    inputs.emplace_back(grad.hasInput(i) ? grad.inInfo(i) : TensorInfo(DataType::FLOAT, {0}));
+    if (i < 9)
+      for (int64_t k = 0; k < inputs.back().info().elementCount(); ++k)
+        inputs.back().as<float>()[k] = value(rng);
+    in.push_back(grad.hasInput(i) ? inputs.back().data() : nullptr);
+  }
+  std::memset(inputs[9].data(), 0, static_cast<size_t>(bytes)); // no header: garbage otherwise
+  std::vector<TensorData> ref, out;
+  std::vector<void *> refp, outp;
+  for (size_t i = 0; i < grad.outputCount(); ++i) {
+    ref.emplace_back(grad.outInfo(i));
+    out.emplace_back(grad.outInfo(i));
+    refp.push_back(ref.back().data());
+    outp.push_back(out.back().data());
+  }
+  backend_cpu::createKernel(grad, backend_cpu::KernelProvider::Reference)
+      ->run({in.data(), in.size(), refp.data(), refp.size()});
+  backend_cpu::createKernel(grad, backend_cpu::KernelProvider::Dnnl)
+      ->run({in.data(), in.size(), outp.data(), outp.size()});
+  for (size_t i = 0; i < grad.outputCount(); ++i)
+    EXPECT_LT(kernel_compare::maxRelDiff(out[i], ref[i]), 1e-4) << "output " << i;
 }
