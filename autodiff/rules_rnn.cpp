@@ -9,8 +9,8 @@
 // the backend size a saved-state output of the forward op (ir::saveRecurrentState, attribute
 // popart_forward links the two ops) with contents the kernels define: the oneDNN forward writes
 // its workspace there and the oneDNN grad kernel skips the recomputation when it finds it (a
-// header says who wrote it). A step of a 2-layer LSTM (hidden 256, 64 steps, batch 32) went
-// from 115 to about 83 ms.
+// header says who wrote it). bench/compare's 2-layer LSTM (hidden 256, 64 steps, batch 32, one
+// thread, on a loaded machine): best step 90 ms with the saved state, 130 ms recomputing.
 //
 // Training supports what PyTorch's export writes: default activations, no clip, no input_forget,
 // no peepholes, and sequence_lens only when it is a constant holding the full length everywhere.
