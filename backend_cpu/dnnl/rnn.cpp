@@ -71,8 +71,9 @@ Geometry geometryOf(const ir::Op &op) {
 /// What the oneDNN cells compute: default activations, no clip, input_forget, peepholes or
 /// sequence lengths other than a constant full length.
 bool plainCell(const ir::Op &op) {
-  for (size_t i = 0; i < std::min<size_t>(op.inputCount(), 9); ++i) // input 9: the grad op's saved state
-    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  bool grad = op.domain == "ai.graphcore";
+  for (size_t i = 0; i < std::min<size_t>(op.inputCount(), 9); ++i) // the grad op's input 9: its saved state
+    if (op.hasInput(i) && (grad || i != 4) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
   if (op.attrs.has("clip") || op.attrs.has("activation_alpha") || op.attrs.has("activation_beta")) return false;
   if (op.attrs.getInt("input_forget", 0) != 0) return false;
   bool lstm = op.type.rfind("LSTM", 0) == 0, gru = op.type.rfind("GRU", 0) == 0;

@@ -122,6 +122,15 @@ TEST(RnnKernels, DnnlDeclinesWhatItDoesNotCompute) {
   op.attrs.erase("clip");
   op.attrs.set("activations", std::vector<std::string>{"Sigmoid", "Relu", "Tanh"});
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, backend_cpu::KernelProvider::Reference);
+  op.attrs.erase("activations");
+  // sequence_lens: a constant full length is the plain sequence; anything else is not.
+  for (int32_t last : {3, 2}) {
+    TensorId id = "lens" + std::to_string(last);
+    g.addConst(id, TensorData::fromDoubles(DataType::INT32, {2}, {3.0, static_cast<double>(last)}));
+    g.setOpInput(op, 4, &g.tensor(id));
+    EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider,
+              last == 3 ? backend_cpu::KernelProvider::Dnnl : backend_cpu::KernelProvider::Reference);
+  }
 }
 
 namespace {
