@@ -11,6 +11,7 @@
 namespace popart::autodiff {
 
 void registerConvRules(std::map<std::string, GradRule> &rules);
+void registerRnnRules(std::map<std::string, GradRule> &rules);
 
 namespace {
 
@@ -31,6 +32,7 @@ void registerBuiltinRules() {
     registerShapeRules(gradRules());
     registerLossNormRules(gradRules());
     registerConvRules(gradRules());
+    registerRnnRules(gradRules());
   });
 }
 

@@ -70,6 +70,11 @@ void registerReferenceActGradKernels(KernelRegistry &registry);
 void registerReferenceSequenceKernels(KernelRegistry &registry);
 void registerReferenceControlFlowKernels(KernelRegistry &registry);
 
+/// Bytes of the saved state (ir::saveRecurrentState) through which the oneDNN kernels of LSTM,
+/// GRU or RNN op \p op and of its grad op pass the forward's workspace; 0 if oneDNN does not
+/// take the op.
+int64_t recurrentSavedBytes(const ir::Op &op);
+
 /// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
 /// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.
 bool tiledMaxPoolGrad(const ir::Op &op);

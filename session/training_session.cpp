@@ -2,8 +2,10 @@
 // optimiser update ops, one execution plan run phase by phase; checkpoints and weight I/O.
 
 #include "autodiff/autodiff.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
 #include "core/log.hpp"
+#include "ir/ops/rnn.hpp"
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "optimizer/apply.hpp"
@@ -411,6 +413,10 @@ void TrainingSession::Impl::compile() {
     ir::fuseMatMulResidual(*g); // last of the MatMul fusions, which cannot follow it
     ir::fuseLossGradClassSums(*g);
     ir::fuseLossWithGradient(*g);
+    // Recurrent ops keep oneDNN's workspace for their grad ops instead of the grad ops
+    // recomputing the forward pass.
+    if (options.kernels != "reference")
+      ir::saveRecurrentState(*g, [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); });
   }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);

@@ -13,6 +13,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlConvGradKernels(r);
   registerDnnlActGradKernels(r);
   registerDnnlTransposeKernels(r);
+  registerDnnlRnnKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -14,5 +14,6 @@ void registerDnnlReduceKernels(KernelRegistry &registry);
 void registerDnnlConvGradKernels(KernelRegistry &registry);
 void registerDnnlActGradKernels(KernelRegistry &registry);
 void registerDnnlTransposeKernels(KernelRegistry &registry);
+void registerDnnlRnnKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

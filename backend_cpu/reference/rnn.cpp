@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace popart::backend_cpu {
 
@@ -117,6 +118,9 @@ private:
     T *y = args.hasOutput(0) ? args.out<T>(0) : nullptr;
     T *yh = args.hasOutput(1) ? args.out<T>(1) : nullptr;
     T *yc = args.hasOutput(2) ? args.out<T>(2) : nullptr;
+    // A saved-state output (ir::saveRecurrentState) gets a header that no grad kernel accepts:
+    // they recompute the forward pass.
+    if (size_t saved = kind_ == "LSTM" ? 3 : 2; args.hasOutput(saved)) std::memset(args.outputs[saved], 0, 64);
     int64_t G = gates_ * hidden_;
     for (int64_t d = 0; d < dirs_; ++d) {
       bool reverse = reverseOnly_ || d == 1;
@@ -134,8 +138,8 @@ private:
         double *h = h_.data() + b * hidden_;
         double *c = c_.data() + b * hidden_;
         for (int64_t j = 0; j < hidden_; ++j) {
-          h[j] = h0 ? load(h0, (d * batch_ + b) * hidden_ + j) : 0.0;
-          c[j] = c0 ? load(c0, (d * batch_ + b) * hidden_ + j) : 0.0;
+          h[j] = h0 ? load(h0, stateIndex(d, b, j)) : 0.0;
+          c[j] = c0 ? load(c0, stateIndex(d, b, j)) : 0.0;
         }
         for (int64_t step = 0; step < seq_; ++step) {
           int64_t t = reverse ? len - 1 - step : step;
@@ -230,11 +234,265 @@ private:
   std::vector<double> h_, c_, gatesBuf_, hNew_;
 };
 
+/// LSTMGrad, GRUGrad and RNNGrad (ir/ops/rnn.cpp): per direction and batch row, the forward pass
+/// again (default activations, no clip), keeping each step's previous state and gate
+/// activations, then back through time. Sums in double.
+class RecurrentGradKernel : public Kernel {
+public:
+  explicit RecurrentGradKernel(const ir::Op &op) : type_(op.inInfo(0).dataType()) {
+    kind_ = op.type == "LSTMGrad" ? Kind::Lstm : op.type == "GRUGrad" ? Kind::Gru : Kind::Rnn;
+    const Shape &x = op.inInfo(0).shape();
+    batchFirst_ = op.attrs.getInt("layout", 0) != 0;
+    seq_ = batchFirst_ ? x[1] : x[0];
+    batch_ = batchFirst_ ? x[0] : x[1];
+    input_ = x[2];
+    std::string direction = op.attrs.getString("direction", "forward");
+    dirs_ = direction == "bidirectional" ? 2 : 1;
+    reverseOnly_ = direction == "reverse";
+    hidden_ = op.inInfo(2).dim(2);
+    gates_ = kind_ == Kind::Lstm ? 4 : kind_ == Kind::Gru ? 3 : 1;
+    linearBeforeReset_ = op.attrs.getInt("linear_before_reset", 0) != 0;
+    size_t G = static_cast<size_t>(gates_ * hidden_), H = static_cast<size_t>(hidden_), T = static_cast<size_t>(seq_);
+    w_.resize(static_cast<size_t>(dirs_) * G * static_cast<size_t>(input_));
+    r_.resize(static_cast<size_t>(dirs_) * G * H);
+    b_.assign(static_cast<size_t>(dirs_) * 2 * G, 0.0);
+    dw_.resize(w_.size());
+    dr_.resize(r_.size());
+    db_.resize(b_.size());
+    dx_.resize(static_cast<size_t>(shapeElementCount(x)));
+    hs_.resize((T + 1) * H);
+    cs_.resize((T + 1) * H);
+    acts_.resize(T * G);
+    lin_.resize(T * H);
+    xt_.resize(static_cast<size_t>(input_));
+    dh_.resize(H);
+    dc_.resize(H);
+    da_.resize(G);
+    dq_.resize(H);
+  }
+
+  void run(const KernelArgs &args) override {
+    dispatchFloat(type_, "RecurrentGrad", [&](auto tag) { runTyped<typename decltype(tag)::type>(args); });
+  }
+
+private:
+  enum class Kind { Lstm, Gru, Rnn };
+  static double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
+
+  int64_t xIndex(int64_t t, int64_t b, int64_t i) const {
+    return batchFirst_ ? (b * seq_ + t) * input_ + i : (t * batch_ + b) * input_ + i;
+  }
+  int64_t yIndex(int64_t t, int64_t d, int64_t b, int64_t j) const {
+    return batchFirst_ ? ((b * seq_ + t) * dirs_ + d) * hidden_ + j : ((t * dirs_ + d) * batch_ + b) * hidden_ + j;
+  }
+  int64_t stateIndex(int64_t d, int64_t b, int64_t j) const {
+    return batchFirst_ ? (b * dirs_ + d) * hidden_ + j : (d * batch_ + b) * hidden_ + j;
+  }
+
+  template <typename T> void runTyped(const KernelArgs &args) {
+    auto load = [](const T *p, size_t n, std::vector<double> &to) {
+      for (size_t i = 0; i < n; ++i)
+        to[i] = static_cast<double>(p[i]);
+    };
+    load(args.in<T>(1), w_.size(), w_);
+    load(args.in<T>(2), r_.size(), r_);
+    if (args.hasInput(3)) load(args.in<T>(3), b_.size(), b_);
+    const T *x = args.in<T>(0);
+    const T *h0 = args.hasInput(4) ? args.in<T>(4) : nullptr;
+    const T *c0 = args.hasInput(5) ? args.in<T>(5) : nullptr;
+    const T *dy = args.hasInput(6) ? args.in<T>(6) : nullptr;
+    const T *dyh = args.hasInput(7) ? args.in<T>(7) : nullptr;
+    const T *dyc = args.hasInput(8) ? args.in<T>(8) : nullptr;
+    T *dh0 = args.hasOutput(4) ? args.out<T>(4) : nullptr;
+    T *dc0 = args.hasOutput(5) ? args.out<T>(5) : nullptr;
+    std::fill(dw_.begin(), dw_.end(), 0.0);
+    std::fill(dr_.begin(), dr_.end(), 0.0);
+    std::fill(db_.begin(), db_.end(), 0.0);
+    std::fill(dx_.begin(), dx_.end(), 0.0);
+    const int64_t H = hidden_, G = gates_ * hidden_, I = input_;
+    for (int64_t d = 0; d < dirs_; ++d) {
+      bool reverse = reverseOnly_ || d == 1;
+      const double *w = w_.data() + d * G * I, *r = r_.data() + d * G * H, *wb = b_.data() + d * 2 * G, *rb = wb + G;
+      double *dw = dw_.data() + d * G * I, *dr = dr_.data() + d * G * H, *dwb = db_.data() + d * 2 * G, *drb = dwb + G;
+      for (int64_t b = 0; b < batch_; ++b) {
+        // Forward: hs_[s] / cs_[s] are the states before step s, acts_[s] the gate activations.
+        for (int64_t j = 0; j < H; ++j) {
+          hs_[static_cast<size_t>(j)] = h0 ? static_cast<double>(h0[stateIndex(d, b, j)]) : 0.0;
+          cs_[static_cast<size_t>(j)] = c0 ? static_cast<double>(c0[stateIndex(d, b, j)]) : 0.0;
+        }
+        for (int64_t s = 0; s < seq_; ++s) {
+          int64_t t = reverse ? seq_ - 1 - s : s;
+          for (int64_t i = 0; i < I; ++i)
+            xt_[static_cast<size_t>(i)] = static_cast<double>(x[xIndex(t, b, i)]);
+          const double *h = &hs_[static_cast<size_t>(s * H)];
+          double *a = &acts_[static_cast<size_t>(s * G)];
+          for (int64_t g = 0; g < G; ++g) {
+            double acc = wb[g];
+            for (int64_t i = 0; i < I; ++i)
+              acc += w[g * I + i] * xt_[static_cast<size_t>(i)];
+            if (kind_ != Kind::Gru || g < 2 * H) {
+              acc += rb[g];
+              for (int64_t k = 0; k < H; ++k)
+                acc += r[g * H + k] * h[k];
+            }
+            a[g] = acc;
+          }
+          double *hn = &hs_[static_cast<size_t>((s + 1) * H)];
+          if (kind_ == Kind::Rnn) {
+            for (int64_t j = 0; j < H; ++j)
+              hn[j] = a[j] = std::tanh(a[j]);
+          } else if (kind_ == Kind::Gru) {
+            for (int64_t j = 0; j < 2 * H; ++j)
+              a[j] = sigmoid(a[j]);
+            double *lin = &lin_[static_cast<size_t>(s * H)];
+            for (int64_t j = 0; j < H; ++j) {
+              int64_t g = 2 * H + j;
+              double acc = rb[g];
+              for (int64_t k = 0; k < H; ++k)
+                acc += r[g * H + k] * (linearBeforeReset_ ? h[k] : a[H + k] * h[k]);
+              lin[j] = acc;
+            }
+            for (int64_t j = 0; j < H; ++j) {
+              double z = a[j], rr = a[H + j];
+              double n = std::tanh(a[2 * H + j] + (linearBeforeReset_ ? rr * lin[j] : lin[j]));
+              a[2 * H + j] = n;
+              hn[j] = (1 - z) * n + z * h[j];
+            }
+          } else {
+            const double *c = &cs_[static_cast<size_t>(s * H)];
+            double *cn = &cs_[static_cast<size_t>((s + 1) * H)];
+            for (int64_t j = 0; j < H; ++j) {
+              double gi = sigmoid(a[j]), go = sigmoid(a[H + j]), gf = sigmoid(a[2 * H + j]),
+                     gc = std::tanh(a[3 * H + j]);
+              a[j] = gi;
+              a[H + j] = go;
+              a[2 * H + j] = gf;
+              a[3 * H + j] = gc;
+              cn[j] = gf * c[j] + gi * gc;
+              hn[j] = go * std::tanh(cn[j]);
+            }
+          }
+        }
+        // Backward through time.
+        for (int64_t j = 0; j < H; ++j) {
+          dh_[static_cast<size_t>(j)] = dyh ? static_cast<double>(dyh[stateIndex(d, b, j)]) : 0.0;
+          dc_[static_cast<size_t>(j)] = dyc ? static_cast<double>(dyc[stateIndex(d, b, j)]) : 0.0;
+        }
+        for (int64_t s = seq_ - 1; s >= 0; --s) {
+          int64_t t = reverse ? seq_ - 1 - s : s;
+          if (dy)
+            for (int64_t j = 0; j < H; ++j)
+              dh_[static_cast<size_t>(j)] += static_cast<double>(dy[yIndex(t, d, b, j)]);
+          const double *h = &hs_[static_cast<size_t>(s * H)];
+          const double *a = &acts_[static_cast<size_t>(s * G)];
+          double *da = da_.data();
+          // da: gradients of the pre-activations; dq_: of what R multiplies in the GRU's hidden gate.
+          if (kind_ == Kind::Rnn) {
+            for (int64_t j = 0; j < H; ++j)
+              da[j] = dh_[static_cast<size_t>(j)] * (1 - a[j] * a[j]);
+            std::fill(dh_.begin(), dh_.end(), 0.0);
+          } else if (kind_ == Kind::Gru) {
+            const double *lin = &lin_[static_cast<size_t>(s * H)];
+            for (int64_t j = 0; j < H; ++j) {
+              double z = a[j], rr = a[H + j], n = a[2 * H + j], g = dh_[static_cast<size_t>(j)];
+              double dn = g * (1 - z) * (1 - n * n);
+              da[j] = g * (h[j] - n) * z * (1 - z);
+              da[2 * H + j] = dn;
+              // lbr: the hidden gate adds r ⊙ lin, lin = R_h h + Rb_h; else R_h (r ⊙ h) + Rb_h.
+              dq_[static_cast<size_t>(j)] = linearBeforeReset_ ? dn * rr : dn;
+              if (linearBeforeReset_) da[H + j] = dn * lin[j] * rr * (1 - rr);
+              dh_[static_cast<size_t>(j)] = g * z;
+            }
+            // dq_ reaches R_h, Rb_h and (through r ⊙ h or h) h and r.
+            for (int64_t j = 0; j < H; ++j) {
+              int64_t g = 2 * H + j;
+              double dq = dq_[static_cast<size_t>(j)];
+              drb[g] += dq;
+              for (int64_t k = 0; k < H; ++k)
+                dr[g * H + k] += dq * (linearBeforeReset_ ? h[k] : a[H + k] * h[k]);
+            }
+            if (!linearBeforeReset_)
+              for (int64_t k = 0; k < H; ++k) {
+                double acc = 0;
+                for (int64_t j = 0; j < H; ++j)
+                  acc += r[(2 * H + j) * H + k] * dq_[static_cast<size_t>(j)];
+                double rr = a[H + k];
+                da[H + k] = acc * h[k] * rr * (1 - rr);
+                dh_[static_cast<size_t>(k)] += acc * rr;
+              }
+            else
+              for (int64_t k = 0; k < H; ++k) {
+                double acc = 0;
+                for (int64_t j = 0; j < H; ++j)
+                  acc += r[(2 * H + j) * H + k] * dq_[static_cast<size_t>(j)];
+                dh_[static_cast<size_t>(k)] += acc;
+              }
+          } else {
+            const double *c = &cs_[static_cast<size_t>(s * H)];
+            const double *cn = &cs_[static_cast<size_t>((s + 1) * H)];
+            for (int64_t j = 0; j < H; ++j) {
+              double gi = a[j], go = a[H + j], gf = a[2 * H + j], gc = a[3 * H + j];
+              double tc = std::tanh(cn[j]), g = dh_[static_cast<size_t>(j)];
+              double dc = dc_[static_cast<size_t>(j)] + g * go * (1 - tc * tc);
+              da[j] = dc * gc * gi * (1 - gi);
+              da[H + j] = g * tc * go * (1 - go);
+              da[2 * H + j] = dc * c[j] * gf * (1 - gf);
+              da[3 * H + j] = dc * gi * (1 - gc * gc);
+              dc_[static_cast<size_t>(j)] = dc * gf;
+            }
+            std::fill(dh_.begin(), dh_.end(), 0.0);
+          }
+          // The gates through W, R and the biases (the GRU's hidden gate's R part is done above).
+          int64_t recurrentGates = kind_ == Kind::Gru ? 2 * H : G;
+          for (int64_t i = 0; i < I; ++i)
+            xt_[static_cast<size_t>(i)] = static_cast<double>(x[xIndex(t, b, i)]);
+          for (int64_t g = 0; g < G; ++g) {
+            double v = da[g];
+            dwb[g] += v;
+            for (int64_t i = 0; i < I; ++i) {
+              dw[g * I + i] += v * xt_[static_cast<size_t>(i)];
+              dx_[static_cast<size_t>(xIndex(t, b, i))] += v * w[g * I + i];
+            }
+            if (g < recurrentGates) {
+              drb[g] += v;
+              for (int64_t k = 0; k < H; ++k) {
+                dr[g * H + k] += v * h[k];
+                dh_[static_cast<size_t>(k)] += v * r[g * H + k];
+              }
+            }
+          }
+        }
+        for (int64_t j = 0; j < H; ++j) {
+          if (dh0) dh0[stateIndex(d, b, j)] = static_cast<T>(dh_[static_cast<size_t>(j)]);
+          if (dc0) dc0[stateIndex(d, b, j)] = static_cast<T>(dc_[static_cast<size_t>(j)]);
+        }
+      }
+    }
+    auto store = [](const std::vector<double> &from, T *to) {
+      if (to)
+        for (size_t i = 0; i < from.size(); ++i)
+          to[i] = static_cast<T>(from[i]);
+    };
+    store(dx_, args.hasOutput(0) ? args.out<T>(0) : nullptr);
+    store(dw_, args.hasOutput(1) ? args.out<T>(1) : nullptr);
+    store(dr_, args.hasOutput(2) ? args.out<T>(2) : nullptr);
+    store(db_, args.hasOutput(3) ? args.out<T>(3) : nullptr);
+  }
+
+  DataType type_;
+  Kind kind_;
+  bool batchFirst_ = false, reverseOnly_ = false, linearBeforeReset_ = false;
+  int64_t seq_, batch_, input_, dirs_, hidden_, gates_;
+  std::vector<double> w_, r_, b_, dw_, dr_, db_, dx_, hs_, cs_, acts_, lin_, xt_, dh_, dc_, da_, dq_;
+};
+
 } // namespace
 
 void registerReferenceRnnKernels(KernelRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"})
     r.add({"ai.onnx", t, KernelProvider::Reference, nullptr, makeKernel<RecurrentKernel>});
+  for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"})
+    r.add({"ai.graphcore", t, KernelProvider::Reference, nullptr, makeKernel<RecurrentGradKernel>});
 }
 
 } // namespace popart::backend_cpu

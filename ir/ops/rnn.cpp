@@ -1,16 +1,34 @@
-// Recurrent ops: RNN, GRU, LSTM (opsets 7-17, layout attribute from 14).
+// Recurrent ops: RNN, GRU, LSTM (opsets 7-17, layout attribute from 14), and their gradient ops
+// (domain ai.graphcore), created by the autodiff rules of autodiff/rules_rnn.cpp:
+//   LSTMGrad / GRUGrad / RNNGrad(X, W, R, B, initial_h, initial_c, dY, dY_h, dY_c)
+//     -> dX, dW, dR, dB, d_initial_h, d_initial_c
+// with the forward op's attributes. Inputs other than X, W and R and all outputs may be
+// omitted; initial_c and dY_c belong to LSTMGrad only. The grad op has no sequence_lens,
+// peepholes, clip or activation list.
+//
+// Saved state (saveRecurrentState): in training the forward op may get one more output after
+// Y_c (LSTM) or Y_h (GRU, RNN), UINT8 [popart_saved_bytes], which the grad op reads as input 9.
+// Its contents belong to the kernels: one that can reuse what the forward kept (oneDNN's
+// workspace) finds it there; any other recomputes the forward pass, so a kernel pair that
+// does not match stays correct (see rules_rnn.cpp).
 
+#include "ir/ops/rnn.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
+
+#include <algorithm>
+#include <map>
 
 namespace popart::ir {
 
 namespace {
 
-int64_t gateCount(const std::string &type) { return type == "LSTM" ? 4 : type == "GRU" ? 3 : 1; }
+int64_t gateCount(const std::string &type) {
+  return type.rfind("LSTM", 0) == 0 ? 4 : type.rfind("GRU", 0) == 0 ? 3 : 1;
+}
 
-void setupRecurrent(Op &op) {
-  requireInputCount(op, 3, op.type == "LSTM" ? 8 : 6);
+/// Checks X, W and R (inputs 0-2) and returns the infos of Y and of the states Y_h / Y_c.
+std::pair<TensorInfo, TensorInfo> recurrentInfos(const Op &op) {
   const Shape &x = op.inInfo(0).shape(), &w = op.inInfo(1).shape(), &r = op.inInfo(2).shape();
   if (x.size() != 3 || w.size() != 3 || r.size() != 3)
     throw error(op.debugName(), ": X, W and R must be 3-D, got ", toString(x), ", ", toString(w), ", ", toString(r));
@@ -29,17 +47,105 @@ void setupRecurrent(Op &op) {
     throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gates * hidden, ",", hidden,
                 "]");
   DataType t = op.inInfo(0).dataType();
-  op.setOutInfo(0, TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}));
   Shape state = batchFirst ? Shape{batch, dirs, hidden} : Shape{dirs, batch, hidden};
-  op.setOutInfo(1, TensorInfo(t, state));
-  if (op.type == "LSTM") op.setOutInfo(2, TensorInfo(t, state));
+  return {TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}),
+          TensorInfo(t, state)};
+}
+
+TensorInfo savedInfo(const Op &op) {
+  int64_t bytes = op.attrs.getInt("popart_saved_bytes", 0);
+  if (bytes <= 0) throw error(op.debugName(), ": the saved-state output needs popart_saved_bytes > 0");
+  return TensorInfo(DataType::UINT8, {bytes});
+}
+
+void setupRecurrent(Op &op) {
+  requireInputCount(op, 3, op.type == "LSTM" ? 8 : 6);
+  auto [y, state] = recurrentInfos(op);
+  op.setOutInfo(0, y);
+  op.setOutInfo(1, state);
+  if (op.type == "LSTM") op.setOutInfo(2, state);
+  size_t saved = recurrentSavedOutput(op);
+  if (op.hasOutput(saved)) op.setOutInfo(saved, savedInfo(op));
+}
+
+void setupRecurrentGrad(Op &op) {
+  requireInputCount(op, 3, 10);
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE});
+  auto [y, state] = recurrentInfos(op);
+  bool lstm = op.type == "LSTMGrad";
+  const TensorInfo &w = op.inInfo(1);
+  int64_t dirs = w.dim(0);
+  TensorInfo bias(w.dataType(), Shape{dirs, 2 * w.dim(1)});
+  auto expect = [&](size_t i, const TensorInfo &info, const char *name) {
+    if (op.hasInput(i) && op.inInfo(i) != info)
+      throw error(op.debugName(), ": ", name, " is ", op.inInfo(i).toString(), ", expected ", info.toString());
+  };
+  for (size_t i = 1; i < std::min<size_t>(op.inputCount(), 9); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != op.inInfo(0).dataType())
+      throw error(op.debugName(), ": input ", i, " has type ", toString(op.inInfo(i).dataType()), ", expected ",
+                  toString(op.inInfo(0).dataType()));
+  expect(3, bias, "B");
+  expect(4, state, "initial_h");
+  expect(5, state, "initial_c");
+  expect(6, y, "dY");
+  expect(7, state, "dY_h");
+  expect(8, state, "dY_c");
+  if (op.hasInput(9) && (op.inInfo(9).dataType() != DataType::UINT8 || op.inInfo(9).rank() != 1))
+    throw error(op.debugName(), ": the saved state is ", op.inInfo(9).toString(), ", expected UINT8 [bytes]");
+  if (!lstm && (op.hasInput(5) || op.hasInput(8) || op.hasOutput(5)))
+    throw error(op.debugName(), ": only LSTMGrad has a cell state");
+  op.setOutInfo(0, op.inInfo(0));
+  op.setOutInfo(1, op.inInfo(1));
+  op.setOutInfo(2, op.inInfo(2));
+  op.setOutInfo(3, bias);
+  op.setOutInfo(4, state);
+  if (lstm) op.setOutInfo(5, state);
 }
 
 } // namespace
 
+size_t recurrentSavedOutput(const Op &op) { return op.type == "LSTM" ? 3 : 2; }
+
+int saveRecurrentState(Graph &graph, const std::function<int64_t(const Op &)> &savedBytes) {
+  std::map<int64_t, Op *> byId;
+  for (const auto &op : graph.ops())
+    byId[op->id] = op.get();
+  int count = 0;
+  for (const auto &grad : graph.ops()) {
+    if (grad->domain != "ai.graphcore" ||
+        (grad->type != "LSTMGrad" && grad->type != "GRUGrad" && grad->type != "RNNGrad") || grad->hasInput(9) ||
+        !grad->attrs.has("popart_forward"))
+      continue;
+    auto it = byId.find(grad->attrs.getInt("popart_forward"));
+    if (it == byId.end()) continue;
+    Op &fwd = *it->second;
+    size_t index = recurrentSavedOutput(fwd);
+    if (fwd.hasOutput(index)) continue; // a second grad op of the same forward recomputes
+    int64_t bytes = savedBytes(fwd);
+    if (bytes <= 0) continue;
+    fwd.attrs.set("popart_saved_bytes", bytes);
+    while (fwd.outputs.size() <= index)
+      fwd.outputs.push_back(nullptr);
+    Tensor &saved = graph.addTensor(graph.uniqueId(fwd.outputs[0] ? fwd.outputs[0]->id() + "_saved" : "rnn_saved"),
+                                    TensorKind::ActGrad, savedInfo(fwd));
+    saved.setProducer(&fwd);
+    fwd.outputs[index] = &saved;
+    graph.setOpInput(*grad, 9, &saved);
+    fwd.def->setup(fwd);
+    grad->def->setup(*grad);
+    ++count;
+  }
+  return count;
+}
+
 void registerRnnOps(OpRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"})
     r.add(makeDef(t, 7, 1000, setupRecurrent));
+  for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"}) {
+    OpDef d = makeDef(t, 1, 1000, setupRecurrentGrad);
+    d.domain = "ai.graphcore";
+    r.add(d);
+  }
 }
 
 } // namespace popart::ir

@@ -244,8 +244,63 @@ class MHANoBias(MHA):
         self.attn = nn.MultiheadAttention(self.dim, 2, batch_first=True, bias=False)
 
 
+class LSTMClassifier(nn.Module):
+    """Token embedding -> 2-layer nn.LSTM (batch_first, exported as one LSTM op per layer with
+    Transposes around them) -> the last layer's final hidden state -> Linear -> cross-entropy."""
+
+    batch, seq, vocab, dim, hidden, classes = 4, 7, 16, 8, 12, 5
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(self.vocab, self.dim)
+        self.lstm = nn.LSTM(self.dim, self.hidden, num_layers=2, batch_first=True)
+        self.head = nn.Linear(self.hidden, self.classes)
+
+    def forward(self, tokens):
+        _, (h, _) = self.lstm(self.embed(tokens))
+        return self.head(h[-1])
+
+    @classmethod
+    def dataset(cls, rng, samples):
+        tokens = rng.integers(0, cls.vocab, size=(samples, cls.seq)).astype(np.int64)
+        target = rng.integers(0, cls.classes, size=(samples,)).astype(np.int64)
+        return {"tokens": tokens, "target": target}
+
+    @staticmethod
+    def loss(logits, target):
+        return F.cross_entropy(logits, target)
+
+
+class GRUClassifier(nn.Module):
+    """Dense sequence [seq, batch, features] -> bidirectional nn.GRU (linear_before_reset=1 in
+    the export) whose every output step feeds a mean, plus both final hidden states -> Linear ->
+    cross-entropy: Y and Y_h both get gradients."""
+
+    batch, seq, features, hidden, classes = 4, 6, 5, 10, 3
+
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(self.features, self.hidden, bidirectional=True)
+        self.head = nn.Linear(4 * self.hidden, self.classes)
+
+    def forward(self, x):
+        y, h = self.gru(x.transpose(0, 1))
+        return self.head(torch.cat([y.mean(0), h[0], h[1]], dim=1))
+
+    @classmethod
+    def dataset(cls, rng, samples):
+        x = rng.standard_normal((samples, cls.seq, cls.features)).astype(np.float32)
+        target = rng.integers(0, cls.classes, size=(samples,)).astype(np.int64)
+        return {"x": x, "target": target}
+
+    @staticmethod
+    def loss(logits, target):
+        return F.cross_entropy(logits, target)
+
+
 MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer17": Transformer17,
-          "shapeof": ShapeOf, "chunk": Chunk, "mha": MHA, "mhanobias": MHANoBias}
+          "shapeof": ShapeOf, "chunk": Chunk, "mha": MHA, "mhanobias": MHANoBias,
+          "lstm": LSTMClassifier, "gru": GRUClassifier}
 
 
 class WithLoss(nn.Module):
@@ -348,6 +403,10 @@ CASES = [
     case("chunk", "adamw", **ADAMW),
     case("mha", "sgd", "momentum", **SGD_MOMENTUM),
     case("mhanobias", "adamw", **ADAMW),
+    case("lstm", "sgd", "momentum", **SGD_MOMENTUM),
+    case("lstm", "adamw", **ADAMW),
+    case("gru", "sgd", "momentum", **SGD_MOMENTUM),
+    case("gru", "adamw", **ADAMW),
 ]
 
 
