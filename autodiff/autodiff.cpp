@@ -11,6 +11,7 @@
 namespace popart::autodiff {
 
 void registerConvRules(std::map<std::string, GradRule> &rules);
+void registerControlFlowRules(std::map<std::string, GradRule> &rules);
 
 namespace {
 
@@ -31,12 +32,18 @@ void registerBuiltinRules() {
     registerShapeRules(gradRules());
     registerLossNormRules(gradRules());
     registerConvRules(gradRules());
+    registerControlFlowRules(gradRules());
   });
 }
 
 bool hasGradient(const std::string &opType) {
   registerBuiltinRules();
   return gradRules().count(opType) != 0;
+}
+
+const char *gradientSupport(const std::string &opType) {
+  if (opType == "If" || opType == "Loop" || opType == "Scan") return "unrolled";
+  return hasGradient(opType) ? "yes" : "no";
 }
 
 std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,

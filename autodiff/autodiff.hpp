@@ -23,4 +23,8 @@ void expandGradientOps(ir::Graph &graph);
 /// True if \p opType has a gradient rule.
 bool hasGradient(const std::string &opType);
 
+/// The gradient column of docs/ops.md for \p opType: "yes", "no", or "unrolled" for If, Loop and
+/// Scan, which training differentiates after ir::unrollControlFlow where it can unroll them.
+const char *gradientSupport(const std::string &opType);
+
 } // namespace popart::autodiff
