@@ -296,7 +296,8 @@ void TrainingSession::Impl::compile() {
   // cannot be unrolled stays, and autodiff names it if the loss needs a gradient through it.
   ir::UnrollOptions unroll;
   unroll.maxOps = options.maxUnrolledOps;
-  if (g->hasTensor(lossId) && ir::unrollControlFlow(*g, {lossId}, unroll) > 0) {
+  if (int unrolled = g->hasTensor(lossId) ? ir::unrollControlFlow(*g, {lossId}, unroll) : 0; unrolled > 0) {
+    logging::logger().info("unrolled {} If, Loop and Scan ops for the backward graph", unrolled);
     backend_cpu::ReferenceEvaluator evaluator;
     ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
   }

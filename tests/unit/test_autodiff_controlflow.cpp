@@ -113,6 +113,42 @@ gradcheck::Problem loopProblem(int64_t trips, int stopAfter = -1, bool constantT
   return p;
 }
 
+/// Loop(M = 3, true, h0; captured w) whose body is If(i == 0; then: h·w; else: tanh(h·w)), the If
+/// capturing h from the body and w from the body's own capture.
+gradcheck::Problem loopWithIfProblem() {
+  gradcheck::Problem p = loopProblem(3, 2);
+  auto thenB = subgraph(), elseB = subgraph();
+  for (auto *b : {thenB.get(), elseB.get()}) {
+    input(*b, "h", kD2);
+    input(*b, "w", kD2);
+    b->addOp("Mul", "ai.onnx", 13, "", {}, {"h", "w"}, {"hw"});
+  }
+  thenB->addOutput("hw");
+  elseB->addOp("Tanh", "ai.onnx", 13, "", {}, {"hw"}, {"r"});
+  elseB->addOutput("r");
+  auto body = subgraph();
+  input(*body, "i", TensorInfo(DataType::INT64, {}));
+  input(*body, "c", TensorInfo(DataType::BOOL, {}));
+  input(*body, "h", kD2);
+  input(*body, "w", kD2);
+  body->addConst("zero", TensorData::fromInt64({}, {0}));
+  body->addOp("Equal", "ai.onnx", 13, "", {}, {"i", "zero"}, {"first"});
+  ir::Attributes ifAttrs;
+  ifAttrs.set("then_branch", std::shared_ptr<const ir::Graph>(thenB));
+  ifAttrs.set("else_branch", std::shared_ptr<const ir::Graph>(elseB));
+  ifAttrs.set("popart_captures", std::vector<std::string>{"h", "w"});
+  body->addOp("If", "ai.onnx", 13, "inner", ifAttrs, {"first", "h", "w"}, {"hn"});
+  body->addOutput("c");
+  body->addOutput("hn");
+  p.attrs.set("body", std::shared_ptr<const ir::Graph>(body));
+  p.beforeGradients = [](ir::Graph &g) {
+    EXPECT_EQ(ir::unrollControlFlow(g), 4); // the Loop, then one If per iteration
+    EXPECT_EQ(countOps(g, "Loop") + countOps(g, "If"), 0u) << g.dump();
+    EXPECT_EQ(countOps(g, "Tanh"), 2u) << g.dump();
+  };
+  return p;
+}
+
 /// Scan(s0, X; captured w): s ← tanh(s·w + x_t), scan output s·x_t. \p axis and \p reverse apply to
 /// the scan input and the scan output alike.
 gradcheck::Problem scanProblem(int64_t axis, bool reverse) {
@@ -174,6 +210,11 @@ TEST(AutodiffControlFlow, LoopConditionComputedFromTheIterationNumberFolds) {
   std::vector<TensorId> grads;
   auto g = gradcheck::buildGraph(p, &grads);
   EXPECT_EQ(countOps(*g, "Tanh"), 3u);
+}
+
+TEST(AutodiffControlFlow, NestedIfInALoopBodyUnrollsOutsideIn) {
+  for (unsigned seed : {12u, 13u})
+    check(loopWithIfProblem(), seed);
 }
 
 TEST(AutodiffControlFlow, ScanOverEitherAxisAndDirection) {
