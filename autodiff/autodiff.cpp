@@ -126,6 +126,8 @@ void expandGradientOps(ir::Graph &graph) {
     if (!op->attrs.getStrings("zs").empty()) throw error(op->debugName(), ": the zs attribute is not supported");
     std::vector<ir::Tensor *> outs = op->outputs;
     graph.removeOp(*op);
+    // As in training: control flow y depends on becomes ordinary ops where it can.
+    ir::unrollControlFlow(graph, {y});
     std::vector<TensorId> grads = buildGradients(graph, y, xs);
     // Each output of the Gradient op becomes an Identity of the gradient built for it.
     int version = graph.opsets().count("ai.onnx") ? graph.opsets().at("ai.onnx") : 17;

@@ -12,10 +12,10 @@ namespace {
 
 void notUnrolled(GradContext &c) {
   const ir::Op &op = c.op();
-  std::string why = ir::unrollObstacle(op);
-  if (why.empty())
-    why = "it was not unrolled before autodiff (run ir::unrollControlFlow first; in a TrainingSession the unrolled "
-          "ops of all control flow would pass SessionOptions::maxUnrolledOps)";
+  // The reason unrollControlFlow recorded when it left the op, else the reason now.
+  std::string why =
+      op.attrs.has("popart_not_unrolled") ? op.attrs.getString("popart_not_unrolled") : ir::unrollObstacle(op);
+  if (why.empty()) why = "it was not unrolled before autodiff (ir::unrollControlFlow did not run on it)";
   throw error(op.debugName(), ": cannot differentiate through ", op.type, ": ", why,
               ". Training differentiates an If only with a condition known at compile time, and a Loop or Scan only "
               "with a trip count known at compile time, by unrolling them");

@@ -156,7 +156,8 @@ struct UnrollOptions {
 /// (and for Loop its iteration number), with new tensor ids starting with the op's name and the
 /// iteration; captured tensors become the outer tensors the op read, the op's outputs keep their
 /// ids (Identity of the last copy's values). Nested control flow is unrolled too, outside in.
-/// Ops that cannot be unrolled are left alone (unrollObstacle says why). Shapes must be known.
+/// Ops that cannot be unrolled are left alone, with the reason in their attribute
+/// "popart_not_unrolled", for autodiff's error message only. Shapes must be known.
 /// Returns how many ops were unrolled.
 int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots = {}, const UnrollOptions &options = {});
 

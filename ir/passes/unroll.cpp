@@ -376,6 +376,9 @@ int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots, const Un
         break;
       }
       blocked.insert(op);
+      // For the error autodiff gives if the loss needs a gradient through it (under this pass's
+      // limit, which the gradient rule does not know); nothing else reads it.
+      op->attrs.set("popart_not_unrolled", e.obstacle);
     }
     if (!target) return count;
     budget -= e.ops;

@@ -5,6 +5,7 @@
 
 #include "gradcheck.hpp"
 
+#include "autodiff/autodiff.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
@@ -278,4 +279,31 @@ TEST(AutodiffControlFlow, UnrollingPastTheLimitIsLeftAloneAndNamed) {
   std::string why = ir::unrollObstacle(*loop, small);
   EXPECT_NE(why.find("over the limit of 50"), std::string::npos) << why;
   EXPECT_EQ(ir::unrollObstacle(*loop), "");
+}
+
+TEST(AutodiffControlFlow, GradientOpThroughALoopUnrollsIt) {
+  gradcheck::Problem p = loopProblem(3);
+  gradcheck::fillStreams(p.feeds, 14, [](size_t k, double v) { return k >= 1 ? 1 + v / 4 : v; });
+  gradcheck::OpNet reference(p, true);
+  reference.run(p.feeds);
+  auto g = gradcheck::buildGraph(p, nullptr);
+  ir::Attributes a;
+  a.set("xs", std::vector<std::string>{"h0", "w"});
+  a.set("y", g->outputs()[0]);
+  g->addOp("Gradient", "ai.onnx.preview.training", 1, "gradient", a, {"h0", "w"}, {"dh0", "dw"});
+  g->addOutput("dh0");
+  g->addOutput("dw");
+  autodiff::expandGradientOps(*g);
+  ir::inferShapes(*g, nullptr);
+  EXPECT_EQ(countOps(*g, "Loop"), 0u);
+  backend_cpu::ExecutionPlan plan(*g, {});
+  for (const auto &f : p.feeds)
+    if (f.stream) std::memcpy(plan.address(f.id), f.data.data(), static_cast<size_t>(f.data.byteCount()));
+  plan.run();
+  std::vector<std::vector<double>> expected = reference.gradients();
+  for (size_t k = 0; k < 2; ++k) {
+    const auto *got = static_cast<const double *>(plan.address(k == 0 ? "dh0" : "dw"));
+    for (size_t i = 0; i < expected[k].size(); ++i)
+      EXPECT_EQ(got[i], expected[k][i]) << k << " " << i;
+  }
 }

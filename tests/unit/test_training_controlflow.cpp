@@ -122,9 +122,9 @@ struct Result {
   std::vector<WeightStatus> statuses;
 };
 
-Result train(const std::string &bytes, int steps) {
+Result train(const std::string &bytes, int steps, const SessionOptions &options = {}) {
   SGD sgd({{"defaultLearningRate", {0.3f, false}}, {"defaultMomentum", {0.9f, false}}});
-  auto s = TrainingSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), "loss", sgd);
+  auto s = TrainingSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), "loss", sgd, options);
   s->prepareDevice();
   s->weightsFromHost();
   std::vector<float> x = values(kBatch * kWidth, 1.0f, 0.7f);
@@ -169,4 +169,21 @@ TEST(TrainingControlFlow, ALoopWithARunTimeTripCountIsAnErrorNamingIt) {
     EXPECT_NE(msg.find("Loop 'h_loop_node'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("trip count M ('M') is known only at run time"), std::string::npos) << msg;
   }
+}
+
+TEST(TrainingControlFlow, ALoopPastTheUnrollLimitIsAnErrorNamingTheLimit) {
+  SessionOptions so;
+  so.maxUnrolledOps = 4; // each iteration counts 3 (MatMul, Tanh, one for its condition)
+  try {
+    train(model(true), 1, so);
+    FAIL() << "expected an error";
+  } catch (const error &e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("Loop 'h_loop_node'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("over the limit of 4 (UnrollOptions::maxOps, SessionOptions::maxUnrolledOps)"),
+              std::string::npos)
+        << msg;
+  }
+  so.maxUnrolledOps = 9; // all three iterations
+  EXPECT_NO_THROW(train(model(true), 1, so));
 }
