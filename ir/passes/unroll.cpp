@@ -35,6 +35,25 @@ std::string limitObstacle(int64_t needed, int64_t steps, int64_t limit) {
          " (UnrollOptions::maxOps, SessionOptions::maxUnrolledOps)";
 }
 
+/// Values to bake into \p body: \p formal for its formal inputs in order, and the value of
+/// each captured tensor that is a constant of the outer graph (a Constant node folded after
+/// import), so that what the body computes from it folds too (a condition output that is an
+/// Identity of an outer `true`).
+std::vector<const TensorData *> bodyValues(const Op &op, const Graph &body, std::vector<const TensorData *> formal) {
+  std::vector<const TensorData *> values;
+  size_t f = 0;
+  for (int source : subgraphInputSources(op, body)) {
+    if (source < 0) {
+      values.push_back(f < formal.size() ? formal[f] : nullptr);
+      ++f;
+      continue;
+    }
+    const Tensor &t = op.input(static_cast<size_t>(source));
+    values.push_back(t.isConst() ? t.data().get() : nullptr);
+  }
+  return values;
+}
+
 Expansion planIf(const Op &op) {
   Expansion e;
   const Tensor &cond = op.input(0);
@@ -47,7 +66,8 @@ Expansion planIf(const Op &op) {
   const char *attr = cond.data()->valueAsDouble(0) != 0 ? "then_branch" : "else_branch";
   auto branch = op.attrs.getGraph(attr);
   if (!branch) throw error(op.debugName(), ": subgraph attribute '", attr, "' is missing");
-  e.steps.push_back(specialiseSubgraph(op.debugName(), attr, *branch, subgraphInputInfos(op, *branch, {})));
+  e.steps.push_back(specialiseSubgraph(op.debugName(), attr, *branch, subgraphInputInfos(op, *branch, {}),
+                                       bodyValues(op, *branch, {})));
   e.ops = static_cast<int64_t>(e.steps[0]->ops().size());
   return e;
 }
@@ -88,7 +108,7 @@ Expansion planLoop(const Op &op, int64_t budget) {
   for (int64_t t = 0; cond && (!trips || t < *trips); ++t) {
     TensorData iteration = TensorData::fromInt64({}, {t});
     auto step = specialiseSubgraph(op.debugName(), "body", *body, subgraphInputInfos(op, *body, infos),
-                                   {&iteration, &condTrue});
+                                   bodyValues(op, *body, {&iteration, &condTrue}));
     e.ops += static_cast<int64_t>(step->ops().size()) + 1;
     if (e.ops > budget) {
       e.obstacle = limitObstacle(e.ops, t + 1, budget);
@@ -136,7 +156,8 @@ Expansion planScan(const Op &op, int64_t budget) {
     s.erase(s.begin() + l.inputAxes[j]);
     formal.emplace_back(in.dataType(), s);
   }
-  e.steps.push_back(specialiseSubgraph(op.debugName(), "body", *body, subgraphInputInfos(op, *body, formal)));
+  e.steps.push_back(specialiseSubgraph(op.debugName(), "body", *body, subgraphInputInfos(op, *body, formal),
+                                       bodyValues(op, *body, {})));
   int64_t perStep = static_cast<int64_t>(e.steps[0]->ops().size() + l.scanInputs + l.scanOutputs);
   e.ops = perStep * l.length;
   if (e.ops > budget) {

@@ -307,3 +307,27 @@ TEST(AutodiffControlFlow, GradientOpThroughALoopUnrollsIt) {
       EXPECT_EQ(got[i], expected[k][i]) << k << " " << i;
   }
 }
+
+TEST(AutodiffControlFlow, LoopConditionFromACapturedOuterConstantFolds) {
+  // As torch.jit.script exports a for loop: the body's condition is an Identity of an outer
+  // `true` that the Loop captures (a Constant node, folded after import).
+  gradcheck::Problem p = loopProblem(3, 2);
+  auto body = subgraph();
+  input(*body, "i", TensorInfo(DataType::INT64, {}));
+  input(*body, "c", TensorInfo(DataType::BOOL, {}));
+  input(*body, "h", kD2);
+  input(*body, "w", kD2);
+  input(*body, "yes", TensorInfo(DataType::BOOL, {}));
+  body->addOp("Mul", "ai.onnx", 13, "", {}, {"h", "w"}, {"hw"});
+  body->addOp("Tanh", "ai.onnx", 13, "", {}, {"hw"}, {"hn"});
+  body->addOp("Identity", "ai.onnx", 13, "", {}, {"yes"}, {"more"});
+  body->addOutput("more");
+  body->addOutput("hn");
+  p.attrs.set("body", std::shared_ptr<const ir::Graph>(body));
+  p.attrs.set("popart_captures", std::vector<std::string>{"w", "yes"});
+  p.feeds.push_back({"yes", TensorData::fromDoubles(DataType::BOOL, {}, {1.0}), false});
+  check(p, 15);
+  std::vector<TensorId> grads;
+  auto g = gradcheck::buildGraph(p, &grads);
+  EXPECT_EQ(countOps(*g, "Tanh"), 3u);
+}
