@@ -62,6 +62,18 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
   std::vector<ir::Op *> order;
   for (ir::Op *op : graph.schedule())
     if (ancestors.count(op)) order.push_back(op);
+  // The tensors computed from some x: an op none of whose inputs is one needs no gradient rule
+  // (a Loop over the input data whose trip count is known only at run time, a Floor of the input).
+  std::set<const ir::Tensor *> fromXs;
+  for (const auto &x : xs)
+    fromXs.insert(&graph.tensor(x));
+  for (ir::Op *op : order)
+    for (const ir::Tensor *in : op->inputs)
+      if (in && fromXs.count(in)) {
+        for (const ir::Tensor *out : op->outputs)
+          if (out) fromXs.insert(out);
+        break;
+      }
 
   std::map<TensorId, std::vector<TensorId>> partials;
   const TensorInfo &yInfo = graph.tensor(y).info();
@@ -94,7 +106,7 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     if (!any) continue;
     bool needed = false;
     for (ir::Tensor *t : op.inputs)
-      needed = needed || (t && differentiable(*t));
+      needed = needed || (t && differentiable(*t) && fromXs.count(t));
     if (!needed) continue;
     auto rule = gradRules().find(op.type);
     if (rule == gradRules().end()) throw error(op.debugName(), ": no gradient rule for ", op.type);

@@ -59,8 +59,9 @@ void floatInit(onnx::GraphProto *g, const std::string &name, const std::vector<i
 
 /// h = x; kTrips times h = tanh(h · W); loss = mean((h · V)²). With \p loop the repetition is a Loop
 /// (trip count an initializer, or a graph input when \p runTimeTrips) whose body reads W from the
-/// outer graph; otherwise the model repeats the two ops.
-std::string model(bool loop, bool runTimeTrips = false) {
+/// outer graph; otherwise the model repeats the two ops. Without \p weightInBody the Loop's body is
+/// h = tanh(h) and h · W follows the Loop.
+std::string model(bool loop, bool runTimeTrips = false, bool weightInBody = true) {
   onnx::ModelProto m;
   m.set_ir_version(8);
   m.add_opset_import()->set_version(13);
@@ -92,12 +93,20 @@ std::string model(bool loop, bool runTimeTrips = false) {
     setType(b->add_input(), "i", onnx::TensorProto::INT64, {});
     setType(b->add_input(), "c_in", onnx::TensorProto::BOOL, {});
     setType(b->add_input(), "h_in", onnx::TensorProto::FLOAT, {kBatch, kWidth});
-    node(b, "MatMul", {"h_in", "W"}, {"hw"});
-    node(b, "Tanh", {"hw"}, {"h_out"});
+    if (weightInBody) {
+      node(b, "MatMul", {"h_in", "W"}, {"hw"});
+      node(b, "Tanh", {"hw"}, {"h_out"});
+    } else {
+      node(b, "Tanh", {"h_in"}, {"h_out"});
+    }
     node(b, "Identity", {"c_in"}, {"c_out"});
     setType(b->add_output(), "c_out", onnx::TensorProto::BOOL, {});
     setType(b->add_output(), "h_out", onnx::TensorProto::FLOAT, {kBatch, kWidth});
     h = "h_loop";
+    if (!weightInBody) {
+      node(g, "MatMul", {h, "W"}, {"hw_after"});
+      h = "hw_after";
+    }
   } else {
     for (int k = 0; k < kTrips; ++k) {
       std::string hw = "hw" + std::to_string(k), next = "h" + std::to_string(k);
@@ -122,15 +131,17 @@ struct Result {
   std::vector<WeightStatus> statuses;
 };
 
-Result train(const std::string &bytes, int steps, const SessionOptions &options = {}) {
+Result train(const std::string &bytes, int steps, const SessionOptions &options = {}, int64_t trips = -1) {
   SGD sgd({{"defaultLearningRate", {0.3f, false}}, {"defaultMomentum", {0.9f, false}}});
   auto s = TrainingSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), "loss", sgd, options);
   s->prepareDevice();
   s->weightsFromHost();
   std::vector<float> x = values(kBatch * kWidth, 1.0f, 0.7f);
   NDArrayWrapper<float> xa(x.data(), {kBatch, kWidth});
+  NDArrayWrapper<int64_t> ma(&trips, {});
   for (int i = 0; i < steps; ++i) {
-    StepIO io({{"x", xa}}, {});
+    StepIO io(trips >= 0 ? std::map<TensorId, IArray &>{{"x", xa}, {"M", ma}} : std::map<TensorId, IArray &>{{"x", xa}},
+              {});
     s->run(io);
   }
   Result r;
@@ -186,4 +197,12 @@ TEST(TrainingControlFlow, ALoopPastTheUnrollLimitIsAnErrorNamingTheLimit) {
   }
   so.maxUnrolledOps = 9; // all three iterations
   EXPECT_NO_THROW(train(model(true), 1, so));
+}
+
+TEST(TrainingControlFlow, ALoopOverTheInputAloneNeedsNoGradientEvenWithARunTimeTripCount) {
+  // No weight lies before the Loop, so autodiff never reaches it: it runs forward only.
+  Result r = train(model(true, true, false), 2, {}, kTrips);
+  for (const auto &st : r.statuses)
+    EXPECT_EQ(st.role, WeightStatus::Role::Trained) << st.id << ": " << st.reason;
+  EXPECT_NE(r.weights["W"], values(kWidth * kWidth, 0.8f, 0.3f)) << "W did not move";
 }
