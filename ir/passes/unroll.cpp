@@ -24,7 +24,7 @@ struct Expansion {
   std::string obstacle;
   std::vector<std::unique_ptr<Graph>> steps;
   std::vector<int64_t> iterations; ///< Loop: the iteration number of each step
-  int64_t ops = 0;                 ///< ops the expansion adds (before folding)
+  int64_t ops = 0;                 ///< ops the expansion adds (of the folded copies)
 };
 
 int64_t scalarInt(const Tensor &t) { return static_cast<int64_t>(t.data()->valueAsDouble(0)); }
