@@ -12,6 +12,7 @@ namespace popart::autodiff {
 
 void registerConvRules(std::map<std::string, GradRule> &rules);
 void registerRnnRules(std::map<std::string, GradRule> &rules);
+void registerControlFlowRules(std::map<std::string, GradRule> &rules);
 
 namespace {
 
@@ -33,12 +34,18 @@ void registerBuiltinRules() {
     registerLossNormRules(gradRules());
     registerConvRules(gradRules());
     registerRnnRules(gradRules());
+    registerControlFlowRules(gradRules());
   });
 }
 
 bool hasGradient(const std::string &opType) {
   registerBuiltinRules();
   return gradRules().count(opType) != 0;
+}
+
+const char *gradientSupport(const std::string &opType) {
+  if (opType == "If" || opType == "Loop" || opType == "Scan") return "unrolled";
+  return hasGradient(opType) ? "yes" : "no";
 }
 
 std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
@@ -57,6 +64,18 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
   std::vector<ir::Op *> order;
   for (ir::Op *op : graph.schedule())
     if (ancestors.count(op)) order.push_back(op);
+  // The tensors computed from some x: an op none of whose inputs is one needs no gradient rule
+  // (a Loop over the input data whose trip count is known only at run time, a Floor of the input).
+  std::set<const ir::Tensor *> fromXs;
+  for (const auto &x : xs)
+    fromXs.insert(&graph.tensor(x));
+  for (ir::Op *op : order)
+    for (const ir::Tensor *in : op->inputs)
+      if (in && fromXs.count(in)) {
+        for (const ir::Tensor *out : op->outputs)
+          if (out) fromXs.insert(out);
+        break;
+      }
 
   std::map<TensorId, std::vector<TensorId>> partials;
   const TensorInfo &yInfo = graph.tensor(y).info();
@@ -89,7 +108,7 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     if (!any) continue;
     bool needed = false;
     for (ir::Tensor *t : op.inputs)
-      needed = needed || (t && differentiable(*t));
+      needed = needed || (t && differentiable(*t) && fromXs.count(t));
     if (!needed) continue;
     auto rule = gradRules().find(op.type);
     if (rule == gradRules().end()) throw error(op.debugName(), ": no gradient rule for ", op.type);
@@ -121,6 +140,8 @@ void expandGradientOps(ir::Graph &graph) {
     if (!op->attrs.getStrings("zs").empty()) throw error(op->debugName(), ": the zs attribute is not supported");
     std::vector<ir::Tensor *> outs = op->outputs;
     graph.removeOp(*op);
+    // As in training: control flow y depends on becomes ordinary ops where it can.
+    ir::unrollControlFlow(graph, {y});
     std::vector<TensorId> grads = buildGradients(graph, y, xs);
     // Each output of the Gradient op becomes an Identity of the gradient built for it.
     int version = graph.opsets().count("ai.onnx") ? graph.opsets().at("ai.onnx") : 17;

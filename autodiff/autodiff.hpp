@@ -12,8 +12,8 @@ namespace popart::autodiff {
 /// Adds to \p graph the ops that compute d(sum of y)/dx for every x of \p xs (the infos of
 /// the forward graph must be known). \returns one gradient tensor per x; an x that no gradient
 /// reaches (\p y does not depend on it, or only through non-differentiable ops) gets a zero
-/// constant, or "" when \p zeroForUnreached is false. Throws naming the op when an op on the
-/// path has no gradient rule.
+/// constant, or "" when \p zeroForUnreached is false. Only ops between some x and \p y get
+/// gradients; throws naming the op when such an op has no gradient rule.
 std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
                                      bool zeroForUnreached = true);
 
@@ -22,5 +22,9 @@ void expandGradientOps(ir::Graph &graph);
 
 /// True if \p opType has a gradient rule.
 bool hasGradient(const std::string &opType);
+
+/// The gradient column of docs/ops.md for \p opType: "yes", "no", or "unrolled" for If, Loop and
+/// Scan, which training differentiates after ir::unrollControlFlow where it can unroll them.
+const char *gradientSupport(const std::string &opType);
 
 } // namespace popart::autodiff

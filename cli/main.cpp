@@ -304,7 +304,10 @@ void printOps() {
                "- gradient: `yes` if training can differentiate through the op (autodiff has a rule). An op "
                "with `no` is forward-only: training stops with an error naming it when the loss needs a "
                "gradient through it. Ops whose outputs are integers or booleans (Shape, ArgMax, comparisons) "
-               "need none; the ai.graphcore gradient and update ops are the backward pass itself.\n\n"
+               "need none; the ai.graphcore gradient and update ops are the backward pass itself. `unrolled`: "
+               "training replaces the op by the ops it runs (an If with a constant condition, a Loop with a "
+               "trip count known at compile time, a Scan) and differentiates those; otherwise it stops with an "
+               "error naming the op and why (docs/training.md, \"Control flow\").\n\n"
                "| domain | op | opsets | kernels | gradient |\n| --- | --- | --- | --- | --- |\n";
   for (const auto &[key, defs] : byType) {
     std::string ranges;
@@ -320,7 +323,7 @@ void printOps() {
     std::string kernels =
         std::string(dnnl ? "oneDNN" : "") + (dnnl && reference ? ", " : "") + (reference ? "reference" : "");
     std::cout << "| " << key.first << " | " << key.second << " | " << ranges << " | " << kernels << " | "
-              << (autodiff::hasGradient(key.second) ? "yes" : "no") << " |\n";
+              << autodiff::gradientSupport(key.second) << " |\n";
   }
 }
 

@@ -294,6 +294,15 @@ void TrainingSession::Impl::compile() {
   Constants constants;
   auto g = shapedImport(&constants);
   findLoss(*g);
+  // Control flow the loss depends on becomes ordinary ops, which autodiff differentiates; what
+  // cannot be unrolled stays, and autodiff names it if the loss needs a gradient through it.
+  ir::UnrollOptions unroll;
+  unroll.maxOps = options.maxUnrolledOps;
+  if (int unrolled = g->hasTensor(lossId) ? ir::unrollControlFlow(*g, {lossId}, unroll) : 0; unrolled > 0) {
+    logging::logger().info("unrolled {} If, Loop and Scan ops for the backward graph", unrolled);
+    backend_cpu::ReferenceEvaluator evaluator;
+    ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  }
   if (options.fuseOps) { // before autodiff, so that the fused ops' gradient rules apply
     std::vector<TensorId> keep = dataFlow.anchors();
     keep.push_back(lossId);

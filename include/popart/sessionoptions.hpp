@@ -38,6 +38,10 @@ struct SessionOptions {
   bool fuseOps = true;
   /// Run the ONNX checker on the imported model.
   bool checkModel = true;
+  /// Training unrolls the If, Loop and Scan ops the loss depends on (docs/training.md, "Control
+  /// flow"); this bounds the ops the unrolled copies add in all. A loop past it is not unrolled,
+  /// and training stops with an error naming it if the loss needs a gradient through it.
+  int64_t maxUnrolledOps = 65536;
   /// Training: run accumulationFactor micro-batches per weight update and update with the mean
   /// of their gradients. A factor above 1 needs enableGradientAccumulation.
   bool enableGradientAccumulation = false;

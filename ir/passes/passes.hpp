@@ -3,7 +3,9 @@
 
 #include "ir/graph.hpp"
 
+#include <cstdint>
 #include <map>
+#include <string>
 #include <vector>
 
 namespace popart::ir {
@@ -136,5 +138,31 @@ int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &ke
 /// inside the Erf) by one ai.graphcore Gelu. Intermediates that are graph outputs or in \p keep
 /// stop a fusion. Returns how many were fused.
 int fuseGelu(Graph &graph, const std::vector<TensorId> &keep = {});
+
+/// Limits of unrollControlFlow.
+struct UnrollOptions {
+  /// Ops the pass may add in all (iterations times body ops, summed over the ops it unrolls): an
+  /// op whose unrolling would pass it stays as it is, and autodiff names it if it reaches it.
+  int64_t maxOps = 65536;
+};
+
+/// Replaces control flow that the tensors \p roots (the graph outputs if empty) depend on by the
+/// ops it runs, so that autodiff can differentiate them: an If whose condition is a constant by its
+/// taken branch; a Loop whose trip count and conditions fold to constants (M constant, the
+/// condition constant or computed from the iteration number) by one copy of its body per
+/// iteration, loop-carried values chained from one copy to the next, scan outputs stacked by
+/// Unsqueeze + Concat; a Scan (opset 9+) by one copy per position of its scan axis, each scan input
+/// read by a Gather of that position. Each copy is the subgraph specialised for its input infos
+/// (and for Loop its iteration number), with new tensor ids starting with the op's name and the
+/// iteration; captured tensors become the outer tensors the op read, the op's outputs keep their
+/// ids (Identity of the last copy's values). Nested control flow is unrolled too, outside in.
+/// Ops that cannot be unrolled are left alone, with the reason in their attribute
+/// "popart_not_unrolled", for autodiff's error message only. Shapes must be known.
+/// Returns how many ops were unrolled.
+int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots = {}, const UnrollOptions &options = {});
+
+/// Why unrollControlFlow cannot unroll \p op (an If, Loop or Scan): its condition or trip count
+/// is known only at run time, the unrolled graph would pass the limit...; "" if it can.
+std::string unrollObstacle(const Op &op, const UnrollOptions &options = {});
 
 } // namespace popart::ir

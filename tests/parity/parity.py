@@ -298,9 +298,43 @@ class GRUClassifier(nn.Module):
         return F.cross_entropy(logits, target)
 
 
+@torch.jit.script
+def recurrence(x, W, U):
+    """h_t = tanh(x_t U + h_{t-1} W) over x's axis 1: scripted, so the export keeps the for loop
+    as an ONNX Loop whose body reads U and W from the outer graph."""
+    h = torch.zeros(x.size(0), W.size(1))
+    for t in range(x.size(1)):
+        h = torch.tanh(x[:, t] @ U + h @ W)
+    return h
+
+
+class RNNLoop(nn.Module):
+    """A recurrence written as a loop (an ONNX Loop with a trip count known at compile time),
+    then a linear classifier: U and W are used only inside the Loop body, which training unrolls."""
+
+    batch, seq, features, hidden, classes = 4, 5, 6, 8, 5
+
+    def __init__(self):
+        super().__init__()
+        self.U = nn.Parameter(0.4 * torch.randn(self.features, self.hidden))
+        self.W = nn.Parameter(0.3 * torch.randn(self.hidden, self.hidden))
+        self.head = nn.Linear(self.hidden, self.classes)
+
+    def forward(self, x):
+        return self.head(recurrence(x, self.W, self.U))
+
+    @classmethod
+    def dataset(cls, rng, samples):
+        x = rng.standard_normal((samples, cls.seq, cls.features)).astype(np.float32)
+        target = rng.integers(0, cls.classes, size=(samples,)).astype(np.int64)
+        return {"x": x, "target": target}
+
+    loss = staticmethod(ShapeOf.loss)
+
+
 MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer17": Transformer17,
           "shapeof": ShapeOf, "chunk": Chunk, "mha": MHA, "mhanobias": MHANoBias,
-          "lstm": LSTMClassifier, "gru": GRUClassifier}
+          "lstm": LSTMClassifier, "gru": GRUClassifier, "rnnloop": RNNLoop}
 
 
 class WithLoss(nn.Module):
@@ -407,6 +441,8 @@ CASES = [
     case("lstm", "adamw", **ADAMW),
     case("gru", "sgd", "momentum", **SGD_MOMENTUM),
     case("gru", "adamw", **ADAMW),
+    case("rnnloop", "sgd", "momentum", **SGD_MOMENTUM),
+    case("rnnloop", "adamw", **ADAMW),
 ]
 
 

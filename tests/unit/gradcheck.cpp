@@ -91,6 +91,10 @@ std::unique_ptr<ir::Graph> buildGraph(const Problem &p, std::vector<TensorId> *g
       if (!o.empty() && o != loss) g->addOutput(o);
   ir::inferShapes(*g, nullptr);
   if (grads) {
+    if (p.beforeGradients) {
+      p.beforeGradients(*g);
+      ir::inferShapes(*g, nullptr);
+    }
     *grads = autodiff::buildGradients(*g, loss, wrt);
     for (const auto &id : *grads)
       g->addOutput(id);

@@ -52,6 +52,10 @@ struct Problem {
   /// Whether the op's outputs are graph outputs too (to read them after a run).
   bool exposeOutputs = false;
   backend_cpu::CompileOptions options = {};
+  /// Runs on the graph with gradients before buildGradients (a pass the training session runs
+  /// first, such as ir::unrollControlFlow); the graph without gradients, which the finite
+  /// differences run, does not get it.
+  std::function<void(ir::Graph &)> beforeGradients;
 };
 
 /// Feeds x0, x1, ... (streams of \p shapes in \p type, zero) followed by the constants k0, k1, ...
