@@ -39,7 +39,8 @@ bool hasGradient(const std::string &opType) {
   return gradRules().count(opType) != 0;
 }
 
-std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs) {
+std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
+                                     bool zeroForUnreached) {
   registerBuiltinRules();
   // The ops y depends on, in reverse schedule order.
   std::set<const ir::Op *> ancestors;
@@ -99,7 +100,7 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
   std::vector<TensorId> result;
   for (const auto &x : xs) {
     TensorId g = total(x);
-    if (g.empty()) {
+    if (g.empty() && zeroForUnreached) {
       g = graph.uniqueId(x + "_grad_zero");
       graph.addConst(g, TensorData(graph.tensor(x).info()));
     }

@@ -10,10 +10,12 @@
 namespace popart::autodiff {
 
 /// Adds to \p graph the ops that compute d(sum of y)/dx for every x of \p xs (the infos of
-/// the forward graph must be known). \returns one gradient tensor per x; an x that \p y does
-/// not depend on gets a zero constant. Throws naming the op when an op on the path has no
-/// gradient rule.
-std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs);
+/// the forward graph must be known). \returns one gradient tensor per x; an x that no gradient
+/// reaches (\p y does not depend on it, or only through non-differentiable ops) gets a zero
+/// constant, or "" when \p zeroForUnreached is false. Throws naming the op when an op on the
+/// path has no gradient rule.
+std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
+                                     bool zeroForUnreached = true);
 
 /// Replaces each ai.onnx.preview.training Gradient op by the ops computing its outputs.
 void expandGradientOps(ir::Graph &graph);

@@ -22,12 +22,37 @@ namespace popart::cli {
 
 namespace {
 
-const char *const kTrainOnly[] = {"--loss",         "--optimizer",  "--lr",          "--momentum",     "--dampening",
-                                  "--nesterov",     "--weight-decay", "--beta1",     "--beta2",        "--eps",
-                                  "--alpha",        "--centered",   "--lr-decay",    "--initial-accumulator",   "--max-weight-norm", "--lr-schedule", "--warmup-steps",
-                                  "--lr-step-size", "--lr-gamma",   "--lr-min",      "--loss-scaling", "--clip-norm",
-                                  "--accumulate",   "--steps",      "--epochs",      "--shuffle",      "--save",
-                                  "--checkpoint",   "--checkpoint-every", "--resume"};
+const char *const kTrainOnly[] = {"--loss",
+                                  "--optimizer",
+                                  "--lr",
+                                  "--momentum",
+                                  "--dampening",
+                                  "--nesterov",
+                                  "--weight-decay",
+                                  "--beta1",
+                                  "--beta2",
+                                  "--eps",
+                                  "--alpha",
+                                  "--centered",
+                                  "--lr-decay",
+                                  "--initial-accumulator",
+                                  "--max-weight-norm",
+                                  "--lr-schedule",
+                                  "--warmup-steps",
+                                  "--lr-step-size",
+                                  "--lr-gamma",
+                                  "--lr-min",
+                                  "--loss-scaling",
+                                  "--clip-norm",
+                                  "--accumulate",
+                                  "--steps",
+                                  "--epochs",
+                                  "--shuffle",
+                                  "--save",
+                                  "--checkpoint",
+                                  "--checkpoint-every",
+                                  "--resume",
+                                  "--freeze"};
 
 bool given(const CLI::App &app, const char *flag) { return app.count(flag) > 0; }
 
@@ -66,12 +91,12 @@ std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
     p["defaultEps"] = {o.eps >= 0 ? f(o.eps) : (n == "lamb" || n == "lambnobias" ? 1e-6f : 1e-8f), true};
     p["defaultWeightDecay"] = {f(o.weightDecay), true};
     p["maxWeightNorm"] = {f(o.maxWeightNorm), true};
-    AdamMode mode = n == "adamax" ? AdamMode::AdaMax
-                    : n == "lamb" ? AdamMode::Lamb
+    AdamMode mode = n == "adamax"       ? AdamMode::AdaMax
+                    : n == "lamb"       ? AdamMode::Lamb
                     : n == "lambnobias" ? AdamMode::LambNoBias
                                         : AdamMode::Adam;
-    WeightDecayMode wd = n == "adamw" || n == "lamb" || n == "lambnobias" ? WeightDecayMode::Decay
-                                                                          : WeightDecayMode::L2Regularization;
+    WeightDecayMode wd =
+        n == "adamw" || n == "lamb" || n == "lambnobias" ? WeightDecayMode::Decay : WeightDecayMode::L2Regularization;
     return std::make_unique<Adam>(p, mode, wd, clip);
   }
   p["defaultWeightDecay"] = {f(o.weightDecay), true};
@@ -150,9 +175,25 @@ Progress readProgress(const fs::path &path) {
 
 } // namespace
 
+std::string cliWording(std::string message) {
+  static const std::pair<const char *, const char *> kFlags[] = {
+      {"set SessionOptions::batchSize or an InputShapeInfo", "give --batch N"},
+      {"SessionOptions::batchSize", "--batch"},
+      {"SessionOptions::frozenWeights entry", "--freeze"},
+      {"SessionOptions::frozenWeights", "--freeze"},
+      {"SessionOptions.kernels", "--kernels"},
+  };
+  for (const auto &[api, flag] : kFlags)
+    for (size_t at = message.find(api); at != std::string::npos; at = message.find(api, at + std::strlen(flag)))
+      message.replace(at, std::strlen(api), flag);
+  return message;
+}
+
 void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_flag("--train", o.train, "train the model (its scalar loss output) on the --input datasets");
   app.add_option("--loss", o.loss, "loss tensor (default: the model's only scalar output)");
+  app.add_option("--freeze", o.freeze,
+                 "keep this initializer as it is: a name or a regular expression matching whole names (repeatable)");
   app.add_option("--optimizer", o.optimizer, "sgd | adam | adamw | adamax | lamb | lambnobias | rmsprop | adagrad")
       ->check(CLI::IsMember({"sgd", "adam", "adamw", "adamax", "lamb", "lambnobias", "rmsprop", "adagrad"}));
   app.add_option("--lr", o.lr, "learning rate (default: sgd/rmsprop/adagrad 0.01, adam family 0.001)");
@@ -217,12 +258,13 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.batchSize = o.batch;
   so.kernels = o.kernels;
   so.fuseOps = o.fuseOps;
+  so.frozenWeights = o.freeze;
   if (o.accumulate > 1) {
     so.enableGradientAccumulation = true;
     so.accumulationFactor = o.accumulate;
   }
   if (o.lossScaling == "dynamic") so.automaticLossScalingSettings.enabled = true;
-  double baseLr = o.lr >= 0 ? o.lr
+  double baseLr = o.lr >= 0                                                                        ? o.lr
                   : (o.optimizer == "sgd" || o.optimizer == "rmsprop" || o.optimizer == "adagrad") ? 0.01
                                                                                                    : 0.001;
   auto optimizer = makeOptimizer(o, baseLr);
@@ -242,8 +284,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                    ->getLossId();
     }
   }
-  auto session =
-      TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId, *optimizer, so);
+  auto session = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId,
+                                                      *optimizer, so);
   session->prepareDevice();
   if (o.dumpIr) std::cout << session->dumpIr();
   std::vector<TensorId> inputIds = session->getInputIds();
@@ -260,7 +302,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     Shape sample(have.shape().begin() + 1, have.shape().end());
     Shape want(info.shape().begin() + 1, info.shape().end());
     if (have.dataType() != info.dataType())
-      throw error("--input ", id, " is ", toString(have.dataType()), ", the model input is ", toString(info.dataType()));
+      throw error("--input ", id, " is ", toString(have.dataType()), ", the model input is ",
+                  toString(info.dataType()));
     if (info.shape().empty() || sample != want)
       throw error("--input ", id, " has samples of shape ", toString(sample), ", the model input ", info.toString(),
                   " needs ", toString(want), " after its batch dimension");
@@ -275,7 +318,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   if (stepsPerEpoch == 0)
     throw error("the dataset has ", data.samples, " samples, fewer than one step needs (batch ", batch,
                 " x accumulation ", o.accumulate, ")");
-  int64_t total = o.steps > 0 ? o.steps
+  int64_t total = o.steps > 0    ? o.steps
                   : o.epochs > 0 ? std::max<int64_t>(1, std::llround(o.epochs * double(stepsPerEpoch)))
                                  : stepsPerEpoch;
 
@@ -287,7 +330,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
       throw error("--resume: the checkpoint in '", o.resume, "' was made with ", p.samples, " samples, ", p.batch,
                   " samples per step, shuffle ", p.shuffle, ", seed ", p.seed, "; this run differs");
     start = p.step;
-    if (start >= total) throw error("--resume: the checkpoint is at step ", start, ", at or past the last step ", total);
+    if (start >= total)
+      throw error("--resume: the checkpoint is at step ", start, ", at or past the last step ", total);
   }
   session->setRandomSeed(o.seed);
   // The checkpoint holds weights, optimiser state, loss scale and the random state.
@@ -339,10 +383,26 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   };
 
   const bool tty = isatty(STDOUT_FILENO) != 0;
-  std::printf("training %s: %zu weights, %s, batch %lld%s, %lld steps (%lld per epoch)%s\n", modelPath.c_str(),
-              session->getWeightIds().size(), o.optimizer.c_str(), (long long)batch,
+  std::vector<WeightStatus> statuses = session->getWeightStatuses();
+  std::printf("training %s: trained %zu of %zu weights, %s, batch %lld%s, %lld steps (%lld per epoch)%s\n",
+              modelPath.c_str(), session->getWeightIds().size(), statuses.size(), o.optimizer.c_str(), (long long)batch,
               o.accumulate > 1 ? (" x " + std::to_string(o.accumulate) + " accumulated").c_str() : "", (long long)total,
               (long long)stepsPerEpoch, start > 0 ? (", resuming at step " + std::to_string(start)).c_str() : "");
+  // The weights not trained, one line per reason.
+  std::vector<std::pair<std::string, std::vector<TensorId>>> byReason;
+  for (const auto &st : statuses) {
+    if (st.role == WeightStatus::Role::Trained) continue;
+    std::string reason = cliWording(st.reason);
+    auto it = std::find_if(byReason.begin(), byReason.end(), [&](const auto &r) { return r.first == reason; });
+    if (it == byReason.end()) it = byReason.insert(byReason.end(), {reason, {}});
+    it->second.push_back(st.id);
+  }
+  for (const auto &[reason, ids] : byReason) {
+    std::string names;
+    for (const auto &id : ids)
+      names += (names.empty() ? "" : ", ") + id;
+    std::printf("  not trained: %s (%s)\n", names.c_str(), reason.c_str());
+  }
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
   if (!o.profile.empty()) session->enableProfiling();
@@ -426,7 +486,8 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   only("--lr-decay", {"adagrad"});
   only("--initial-accumulator", {"adagrad"});
   if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
-  if (given(app, "--checkpoint-every") && o.checkpoint.empty()) throw error("--checkpoint-every needs --checkpoint DIR");
+  if (given(app, "--checkpoint-every") && o.checkpoint.empty())
+    throw error("--checkpoint-every needs --checkpoint DIR");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     throw error("--nesterov needs a positive --momentum and no --dampening");
   if (o.lrSchedule == "step" && o.lrStepSize <= 0) throw error("--lr-schedule step needs --lr-step-size N > 0");
@@ -440,6 +501,5 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
       throw error("--loss-scaling must be a positive number or 'dynamic', got '", o.lossScaling, "'");
   }
 }
-
 
 } // namespace popart::cli

@@ -28,6 +28,7 @@ struct TrainOptions {
   bool shuffle = false;
   std::string save, checkpoint, resume;
   int64_t checkpointEvery = 0;
+  std::vector<std::string> freeze; ///< initializer names or regular expressions not to train
   /// Copied from the common options of popart-run.
   std::vector<std::string> inputs;
   uint64_t seed = 0;
@@ -36,8 +37,12 @@ struct TrainOptions {
   std::string kernels = "any";
   bool fuseOps = true;
   std::string profile; ///< Chrome trace path ("" = no profiling)
-  bool dumpIr = false;  ///< print the compiled training graph (forward, backward and updates)
+  bool dumpIr = false; ///< print the compiled training graph (forward, backward and updates)
 };
+
+/// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by
+/// the popart-run flags that set them.
+std::string cliWording(std::string message);
 
 /// Adds the training flags to \p app.
 void addTrainOptions(CLI::App &app, TrainOptions &options);

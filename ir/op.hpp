@@ -76,6 +76,9 @@ struct OpDef {
   void (*canonicalize)(Op &op, Graph &graph) = nullptr;
   /// True when every input value decides the output shape (NonZero, Unique, Range...).
   bool allInputsAreValueInputs = false;
+  /// Inputs of which the op reads only the type and shape, never the values (Shape, Size,
+  /// EyeLike, CastLike's target): a shape computed from them does not make them constants.
+  std::vector<int> shapeOnlyInputs;
   /// True for ops that a graph transform replaces before lowering (Gradient): no kernel.
   bool expandedBeforeLowering = false;
   /// Outputs that are inputs updated in place: {output, input}. The output shares the input's

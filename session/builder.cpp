@@ -325,6 +325,18 @@ std::vector<TensorId> AiOnnxOpset13::dropout(const std::vector<TensorId> &args, 
   return impl_->addNode("Dropout", {args[0], r}, num_outputs, name, 2, 2, {DataType::UNDEFINED, DataType::BOOL});
 }
 
+TensorId AiOnnxOpset13::shape(const std::vector<TensorId> &args, const std::string &name) {
+  return impl_->one("Shape", args, name, 1, 1, DataType::INT64);
+}
+
+TensorId AiOnnxOpset13::argmax(const std::vector<TensorId> &args, int64_t axis, int64_t keepdims,
+                               const std::string &name) {
+  TensorId out = impl_->one("ArgMax", args, name, 1, 1, DataType::INT64);
+  impl_->attrInt("axis", axis);
+  impl_->attrInt("keepdims", keepdims);
+  return out;
+}
+
 TensorId AiOnnxOpset13::cast(const std::vector<TensorId> &args, const std::string &to, const std::string &name) {
   DataType t = dataTypeFromString(to);
   TensorId out = impl_->one("Cast", args, name, 1, 1, t);

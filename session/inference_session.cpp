@@ -147,26 +147,9 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   for (const auto &[id, info] : inputShapes.getAll())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
       throw error("InputShapeInfo names '", id, "', which is not an input of the model");
-  for (const auto &op : m.declared->ops()) {
-    std::vector<int> idx = op->def->valueInputs;
-    if (op->def->allInputsAreValueInputs)
-      for (size_t i = 0; i < op->inputCount(); ++i)
-        idx.push_back(static_cast<int>(i));
-    // A value input computed from fed inputs (Cast, Add, ...) needs those fed inputs' values.
-    std::vector<const ir::Tensor *> stack;
-    for (int i : idx)
-      if (op->hasInput(static_cast<size_t>(i))) stack.push_back(&op->input(static_cast<size_t>(i)));
-    std::set<const ir::Tensor *> seen;
-    while (!stack.empty()) {
-      const ir::Tensor *t = stack.back();
-      stack.pop_back();
-      if (!seen.insert(t).second) continue;
-      if (t->kind() == ir::TensorKind::Stream) m.valueInputs.insert(t->id());
-      if (const ir::Op *p = t->producer(); p && p->type != "Shape" && p->type != "Size")
-        for (const ir::Tensor *in : p->inputs)
-          if (in) stack.push_back(in);
-    }
-  }
+  // A value input computed from fed inputs (Cast, Add, ...) needs those fed inputs' values.
+  for (const auto &[t, use] : ir::shapeDecidingTensors(*m.declared))
+    if (t->kind() == ir::TensorKind::Stream) m.valueInputs.insert(t->id());
   for (const auto &a : dataFlow.anchors())
     if (!m.declared->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of model '", m.sourceName, "'");
   return s;
@@ -191,8 +174,7 @@ void InferenceSession::run(StepIO &stepio) {
   std::map<TensorId, const IArray *> arrays;
   for (const auto &[id, arr] : stepio.inputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
-      throw error(
-          "StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
+      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
   for (const auto &id : m.inputIds) {
     auto it = stepio.inputs().find(id);
     if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 
 namespace popart {
@@ -34,6 +35,28 @@ uint64_t fingerprint(const std::string &bytes) {
   for (unsigned char c : bytes)
     h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+/// Float initializers made constants before shape inference, and why.
+struct Constants {
+  std::map<TensorId, std::string> frozen;        ///< by SessionOptions::frozenWeights: the entry
+  std::map<TensorId, std::string> shapeDeciding; ///< values decide shapes: where
+  /// For each shape-deciding one, the tensors it reaches through ops that differentiate it.
+  std::map<TensorId, std::set<TensorId>> differentiableReach;
+};
+
+/// "trained N of M weights" and each weight not trained with its reason.
+std::string weightSummary(const std::vector<WeightStatus> &statuses) {
+  size_t trained = 0;
+  std::string rest;
+  for (const auto &st : statuses) {
+    if (st.role == WeightStatus::Role::Trained) {
+      ++trained;
+      continue;
+    }
+    rest += (rest.empty() ? "; not trained: '" : ", '") + st.id + "' (" + st.reason + ")";
+  }
+  return "trained " + std::to_string(trained) + " of " + std::to_string(statuses.size()) + " weights" + rest;
 }
 
 } // namespace
@@ -51,13 +74,14 @@ struct TrainingSession::Impl {
   std::unique_ptr<ir::Graph> graph;
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   optimizer::AppliedOptimizer applied;
-  std::vector<TensorId> weightIds;     ///< trained weights, model order
-  std::vector<TensorId> runningStats;  ///< BatchNormalization running mean/var (updated, not trained)
-  std::vector<TensorId> stateIds;      ///< optimiser state
+  std::vector<TensorId> weightIds;          ///< trained weights, model order
+  std::vector<WeightStatus> weightStatuses; ///< every float initializer, model order
+  std::vector<TensorId> runningStats;       ///< BatchNormalization running mean/var (updated, not trained)
+  std::vector<TensorId> stateIds;           ///< optimiser state
   /// Per update op, its weight's hyperparameters resolved once (optimizer::resolveHyperParameters).
   std::vector<std::vector<float>> resolvedHp;
-  TensorId lossScaleId;                ///< FLOAT scalar Variable multiplying the loss
-  TensorId rngStateId;                 ///< INT64 [2] Variable {seed, counter} for random ops
+  TensorId lossScaleId; ///< FLOAT scalar Variable multiplying the loss
+  TensorId rngStateId;  ///< INT64 [2] Variable {seed, counter} for random ops
   /// What weightsFromHost restores: each persistent tensor's value after compile, shared with
   /// `declared` where it holds the same bytes (the model's weights), or null when all zero (most
   /// optimiser state), so that the session does not hold another copy of them.
@@ -84,8 +108,13 @@ struct TrainingSession::Impl {
   /// The persistent tensor \p id, after checking \p arr can hold it; errors start with \p what.
   TensorData &checkedWeight(const char *what, const TensorId &id, const IArray &arr) const {
     std::vector<TensorId> ids = persistentIds();
-    if (std::find(ids.begin(), ids.end(), id) == ids.end())
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+      for (const auto &st : weightStatuses)
+        if (st.id == id)
+          throw error(what, ": weight '", id, "' is not trained (", st.reason,
+                      "): the compiled plan holds it as a constant");
       throw error(what, ": '", id, "' is not a weight, running statistic or optimiser state tensor of the session");
+    }
     TensorData &d = variable(id);
     if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
       throw error(what, ": buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
@@ -100,9 +129,13 @@ struct TrainingSession::Impl {
     return onnx_import::importModelBytes(model.bytes, model.baseDir, io, model.sourceName);
   }
 
-  /// The model imported with the session's input shapes, non-float Variables frozen, shapes
+  /// The model imported with the session's input shapes, frozen and shape-deciding float
+  /// initializers and all non-float ones made constants (described in \p constants), shapes
   /// inferred.
-  std::unique_ptr<ir::Graph> shapedImport() const;
+  std::unique_ptr<ir::Graph> shapedImport(Constants *constants = nullptr) const;
+  /// Sorts the float initializers of \p g into weightIds and weightStatuses; throws for a weight
+  /// that would be a shape constant while the loss depends on it through differentiable ops.
+  void classifyWeights(const ir::Graph &g, const Constants &constants);
   /// Sets lossId, if not given, to \p g's only scalar output.
   void findLoss(const ir::Graph &g);
   void compile();
@@ -115,32 +148,75 @@ struct TrainingSession::Impl {
   void resetState();
 };
 
-/// Initializers that decide shapes (through value inputs) or are not floating point are constants.
-static void freezeNonTrainable(ir::Graph &g) {
-  std::vector<ir::Tensor *> stack;
-  for (const auto &op : g.ops()) {
-    std::vector<int> idx = op->def->valueInputs;
-    if (op->def->allInputsAreValueInputs)
-      for (size_t i = 0; i < op->inputCount(); ++i)
-        idx.push_back(static_cast<int>(i));
-    for (int i : idx)
-      if (op->hasInput(static_cast<size_t>(i))) stack.push_back(&op->input(static_cast<size_t>(i)));
-  }
-  std::set<ir::Tensor *> seen;
+/// The tensors \p from reaches through inputs that ops differentiate (not value inputs, not
+/// inputs read only for their shapes) and outputs that may be floating point.
+static std::set<TensorId> differentiableReach(const ir::Tensor &from) {
+  std::set<TensorId> reach;
+  std::vector<const ir::Tensor *> stack{&from};
   while (!stack.empty()) {
-    ir::Tensor *t = stack.back();
+    const ir::Tensor *t = stack.back();
     stack.pop_back();
-    if (!seen.insert(t).second) continue;
-    if (t->kind() == ir::TensorKind::Variable) t->setKind(ir::TensorKind::Const);
-    if (ir::Op *p = t->producer())
-      for (ir::Tensor *in : p->inputs)
-        if (in) stack.push_back(in);
+    if (!reach.insert(t->id()).second) continue;
+    for (const ir::Op *c : t->consumers()) {
+      std::vector<size_t> values = ir::valueInputIndices(*c);
+      bool differentiated = false;
+      for (size_t k = 0; k < c->inputCount(); ++k)
+        differentiated = differentiated || (c->inputs[k] == t && ir::readsValuesOf(*c, k) &&
+                                            std::find(values.begin(), values.end(), k) == values.end());
+      if (!differentiated) continue;
+      for (const ir::Tensor *out : c->outputs) {
+        DataType type = out ? out->info().dataType() : DataType::UNDEFINED;
+        if (out && (type == DataType::UNDEFINED || isFloatingPoint(type))) stack.push_back(out);
+      }
+    }
   }
-  for (const auto &[id, t] : g.tensors())
-    if (t->kind() == ir::TensorKind::Variable && !isFloatingPoint(t->info().dataType())) t->setKind(ir::TensorKind::Const);
+  return reach;
 }
 
-std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport() const {
+/// Makes constants of the float initializers that \p frozenWeights names, of those whose values
+/// decide shapes (through value inputs, not through Shape or Size) and of every non-float one.
+static Constants makeConstants(ir::Graph &g, const std::vector<std::string> &frozenWeights) {
+  Constants c;
+  auto isFloatVariable = [&](const TensorId &id) {
+    const ir::Tensor *t = g.findTensor(id);
+    return t && t->kind() == ir::TensorKind::Variable && isFloatingPoint(t->info().dataType());
+  };
+  for (const auto &entry : frozenWeights) {
+    std::regex pattern;
+    try {
+      pattern = std::regex(entry, std::regex::ECMAScript);
+    } catch (const std::regex_error &e) {
+      throw error("SessionOptions::frozenWeights entry '", entry,
+                  "' is neither an initializer name nor a valid regular expression (", e.what(), ")");
+    }
+    bool matched = false;
+    for (const auto &id : g.initializers())
+      if (isFloatVariable(id) && (id == entry || std::regex_match(id, pattern))) {
+        c.frozen.emplace(id, entry);
+        matched = true;
+      }
+    if (!matched)
+      throw error("SessionOptions::frozenWeights entry '", entry,
+                  "' matches no floating-point initializer of the model");
+  }
+  for (const auto &[id, entry] : c.frozen)
+    g.tensor(id).setKind(ir::TensorKind::Const);
+  for (const auto &[t, use] : ir::shapeDecidingTensors(g)) {
+    if (t->kind() != ir::TensorKind::Variable) continue;
+    if (isFloatingPoint(t->info().dataType())) {
+      c.shapeDeciding.emplace(t->id(), "its values decide a shape: input " + std::to_string(use.input) + " of " +
+                                           use.op->debugName());
+      c.differentiableReach.emplace(t->id(), differentiableReach(*t));
+    }
+    g.tensor(t->id()).setKind(ir::TensorKind::Const);
+  }
+  for (const auto &[id, t] : g.tensors())
+    if (t->kind() == ir::TensorKind::Variable && !isFloatingPoint(t->info().dataType()))
+      t->setKind(ir::TensorKind::Const);
+  return c;
+}
+
+std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(Constants *constants) const {
   auto g = import();
   for (const auto &id : inputIds) {
     TensorInfo info = session::resolvedInputInfo(*declared, id, inputShapes, options);
@@ -149,7 +225,8 @@ std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport() const {
                   ": training needs every input shape (set SessionOptions::batchSize or an InputShapeInfo)");
     g->tensor(id).setInfo(info);
   }
-  freezeNonTrainable(*g);
+  Constants c = makeConstants(*g, options.frozenWeights);
+  if (constants) *constants = std::move(c);
   backend_cpu::ReferenceEvaluator evaluator;
   ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
   return g;
@@ -161,13 +238,59 @@ void TrainingSession::Impl::findLoss(const ir::Graph &g) {
   for (const auto &o : g.outputs())
     if (g.tensor(o).info().elementCount() == 1) scalars.push_back(o);
   if (scalars.size() != 1)
-    throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (",
-                session::joinIds(scalars), "): name the loss tensor");
+    throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (", session::joinIds(scalars),
+                "): name the loss tensor");
   lossId = scalars[0];
 }
 
+void TrainingSession::Impl::classifyWeights(const ir::Graph &g, const Constants &constants) {
+  // The tensors the loss is computed from, all inputs followed (value inputs are constants by now).
+  std::set<const ir::Tensor *> upstream;
+  std::vector<const ir::Tensor *> stack{&g.tensor(lossId)};
+  while (!stack.empty()) {
+    const ir::Tensor *t = stack.back();
+    stack.pop_back();
+    if (!upstream.insert(t).second) continue;
+    if (const ir::Op *p = t->producer())
+      for (const ir::Tensor *in : p->inputs)
+        if (in) stack.push_back(in);
+  }
+  weightIds.clear();
+  weightStatuses.clear();
+  for (const auto &id : declared->initializers()) {
+    const ir::Tensor *declaredTensor = declared->findTensor(id);
+    if (!declaredTensor || !isFloatingPoint(declaredTensor->info().dataType())) continue;
+    WeightStatus st;
+    st.id = id;
+    const ir::Tensor *t = g.findTensor(id);
+    if (auto it = constants.frozen.find(id); it != constants.frozen.end()) {
+      st.role = WeightStatus::Role::Frozen;
+      st.reason = it->second == id ? "frozen by SessionOptions::frozenWeights"
+                                   : "frozen by SessionOptions::frozenWeights entry '" + it->second + "'";
+    } else if (auto sd = constants.shapeDeciding.find(id); sd != constants.shapeDeciding.end()) {
+      if (constants.differentiableReach.at(id).count(lossId))
+        throw error(
+            "initializer '", id, "' cannot be trained: ", sd->second, ", so it is a constant, but loss '", lossId,
+            "' also depends on it through ops that differentiate it. Freeze it explicitly "
+            "(SessionOptions::frozenWeights) or export the model so that no shape is computed from a weight's values");
+      st.role = WeightStatus::Role::ShapeConstant;
+      st.reason = sd->second;
+    } else if (std::find(runningStats.begin(), runningStats.end(), id) != runningStats.end()) {
+      st.role = WeightStatus::Role::RunningStatistic;
+      st.reason = "running statistic of BatchNormalization, updated each step";
+    } else if (!t || t->kind() != ir::TensorKind::Variable || !upstream.count(t)) {
+      st.role = WeightStatus::Role::NoGradient;
+      st.reason = "loss '" + lossId + "' does not depend on it";
+    } else {
+      weightIds.push_back(id);
+    }
+    weightStatuses.push_back(std::move(st));
+  }
+}
+
 void TrainingSession::Impl::compile() {
-  auto g = shapedImport();
+  Constants constants;
+  auto g = shapedImport(&constants);
   findLoss(*g);
   if (options.fuseOps) { // before autodiff, so that the fused ops' gradient rules apply
     std::vector<TensorId> keep = dataFlow.anchors();
@@ -217,29 +340,7 @@ void TrainingSession::Impl::compile() {
     bn->def->setup(*bn);
   }
 
-  // Trained weights: floating-point Variables the loss depends on (not running statistics).
-  std::set<const ir::Tensor *> upstream;
-  {
-    std::vector<const ir::Tensor *> stack{&g->tensor(lossId)};
-    while (!stack.empty()) {
-      const ir::Tensor *t = stack.back();
-      stack.pop_back();
-      if (!upstream.insert(t).second) continue;
-      if (const ir::Op *p = t->producer())
-        for (const ir::Tensor *in : p->inputs)
-          if (in) stack.push_back(in);
-    }
-  }
-  weightIds.clear();
-  for (const auto &id : g->initializers())
-    if (g->hasTensor(id)) {
-      const ir::Tensor &t = g->tensor(id);
-      if (t.kind() == ir::TensorKind::Variable && upstream.count(&t) &&
-          std::find(runningStats.begin(), runningStats.end(), id) == runningStats.end())
-        weightIds.push_back(id);
-    }
-  if (weightIds.empty()) throw error("loss '", lossId, "' depends on no trainable weight");
-
+  classifyWeights(*g, constants);
   // Loss scaling multiplies the loss, so the whole backward pass sees scaled gradients.
   lossScaleId = g->uniqueId("popart_loss_scale");
   g->addTensor(lossScaleId, ir::TensorKind::Variable, TensorInfo(DataType::FLOAT, {}))
@@ -261,10 +362,26 @@ void TrainingSession::Impl::compile() {
   ir::Op &mul = g->addOp("Mul", "ai.onnx", 13, "", {}, {reshaped, lossScaleId}, {scaled});
   mul.def->setup(mul);
 
-  std::vector<TensorId> grads = autodiff::buildGradients(*g, scaled, weightIds);
+  // A weight upstream of the loss through ops without a gradient (ArgMax, comparisons...) gets
+  // none: PyTorch leaves such a parameter alone, and so does the optimiser here.
+  std::vector<TensorId> grads = autodiff::buildGradients(*g, scaled, weightIds, false);
   std::vector<std::pair<TensorId, TensorId>> weightGrads;
-  for (size_t i = 0; i < weightIds.size(); ++i)
-    weightGrads.emplace_back(weightIds[i], grads[i]);
+  std::vector<TensorId> trained;
+  for (size_t i = 0; i < weightIds.size(); ++i) {
+    if (!grads[i].empty()) {
+      weightGrads.emplace_back(weightIds[i], grads[i]);
+      trained.push_back(weightIds[i]);
+      continue;
+    }
+    for (auto &st : weightStatuses)
+      if (st.id == weightIds[i]) {
+        st.role = WeightStatus::Role::NoGradient;
+        st.reason = "no gradient reaches it from loss '" + lossId + "': only ops without one lie between";
+      }
+  }
+  weightIds = std::move(trained);
+  if (weightIds.empty())
+    throw error("loss '", lossId, "' depends on no trainable weight: ", weightSummary(weightStatuses));
   optimizer::ApplyOptions ao;
   ao.accumulationFactor = accumulation();
   ao.checkFinite = dynamicScaling();
@@ -290,7 +407,7 @@ void TrainingSession::Impl::compile() {
     ir::fuseBatchNormRelu(*g);
     ir::fuseMatMulBias(*g);
     ir::fuseMatMulScale(*g);
-    ir::fuseRelu(*g, false); // after the bias and scale; training Convs keep their plain kernels
+    ir::fuseRelu(*g, false);    // after the bias and scale; training Convs keep their plain kernels
     ir::fuseMatMulResidual(*g); // last of the MatMul fusions, which cannot follow it
     ir::fuseLossGradClassSums(*g);
     ir::fuseLossWithGradient(*g);
@@ -311,8 +428,11 @@ void TrainingSession::Impl::compile() {
       value = std::make_shared<const TensorData>(now);
     initialValues.emplace(id, std::move(value)); // null: all zero
   }
-  logging::logger().info("training {} weights of '{}' with {}; {} ops, arena {} bytes", weightIds.size(),
-                         model.sourceName, optimizer->name(), plan->stepCount(), plan->memoryPlan().arenaBytes);
+  logging::logger().info("trained {} of {} weights of '{}' with {}; {} ops, arena {} bytes", weightIds.size(),
+                         weightStatuses.size(), model.sourceName, optimizer->name(), plan->stepCount(),
+                         plan->memoryPlan().arenaBytes);
+  for (const auto &st : weightStatuses)
+    if (st.role != WeightStatus::Role::Trained) logging::logger().info("not trained: '{}': {}", st.id, st.reason);
 }
 
 void TrainingSession::Impl::resetState() {
@@ -324,7 +444,8 @@ void TrainingSession::Impl::resetState() {
       std::memset(v.data(), 0, static_cast<size_t>(v.byteCount()));
   }
   for (const auto &u : applied.updates)
-    if (!u.accumulator.empty()) std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
+    if (!u.accumulator.empty())
+      std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
   step = skipped = goodSteps = 0;
   rngCounter = 0;
   lossScale = dynamicScaling() ? options.automaticLossScalingSettings.initialScale : optimizer->lossScaling().val();
@@ -462,7 +583,15 @@ void TrainingSession::readWeights(const WeightsIO &weights) const {
   const Impl &m = *impl_;
   if (!m.plan) throw error("readWeights: call prepareDevice() first");
   for (const auto &[id, arr] : weights.all()) {
-    const TensorData &d = m.checkedWeight("readWeights", id, arr);
+    // A float initializer that is not trained keeps the model's value.
+    auto st = std::find_if(m.weightStatuses.begin(), m.weightStatuses.end(),
+                           [&](const WeightStatus &w) { return w.id == id; });
+    bool untrained = st != m.weightStatuses.end() && st->role != WeightStatus::Role::Trained &&
+                     st->role != WeightStatus::Role::RunningStatistic;
+    const TensorData &d = untrained ? *m.declared->tensor(id).data() : m.checkedWeight("readWeights", id, arr);
+    if (untrained && (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount()))
+      throw error("readWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the tensor is ", d.info().toString());
     std::memcpy(arr.data(), d.data(), static_cast<size_t>(d.byteCount()));
   }
 }
@@ -473,7 +602,8 @@ void TrainingSession::writeWeights(const WeightsIO &weights) {
   for (const auto &[id, arr] : weights.all())
     m.checkedWeight("writeWeights", id, arr); // all checked before any is written
   for (const auto &[id, arr] : weights.all())
-    std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(), static_cast<size_t>(m.variable(id).byteCount()));
+    std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(),
+                static_cast<size_t>(m.variable(id).byteCount()));
 }
 
 void TrainingSession::modelToHost(const std::string &path) const {
@@ -589,10 +719,12 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const auto &t = tensors[i];
       const TensorData &d = m.variable(ids[i]);
-      if (t.at("id").get<std::string>() != ids[i]) throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
-      if (t.at("shape").get<Shape>() != d.info().shape() || t.at("type").get<std::string>() != toString(d.info().dataType()))
-        throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ", toString(t.at("shape").get<Shape>()),
-                    ", the session has ", d.info().toString());
+      if (t.at("id").get<std::string>() != ids[i])
+        throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
+      if (t.at("shape").get<Shape>() != d.info().shape() ||
+          t.at("type").get<std::string>() != toString(d.info().dataType()))
+        throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ",
+                    toString(t.at("shape").get<Shape>()), ", the session has ", d.info().toString());
       TensorData v(d.info());
       in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(v.byteCount()));
       if (!in) throw error("it is truncated in tensor '", ids[i], "'");
@@ -623,6 +755,10 @@ std::vector<TensorId> TrainingSession::getInputIds() const { return impl_->input
 std::vector<TensorId> TrainingSession::getWeightIds() const {
   const_cast<TrainingSession *>(this)->prepareDevice();
   return impl_->weightIds;
+}
+std::vector<WeightStatus> TrainingSession::getWeightStatuses() const {
+  const_cast<TrainingSession *>(this)->prepareDevice();
+  return impl_->weightStatuses;
 }
 std::vector<TensorId> TrainingSession::getOptimizerStateIds() const {
   const_cast<TrainingSession *>(this)->prepareDevice();

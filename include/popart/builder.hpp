@@ -76,6 +76,11 @@ public:
                                 const std::string &name = "");
   /// \p to is an ONNX type name such as "FLOAT" or "INT32".
   TensorId cast(const std::vector<TensorId> &args, const std::string &to, const std::string &name = "");
+  /// The shape of args[0] as an INT64 vector.
+  TensorId shape(const std::vector<TensorId> &args, const std::string &name = "");
+  /// Indices (INT64) of the largest elements along \p axis.
+  TensorId argmax(const std::vector<TensorId> &args, int64_t axis = 0, int64_t keepdims = 1,
+                  const std::string &name = "");
   /// {scores, labels[, weights]} -> the loss (scalar unless NoReduction); \p scores are
   /// unnormalised [N, C, ...], \p labels INT32 or INT64 class indices [N, ...].
   TensorId softmaxcrossentropyloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,

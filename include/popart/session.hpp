@@ -54,6 +54,21 @@ private:
   std::unique_ptr<Impl> impl_;
 };
 
+/// What a training session does with one floating-point initializer of its model.
+struct WeightStatus {
+  enum class Role {
+    Trained,          ///< a gradient reaches it from the loss; the optimiser updates it
+    Frozen,           ///< named by SessionOptions::frozenWeights
+    ShapeConstant,    ///< its values decide a shape (Reshape's shape, Resize's scales...)
+    NoGradient,       ///< off every differentiable path to the loss
+    RunningStatistic, ///< BatchNormalization's running mean or variance: updated, not trained
+  };
+  TensorId id;
+  Role role = Role::Trained;
+  /// Why it is not trained, naming the op or option responsible ("" when trained).
+  std::string reason;
+};
+
 /// Trains an ONNX model: the backward graph of a scalar loss tensor, optimiser updates of every
 /// trainable initializer (floating-point initializers not used as shape inputs), gradient
 /// accumulation, loss scaling and checkpoints.
@@ -100,8 +115,11 @@ public:
   void setRandomSeed(uint64_t seed);
 
   std::vector<TensorId> getInputIds() const;
-  /// The trainable weights, in model order.
+  /// The trained weights, in model order.
   std::vector<TensorId> getWeightIds() const;
+  /// Every floating-point initializer of the model, in model order, with what training does
+  /// with it and why (after prepareDevice).
+  std::vector<WeightStatus> getWeightStatuses() const;
   /// Optimiser state tensors (velocities, moments...), as readWeights/writeWeights accept.
   std::vector<TensorId> getOptimizerStateIds() const;
   const TensorId &getLossId() const;

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 namespace popart {
 
@@ -46,6 +47,10 @@ struct SessionOptions {
   /// Training: BatchNormalization updates its running variance with the unbiased batch variance,
   /// as PyTorch does (false: the population variance of the ONNX specification).
   bool batchNormUnbiasedRunningVariance = true;
+  /// Training: floating-point initializers to keep as they are (PyTorch's requires_grad=False),
+  /// each entry an initializer name or an ECMAScript regular expression matching whole names.
+  /// An entry that matches no floating-point initializer is an error.
+  std::vector<std::string> frozenWeights;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

@@ -144,7 +144,9 @@ void registerElementwiseOps(OpRegistry &r) {
   clip.valueInputs = {};
   r.add(clip);
   r.add(makeDef("Cast", 1, 1000, setupCast));
-  r.add(makeDef("CastLike", 15, 1000, setupCastLike));
+  OpDef castLike = makeDef("CastLike", 15, 1000, setupCastLike);
+  castLike.shapeOnlyInputs = {1};
+  r.add(castLike);
   (void)setupIdentity;
 }
 

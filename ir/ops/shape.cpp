@@ -480,6 +480,11 @@ void setupReverseSequence(Op &op) {
   setupSameAsInput0(op);
 }
 
+OpDef withShapeOnlyInputs(OpDef d, std::vector<int> inputs) {
+  d.shapeOnlyInputs = std::move(inputs);
+  return d;
+}
+
 OpDef withValueInputs(OpDef d, std::vector<int> inputs, void (*canonicalize)(Op &, Graph &) = nullptr) {
   d.valueInputs = std::move(inputs);
   d.canonicalize = canonicalize;
@@ -500,8 +505,8 @@ void registerShapeOps(OpRegistry &r) {
   r.add(withValueInputs(makeDef("Expand", 8, 1000, setupExpand), {1}));
   r.add(withValueInputs(makeDef("Tile", 6, 1000, setupTile), {1}));
   r.add(withValueInputs(makeDef("Pad", 1, 1000, setupPad), {1, 3}, canonicalizePad));
-  r.add(makeDef("Shape", 1, 1000, setupShape));
-  r.add(makeDef("Size", 1, 1000, setupSize));
+  r.add(withShapeOnlyInputs(makeDef("Shape", 1, 1000, setupShape), {0}));
+  r.add(withShapeOnlyInputs(makeDef("Size", 1, 1000, setupSize), {0}));
   r.add(withValueInputs(makeDef("ConstantOfShape", 9, 1000, setupConstantOfShape), {0}));
   r.add(makeDef("Constant", 1, 1000, setupConstant));
   OpDef range = makeDef("Range", 11, 1000, setupRange);
@@ -509,7 +514,7 @@ void registerShapeOps(OpRegistry &r) {
   r.add(range);
   r.add(makeDef("DepthToSpace", 1, 1000, setupDepthToSpace));
   r.add(makeDef("SpaceToDepth", 1, 1000, setupSpaceToDepth));
-  r.add(makeDef("EyeLike", 9, 1000, setupEyeLike));
+  r.add(withShapeOnlyInputs(makeDef("EyeLike", 9, 1000, setupEyeLike), {0}));
   r.add(makeDef("Trilu", 14, 1000, setupTrilu));
   r.add(makeDef("ReverseSequence", 10, 1000, setupReverseSequence));
 }

@@ -4,8 +4,8 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <set>
 
 namespace popart::ir {
@@ -27,6 +27,41 @@ static void fold(Graph &graph, Op &op, const ConstEvaluator &folder) {
     outs[i]->setInfo(values[i].info());
     outs[i]->setData(std::make_shared<TensorData>(std::move(values[i])));
   }
+}
+
+std::vector<size_t> valueInputIndices(const Op &op) {
+  std::vector<size_t> idx;
+  if (op.def->allInputsAreValueInputs) {
+    for (size_t i = 0; i < op.inputCount(); ++i)
+      idx.push_back(i);
+    return idx;
+  }
+  for (int i : op.def->valueInputs)
+    idx.push_back(static_cast<size_t>(i));
+  return idx;
+}
+
+bool readsValuesOf(const Op &op, size_t i) {
+  const auto &only = op.def->shapeOnlyInputs;
+  return std::find(only.begin(), only.end(), static_cast<int>(i)) == only.end();
+}
+
+std::map<const Tensor *, ShapeUse> shapeDecidingTensors(const Graph &graph) {
+  std::map<const Tensor *, ShapeUse> found;
+  for (const Op *op : graph.schedule())
+    for (size_t i : valueInputIndices(*op)) {
+      if (!op->hasInput(i)) continue;
+      std::vector<const Tensor *> stack{&op->input(i)};
+      while (!stack.empty()) {
+        const Tensor *t = stack.back();
+        stack.pop_back();
+        if (!found.emplace(t, ShapeUse{op, i}).second) continue;
+        if (const Op *p = t->producer())
+          for (size_t k = 0; k < p->inputCount(); ++k)
+            if (p->hasInput(k) && readsValuesOf(*p, k)) stack.push_back(&p->input(k));
+      }
+    }
+  return found;
 }
 
 void inferShapes(Graph &graph, const ConstEvaluator *folder) {
@@ -109,7 +144,8 @@ static Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, cons
 /// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
 /// \p producer's type, domain, version, name and phase that reads \p inputs and writes
 /// \p consumer's output 0.
-static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const std::vector<TensorId> &inputs) {
+static Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs,
+                       const std::vector<TensorId> &inputs) {
   TensorId out = consumer.output(0).id(), mid = producer.output(0).id();
   std::string type = producer.type, domain = producer.domain, name = producer.name;
   int version = producer.version, phase = producer.phase;
@@ -173,8 +209,8 @@ static bool foldTransposedProduct(Graph &graph) {
   for (Op *t : graph.schedule()) {
     if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !t->hasOutput(0)) continue;
     Op *m = t->input(0).producer();
-    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2 ||
-        m->attrs.has("popart_permY") || m->attrs.has("popart_activation") || m->attrs.has("popart_scale"))
+    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2 || m->attrs.has("popart_permY") ||
+        m->attrs.has("popart_activation") || m->attrs.has("popart_scale"))
       continue;
     const Tensor &product = m->output(0);
     if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -318,7 +354,8 @@ int fuseMaxPoolGradRelu(Graph &graph) {
       return false;
     if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) return false;
     Op *m = a->input(1).producer();
-    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation")) return false;
+    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation"))
+      return false;
     // The Relu's output must be what the pool read: dX of the pool is then masked by it.
     if (!m->hasInput(0) || &m->input(0) != &a->input(0)) return false;
     const Tensor &pooled = m->output(0);
@@ -538,7 +575,8 @@ bool fuseGeluAt(Graph &graph, const Kept &kept, Op &erf) {
 
 int fuseLayerNorm(Graph &graph, bool statistics, const std::vector<TensorId> &keep) {
   Kept kept{graph, keep};
-  return rewriteAll(graph, [&](Op &op) { return isOnnxOp(&op, "ReduceMean") && fuseLayerNormAt(graph, kept, op, statistics); });
+  return rewriteAll(
+      graph, [&](Op &op) { return isOnnxOp(&op, "ReduceMean") && fuseLayerNormAt(graph, kept, op, statistics); });
 }
 
 int fuseGelu(Graph &graph, const std::vector<TensorId> &keep) {
@@ -633,8 +671,8 @@ static bool splitSumForResidual(Graph &graph, Op &op) {
 /// A two-input Add or Sum of a Reshape of a product and a residual of the Reshape's shape:
 /// Reshape(product + Reshape(residual)), whose addition fuseMatMulResidual then folds.
 static bool addBeforeReshape(Graph &graph, Op &op) {
-  if ((!isOnnxOp(&op, "Sum") && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) ||
-      !op.hasInput(1) || &op.input(0) == &op.input(1) || !op.hasOutput(0))
+  if ((!isOnnxOp(&op, "Sum") && !isOnnxOp(&op, "Add")) || op.inputCount() != 2 || !op.hasInput(0) || !op.hasInput(1) ||
+      &op.input(0) == &op.input(1) || !op.hasOutput(0))
     return false;
   for (size_t side = 0; side < 2; ++side) {
     Op *view = reshapedProduct(graph, op.input(side));
@@ -779,9 +817,8 @@ int foldBatchNormIntoConv(Graph &graph) {
 }
 
 int fuseConvResidual(Graph &graph) {
-  return rewriteAll(graph, [&](Op &op) {
-    return foldResidual(graph, op, [&](const Tensor &t) { return bareConvOf(graph, t); });
-  });
+  return rewriteAll(
+      graph, [&](Op &op) { return foldResidual(graph, op, [&](const Tensor &t) { return bareConvOf(graph, t); }); });
 }
 
 int fuseMatMulScale(Graph &graph) {
@@ -885,8 +922,8 @@ int fuseLossWithGradient(Graph &graph) {
     if (!f || !f->hasOutput(0)) return false;
     if (f->hasOutput(1) && (!f->output(1).consumers().empty() || isGraphOutput(graph, f->output(1)))) return false;
     if (dependsOn(g->input(3), *f)) return false; // the gradient seed must not need the loss
-    std::vector<TensorId> ins = inputIds(*g), outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "",
-                                    f->output(0).id()};
+    std::vector<TensorId> ins = inputIds(*g),
+                          outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "", f->output(0).id()};
     // Named and phased as the forward; its unused log_prob goes with it.
     replaceOps(graph, {f, g}, g->type, g->domain, g->version, g->attrs, ins, outs);
     return true;

@@ -3,9 +3,29 @@
 
 #include "ir/graph.hpp"
 
+#include <map>
 #include <vector>
 
 namespace popart::ir {
+
+/// Where a tensor's values come to decide a shape: input \p input of \p op is a value input
+/// (OpDef::valueInputs) computed from the tensor.
+struct ShapeUse {
+  const Op *op = nullptr;
+  size_t input = 0;
+};
+
+/// Tensors whose values decide output shapes: every value input of an op and every tensor it is
+/// computed from, except through inputs read only for their shapes (OpDef::shapeOnlyInputs:
+/// Shape, Size...), whose producers need not be constant. Each maps to one value input it
+/// reaches (the first found in schedule order).
+std::map<const Tensor *, ShapeUse> shapeDecidingTensors(const Graph &graph);
+
+/// The indices of \p op's value inputs (OpDef::valueInputs, or all with allInputsAreValueInputs).
+std::vector<size_t> valueInputIndices(const Op &op);
+
+/// True unless input \p i of \p op is read only for its shape (OpDef::shapeOnlyInputs).
+bool readsValuesOf(const Op &op, size_t i);
 
 /// Computes the outputs of an op whose inputs are all constant. The IR cannot run kernels,
 /// so the backend provides this (with its reference kernels) and the session passes it in.

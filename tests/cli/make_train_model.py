@@ -32,6 +32,24 @@ graph = helper.make_graph(
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 onnx.checker.check_model(model)
 onnx.save(model, os.path.join(out, "train_mlp.onnx"))
+# The five-node pattern with a symbolic batch: h is reshaped to its own Shape, which must not
+# make w1 a constant; training it needs --batch.
+shape_nodes = [
+    helper.make_node("MatMul", ["x", "w1"], ["h"]),
+    helper.make_node("Shape", ["h"], ["s"]),
+    helper.make_node("Reshape", ["h", "s"], ["h2"]),
+    helper.make_node("MatMul", ["h2", "w2"], ["logits"]),
+    helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean"),
+]
+shape_graph = helper.make_graph(
+    shape_nodes, "train_shape",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+     helper.make_tensor_value_info("y", TensorProto.INT64, ["N"])],
+    [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+    [w1, w2])
+shape_model = helper.make_model(shape_graph, opset_imports=[helper.make_opsetid("", 13)])
+onnx.checker.check_model(shape_model)
+onnx.save(shape_model, os.path.join(out, "train_shape.onnx"))
 x = rng.standard_normal((40, 8)).astype(np.float32)
 y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
 np.save(os.path.join(out, "x.npy"), x)

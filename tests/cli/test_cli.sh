@@ -75,6 +75,15 @@ for o in sgd adam adamax lambnobias rmsprop adagrad; do
 done
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer rmsprop --centered --momentum 0.5 --steps 3
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --momentum 0.9 --nesterov --lr-schedule step --lr-step-size 2
+# Every float initializer is accounted for on the first line: the Dropout ratio has no gradient.
+expect 0 "trained 3 of 4 weights" -- "$RUN" "$M" --train "${D[@]}" --steps 1
+expect 0 "^  not trained: ratio \(no gradient reaches it from loss 'loss': only ops without one lie between\)" -- "$RUN" "$M" --train "${D[@]}" --steps 1
+expect 0 "^  not trained: w1, b1 \(frozen by --freeze 'w1\|b1'\)" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --freeze 'w1|b1'
+expect 2 "error: --freeze 'w3' matches no floating-point initializer" -- "$RUN" "$M" --train "${D[@]}" --freeze w3
+# A weight read by Shape is trained; a symbolic batch needs --batch (named as the flag).
+S="$TMP/train_shape.onnx"
+expect 0 "trained 2 of 2 weights" -- "$RUN" "$S" --train "${D[@]}" --batch 4 --steps 2
+expect 2 "error: input 'x' has shape \[\?,8\]: training needs every input shape \(give --batch N\)" -- "$RUN" "$S" --train "${D[@]}"
 # The trained model is an ONNX model that runs for inference.
 expect 0 "saved" -- "$RUN" "$M" --train "${D[@]}" --steps 4 --save "$TMP/trained.onnx"
 expect 0 "loss: FLOAT \[\]" -- "$RUN" "$TMP/trained.onnx" --input "x=$TMP/x4.npy" --input "y=$TMP/y4.npy"

@@ -161,7 +161,91 @@ class Transformer17(Transformer):
     opset = 17
 
 
-MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer17": Transformer17}
+class ShapeOf(nn.Module):
+    """h = x W; h2 = Reshape(h, Shape(h)); logits = h2 V: the five-node pattern whose first weight
+    was once frozen silently because a Shape op read h. Exported with a symbolic batch, so that
+    h.reshape(h.shape) becomes Shape -> Gather/Unsqueeze/Concat -> Reshape."""
+
+    batch = 8
+    dynamic_batch = True
+
+    def __init__(self):
+        super().__init__()
+        self.W = nn.Parameter(0.3 * torch.randn(12, 16))
+        self.V = nn.Parameter(0.3 * torch.randn(16, 5))
+
+    def forward(self, x):
+        h = x @ self.W
+        return h.reshape(h.shape) @ self.V
+
+    @staticmethod
+    def dataset(rng, samples):
+        x = rng.standard_normal((samples, 12)).astype(np.float32)
+        target = rng.integers(0, 5, size=(samples,)).astype(np.int64)
+        return {"x": x, "target": target}
+
+    @staticmethod
+    def loss(logits, target):
+        return F.cross_entropy(logits, target)
+
+
+class Chunk(nn.Module):
+    """A gated linear unit: torch.chunk exports Slices whose bounds are computed from Shape."""
+
+    batch = 8
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 24)
+        self.out = nn.Linear(12, 5)
+
+    def forward(self, x):
+        a, b = self.fc(x).chunk(2, dim=-1)
+        return self.out(a * torch.sigmoid(b))
+
+    dataset = staticmethod(ShapeOf.dataset)
+    loss = staticmethod(ShapeOf.loss)
+
+
+class MHA(nn.Module):
+    """nn.MultiheadAttention (2 heads, packed in_proj weight) over token embeddings, mean-pooled,
+    then a linear classifier: its export computes head shapes from Shape ops."""
+
+    batch, seq, vocab, dim, classes = 4, 6, 16, 16, 5
+    dynamic_batch = True
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(self.vocab, self.dim)
+        self.attn = nn.MultiheadAttention(self.dim, 2, batch_first=True)
+        self.head = nn.Linear(self.dim, self.classes)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        y, _ = self.attn(x, x, x, need_weights=False)
+        return self.head((x + y).mean(dim=1))
+
+    @classmethod
+    def dataset(cls, rng, samples):
+        tokens = rng.integers(0, cls.vocab, size=(samples, cls.seq)).astype(np.int64)
+        target = rng.integers(0, cls.classes, size=(samples,)).astype(np.int64)
+        return {"tokens": tokens, "target": target}
+
+    loss = staticmethod(ShapeOf.loss)
+
+
+class MHANoBias(MHA):
+    """MHA without projection biases. Softmax over keys is invariant to the key bias, so its
+    gradient is rounding noise, which Adam's normalisation turns into full-size steps that no two
+    implementations share: the AdamW case drops the biases (the SGD case keeps them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(self.dim, 2, batch_first=True, bias=False)
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "transformer17": Transformer17,
+          "shapeof": ShapeOf, "chunk": Chunk, "mha": MHA, "mhanobias": MHANoBias}
 
 
 class WithLoss(nn.Module):
@@ -260,6 +344,10 @@ CASES = [
     case("transformer", "adamw", **ADAMW),
     case("transformer", "lamb", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.1),
     case("transformer17", "adamw", **ADAMW),
+    case("shapeof", "sgd", "momentum", **SGD_MOMENTUM),
+    case("chunk", "adamw", **ADAMW),
+    case("mha", "sgd", "momentum", **SGD_MOMENTUM),
+    case("mhanobias", "adamw", **ADAMW),
 ]
 
 
@@ -304,6 +392,8 @@ def cli_arguments(c):
         args += ["--loss-scaling", repr(c.loss_scaling)]
     if c.clip:
         args += ["--clip-norm", repr(c.clip)]
+    if getattr(MODELS[c.model], "dynamic_batch", False):
+        args += ["--batch", str(MODELS[c.model].batch)]
     if c.accumulate > 1:
         # The dataset holds exactly STEPS updates; rely on the one-epoch default for --steps.
         args += ["--accumulate", str(c.accumulate)]
@@ -315,13 +405,16 @@ def cli_arguments(c):
 # ----------------------------------------------------------------------------------------------
 
 
-def export(wrapper, example, input_names, path, opset=OPSET):
+def export(wrapper, example, input_names, path, opset=OPSET, dynamic_batch=False):
+    """With dynamic_batch every input's leading dimension is symbolic, so that shapes derived
+    from it are computed by Shape ops in the graph (popart-run then needs --batch)."""
+    dynamic_axes = {name: {0: "batch"} for name in input_names} if dynamic_batch else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(wrapper, tuple(example), path, export_params=True,
                           training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
                           opset_version=opset, input_names=input_names, output_names=["loss"],
-                          keep_initializers_as_inputs=False)
+                          keep_initializers_as_inputs=False, dynamic_axes=dynamic_axes)
 
 
 def float_state(module):
@@ -449,7 +542,8 @@ def run_case(c, args, workdir):
     example = [torch.from_numpy(a[:batch]) for a in data.values()]
 
     model_path = os.path.join(workdir, "model.onnx")
-    export(wrapper, example, input_names, model_path, getattr(MODELS[c.model], "opset", OPSET))
+    dynamic_batch = getattr(net_cls, "dynamic_batch", False)
+    export(wrapper, example, input_names, model_path, getattr(net_cls, "opset", OPSET), dynamic_batch)
     initial = read_initializers(model_path)
     state = float_state(wrapper)
 
