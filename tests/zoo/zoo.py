@@ -25,6 +25,7 @@ error they must fail with. They print loudly; one that fails otherwise, or passe
 (so the list cannot hide a regression and is pruned when the feature lands).
 
 Usage: zoo.py --popart-run PATH [--filter SUBSTR] [--keep DIR] [--verbose] [--steps N]
+              [--extra-train-flags FLAGS]
 Exits nonzero on any failure; each failure names the model, the check, the tensor and the error.
 """
 
@@ -217,7 +218,8 @@ def check_training(name, c, args, model_path, input_files, wrapper0, state0, dat
         print(f"    torch losses: {' '.join(f'{v:.5f}' for v in losses)}")
 
     out_path = os.path.join(workdir, f"out-{c.name}.onnx")
-    command = [args.popart_run, model_path] + cli_arguments(c) + input_files + ["--save", out_path]
+    command = ([args.popart_run, model_path] + cli_arguments(c) + args.extra_train_flags.split() +
+               input_files + ["--save", out_path])
     run_popart(args, command)
     trained = parity.read_initializers(out_path)
 
@@ -268,6 +270,8 @@ def check_training(name, c, args, model_path, input_files, wrapper0, state0, dat
         if k in trained and not np.array_equal(trained[k], initial[k]):
             problems.append(f"{k} (not a parameter) changed")
     if problems:
+        # A weight that did not train is the likely cause of the other differences: name it first.
+        problems.sort(key=lambda p: "did not change" not in p)
         for p in problems[1:]:
             print(f"    also: {p}")
         raise Failure(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
@@ -339,6 +343,9 @@ def main():
     parser.add_argument("--keep", help="keep each model's artefacts in DIR/<model>")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--steps", type=int, default=STEPS, help="training steps (default %(default)s)")
+    parser.add_argument("--extra-train-flags", default="",
+                        help="more popart-run flags for the trainings, to test this script itself "
+                             "(the zoo_catches_frozen_weight test passes --freeze)")
     args = parser.parse_args()
     STEPS = args.steps
     torch.set_num_threads(1)
