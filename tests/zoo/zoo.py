@@ -384,7 +384,8 @@ def main():
                 print(f"  KNOWN FAILING {check}: {message.splitlines()[0]}")
             elif expected and ok:
                 failures.append(f"{name} {check}")
-                print(f"  FAIL {name} {check}: passes but is listed in KNOWN_FAILING; remove it")
+                print(f"  FAIL {name} {check}: passes but is listed in KNOWN_FAILING; remove it "
+                      f"({message})")
             elif expected:
                 failures.append(f"{name} {check}")
                 print(f"  FAIL {name} {check}: {message}\n    (listed in KNOWN_FAILING, but with "
