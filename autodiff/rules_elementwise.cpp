@@ -191,6 +191,20 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
        [](GradContext &c) {
          c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Sigmoid", {c.in(0)})}));
        }},
+      {"HardSigmoid",
+       [](GradContext &c) { // g·α where 0 < αx + β < 1 (PyTorch's hardsigmoid: strict bounds)
+         double alpha = c.op().attrs.getFloat("alpha", 0.2f), beta = c.op().attrs.getFloat("beta", 0.5f);
+         TensorId t = c.add("Add", {c.add("Mul", {c.in(0), c.scalar(alpha)}), c.scalar(beta)});
+         TensorId inside = c.add("And", {c.add("Greater", {t, c.scalar(0)}), c.add("Less", {t, c.scalar(1)})});
+         c.setInGrad(0, c.add("Where", {inside, c.add("Mul", {c.outGrad(0), c.scalar(alpha)}), c.scalar(0)}));
+       }},
+      {"HardSwish",
+       [](GradContext &c) { // 0 below −3, g above 3, g·(x/3 + 1/2) between (PyTorch's hardswish)
+         TensorId ramp = c.add("Mul", {c.outGrad(0), c.add("Add", {c.add("Mul", {c.in(0), c.scalar(1.0 / 3.0)}),
+                                                                   c.scalar(0.5)})});
+         TensorId upper = c.add("Where", {c.add("Greater", {c.in(0), c.scalar(3)}), c.outGrad(0), ramp});
+         c.setInGrad(0, c.add("Where", {c.add("Less", {c.in(0), c.scalar(-3)}), c.scalar(0), upper}));
+       }},
       {"Sin",
        [](GradContext &c) {
          c.setInGrad(0, c.add("Mul", {c.outGrad(0), c.add("Cos", {c.in(0)})}));

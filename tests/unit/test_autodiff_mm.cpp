@@ -162,6 +162,17 @@ TEST(AutodiffElementwise, UnaryRules) {
   checkGradient({"Elu", {{2, 5}}, attrs({{"alpha", 0.5f}}), {}, 13, awayFromZero}, ++seed);
   for (const char *type : {"Softplus", "Sin", "Cos"})
     checkGradient({type, {{3, 4}}}, ++seed);
+  // Kinks at ±3 (HardSwish) and where αx + β crosses 0 or 1 (HardSigmoid): values kept off them,
+  // spread over [-6, 6] so that every piece is exercised.
+  auto offKinks = [](size_t, double v) {
+    double x = 6.0 * std::tanh(v);
+    for (double k : {-3.0, 3.0, -2.5, 2.5})
+      if (std::fabs(x - k) < 0.05) x += 0.1;
+    return x;
+  };
+  checkGradient({"HardSwish", {{4, 6}}, {}, {}, 14, offKinks}, ++seed);
+  checkGradient({"HardSigmoid", {{4, 6}}, {}, {}, 13, offKinks}, ++seed);
+  checkGradient({"HardSigmoid", {{4, 6}}, attrs({{"alpha", 1.0f / 6}, {"beta", 0.5f}}), {}, 13, offKinks}, ++seed);
 }
 
 TEST(AutodiffElementwise, Pow) {
