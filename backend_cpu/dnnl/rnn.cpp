@@ -519,11 +519,17 @@ public:
   explicit RecurrentGradKernel(const ir::Op &op) : RecurrentBase(op, true, true) {
     lstm_ = g_.cell == Cell::Lstm;
     savedBytesIn_ = op.hasInput(9) ? op.inInfo(9).elementCount() : 0;
+    if (savedBytesIn_ != 0 && savedBytesIn_ != saved_.total)
+      throw ::popart::error(op.debugName(), ": the saved state has ", savedBytesIn_, " bytes, oneDNN's keeps ",
+                            saved_.total);
     if (bwdPd_.workspace_desc() != fwdPd_.workspace_desc())
       throw ::popart::error(op.debugName(), ": oneDNN's backward wants another workspace");
     auto &eng = dnnl_util::engine();
-    ownWs_ = owned(fwdPd_.workspace_desc());
-    ownY_ = owned(d_.dstLayer);
+    if (savedBytesIn_ == 0) { // else a recomputed forward goes into the saved state (run())
+      ownWs_ = owned(fwdPd_.workspace_desc());
+      ownY_ = owned(d_.dstLayer);
+      if (lstm_) ownCN_ = owned(d_.dstIterC);
+    }
     ws_ = memory(fwdPd_.workspace_desc(), eng, DNNL_MEMORY_NONE);
     y_ = memory(d_.dstLayer, eng, DNNL_MEMORY_NONE);
     h0_ = owned(d_.srcIter);
@@ -561,7 +567,6 @@ public:
                                               {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (lstm_) {
       c0_ = owned(d_.srcIterC);
-      ownCN_ = owned(d_.dstIterC);
       cN_ = memory(d_.dstIterC, eng, DNNL_MEMORY_NONE);
       dcN_ = owned(d_.dstIterC);
       dc0_ = owned(d_.srcIterC);
@@ -577,9 +582,11 @@ public:
   }
 
   void run(const KernelArgs &a) override {
-    const char *saved = a.hasInput(9) && savedBytesIn_ == saved_.total && savedValid(a.inputs[9])
-                            ? static_cast<const char *>(a.inputs[9])
-                            : nullptr;
+    // The saved state is this op's alone (ir::saveRecurrentState makes it for this grad op), so
+    // when the forward kernel did not fill it (another provider), the recomputed forward pass
+    // is written into it rather than into a second workspace of the kernel's own.
+    char *saved = savedBytesIn_ != 0 ? static_cast<char *>(const_cast<void *>(a.inputs[9])) : nullptr;
+    bool reuse = saved && savedValid(saved);
     prepareWeights(a, true);
     prepareX(a);
     auto stateIn = [&](size_t input, memory &to) {
@@ -604,17 +611,10 @@ public:
       std::memcpy(dy, a.inputs[6], d_.dstLayer.get_size());
     else
       copySequence(const_cast<float *>(a.in<float>(6)), dy, true);
-    if (saved) {
-      auto *p = const_cast<char *>(saved);
-      ws_.set_data_handle(p + saved_.wsOffset);
-      y_.set_data_handle(p + saved_.dstOffset);
-      if (lstm_) cN_.set_data_handle(p + saved_.cOffset);
-    } else {
-      ws_.set_data_handle(ownWs_.get_data_handle());
-      y_.set_data_handle(ownY_.get_data_handle());
-      if (lstm_) cN_.set_data_handle(ownCN_.get_data_handle());
-      runPrimitive(fwd_, fwdArgList_, fwdArgs_);
-    }
+    ws_.set_data_handle(saved ? saved + saved_.wsOffset : ownWs_.get_data_handle());
+    y_.set_data_handle(saved ? saved + saved_.dstOffset : ownY_.get_data_handle());
+    if (lstm_) cN_.set_data_handle(saved ? saved + saved_.cOffset : ownCN_.get_data_handle());
+    if (!reuse) runPrimitive(fwd_, fwdArgList_, fwdArgs_);
     // The backward primitive adds into the weight and bias gradients.
     std::memset(dwl_.get_data_handle(), 0, dwl_.get_desc().get_size());
     std::memset(dwi_.get_data_handle(), 0, dwi_.get_desc().get_size());
