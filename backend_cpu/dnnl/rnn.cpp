@@ -258,7 +258,8 @@ protected:
     if (backward) bwd_ = primitive(bwdPd_);
     size_t scratch = fwdPd_.scratchpad_desc().get_size();
     if (backward) scratch = std::max(scratch, bwdPd_.scratchpad_desc().get_size());
-    scratch_ = memory(f32({static_cast<memory::dim>((scratch + 3) / 4 + 1)}, tag::a), dnnl_util::engine());
+    scratch_ =
+        memory(f32({static_cast<memory::dim>((scratch + 3) / 4 + 1)}, tag::a), dnnl_util::engine(), DNNL_MEMORY_NONE);
     userWl_ = owned(d_.userWeightsLayer);
     userWi_ = owned(d_.userWeightsIter);
     bias_ = owned(d_.bias);
@@ -286,6 +287,21 @@ protected:
       wi = owned(pd.weights_iter_desc());
       ri.init(userWi_, wi);
     }
+  }
+
+  /// oneDNN's scratchpads (43 MB for a training LSTM of hidden 256 over 64 steps of 32) live in
+  /// the plan's arena for this step only, shared with the other steps' dead tensors.
+  int64_t scratchBytes() const override { return static_cast<int64_t>(scratch_.get_desc().get_size()); }
+
+  /// Points the scratchpad at the plan's scratch, or outside a plan at memory of the kernel's own
+  /// (made on the first such run).
+  void bindScratch(const KernelArgs &a) {
+    void *p = a.scratch;
+    if (!p) {
+      if (!ownScratch_) ownScratch_ = memory(scratch_.get_desc(), dnnl_util::engine());
+      p = ownScratch_.get_data_handle();
+    }
+    scratch_.set_data_handle(p);
   }
 
   /// Permutes W, R (gates into oneDNN's order) and the biases into the kernel's buffers and
@@ -402,7 +418,7 @@ protected:
   SavedLayout saved_;
   rnn_primitive_desc_base fwdPd_, bwdPd_;
   primitive fwd_, bwd_;
-  memory scratch_, userWl_, userWi_, bias_, fwdWl_, fwdWi_, bwdWl_, bwdWi_, xLayer_, xCopy_;
+  memory scratch_, ownScratch_, userWl_, userWi_, bias_, fwdWl_, fwdWi_, bwdWl_, bwdWi_, xLayer_, xCopy_;
   WeightReorder reorderFwdWl_, reorderFwdWi_, reorderBwdWl_, reorderBwdWi_;
   bool directFwd_ = false; ///< the forward reads ldigo weights that prepareWeights writes itself
   const void *preparedFrom_ = nullptr;
@@ -461,6 +477,7 @@ public:
   }
 
   void run(const KernelArgs &a) override {
+    bindScratch(a);
     prepareWeights(a, false);
     prepareX(a);
     // Initial states: the inputs (layout 0), copies (layout 1) or zeros.
@@ -587,6 +604,7 @@ public:
     // is written into it rather than into a second workspace of the kernel's own.
     char *saved = savedBytesIn_ != 0 ? static_cast<char *>(const_cast<void *>(a.inputs[9])) : nullptr;
     bool reuse = saved && savedValid(saved);
+    bindScratch(a);
     prepareWeights(a, true);
     prepareX(a);
     auto stateIn = [&](size_t input, memory &to) {
