@@ -1,8 +1,9 @@
 // oneDNN kernels of LSTM, GRU and RNN (f32) and of their grad ops: lstm_forward / lstm_backward,
 // gru_* (linear_before_reset = 0), lbr_gru_* (linear_before_reset = 1) and vanilla_rnn_* (Tanh),
-// one layer, both directions at once (bidirectional_concat). The grad kernels run
-// forward_training into a workspace they own, then the backward primitive (see
-// autodiff/rules_rnn.cpp for why the grad op recomputes the forward).
+// one layer, both directions at once (bidirectional_concat). In training the forward kernel runs
+// forward_training into the op's saved state (ir::saveRecurrentState) and the grad kernel only
+// the backward primitive; without a saved state that the oneDNN forward wrote, the grad kernel
+// runs forward_training itself first (autodiff/rules_rnn.cpp says why).
 //
 // ONNX and oneDNN differ in three ways that the kernels bridge:
 //  - gate order: ONNX LSTM has i, o, f, c and oneDNN i, f, c~, o; GRU z, r, h is oneDNN's u, r, o
@@ -305,9 +306,11 @@ protected:
   }
 
   /// Permutes W, R (gates into oneDNN's order) and the biases into the kernel's buffers and
-  /// reorders the weights into the primitives' layouts; skipped for constant weights already done.
-  void prepareWeights(const KernelArgs &a, bool backward) {
+  /// reorders the weights into the primitives' layouts (the forward's unless \p forward is false
+  /// and the weights are not constant); skipped for constant weights already done.
+  void prepareWeights(const KernelArgs &a, bool backward, bool forward = true) {
     if (constWeights_ && preparedFrom_ == a.inputs[1]) return;
+    forward = forward || constWeights_;
     const float *w = a.in<float>(1), *r = a.in<float>(2), *b = a.hasInput(3) ? a.in<float>(3) : nullptr;
     float *uwl = static_cast<float *>(userWl_.get_data_handle()),
           *uwi = static_cast<float *>(userWi_.get_data_handle());
@@ -319,7 +322,7 @@ protected:
           std::memcpy(uwl + (d * G + k) * H * g_.I, w + (d * G + q) * H * g_.I, sizeof(float) * H * g_.I);
           std::memcpy(uwi + (d * G + k) * H * H, r + (d * G + q) * H * H, sizeof(float) * H * H);
         }
-    if (directFwd_) {
+    if (directFwd_ && forward) {
       // ONNX [D, G·H, in] -> ldigo [D, in, G, H], gates into oneDNN's order.
       auto ldigo = [&](const float *from, int64_t in, float *to) {
         for (int64_t d = 0; d < g_.D; ++d)
@@ -350,8 +353,8 @@ protected:
         for (int64_t j = 0; j < H; ++j)
           bd[3 * H + j] = rb ? rb[2 * H + j] : 0.f;
     }
-    if (reorderFwdWl_) reorderFwdWl_.run(userWl_, fwdWl_);
-    if (reorderFwdWi_) reorderFwdWi_.run(userWi_, fwdWi_);
+    if (reorderFwdWl_ && forward) reorderFwdWl_.run(userWl_, fwdWl_);
+    if (reorderFwdWi_ && forward) reorderFwdWi_.run(userWi_, fwdWi_);
     if (backward) {
       if (reorderBwdWl_) reorderBwdWl_.run(userWl_, bwdWl_);
       if (reorderBwdWi_) reorderBwdWi_.run(userWi_, bwdWi_);
@@ -605,7 +608,7 @@ public:
     char *saved = savedBytesIn_ != 0 ? static_cast<char *>(const_cast<void *>(a.inputs[9])) : nullptr;
     bool reuse = saved && savedValid(saved);
     bindScratch(a);
-    prepareWeights(a, true);
+    prepareWeights(a, true, !reuse);
     prepareX(a);
     auto stateIn = [&](size_t input, memory &to) {
       float *p = static_cast<float *>(to.get_data_handle());
