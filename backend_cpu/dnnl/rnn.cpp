@@ -1,8 +1,9 @@
 // oneDNN kernels of LSTM, GRU and RNN (f32) and of their grad ops: lstm_forward / lstm_backward,
 // gru_* (linear_before_reset = 0), lbr_gru_* (linear_before_reset = 1) and vanilla_rnn_* (Tanh),
-// one layer, both directions at once (bidirectional_concat). The grad kernels run
-// forward_training into a workspace they own, then the backward primitive (see
-// autodiff/rules_rnn.cpp for why the grad op recomputes the forward).
+// one layer, both directions at once (bidirectional_concat). In training the forward kernel runs
+// forward_training into the op's saved state (ir::saveRecurrentState) and the grad kernel only
+// the backward primitive; without a saved state that the oneDNN forward wrote, the grad kernel
+// runs forward_training itself first (autodiff/rules_rnn.cpp says why).
 //
 // ONNX and oneDNN differ in three ways that the kernels bridge:
 //  - gate order: ONNX LSTM has i, o, f, c and oneDNN i, f, c~, o; GRU z, r, h is oneDNN's u, r, o
@@ -258,7 +259,8 @@ protected:
     if (backward) bwd_ = primitive(bwdPd_);
     size_t scratch = fwdPd_.scratchpad_desc().get_size();
     if (backward) scratch = std::max(scratch, bwdPd_.scratchpad_desc().get_size());
-    scratch_ = memory(f32({static_cast<memory::dim>((scratch + 3) / 4 + 1)}, tag::a), dnnl_util::engine());
+    scratch_ =
+        memory(f32({static_cast<memory::dim>((scratch + 3) / 4 + 1)}, tag::a), dnnl_util::engine(), DNNL_MEMORY_NONE);
     userWl_ = owned(d_.userWeightsLayer);
     userWi_ = owned(d_.userWeightsIter);
     bias_ = owned(d_.bias);
@@ -288,10 +290,27 @@ protected:
     }
   }
 
+  /// oneDNN's scratchpads (43 MB for a training LSTM of hidden 256 over 64 steps of 32) live in
+  /// the plan's arena for this step only, shared with the other steps' dead tensors.
+  int64_t scratchBytes() const override { return static_cast<int64_t>(scratch_.get_desc().get_size()); }
+
+  /// Points the scratchpad at the plan's scratch, or outside a plan at memory of the kernel's own
+  /// (made on the first such run).
+  void bindScratch(const KernelArgs &a) {
+    void *p = a.scratch;
+    if (!p) {
+      if (!ownScratch_) ownScratch_ = memory(scratch_.get_desc(), dnnl_util::engine());
+      p = ownScratch_.get_data_handle();
+    }
+    scratch_.set_data_handle(p);
+  }
+
   /// Permutes W, R (gates into oneDNN's order) and the biases into the kernel's buffers and
-  /// reorders the weights into the primitives' layouts; skipped for constant weights already done.
-  void prepareWeights(const KernelArgs &a, bool backward) {
+  /// reorders the weights into the primitives' layouts (the forward's unless \p forward is false
+  /// and the weights are not constant); skipped for constant weights already done.
+  void prepareWeights(const KernelArgs &a, bool backward, bool forward = true) {
     if (constWeights_ && preparedFrom_ == a.inputs[1]) return;
+    forward = forward || constWeights_;
     const float *w = a.in<float>(1), *r = a.in<float>(2), *b = a.hasInput(3) ? a.in<float>(3) : nullptr;
     float *uwl = static_cast<float *>(userWl_.get_data_handle()),
           *uwi = static_cast<float *>(userWi_.get_data_handle());
@@ -303,7 +322,7 @@ protected:
           std::memcpy(uwl + (d * G + k) * H * g_.I, w + (d * G + q) * H * g_.I, sizeof(float) * H * g_.I);
           std::memcpy(uwi + (d * G + k) * H * H, r + (d * G + q) * H * H, sizeof(float) * H * H);
         }
-    if (directFwd_) {
+    if (directFwd_ && forward) {
       // ONNX [D, G·H, in] -> ldigo [D, in, G, H], gates into oneDNN's order.
       auto ldigo = [&](const float *from, int64_t in, float *to) {
         for (int64_t d = 0; d < g_.D; ++d)
@@ -334,8 +353,8 @@ protected:
         for (int64_t j = 0; j < H; ++j)
           bd[3 * H + j] = rb ? rb[2 * H + j] : 0.f;
     }
-    if (reorderFwdWl_) reorderFwdWl_.run(userWl_, fwdWl_);
-    if (reorderFwdWi_) reorderFwdWi_.run(userWi_, fwdWi_);
+    if (reorderFwdWl_ && forward) reorderFwdWl_.run(userWl_, fwdWl_);
+    if (reorderFwdWi_ && forward) reorderFwdWi_.run(userWi_, fwdWi_);
     if (backward) {
       if (reorderBwdWl_) reorderBwdWl_.run(userWl_, bwdWl_);
       if (reorderBwdWi_) reorderBwdWi_.run(userWi_, bwdWi_);
@@ -402,7 +421,7 @@ protected:
   SavedLayout saved_;
   rnn_primitive_desc_base fwdPd_, bwdPd_;
   primitive fwd_, bwd_;
-  memory scratch_, userWl_, userWi_, bias_, fwdWl_, fwdWi_, bwdWl_, bwdWi_, xLayer_, xCopy_;
+  memory scratch_, ownScratch_, userWl_, userWi_, bias_, fwdWl_, fwdWi_, bwdWl_, bwdWi_, xLayer_, xCopy_;
   WeightReorder reorderFwdWl_, reorderFwdWi_, reorderBwdWl_, reorderBwdWi_;
   bool directFwd_ = false; ///< the forward reads ldigo weights that prepareWeights writes itself
   const void *preparedFrom_ = nullptr;
@@ -461,6 +480,7 @@ public:
   }
 
   void run(const KernelArgs &a) override {
+    bindScratch(a);
     prepareWeights(a, false);
     prepareX(a);
     // Initial states: the inputs (layout 0), copies (layout 1) or zeros.
@@ -519,11 +539,17 @@ public:
   explicit RecurrentGradKernel(const ir::Op &op) : RecurrentBase(op, true, true) {
     lstm_ = g_.cell == Cell::Lstm;
     savedBytesIn_ = op.hasInput(9) ? op.inInfo(9).elementCount() : 0;
+    if (savedBytesIn_ != 0 && savedBytesIn_ != saved_.total)
+      throw ::popart::error(op.debugName(), ": the saved state has ", savedBytesIn_, " bytes, oneDNN's keeps ",
+                            saved_.total);
     if (bwdPd_.workspace_desc() != fwdPd_.workspace_desc())
       throw ::popart::error(op.debugName(), ": oneDNN's backward wants another workspace");
     auto &eng = dnnl_util::engine();
-    ownWs_ = owned(fwdPd_.workspace_desc());
-    ownY_ = owned(d_.dstLayer);
+    if (savedBytesIn_ == 0) { // else a recomputed forward goes into the saved state (run())
+      ownWs_ = owned(fwdPd_.workspace_desc());
+      ownY_ = owned(d_.dstLayer);
+      if (lstm_) ownCN_ = owned(d_.dstIterC);
+    }
     ws_ = memory(fwdPd_.workspace_desc(), eng, DNNL_MEMORY_NONE);
     y_ = memory(d_.dstLayer, eng, DNNL_MEMORY_NONE);
     h0_ = owned(d_.srcIter);
@@ -561,7 +587,6 @@ public:
                                               {DNNL_ARG_SCRATCHPAD, &scratch_}};
     if (lstm_) {
       c0_ = owned(d_.srcIterC);
-      ownCN_ = owned(d_.dstIterC);
       cN_ = memory(d_.dstIterC, eng, DNNL_MEMORY_NONE);
       dcN_ = owned(d_.dstIterC);
       dc0_ = owned(d_.srcIterC);
@@ -577,10 +602,13 @@ public:
   }
 
   void run(const KernelArgs &a) override {
-    const char *saved = a.hasInput(9) && savedBytesIn_ == saved_.total && savedValid(a.inputs[9])
-                            ? static_cast<const char *>(a.inputs[9])
-                            : nullptr;
-    prepareWeights(a, true);
+    // The saved state is this op's alone (ir::saveRecurrentState makes it for this grad op), so
+    // when the forward kernel did not fill it (another provider), the recomputed forward pass
+    // is written into it rather than into a second workspace of the kernel's own.
+    char *saved = savedBytesIn_ != 0 ? static_cast<char *>(const_cast<void *>(a.inputs[9])) : nullptr;
+    bool reuse = saved && savedValid(saved);
+    bindScratch(a);
+    prepareWeights(a, true, !reuse);
     prepareX(a);
     auto stateIn = [&](size_t input, memory &to) {
       float *p = static_cast<float *>(to.get_data_handle());
@@ -604,17 +632,10 @@ public:
       std::memcpy(dy, a.inputs[6], d_.dstLayer.get_size());
     else
       copySequence(const_cast<float *>(a.in<float>(6)), dy, true);
-    if (saved) {
-      auto *p = const_cast<char *>(saved);
-      ws_.set_data_handle(p + saved_.wsOffset);
-      y_.set_data_handle(p + saved_.dstOffset);
-      if (lstm_) cN_.set_data_handle(p + saved_.cOffset);
-    } else {
-      ws_.set_data_handle(ownWs_.get_data_handle());
-      y_.set_data_handle(ownY_.get_data_handle());
-      if (lstm_) cN_.set_data_handle(ownCN_.get_data_handle());
-      runPrimitive(fwd_, fwdArgList_, fwdArgs_);
-    }
+    ws_.set_data_handle(saved ? saved + saved_.wsOffset : ownWs_.get_data_handle());
+    y_.set_data_handle(saved ? saved + saved_.dstOffset : ownY_.get_data_handle());
+    if (lstm_) cN_.set_data_handle(saved ? saved + saved_.cOffset : ownCN_.get_data_handle());
+    if (!reuse) runPrimitive(fwd_, fwdArgList_, fwdArgs_);
     // The backward primitive adds into the weight and bias gradients.
     std::memset(dwl_.get_data_handle(), 0, dwl_.get_desc().get_size());
     std::memset(dwi_.get_data_handle(), 0, dwi_.get_desc().get_size());
