@@ -397,10 +397,15 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     if (it == byReason.end()) it = byReason.insert(byReason.end(), {reason, {}});
     it->second.push_back(st.id);
   }
+  // A long group (a BatchNorm model's running statistics) is cut short; the log at level info
+  // lists every name.
+  constexpr size_t kNamesShown = 6;
   for (const auto &[reason, ids] : byReason) {
     std::string names;
-    for (const auto &id : ids)
-      names += (names.empty() ? "" : ", ") + id;
+    for (size_t i = 0; i < ids.size() && (ids.size() <= kNamesShown + 2 || i < kNamesShown); ++i)
+      names += (names.empty() ? "" : ", ") + ids[i];
+    if (ids.size() > kNamesShown + 2)
+      names += " and " + std::to_string(ids.size() - kNamesShown) + " more (POPART_LOG_LEVEL=info lists them)";
     std::printf("  not trained: %s (%s)\n", names.c_str(), reason.c_str());
   }
   std::fflush(stdout);
