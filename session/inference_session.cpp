@@ -89,6 +89,7 @@ struct InferenceSession::Impl {
       ir::fuseBatchNormRelu(*g);
       ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
       ir::fuseRelu(*g);
+      ir::fuseConvActivation(*g); // ReLU6, hard swish, SiLU ... as Conv post-ops
       ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);
     }

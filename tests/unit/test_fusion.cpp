@@ -1762,3 +1762,106 @@ TEST(FuseMatMulResidual, SumOfSeveralProductsBecomesAChain) {
   for (auto p : {KernelProvider::Reference, KernelProvider::Any})
     expectNear(runFeeds(fused, p, feeds), want, 1e-5f, "chain");
 }
+
+TEST(FuseConvActivation, ActivationAppliedByTheConvolutionMatchesTheOps) {
+  // y = act(Conv(x, w [, b])) for ReLU6 (Clip 0..6), HardSigmoid, HardSwish, Sigmoid, and SiLU and
+  // hard swish written as x · Sigmoid(x) / x · HardSigmoid(x; 1/6, 1/2): the convolution applies
+  // it (oneDNN eltwise post-ops) and matches the ops one by one, with 16 and 3 (padded) channels.
+  // A gate that something else reads, or a HardSigmoid of other parameters before the Mul, stays.
+  enum class Pattern { Clip, ClipNoMax, HardSigmoid, HardSwish, Sigmoid, SiLU, SiLUSwapped, HardSwishMul,
+                       OtherHardSigmoidMul, SharedGate };
+  struct Case {
+    Pattern pattern;
+    int64_t channels;
+    bool bias;
+    const char *kind; ///< the fused activation ("" : not fused)
+  };
+  for (const Case &c : {Case{Pattern::Clip, 16, true, "Clip"}, Case{Pattern::ClipNoMax, 3, false, "Clip"},
+                        Case{Pattern::HardSigmoid, 16, true, "HardSigmoid"},
+                        Case{Pattern::HardSwish, 3, true, "HardSwish"}, Case{Pattern::Sigmoid, 16, false, "Sigmoid"},
+                        Case{Pattern::SiLU, 16, true, "Swish"}, Case{Pattern::SiLUSwapped, 3, true, "Swish"},
+                        Case{Pattern::HardSwishMul, 16, true, "HardSwish"},
+                        Case{Pattern::OtherHardSigmoidMul, 16, true, ""}, Case{Pattern::SharedGate, 16, true, ""}}) {
+    std::string what = std::to_string(static_cast<int>(c.pattern)) + " " + std::to_string(c.channels) + " channels";
+    const Shape xs{2, 4, 9, 9};
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+      g.addInput("x");
+      std::mt19937 rng(56);
+      g.addConst("w", randomFloats({c.channels, 4, 3, 3}, rng, -0.5f, 0.5f));
+      g.addConst("b", randomFloats({c.channels}, rng));
+      g.addConst("lo", scalarF(0.f));
+      g.addConst("hi", scalarF(6.f));
+      ir::Attributes pad;
+      pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+      std::vector<TensorId> convIns{"x", "w"};
+      if (c.bias) convIns.push_back("b");
+      g.addOp("Conv", "", 13, "conv", pad, convIns, {"cv"});
+      ir::Attributes hs;
+      hs.set("alpha", c.pattern == Pattern::OtherHardSigmoidMul ? 0.2f : 1.f / 6.f);
+      hs.set("beta", 0.5f);
+      switch (c.pattern) {
+      case Pattern::Clip: g.addOp("Clip", "", 13, "act", {}, {"cv", "lo", "hi"}, {"y"}); break;
+      case Pattern::ClipNoMax: g.addOp("Clip", "", 13, "act", {}, {"cv", "lo"}, {"y"}); break;
+      case Pattern::HardSigmoid: g.addOp("HardSigmoid", "", 13, "act", hs, {"cv"}, {"y"}); break;
+      case Pattern::HardSwish: g.addOp("HardSwish", "", 14, "act", {}, {"cv"}, {"y"}); break;
+      case Pattern::Sigmoid: g.addOp("Sigmoid", "", 13, "act", {}, {"cv"}, {"y"}); break;
+      case Pattern::SiLU:
+      case Pattern::SharedGate:
+        g.addOp("Sigmoid", "", 13, "gate", {}, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"cv", "s"}, {"y"});
+        break;
+      case Pattern::SiLUSwapped:
+        g.addOp("Sigmoid", "", 13, "gate", {}, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"s", "cv"}, {"y"});
+        break;
+      case Pattern::HardSwishMul:
+      case Pattern::OtherHardSigmoidMul:
+        g.addOp("HardSigmoid", "", 13, "gate", hs, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"cv", "s"}, {"y"});
+        break;
+      }
+      g.addOutput("y");
+      if (c.pattern == Pattern::SharedGate) g.addOutput("s");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    bool fuses = *c.kind != '\0';
+    ASSERT_EQ(ir::fuseConvActivation(fused), fuses ? 1 : 0) << what;
+    if (!fuses) continue;
+    ASSERT_EQ(fused.ops().size(), 1u) << what;
+    EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), c.kind) << what;
+    EXPECT_EQ(ir::fuseConvActivation(fused) + ir::fuseRelu(fused), 0) << what;
+    std::mt19937 rng(57);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(xs, rng, -3, 3)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 2e-5f, what);
+  }
+}
+
+TEST(FuseConvActivation, SetupRejectsUnknownActivations) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
+  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
+  ir::Attributes unknown, clip;
+  unknown.set("popart_activation", std::string("Softsign"));
+  clip.set("popart_activation", std::string("Clip"));
+  int n = 0;
+  for (auto &[attrs, message] :
+       {std::pair{unknown, "'Softsign' is not one of"}, std::pair{clip, "needs popart_activation_alpha"}}) {
+    ir::Op &op = g.addOp("Conv", "", 13, "bad", attrs, {"x", "w"}, {n++ ? "y1" : "y0"});
+    try {
+      op.def->setup(op);
+      FAIL() << "expected an error containing: " << message;
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
