@@ -140,6 +140,19 @@ public:
         return pd;
       };
       auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
+      if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
+        // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
+        // blocks of the pointwise convolutions around it were reordered in and out of every
+        // one (half of MobileNet v2's time); its jit depthwise kernel runs on those blocks.
+        auto blocked = [](const Shape &s) {
+          return memory::desc(dnnl_util::toDims(s), memory::data_type::f32, memory::format_tag::aBcd16b);
+        };
+        try {
+          auto onBlocks = make(blocked(x), dnnl_util::anyLayout(mdW), blocked(y));
+          if (!dnnl_util::implIs(onBlocks, "ref")) pd = onBlocks;
+        } catch (const dnnl::error &) { // no kernel for those layouts: keep oneDNN's choice
+        }
+      }
       if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
       if (hasResidual_) {
         // oneDNN's optimised convolutions write blocked channels; a plain result means its

@@ -1865,3 +1865,52 @@ TEST(FuseConvActivation, SetupRejectsUnknownActivations) {
     }
   }
 }
+
+TEST(AgreedLayouts, InvertedResidualChainStaysBlockedWithPaddedChannels) {
+  // MobileNet v2's block with 24 channels (padded to 32 in oneDNN's 16-channel blocks):
+  // x → Conv 1x1 + ReLU6 → depthwise Conv 3x3 + ReLU6 → Conv 1x1 → + x → y. The depthwise
+  // convolution runs on the pointwise ones' blocks and every tensor between them stays blocked,
+  // its arena slot sized for the padded layout; the result matches the reference.
+  const Shape xs{2, 24, 10, 10};
+  auto build = [&](ir::Graph &g) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x0", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+    g.addInput("x0");
+    std::mt19937 rng(58);
+    g.addConst("lo", scalarF(0.f));
+    g.addConst("hi", scalarF(6.f));
+    g.addConst("w0", randomFloats({24, 24, 1, 1}, rng, -0.4f, 0.4f));
+    g.addConst("w1", randomFloats({72, 24, 1, 1}, rng, -0.4f, 0.4f));
+    g.addConst("w2", randomFloats({72, 1, 3, 3}, rng, -0.5f, 0.5f));
+    g.addConst("w3", randomFloats({24, 72, 1, 1}, rng, -0.3f, 0.3f));
+    g.addConst("b1", randomFloats({72}, rng));
+    g.addConst("b2", randomFloats({72}, rng));
+    g.addConst("b3", randomFloats({24}, rng));
+    ir::Attributes dw;
+    dw.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    dw.set("group", int64_t{72});
+    g.addOp("Conv", "", 13, "c0", {}, {"x0", "w0"}, {"x"}); // so that x is not a graph input
+    g.addOp("Conv", "", 13, "c1", {}, {"x", "w1", "b1"}, {"a"});
+    g.addOp("Clip", "", 13, "r1", {}, {"a", "lo", "hi"}, {"ar"});
+    g.addOp("Conv", "", 13, "c2", dw, {"ar", "w2", "b2"}, {"d"});
+    g.addOp("Clip", "", 13, "r2", {}, {"d", "lo", "hi"}, {"dr"});
+    g.addOp("Conv", "", 13, "c3", {}, {"dr", "w3", "b3"}, {"p"});
+    g.addOp("Add", "", 13, "add", {}, {"p", "x"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+  };
+  ir::Graph plain, fused;
+  build(plain);
+  build(fused);
+  EXPECT_EQ(ir::fuseConvResidual(fused), 1);
+  EXPECT_EQ(ir::fuseConvActivation(fused), 2);
+  ASSERT_EQ(fused.ops().size(), 4u);
+  backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Any});
+  EXPECT_EQ(plan.agreedLayouts(), (std::vector<TensorId>{"x", "ar", "dr"}));
+  std::mt19937 rng(59);
+  std::map<TensorId, TensorData> feeds{{"x0", randomFloats(xs, rng)}};
+  std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+    expectNear(runFeeds(fused, p, feeds), want, 1e-4f, "inverted residual");
+}
