@@ -110,7 +110,17 @@ bool supportsBinaryKernel(const ir::Op &op) {
   if (!supportsBinary(op)) return false;
   // Sub and Div are not commutative: need input 0 at the output shape.
   if ((op.type == "Sub" || op.type == "Div") && op.inInfo(0).shape() != op.outInfo(0).shape()) return false;
-  return true;
+  // oneDNN 2.6 runs some broadcasts (over a middle axis) in its reference code, 25× slower than
+  // a loop: registerDnnlBroadcastKernels takes those.
+  const Shape &out = op.outInfo(0).shape();
+  size_t rank = std::max<size_t>(out.size(), 1);
+  bool swapped = op.inInfo(0).shape() != out;
+  auto pd = binary::primitive_desc(binary::desc(binaryAlgorithm(op.type),
+                                                dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
+                                                dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank),
+                                                dnnl_util::plainDesc(out, rank)),
+                                   dnnl_util::engine());
+  return !dnnl_util::implIs(pd, "ref");
 }
 
 /// Pow with a constant scalar exponent: oneDNN's eltwise_pow (x^beta).
