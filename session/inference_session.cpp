@@ -80,6 +80,7 @@ struct InferenceSession::Impl {
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
     if (options.fuseOps) {
+      ir::inferenceDropoutAsIdentity(*g);
       ir::fuseLayerNorm(*g, false);
       ir::fuseGelu(*g);
       ir::foldTransposesIntoMatMul(*g);

@@ -1,5 +1,5 @@
 // f32 kernels of our own that read oneDNN's blocked channel layouts, registered with the oneDNN
-// ones: GlobalAveragePool and the Mul of a feature map [N, C, H, W] by per-channel gates
+// ones: GlobalAveragePool (and ReduceMean over H and W) and the Mul of a feature map [N, C, H, W] by per-channel gates
 // [N or 1, C, 1, 1], so that a squeeze-excitation block (GlobalAveragePool → Conv → act → Conv →
 // gate → Mul with the feature map) keeps the feature map in the convolutions' 16-channel blocks;
 // and broadcast Add/Sub/Mul/Div where oneDNN 2.6's binary would run its reference code (a
@@ -10,6 +10,7 @@
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/reference/vecloops.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -74,7 +75,17 @@ private:
 };
 
 bool supportsGlobalAveragePool(const ir::Op &op) {
-  return dnnl_util::allFloat(op) && op.inInfo(0).rank() == 4 && op.inInfo(0).elementCount() > 0;
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4 || op.inInfo(0).elementCount() == 0)
+    return false;
+  if (op.type == "GlobalAveragePool") return true;
+  // ReduceMean over the spatial axes (x.mean([2, 3]) in MNASNet and ShuffleNet): the same.
+  const ir::Tensor *axes = op.inputCount() > 1 && op.hasInput(1) ? &op.input(1) : nullptr;
+  if (!axes || !axes->isConst() || axes->info().dataType() != DataType::INT64) return false;
+  std::vector<int64_t> a = axes->data()->toInt64Vector();
+  for (auto &v : a)
+    v = v < 0 ? v + 4 : v;
+  std::sort(a.begin(), a.end());
+  return a == std::vector<int64_t>{2, 3} && op.attrs.getInt("noop_with_empty_axes", 0) == 0;
 }
 
 /// Mul of [N, C, H, W] by [N or 1, C, 1, 1] (either order): plain, or with the feature map in
@@ -240,8 +251,8 @@ bool supportsBroadcastBinary(const ir::Op &op) {
 } // namespace
 
 void registerDnnlChannelwiseKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "GlobalAveragePool", KernelProvider::Dnnl, supportsGlobalAveragePool,
-         makeKernel<GlobalAveragePoolKernel>});
+  for (const char *t : {"GlobalAveragePool", "ReduceMean"})
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsGlobalAveragePool, makeKernel<GlobalAveragePoolKernel>});
   r.add({"ai.onnx", "Mul", KernelProvider::Dnnl, supportsChannelScale, makeKernel<ChannelScaleKernel>});
 }
 

@@ -107,6 +107,11 @@ int foldBatchNormIntoConv(Graph &graph);
 /// and fuseRelu. Returns how many were fused.
 int fuseConvActivation(Graph &graph);
 
+/// Inference: a Dropout that does not train (no session seed input 3, training_mode absent or a
+/// constant false) and whose mask nothing reads becomes an Identity, which the plan makes a view
+/// (Swin-T's 24 exported Dropouts copied 2.5 ms per run). Returns how many were rewritten.
+int inferenceDropoutAsIdentity(Graph &graph);
+
 /// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum
 /// with a tensor r of the result's shape (a ResNet block's shortcut) adds r itself
 /// (popart_residual = 1, r as input 3 after an optional bias: oneDNN's sum post-op, before a

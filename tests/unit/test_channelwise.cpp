@@ -60,6 +60,32 @@ TEST(ChannelwiseKernels, GlobalAveragePoolAndChannelScaleMatchTheReference) {
   expectFastMatches("Mul", {{1, 20, 1, 1}, {3, 20, 5, 5}});
 }
 
+TEST(ChannelwiseKernels, ReduceMeanOverTheSpatialAxesMatchesTheReference) {
+  // x.mean([2, 3]) as exported (MNASNet, ShuffleNet): the pooling kernel, keepdims 0 or 1.
+  for (int64_t keep : {0, 1})
+    for (std::vector<int64_t> axes : {std::vector<int64_t>{2, 3}, std::vector<int64_t>{-1, -2}}) {
+      ir::registerBuiltinOps();
+      backend_cpu::registerBuiltinKernels();
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 20, 5, 7}));
+      g.addConst("axes", TensorData::fromDoubles(DataType::INT64, {2}, {double(axes[0]), double(axes[1])}));
+      ir::Attributes a;
+      a.set("keepdims", keep);
+      ir::Op &op = g.addOp("ReduceMean", "ai.onnx", 18, "", a, {"x", "axes"}, {"y"});
+      op.def->setup(op);
+      ASSERT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, KernelProvider::Dnnl);
+      std::mt19937 rng(64);
+      TensorData x = randomFloats({3, 20, 5, 7}, rng, -2, 2);
+      std::vector<const void *> in{x.data(), g.tensor("axes").data()->data()};
+      TensorData want(op.outInfo(0)), got(op.outInfo(0));
+      std::vector<void *> refOut{want.data()}, fastOut{got.data()};
+      backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), 2, refOut.data(), 1});
+      backend_cpu::createKernel(op, KernelProvider::Dnnl)->run({in.data(), 2, fastOut.data(), 1});
+      EXPECT_LT(kernel_compare::maxRelDiff(got, want), 1e-5) << "keepdims " << keep;
+    }
+}
+
 TEST(BroadcastBinary, MiddleAxisBroadcastsMatchTheReference) {
   // Swin's attention mask, and broadcasts on either side, inner and outer.
   expectFastMatches("Add", {{1, 4, 3, 7, 7}, {1, 4, 1, 7, 7}});

@@ -1914,3 +1914,32 @@ TEST(AgreedLayouts, InvertedResidualChainStaysBlockedWithPaddedChannels) {
   for (auto p : {KernelProvider::Reference, KernelProvider::Any})
     expectNear(runFeeds(fused, p, feeds), want, 1e-4f, "inverted residual");
 }
+
+TEST(InferenceDropoutAsIdentity, NonTrainingDropoutBecomesAView) {
+  // x → Neg → Dropout(ratio 0.1, training_mode false) → Relu → y: the Dropout becomes an
+  // Identity (a view in the plan) unless its mask is an output or its mode is not a constant false.
+  for (int variant = 0; variant < 3; ++variant) { // 0: rewritten, 1: mask is an output, 2: training
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 8}));
+    g.addInput("x");
+    g.addConst("ratio", scalarF(0.1f));
+    g.addConst("mode", TensorData::fromDoubles(DataType::BOOL, {}, {variant == 2 ? 1.0 : 0.0}));
+    g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"n"});
+    g.addOp("Dropout", "", 13, "drop", {}, {"n", "ratio", "mode"}, {"d", "mask"});
+    g.addOp("Relu", "", 13, "relu", {}, {"d"}, {"y"});
+    g.addOutput("y");
+    if (variant == 1) g.addOutput("mask");
+    ir::inferShapes(g, nullptr);
+    ASSERT_EQ(ir::inferenceDropoutAsIdentity(g), variant == 0 ? 1 : 0) << variant;
+    if (variant != 0) continue;
+    EXPECT_EQ(countType(g, "Dropout"), 0);
+    EXPECT_EQ(countType(g, "Identity"), 1);
+    std::mt19937 rng(65);
+    TensorData x = randomFloats({3, 8}, rng);
+    std::vector<float> got = runGraph(g, KernelProvider::Any, x);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i], std::max(0.f, -x.as<float>()[i]));
+  }
+}
