@@ -1,7 +1,8 @@
 // Our f32 kernels registered with oneDNN's (backend_cpu/dnnl/channelwise.cpp) against the
-// reference kernels: GlobalAveragePool, Mul by per-channel gates, broadcast Add/Sub/Mul/Div where
-// oneDNN's binary would run its reference code; and a squeeze-excitation block whose feature map
-// stays in the convolutions' blocked layout through the pool and the Mul.
+// reference kernels: GlobalAveragePool (and ReduceMean over H, W), Mul by per-channel gates,
+// broadcast Add/Sub/Mul/Div where oneDNN's binary would run its reference code; oneDNN's Clip and
+// HardSigmoid; and a squeeze-excitation block whose feature map stays in the convolutions' blocked
+// layout through the pool and the Mul.
 
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/plan.hpp"
@@ -161,4 +162,42 @@ TEST(AgreedLayouts, SqueezeExcitationKeepsTheFeatureMapBlocked) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4f * (1 + std::fabs(want[i]))) << "element " << i;
+}
+
+TEST(ActivationKernels, ClipWithConstantBoundsAndHardSigmoidMatchTheReference) {
+  // ReLU6 and a Clip with only a lower bound on oneDNN's clip; HardSigmoid as linear + clip.
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  std::mt19937 rng(66);
+  std::uniform_real_distribution<float> d(-9.f, 9.f);
+  for (int variant = 0; variant < 3; ++variant) {
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {5, 37}));
+    g.addConst("lo", TensorData::scalarFloat(0.f));
+    g.addConst("hi", TensorData::scalarFloat(6.f));
+    ir::Attributes hs;
+    hs.set("alpha", 0.3f);
+    hs.set("beta", 0.4f);
+    ir::Op &op = variant == 0   ? g.addOp("Clip", "ai.onnx", 13, "relu6", {}, {"x", "lo", "hi"}, {"y"})
+                 : variant == 1 ? g.addOp("Clip", "ai.onnx", 13, "min_only", {}, {"x", "lo"}, {"y"})
+                                : g.addOp("HardSigmoid", "ai.onnx", 6, "hs", hs, {"x"}, {"y"});
+    op.def->setup(op);
+    ASSERT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, KernelProvider::Dnnl) << variant;
+    TensorData x = randomFloats({5, 37}, rng, -9, 9);
+    std::vector<const void *> in{x.data(), g.tensor("lo").data()->data(), g.tensor("hi").data()->data()};
+    in.resize(op.inputCount());
+    TensorData want(op.outInfo(0)), got(op.outInfo(0));
+    std::vector<void *> refOut{want.data()}, fastOut{got.data()};
+    backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refOut.data(), 1});
+    backend_cpu::createKernel(op, KernelProvider::Dnnl)->run({in.data(), in.size(), fastOut.data(), 1});
+    EXPECT_LT(kernel_compare::maxRelDiff(got, want), 1e-6) << variant;
+  }
+  ir::Graph g; // a fed bound stays on the reference
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {5, 37}));
+  g.addTensor("lo", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {}));
+  ir::Op &fed = g.addOp("Clip", "ai.onnx", 13, "fed", {}, {"x", "lo"}, {"y"});
+  fed.def->setup(fed);
+  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(fed)->provider, KernelProvider::Reference);
 }
