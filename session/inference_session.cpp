@@ -91,6 +91,7 @@ struct InferenceSession::Impl {
       ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
       ir::fuseRelu(*g);
       ir::fuseConvActivation(*g); // ReLU6, hard swish, SiLU ... as Conv post-ops
+      ir::fuseHardSwish(*g);      // the hard swishes left
       ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);
     }

@@ -854,6 +854,31 @@ int fuseConvActivation(Graph &graph) {
   });
 }
 
+int fuseHardSwish(Graph &graph) {
+  return rewriteAll(graph, [&](Op &mul) {
+    if (!isOnnxOp(&mul, "Mul") || mul.inputCount() != 2 || !mul.hasInput(0) || !mul.hasInput(1) || !mul.hasOutput(0))
+      return false;
+    for (size_t g = 0; g < 2; ++g) {
+      Op *gate = mul.input(g).producer();
+      const Tensor &x = mul.input(1 - g), &s = mul.input(g);
+      if (!isOnnxOp(gate, "HardSigmoid") || !gate->hasInput(0) || &gate->input(0) != &x) continue;
+      if (gate->attrs.getFloat("alpha", 0.2f) != 1.f / 6.f || gate->attrs.getFloat("beta", 0.5f) != 0.5f) continue;
+      if (s.consumers().size() != 1 || isGraphOutput(graph, s) || x.info().dataType() != DataType::FLOAT ||
+          mul.outInfo(0) != x.info())
+        continue;
+      TensorId in = x.id(), out = mul.output(0).id(), mid = s.id();
+      std::string name = gate->name;
+      int phase = mul.phase;
+      graph.removeOp(mul);
+      graph.removeOp(*gate);
+      graph.removeTensor(mid);
+      addRewrittenOp(graph, phase, "HardSwish", "ai.onnx", 14, name, {}, {in}, {out});
+      return true;
+    }
+    return false;
+  });
+}
+
 int inferenceDropoutAsIdentity(Graph &graph) {
   return rewriteAll(graph, [&](Op &op) {
     if (!isOnnxOp(&op, "Dropout") || !op.hasInput(0) || !op.hasOutput(0)) return false;

@@ -107,6 +107,12 @@ int foldBatchNormIntoConv(Graph &graph);
 /// and fuseRelu. Returns how many were fused.
 int fuseConvActivation(Graph &graph);
 
+/// Inference: Mul(x, HardSigmoid(x; alpha 1/6, beta 1/2)), either order, hard swish as torch
+/// exports it before opset 14, becomes one HardSwish (oneDNN's eltwise_hardswish) when nothing
+/// else reads the HardSigmoid. After fuseConvActivation, which takes those after a Conv. Returns
+/// how many were fused.
+int fuseHardSwish(Graph &graph);
+
 /// Inference: a Dropout that does not train (no session seed input 3, training_mode absent or a
 /// constant false) and whose mask nothing reads becomes an Identity, which the plan makes a view
 /// (Swin-T's 24 exported Dropouts copied 2.5 ms per run). Returns how many were rewritten.

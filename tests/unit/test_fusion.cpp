@@ -1943,3 +1943,39 @@ TEST(InferenceDropoutAsIdentity, NonTrainingDropoutBecomesAView) {
       EXPECT_EQ(got[i], std::max(0.f, -x.as<float>()[i]));
   }
 }
+
+TEST(FuseHardSwish, MulByHardSigmoidBecomesHardSwish) {
+  // y = x · HardSigmoid(x; 1/6, 1/2) (either order) on a computed x: one HardSwish that matches;
+  // other parameters, or a gate that is also an output, stay.
+  for (int variant = 0; variant < 4; ++variant) { // 0, 1: fused (gate second, first); 2: alpha 0.2; 3: shared
+    ir::registerBuiltinOps();
+    auto build = [&](ir::Graph &g) {
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 33}));
+      g.addInput("x");
+      g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"n"});
+      ir::Attributes hs;
+      hs.set("alpha", variant == 2 ? 0.2f : 1.f / 6.f);
+      hs.set("beta", 0.5f);
+      g.addOp("HardSigmoid", "", 6, "gate", hs, {"n"}, {"s"});
+      g.addOp("Mul", "", 13, "mul", {}, variant == 1 ? std::vector<TensorId>{"s", "n"} : std::vector<TensorId>{"n", "s"},
+              {"y"});
+      g.addOutput("y");
+      if (variant == 3) g.addOutput("s");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    bool fuses = variant < 2;
+    ASSERT_EQ(ir::fuseHardSwish(fused), fuses ? 1 : 0) << variant;
+    if (!fuses) continue;
+    EXPECT_EQ(countType(fused, "HardSwish"), 1);
+    EXPECT_EQ(fused.ops().size(), 2u);
+    std::mt19937 rng(67);
+    TensorData x = randomFloats({4, 33}, rng, -5, 5);
+    std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused, p, x), want, 1e-6f, "hard swish");
+  }
+}
