@@ -20,6 +20,10 @@ namespace {
 
 using namespace dnnl;
 
+/// Below this many elements a kernel runs on one thread: a parallel region costs more than the
+/// loop (and waits for every thread of the team, which a shared machine may not be running).
+constexpr int64_t kThreadedElements = 32768;
+
 /// The channel block of \p layout for a tensor of \p shape [N, C, H, W]: 8 or 16 for oneDNN's
 /// aBcd8b / aBcd16b (channels may be padded to the block), 0 for anything else.
 int64_t blockOf(const TensorLayout &layout, const Shape &shape) {
@@ -48,14 +52,15 @@ public:
     auto *y = static_cast<float *>(args.outputs[0]);
     const int64_t n = shape_[0], c = shape_[1], hw = shape_[2] * shape_[3];
     const float inv = 1.f / static_cast<float>(hw);
+    const bool threads = n * c * hw > kThreadedElements;
     if (block_ == 0) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (threads)
       for (int64_t p = 0; p < n * c; ++p)
         y[p] = static_cast<float>(vec::sum(x + p * hw, hw)) * inv;
       return;
     }
     const int64_t blocks = (c + block_ - 1) / block_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (threads)
     for (int64_t p = 0; p < n * blocks; ++p) {
       float acc[16] = {};
       vec::sumBlocked(x + p * hw * block_, acc, hw, block_);
@@ -100,14 +105,15 @@ public:
     const auto *s = static_cast<const float *>(args.inputs[1 - map_]);
     auto *y = static_cast<float *>(args.outputs[0]);
     const int64_t n = shape_[0], c = shape_[1], hw = shape_[2] * shape_[3];
+    const bool threads = n * c * hw > kThreadedElements;
     if (!layout_) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (threads)
       for (int64_t p = 0; p < n * c; ++p)
         vec::scale(x + p * hw, s[perImage_ ? p : p % c], y + p * hw, hw);
       return;
     }
     const int64_t blocks = (c + block_ - 1) / block_;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (threads)
     for (int64_t p = 0; p < n * blocks; ++p) {
       const int64_t b = p % blocks, img = p / blocks, first = b * block_;
       float gate[16] = {}; // padded channels: 0 · 0
@@ -160,7 +166,7 @@ public:
     auto *y = static_cast<float *>(args.outputs[0]);
     const int64_t runs = runs_, run = run_, bStride = bRunStride_;
     const std::vector<Axis> &axes = axes_;
-#pragma omp parallel for schedule(static) if (runs > 1 && runs * run > 16384)
+#pragma omp parallel for schedule(static) if (runs > 1 && runs * run > kThreadedElements)
     for (int64_t r = 0; r < runs; ++r) {
       int64_t ia = 0, ib = 0;
       for (int64_t rest = r, k = static_cast<int64_t>(axes.size()) - 1; k >= 0; --k) {
