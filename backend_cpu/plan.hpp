@@ -128,7 +128,8 @@ private:
   /// the caller sees it. \returns the bytes of agreed tensors whose layout is larger than their
   /// plain size (channels padded to a block), for the memory plan.
   std::map<TensorId, int64_t> agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                    const std::map<TensorId, TensorId> &aliases, const std::map<TensorId, TensorId> &views);
+                                           const std::map<TensorId, TensorId> &aliases,
+                                           const std::map<TensorId, TensorId> &views);
 
   struct Step {
     std::unique_ptr<Kernel> kernel;

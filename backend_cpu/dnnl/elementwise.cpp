@@ -162,11 +162,10 @@ bool supportsBinaryKernel(const ir::Op &op) {
   const Shape &out = op.outInfo(0).shape();
   size_t rank = std::max<size_t>(out.size(), 1);
   bool swapped = op.inInfo(0).shape() != out;
-  auto pd = binary::primitive_desc(binary::desc(binaryAlgorithm(op.type),
-                                                dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
-                                                dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank),
-                                                dnnl_util::plainDesc(out, rank)),
-                                   dnnl_util::engine());
+  auto pd = binary::primitive_desc(
+      binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
+                   dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank), dnnl_util::plainDesc(out, rank)),
+      dnnl_util::engine());
   return !dnnl_util::implIs(pd, "ref");
 }
 

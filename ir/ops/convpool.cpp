@@ -112,7 +112,8 @@ void setupConv(Op &op) {
                    op.attrs.has("popart_pool_kernel")))
     throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
                 " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
-  (void)fusedActivation(op); // fuseRelu / fuseConvActivation: a known activation with its parameters
+  // fuseRelu / fuseConvActivation: a known activation with its parameters.
+  (void)fusedActivation(op);
   if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
     if (pool.input != y)
       throw error(op.debugName(), ": popart_pool_input_shape ", toString(pool.input),

@@ -837,9 +837,9 @@ int fuseConvActivation(Graph &graph) {
     for (int first = 0; first < 2; ++first) {
       Op *gate = readers[static_cast<size_t>(first)], *mul = readers[static_cast<size_t>(1 - first)];
       FusedActivation g = activationOf(*gate);
-      K kind = g.kind == K::Sigmoid                                                      ? K::Swish
+      K kind = g.kind == K::Sigmoid                                                 ? K::Swish
                : g.kind == K::HardSigmoid && g.alpha == 1.f / 6.f && g.beta == 0.5f ? K::HardSwish
-                                                                                      : K::None;
+                                                                                    : K::None;
       if (kind == K::None || !isOnnxOp(mul, "Mul") || mul->inputCount() != 2) continue;
       const Tensor &s = gate->output(0);
       if (s.consumers().size() != 1 || s.consumers()[0] != mul || isGraphOutput(graph, s)) continue;

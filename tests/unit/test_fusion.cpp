@@ -1768,20 +1768,30 @@ TEST(FuseConvActivation, ActivationAppliedByTheConvolutionMatchesTheOps) {
   // hard swish written as x · Sigmoid(x) / x · HardSigmoid(x; 1/6, 1/2): the convolution applies
   // it (oneDNN eltwise post-ops) and matches the ops one by one, with 16 and 3 (padded) channels.
   // A gate that something else reads, or a HardSigmoid of other parameters before the Mul, stays.
-  enum class Pattern { Clip, ClipNoMax, HardSigmoid, HardSwish, Sigmoid, SiLU, SiLUSwapped, HardSwishMul,
-                       OtherHardSigmoidMul, SharedGate };
+  enum class Pattern {
+    Clip,
+    ClipNoMax,
+    HardSigmoid,
+    HardSwish,
+    Sigmoid,
+    SiLU,
+    SiLUSwapped,
+    HardSwishMul,
+    OtherHardSigmoidMul,
+    SharedGate
+  };
   struct Case {
     Pattern pattern;
     int64_t channels;
     bool bias;
     const char *kind; ///< the fused activation ("" : not fused)
   };
-  for (const Case &c : {Case{Pattern::Clip, 16, true, "Clip"}, Case{Pattern::ClipNoMax, 3, false, "Clip"},
-                        Case{Pattern::HardSigmoid, 16, true, "HardSigmoid"},
-                        Case{Pattern::HardSwish, 3, true, "HardSwish"}, Case{Pattern::Sigmoid, 16, false, "Sigmoid"},
-                        Case{Pattern::SiLU, 16, true, "Swish"}, Case{Pattern::SiLUSwapped, 3, true, "Swish"},
-                        Case{Pattern::HardSwishMul, 16, true, "HardSwish"},
-                        Case{Pattern::OtherHardSigmoidMul, 16, true, ""}, Case{Pattern::SharedGate, 16, true, ""}}) {
+  for (const Case &c :
+       {Case{Pattern::Clip, 16, true, "Clip"}, Case{Pattern::ClipNoMax, 3, false, "Clip"},
+        Case{Pattern::HardSigmoid, 16, true, "HardSigmoid"}, Case{Pattern::HardSwish, 3, true, "HardSwish"},
+        Case{Pattern::Sigmoid, 16, false, "Sigmoid"}, Case{Pattern::SiLU, 16, true, "Swish"},
+        Case{Pattern::SiLUSwapped, 3, true, "Swish"}, Case{Pattern::HardSwishMul, 16, true, "HardSwish"},
+        Case{Pattern::OtherHardSigmoidMul, 16, true, ""}, Case{Pattern::SharedGate, 16, true, ""}}) {
     std::string what = std::to_string(static_cast<int>(c.pattern)) + " " + std::to_string(c.channels) + " channels";
     const Shape xs{2, 4, 9, 9};
     auto build = [&](ir::Graph &g) {
@@ -1958,8 +1968,8 @@ TEST(FuseHardSwish, MulByHardSigmoidBecomesHardSwish) {
       hs.set("alpha", variant == 2 ? 0.2f : 1.f / 6.f);
       hs.set("beta", 0.5f);
       g.addOp("HardSigmoid", "", 6, "gate", hs, {"n"}, {"s"});
-      g.addOp("Mul", "", 13, "mul", {}, variant == 1 ? std::vector<TensorId>{"s", "n"} : std::vector<TensorId>{"n", "s"},
-              {"y"});
+      g.addOp("Mul", "", 13, "mul", {},
+              variant == 1 ? std::vector<TensorId>{"s", "n"} : std::vector<TensorId>{"n", "s"}, {"y"});
       g.addOutput("y");
       if (variant == 3) g.addOutput("s");
       ir::inferShapes(g, nullptr);
