@@ -22,7 +22,8 @@ bool planned(const ir::Tensor &t) {
 
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases,
-                      const std::map<TensorId, TensorId> &views, const std::vector<int64_t> &scratch) {
+                      const std::map<TensorId, TensorId> &views, const std::vector<int64_t> &scratch,
+                      const std::map<TensorId, int64_t> &sizes) {
   struct Interval {
     TensorId id;
     int64_t bytes;
@@ -35,8 +36,9 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
     auto view = views.find(tensor.id());
     const ir::Tensor &t = view == views.end() ? tensor : graph.tensor(view->second);
     if (!planned(t) || aliases.count(t.id())) return;
-    auto [it, inserted] =
-        live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(t.info().byteCount(), 1)), step, step});
+    auto size = sizes.find(t.id());
+    int64_t bytes = size == sizes.end() ? t.info().byteCount() : size->second;
+    auto [it, inserted] = live.try_emplace(t.id(), Interval{t.id(), alignUp(std::max<int64_t>(bytes, 1)), step, step});
     it->second.first = std::min(it->second.first, step);
     it->second.last = std::max(it->second.last, step);
   };
@@ -210,7 +212,9 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
   for (auto &[id, root] : shared)
     for (auto next = shared.find(root); next != shared.end(); next = shared.find(root))
       root = next->second;
-  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, shared, scratch);
+  // Layouts first: a blocked layout may pad the channels, and the memory plan sizes the tensor so.
+  std::map<TensorId, int64_t> layoutBytes = agreeLayouts(schedule, pinned, aliases, shared);
+  memoryPlan_ = planMemory(schedule, pinned, graph, aliases, shared, scratch, layoutBytes);
   // The kernels' creation (oneDNN's primitive descriptors, the MatMul tuning's trial buffers)
   // leaves freed pages resident in the heap; returned before the arena is touched, they are not
   // counted twice in the peak RSS (BERT-mini training: 90 MB).
@@ -243,7 +247,6 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     for (const ir::Tensor *t : schedule[s]->outputs)
       step.outputs.push_back(t ? address(t->id()) : nullptr);
   }
-  agreeLayouts(schedule, pinned, aliases, shared);
   for (const auto &[out, in] : shared)
     if (!views.count(out)) inPlace_.push_back(out);
   for (size_t s = 0; s < steps_.size(); ++s) {
@@ -333,9 +336,11 @@ std::map<TensorId, TensorId> ExecutionPlan::findInPlace(const std::vector<ir::Op
   return inPlace;
 }
 
-void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                                 const std::map<TensorId, TensorId> &aliases,
-                                 const std::map<TensorId, TensorId> &views) {
+std::map<TensorId, int64_t> ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule,
+                                                        const std::vector<TensorId> &pinned,
+                                                        const std::map<TensorId, TensorId> &aliases,
+                                                        const std::map<TensorId, TensorId> &views) {
+  std::map<TensorId, int64_t> layoutBytes;
   // A tensor that only its producer and its readers see (not pinned, not a view or a view's
   // root, not an alias) may be kept in a layout they all share: a ResNet block's input, read by
   // its first convolution and as the residual of its last.
@@ -352,7 +357,7 @@ void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const st
       const ir::Tensor *t = schedule[s]->outputs[i];
       if (!t || !planned(*t) || hidden.count(t->id()) || aliases.count(t->id()) || t->consumers().empty()) continue;
       TensorLayout layout = steps_[s].kernel->outputLayout(i);
-      if (!layout || layout.bytes > t->info().byteCount()) continue;
+      if (!layout) continue;
       std::vector<std::pair<Kernel *, size_t>> readers; // each reader's kernel and input index
       std::string names;
       for (const ir::Op *reader : t->consumers()) {
@@ -369,9 +374,11 @@ void ExecutionPlan::agreeLayouts(const std::vector<ir::Op *> &schedule, const st
         k->readInputIn(input, layout);
       steps_[s].kernel->writeOutputIn(i);
       agreedLayouts_.push_back(t->id());
+      if (layout.bytes > t->info().byteCount()) layoutBytes[t->id()] = layout.bytes; // padded channels
       logging::logger().debug("'{}' stays in the {} layout of {} for {}", t->id(), layout.provider,
                               schedule[s]->debugName(), names);
     }
+  return layoutBytes;
 }
 
 void *ExecutionPlan::address(const TensorId &id) const {

@@ -27,10 +27,12 @@ struct MemoryPlan {
 /// (outputs of in-place updates) get no bytes of their own. Tensors in \p views (outputs of
 /// Reshape-like ops, mapped to the planned tensor whose bytes they reinterpret) get no bytes
 /// either, and each use of a view keeps its root alive. \p scratch (bytes per step, if given)
-/// is working memory live during its step only.
+/// is working memory live during its step only. \p sizes gives the bytes of tensors kept in a
+/// layout larger than their plain one (blocked channels padded to the block).
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {},
-                      const std::map<TensorId, TensorId> &views = {}, const std::vector<int64_t> &scratch = {});
+                      const std::map<TensorId, TensorId> &views = {}, const std::vector<int64_t> &scratch = {},
+                      const std::map<TensorId, int64_t> &sizes = {});
 
 /// Outputs of ops that only reinterpret their input's bytes (Reshape, Flatten, Squeeze,
 /// Unsqueeze, Identity) mapped to the root tensor they share storage with. Only activations
@@ -124,9 +126,11 @@ private:
                                            const std::map<TensorId, TensorId> &views) const;
   /// Lets a kernel and every reader of its output keep that tensor in a shared internal layout
   /// (Kernel::outputLayout, acceptsInputIn, readInputIn, writeOutputIn) where no other step or
-  /// the caller sees it.
-  void agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
-                    const std::map<TensorId, TensorId> &aliases, const std::map<TensorId, TensorId> &views);
+  /// the caller sees it. \returns the bytes of agreed tensors whose layout is larger than their
+  /// plain size (channels padded to a block), for the memory plan.
+  std::map<TensorId, int64_t> agreeLayouts(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
+                                           const std::map<TensorId, TensorId> &aliases,
+                                           const std::map<TensorId, TensorId> &views);
 
   struct Step {
     std::unique_ptr<Kernel> kernel;

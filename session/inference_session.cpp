@@ -80,6 +80,7 @@ struct InferenceSession::Impl {
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
     if (options.fuseOps) {
+      ir::inferenceDropoutAsIdentity(*g);
       ir::fuseLayerNorm(*g, false);
       ir::fuseGelu(*g);
       ir::foldTransposesIntoMatMul(*g);
@@ -89,6 +90,8 @@ struct InferenceSession::Impl {
       ir::fuseBatchNormRelu(*g);
       ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
       ir::fuseRelu(*g);
+      ir::fuseConvActivation(*g); // ReLU6, hard swish, SiLU ... as Conv post-ops
+      ir::fuseHardSwish(*g);      // the hard swishes left
       ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);
     }

@@ -11,6 +11,7 @@
 #include "backend_cpu/dnnl/window.hpp"
 #include "backend_cpu/reference/vecloops.hpp"
 #include "core/log.hpp"
+#include "ir/ops/activation.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -70,6 +71,23 @@ memory::desc weightsDesc(const ir::Op &op, bool transposed) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
+/// \p act as oneDNN eltwise post-ops (oneDNN 2.6 has no hard sigmoid: a linear one, then a clip).
+void appendActivation(post_ops &po, const ir::FusedActivation &act) {
+  using K = ir::FusedActivation::Kind;
+  switch (act.kind) {
+  case K::Relu: po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f); break;
+  case K::Clip: po.append_eltwise(1.f, algorithm::eltwise_clip_v2, act.alpha, act.beta); break;
+  case K::HardSigmoid:
+    po.append_eltwise(1.f, algorithm::eltwise_linear, act.alpha, act.beta);
+    po.append_eltwise(1.f, algorithm::eltwise_clip_v2, 0.f, 1.f);
+    break;
+  case K::HardSwish: po.append_eltwise(1.f, algorithm::eltwise_hardswish, 0.f, 0.f); break;
+  case K::Sigmoid: po.append_eltwise(1.f, algorithm::eltwise_logistic, 0.f, 0.f); break;
+  case K::Swish: po.append_eltwise(1.f, algorithm::eltwise_swish, 1.f, 0.f); break;
+  case K::None: break;
+  }
+}
+
 class ConvKernel : public Kernel {
 public:
   explicit ConvKernel(const ir::Op &op) {
@@ -106,11 +124,11 @@ public:
       // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
       // once that layout is known), then the Relu (fuseRelu).
       hasResidual_ = op.attrs.getInt("popart_residual", 0) != 0;
-      const bool relu = op.attrs.getString("popart_activation", "") == "Relu";
+      const ir::FusedActivation act = ir::fusedActivation(op);
       auto setPostOps = [&](const memory::desc *residual) {
         post_ops po;
         if (residual) po.append_binary(algorithm::binary_add, *residual);
-        if (relu) po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+        appendActivation(po, act);
         attr.set_post_ops(po);
       };
       setPostOps(nullptr);
@@ -122,6 +140,19 @@ public:
         return pd;
       };
       auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
+      if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
+        // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
+        // blocks of the pointwise convolutions around it were reordered in and out of every
+        // one (half of MobileNet v2's time); its jit depthwise kernel runs on those blocks.
+        auto blocked = [](const Shape &s) {
+          return memory::desc(dnnl_util::toDims(s), memory::data_type::f32, memory::format_tag::aBcd16b);
+        };
+        try {
+          auto onBlocks = make(blocked(x), dnnl_util::anyLayout(mdW), blocked(y));
+          if (!dnnl_util::implIs(onBlocks, "ref")) pd = onBlocks;
+        } catch (const dnnl::error &) { // no kernel for those layouts: keep oneDNN's choice
+        }
+      }
       if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
       if (hasResidual_) {
         // oneDNN's optimised convolutions write blocked channels; a plain result means its

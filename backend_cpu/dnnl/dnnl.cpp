@@ -4,7 +4,9 @@
 namespace popart::backend_cpu {
 
 void registerDnnlKernels(KernelRegistry &r) {
+  registerDnnlChannelwiseKernels(r); // before the binary Mul: found first
   registerDnnlElementwiseKernels(r);
+  registerDnnlBroadcastKernels(r); // after it: where oneDNN's binary declines
   registerDnnlMatMulKernels(r);
   registerDnnlConvPoolKernels(r);
   registerDnnlNormKernels(r);

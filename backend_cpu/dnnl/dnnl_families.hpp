@@ -15,5 +15,9 @@ void registerDnnlConvGradKernels(KernelRegistry &registry);
 void registerDnnlActGradKernels(KernelRegistry &registry);
 void registerDnnlTransposeKernels(KernelRegistry &registry);
 void registerDnnlRnnKernels(KernelRegistry &registry);
+/// Ours on oneDNN's blocked layouts: GlobalAveragePool, Mul by per-channel gates.
+void registerDnnlChannelwiseKernels(KernelRegistry &registry);
+/// Ours: broadcast Add/Sub/Mul/Div where oneDNN's binary has only its reference code.
+void registerDnnlBroadcastKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -3,6 +3,7 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 
+#include <limits>
 #include <map>
 
 namespace popart::backend_cpu {
@@ -36,9 +37,55 @@ bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
     spec = {algorithm::eltwise_soft_relu, 1.f, 0.f};
   else if (op.type == "Neg")
     spec = {algorithm::eltwise_linear, -1.f, 0.f};
-  else
+  else if (op.type == "Clip") { // constant bounds (ReLU6) only: the reference reads fed ones
+    float bound[2] = {-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity()};
+    for (size_t i : {1, 2}) {
+      if (op.inputCount() <= i || !op.hasInput(i)) continue;
+      const ir::Tensor &t = op.input(i);
+      if (!t.isConst() || t.info().elementCount() != 1 || t.info().dataType() != DataType::FLOAT) return false;
+      bound[i - 1] = static_cast<float>(t.data()->valueAsDouble(0));
+    }
+    if (!(bound[0] <= bound[1])) return false; // min > max: everything is max, as the reference does
+    spec = {algorithm::eltwise_clip_v2, bound[0], bound[1]};
+  } else
     return false;
   return true;
+}
+
+/// HardSigmoid, max(0, min(1, alpha·x + beta)): oneDNN 2.6 has no such eltwise, so a linear
+/// one and a clip to [0, 1] over the result in place.
+class HardSigmoidKernel : public Kernel {
+public:
+  explicit HardSigmoidKernel(const ir::Op &op) {
+    auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+    auto &eng = dnnl_util::engine();
+    auto linear = eltwise_forward::primitive_desc(
+        eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_linear, md,
+                              op.attrs.getFloat("alpha", 0.2f), op.attrs.getFloat("beta", 0.5f)),
+        eng);
+    auto clip = eltwise_forward::primitive_desc(
+        eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_clip_v2, md, 0.f, 1.f), eng);
+    linear_ = eltwise_forward(linear);
+    clip_ = eltwise_forward(clip);
+    x_ = memory(md, eng, DNNL_MEMORY_NONE);
+    y_ = memory(md, eng, DNNL_MEMORY_NONE);
+  }
+  void run(const KernelArgs &args) override {
+    x_.set_data_handle(const_cast<void *>(args.inputs[0]));
+    y_.set_data_handle(args.outputs[0]);
+    dnnl_util::execute(linear_, linearArgs_, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+    dnnl_util::execute(clip_, clipArgs_, {{DNNL_ARG_SRC, y_}, {DNNL_ARG_DST, y_}});
+  }
+  int inPlaceInput() const override { return 0; } // each element is read before it is written
+
+private:
+  primitive linear_, clip_;
+  std::vector<dnnl_exec_arg_t> linearArgs_, clipArgs_;
+  memory x_, y_;
+};
+
+bool supportsHardSigmoid(const ir::Op &op) {
+  return op.inInfo(0).dataType() == DataType::FLOAT && op.inInfo(0).elementCount() > 0;
 }
 
 bool supportsEltwise(const ir::Op &op) {
@@ -110,7 +157,16 @@ bool supportsBinaryKernel(const ir::Op &op) {
   if (!supportsBinary(op)) return false;
   // Sub and Div are not commutative: need input 0 at the output shape.
   if ((op.type == "Sub" || op.type == "Div") && op.inInfo(0).shape() != op.outInfo(0).shape()) return false;
-  return true;
+  // oneDNN 2.6 runs some broadcasts (over a middle axis) in its reference code, 25× slower than
+  // a loop: registerDnnlBroadcastKernels takes those.
+  const Shape &out = op.outInfo(0).shape();
+  size_t rank = std::max<size_t>(out.size(), 1);
+  bool swapped = op.inInfo(0).shape() != out;
+  auto pd = binary::primitive_desc(
+      binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
+                   dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank), dnnl_util::plainDesc(out, rank)),
+      dnnl_util::engine());
+  return !dnnl_util::implIs(pd, "ref");
 }
 
 /// Pow with a constant scalar exponent: oneDNN's eltwise_pow (x^beta).
@@ -179,8 +235,9 @@ void registerDnnlElementwiseKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "Sum", KernelProvider::Dnnl, supportsSum, makeKernel<SumKernel>});
   r.add({"ai.onnx", "Mean", KernelProvider::Dnnl, supportsSum, makeKernel<SumKernel>});
   for (const char *t :
-       {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu", "Softplus", "Neg"})
+       {"Relu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "HardSwish", "Elu", "LeakyRelu", "Softplus", "Neg", "Clip"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsEltwise, createEltwise});
+  r.add({"ai.onnx", "HardSigmoid", KernelProvider::Dnnl, supportsHardSigmoid, makeKernel<HardSigmoidKernel>});
   r.add({"ai.graphcore", "Gelu", KernelProvider::Dnnl, supportsEltwise, createEltwise});
   for (const char *t : {"Add", "Sub", "Mul", "Div"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBinaryKernel, makeKernel<BinaryKernel>});

@@ -5,6 +5,7 @@
 #include "backend_cpu/reference/loop_kernel.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
+#include "ir/ops/activation.hpp"
 
 #include <cmath>
 #include <functional>
@@ -38,8 +39,8 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
-  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseRelu
-  bool residual = op.attrs.getInt("popart_residual", 0) != 0;      // fused by fuseConvResidual
+  const ir::FusedActivation act = ir::fusedActivation(op);    // fused by fuseRelu / fuseConvActivation
+  bool residual = op.attrs.getInt("popart_residual", 0) != 0; // fused by fuseConvResidual
   ir::FusedPool pool;
   bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
   Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};
@@ -63,8 +64,10 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
         });
         const int64_t at = (b * ch.m + mm) * g.outSize + o;
         if (R) acc = static_cast<C>(static_cast<T>(acc)) + static_cast<C>(R[at]); // the Add, in T as unfused
-        if (relu && acc < C(0)) acc = C(0); // NaN stays NaN, as ONNX Relu keeps it
-        Y[at] = static_cast<T>(acc);
+        // The activation of the value the unfused graph stores, in T as unfused.
+        Y[at] = act.kind == ir::FusedActivation::Kind::None
+                    ? static_cast<T>(acc)
+                    : static_cast<T>(act.apply(static_cast<C>(static_cast<T>(acc))));
       });
       if (!pooled) return;
       T *P = a.out<T>(0);

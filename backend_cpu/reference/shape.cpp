@@ -189,6 +189,24 @@ std::unique_ptr<Kernel> createTranspose(const ir::Op &op) {
   return std::make_unique<IndexMapKernel>(op, transposedView(op.inInfo(0).shape(), transposePerm(op)));
 }
 
+/// Slice of one axis to a range with step 1: for each of \p outer indices, \p bytes bytes from
+/// offset \p offset of a row of \p row bytes.
+class BlockSliceKernel : public Kernel {
+public:
+  BlockSliceKernel(int64_t outer, int64_t row, int64_t offset, int64_t bytes)
+      : outer_(outer), row_(row), offset_(offset), bytes_(bytes) {}
+  void run(const KernelArgs &a) override {
+    const auto *in = static_cast<const uint8_t *>(a.inputs[0]) + offset_;
+    auto *out = static_cast<uint8_t *>(a.outputs[0]);
+    if (bytes_ == 0) return;
+    for (int64_t o = 0; o < outer_; ++o)
+      std::memcpy(out + o * bytes_, in + o * row_, static_cast<size_t>(bytes_));
+  }
+
+private:
+  int64_t outer_, row_, offset_, bytes_;
+};
+
 std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
   const Shape &in = op.inInfo(0).shape();
   int64_t rank = static_cast<int64_t>(in.size());
@@ -207,8 +225,22 @@ std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
     first[static_cast<size_t>(a)] = s;
     step[static_cast<size_t>(a)] = steps[i];
   }
+  const Shape &out = op.outInfo(0).shape();
+  // One axis cut to a range with step 1 (a channel split): a block per outer index.
+  std::vector<size_t> cut;
+  for (size_t d = 0; d < in.size(); ++d)
+    if (out[d] != in[d] || first[d] != 0 || (step[d] != 1 && out[d] > 1)) cut.push_back(d);
+  if (cut.size() == 1 && step[cut[0]] == 1) {
+    const size_t k = cut[0];
+    int64_t outer = 1, inner = static_cast<int64_t>(elemSize(op));
+    for (size_t d = 0; d < k; ++d)
+      outer *= in[d];
+    for (size_t d = k + 1; d < in.size(); ++d)
+      inner *= in[d];
+    return std::make_unique<BlockSliceKernel>(outer, in[k] * inner, first[k] * inner, out[k] * inner);
+  }
   IndexMap m;
-  m.outShape = op.outInfo(0).shape();
+  m.outShape = out;
   for (size_t d = 0; d < in.size(); ++d) {
     std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
     for (int64_t o = 0; o < m.outShape[d]; ++o)

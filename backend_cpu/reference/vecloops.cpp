@@ -233,4 +233,85 @@ POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, 
     }
 }
 
+POPART_CLONES void scaleBlocked(const float *x, const float *s, float *y, int64_t n, int64_t block) {
+  if (block == 16) { // the common case: a constant trip count the compiler unrolls into one vector
+    for (int64_t i = 0; i < n; ++i)
+#pragma omp simd
+      for (int64_t j = 0; j < 16; ++j)
+        y[i * 16 + j] = x[i * 16 + j] * s[j];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+#pragma omp simd
+    for (int64_t j = 0; j < block; ++j)
+      y[i * block + j] = x[i * block + j] * s[j];
+}
+
+POPART_CLONES void sumBlocked(const float *x, float *acc, int64_t n, int64_t block) {
+  if (block == 16) {
+    float a[16] = {};
+    for (int64_t i = 0; i < n; ++i)
+#pragma omp simd
+      for (int64_t j = 0; j < 16; ++j)
+        a[j] += x[i * 16 + j];
+    for (int64_t j = 0; j < 16; ++j)
+      acc[j] += a[j];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+#pragma omp simd
+    for (int64_t j = 0; j < block; ++j)
+      acc[j] += x[i * block + j];
+}
+
+POPART_CLONES void binary(int op, const float *a, const float *b, int64_t bStride, float *y, int64_t n) {
+  if (bStride == 0) {
+    const float v = b[0];
+    switch (op) {
+    case 0:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = a[i] + v;
+      return;
+    case 1:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = a[i] - v;
+      return;
+    case 2:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = a[i] * v;
+      return;
+    default:
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i)
+        y[i] = a[i] / v;
+      return;
+    }
+  }
+  switch (op) {
+  case 0:
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = a[i] + b[i];
+    return;
+  case 1:
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = a[i] - b[i];
+    return;
+  case 2:
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = a[i] * b[i];
+    return;
+  default:
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = a[i] / b[i];
+    return;
+  }
+}
+
 } // namespace popart::backend_cpu::vec

@@ -64,4 +64,14 @@ void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, 
 void adamStep(const float *g, float *w, float *m, float *v, int64_t n, float gs, float l2, float b1, float b2,
               float decay, float stepSize, float bc2Sqrt, float eps);
 
+/// y[i·block + j] = x[i·block + j] · s[j] for i < n, j < block (a plane of blocked channels
+/// scaled per channel).
+void scaleBlocked(const float *x, const float *s, float *y, int64_t n, int64_t block);
+
+/// acc[j] += Σ_i x[i·block + j] for i < n, j < block (per-channel sums of blocked channels).
+void sumBlocked(const float *x, float *acc, int64_t n, int64_t block);
+
+/// y[i] = a[i] op b[i] (op 0 add, 1 sub, 2 mul, 3 div); \p bStride 0 reads b[0] for every i.
+void binary(int op, const float *a, const float *b, int64_t bStride, float *y, int64_t n);
+
 } // namespace popart::backend_cpu::vec

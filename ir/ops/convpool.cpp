@@ -3,6 +3,7 @@
 // output sizes; kernels re-derive the padding from (input, output, attributes), so the op keeps
 // its attributes exactly as imported.
 
+#include "ir/ops/activation.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 #include "ir/ops/window.hpp"
@@ -111,6 +112,8 @@ void setupConv(Op &op) {
                    op.attrs.has("popart_pool_kernel")))
     throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
                 " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
+  // fuseRelu / fuseConvActivation: a known activation with its parameters.
+  (void)fusedActivation(op);
   if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
     if (pool.input != y)
       throw error(op.debugName(), ": popart_pool_input_shape ", toString(pool.input),

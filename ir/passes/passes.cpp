@@ -1,5 +1,6 @@
 #include "ir/passes/passes.hpp"
 #include "core/log.hpp"
+#include "ir/ops/activation.hpp"
 #include "ir/ops/window.hpp"
 #include <popart/error.hpp>
 
@@ -772,6 +773,139 @@ static Op *bareConvOf(const Graph &graph, const Tensor &t) {
     return nullptr;
   if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
   return c;
+}
+
+/// The activation \p op computes of its input 0 as a Conv post-op (Kind::None if none): Relu,
+/// Clip with constant scalar bounds (or none), HardSigmoid, HardSwish, Sigmoid.
+static FusedActivation activationOf(const Op &op) {
+  FusedActivation a;
+  using K = FusedActivation::Kind;
+  if (op.domain != "ai.onnx" || !op.hasInput(0) || !op.hasOutput(0) || op.outputs.size() != 1) return a;
+  if (op.type == "Relu") {
+    a.kind = K::Relu;
+  } else if (op.type == "Clip") {
+    double lo = -INFINITY, hi = INFINITY;
+    if (op.inputCount() > 1 && op.hasInput(1) && !constScalar(&op.input(1), lo)) return a;
+    if (op.inputCount() > 2 && op.hasInput(2) && !constScalar(&op.input(2), hi)) return a;
+    if (!(lo <= hi)) return a; // min > max sets everything to max: leave it to the op
+    a = {K::Clip, static_cast<float>(lo), static_cast<float>(hi)};
+  } else if (op.type == "HardSigmoid") {
+    a = {K::HardSigmoid, op.attrs.getFloat("alpha", 0.2f), op.attrs.getFloat("beta", 0.5f)};
+  } else if (op.type == "HardSwish") {
+    a.kind = K::HardSwish;
+  } else if (op.type == "Sigmoid") {
+    a.kind = K::Sigmoid;
+  }
+  return a;
+}
+
+/// Rewrites \p conv, whose result only \p ops read, into one Conv that applies \p act and writes
+/// \p out.
+static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &ops, const FusedActivation &act,
+                               const TensorId &out) {
+  std::vector<TensorId> ins = inputIds(conv), gone{conv.output(0).id()};
+  Attributes attrs = conv.attrs;
+  act.store(attrs);
+  std::string name = conv.name;
+  int version = conv.version, phase = conv.phase;
+  for (Op *op : ops) {
+    for (const Tensor *t : op->outputs)
+      if (t && t->id() != out) gone.push_back(t->id());
+    graph.removeOp(*op);
+  }
+  graph.removeOp(conv);
+  for (const auto &id : gone)
+    graph.removeTensor(id);
+  addRewrittenOp(graph, phase, "Conv", "ai.onnx", version, name, std::move(attrs), ins, {out});
+}
+
+int fuseConvActivation(Graph &graph) {
+  using K = FusedActivation::Kind;
+  return rewriteAll(graph, [&](Op &conv) {
+    if (!isOnnxOp(&conv, "Conv") || !conv.hasOutput(0) || conv.attrs.has("popart_activation") ||
+        conv.attrs.has("popart_pool_kernel"))
+      return false;
+    const Tensor &y = conv.output(0);
+    if (isGraphOutput(graph, y) || y.info().dataType() != DataType::FLOAT) return false;
+    const auto &readers = y.consumers();
+    if (readers.size() == 1) { // Conv → activation
+      FusedActivation act = activationOf(*readers[0]);
+      if (act.kind == K::None || readers[0]->outInfo(0) != y.info()) return false;
+      convWithActivation(graph, conv, {readers[0]}, act, readers[0]->output(0).id());
+      return true;
+    }
+    // Conv → Sigmoid / HardSigmoid(1/6, 1/2) → Mul with the result: SiLU and hard swish as
+    // exported (torch writes hardswish so before opset 14, SiLU so always).
+    if (readers.size() != 2) return false;
+    for (int first = 0; first < 2; ++first) {
+      Op *gate = readers[static_cast<size_t>(first)], *mul = readers[static_cast<size_t>(1 - first)];
+      FusedActivation g = activationOf(*gate);
+      K kind = g.kind == K::Sigmoid                                                 ? K::Swish
+               : g.kind == K::HardSigmoid && g.alpha == 1.f / 6.f && g.beta == 0.5f ? K::HardSwish
+                                                                                    : K::None;
+      if (kind == K::None || !isOnnxOp(mul, "Mul") || mul->inputCount() != 2) continue;
+      const Tensor &s = gate->output(0);
+      if (s.consumers().size() != 1 || s.consumers()[0] != mul || isGraphOutput(graph, s)) continue;
+      bool operands = (&mul->input(0) == &y && &mul->input(1) == &s) || (&mul->input(0) == &s && &mul->input(1) == &y);
+      if (!operands || mul->outInfo(0) != y.info()) continue;
+      FusedActivation act;
+      act.kind = kind;
+      convWithActivation(graph, conv, {gate, mul}, act, mul->output(0).id());
+      return true;
+    }
+    return false;
+  });
+}
+
+int fuseHardSwish(Graph &graph) {
+  return rewriteAll(graph, [&](Op &mul) {
+    if (!isOnnxOp(&mul, "Mul") || mul.inputCount() != 2 || !mul.hasInput(0) || !mul.hasInput(1) || !mul.hasOutput(0))
+      return false;
+    for (size_t g = 0; g < 2; ++g) {
+      Op *gate = mul.input(g).producer();
+      const Tensor &x = mul.input(1 - g), &s = mul.input(g);
+      if (!isOnnxOp(gate, "HardSigmoid") || !gate->hasInput(0) || &gate->input(0) != &x) continue;
+      if (gate->attrs.getFloat("alpha", 0.2f) != 1.f / 6.f || gate->attrs.getFloat("beta", 0.5f) != 0.5f) continue;
+      if (s.consumers().size() != 1 || isGraphOutput(graph, s) || x.info().dataType() != DataType::FLOAT ||
+          mul.outInfo(0) != x.info())
+        continue;
+      TensorId in = x.id(), out = mul.output(0).id(), mid = s.id();
+      std::string name = gate->name;
+      int phase = mul.phase;
+      graph.removeOp(mul);
+      graph.removeOp(*gate);
+      graph.removeTensor(mid);
+      addRewrittenOp(graph, phase, "HardSwish", "ai.onnx", 14, name, {}, {in}, {out});
+      return true;
+    }
+    return false;
+  });
+}
+
+int inferenceDropoutAsIdentity(Graph &graph) {
+  return rewriteAll(graph, [&](Op &op) {
+    if (!isOnnxOp(&op, "Dropout") || !op.hasInput(0) || !op.hasOutput(0)) return false;
+    if (op.inputCount() > 3 && op.hasInput(3)) return false; // the session's seed: it trains
+    if (op.version >= 12 && op.inputCount() > 2 && op.hasInput(2)) {
+      const Tensor &mode = op.input(2);
+      if (!mode.isConst() || mode.info().elementCount() != 1 || mode.data()->valueAsDouble(0) != 0) return false;
+    }
+    if (op.outputs.size() > 1 && op.hasOutput(1)) {
+      const Tensor &mask = op.output(1);
+      if (!mask.consumers().empty() || isGraphOutput(graph, mask)) return false;
+    }
+    TensorId in = op.input(0).id(), out = op.output(0).id();
+    std::vector<TensorId> gone;
+    for (size_t i = 1; i < op.outputs.size(); ++i)
+      if (op.hasOutput(i)) gone.push_back(op.output(i).id());
+    std::string name = op.name;
+    int phase = op.phase;
+    graph.removeOp(op);
+    for (const auto &id : gone)
+      graph.removeTensor(id);
+    addRewrittenOp(graph, phase, "Identity", "ai.onnx", 16, name, {}, {in}, {out});
+    return true;
+  });
 }
 
 int foldBatchNormIntoConv(Graph &graph) {

@@ -101,6 +101,25 @@ int fuseMatMulResidual(Graph &graph);
 /// fusions. Returns how many were folded.
 int foldBatchNormIntoConv(Graph &graph);
 
+/// Inference: a float Conv (no fused pool or activation) whose result only feeds a Relu, a Clip
+/// with constant bounds (ReLU6), a HardSigmoid, a HardSwish or a Sigmoid, or only feeds a Sigmoid
+/// (or HardSigmoid with alpha 1/6, beta 1/2) and the Mul of the result by it (SiLU, hard swish as
+/// exported), applies that activation itself (popart_activation, ir::FusedActivation: oneDNN
+/// eltwise post-ops after any bias and residual) and writes its output. After fuseConvResidual
+/// and fuseRelu. Returns how many were fused.
+int fuseConvActivation(Graph &graph);
+
+/// Inference: Mul(x, HardSigmoid(x; alpha 1/6, beta 1/2)), either order, hard swish as torch
+/// exports it before opset 14, becomes one HardSwish (oneDNN's eltwise_hardswish) when nothing
+/// else reads the HardSigmoid. After fuseConvActivation, which takes those after a Conv. Returns
+/// how many were fused.
+int fuseHardSwish(Graph &graph);
+
+/// Inference: a Dropout that does not train (no session seed input 3, training_mode absent or a
+/// constant false) and whose mask nothing reads becomes an Identity, which the plan makes a view
+/// (Swin-T's 24 exported Dropouts copied 2.5 ms per run). Returns how many were rewritten.
+int inferenceDropoutAsIdentity(Graph &graph);
+
 /// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum
 /// with a tensor r of the result's shape (a ResNet block's shortcut) adds r itself
 /// (popart_residual = 1, r as input 3 after an optional bias: oneDNN's sum post-op, before a

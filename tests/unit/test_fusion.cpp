@@ -1762,3 +1762,230 @@ TEST(FuseMatMulResidual, SumOfSeveralProductsBecomesAChain) {
   for (auto p : {KernelProvider::Reference, KernelProvider::Any})
     expectNear(runFeeds(fused, p, feeds), want, 1e-5f, "chain");
 }
+
+TEST(FuseConvActivation, ActivationAppliedByTheConvolutionMatchesTheOps) {
+  // y = act(Conv(x, w [, b])) for ReLU6 (Clip 0..6), HardSigmoid, HardSwish, Sigmoid, and SiLU and
+  // hard swish written as x · Sigmoid(x) / x · HardSigmoid(x; 1/6, 1/2): the convolution applies
+  // it (oneDNN eltwise post-ops) and matches the ops one by one, with 16 and 3 (padded) channels.
+  // A gate that something else reads, or a HardSigmoid of other parameters before the Mul, stays.
+  enum class Pattern {
+    Clip,
+    ClipNoMax,
+    HardSigmoid,
+    HardSwish,
+    Sigmoid,
+    SiLU,
+    SiLUSwapped,
+    HardSwishMul,
+    OtherHardSigmoidMul,
+    SharedGate
+  };
+  struct Case {
+    Pattern pattern;
+    int64_t channels;
+    bool bias;
+    const char *kind; ///< the fused activation ("" : not fused)
+  };
+  for (const Case &c :
+       {Case{Pattern::Clip, 16, true, "Clip"}, Case{Pattern::ClipNoMax, 3, false, "Clip"},
+        Case{Pattern::HardSigmoid, 16, true, "HardSigmoid"}, Case{Pattern::HardSwish, 3, true, "HardSwish"},
+        Case{Pattern::Sigmoid, 16, false, "Sigmoid"}, Case{Pattern::SiLU, 16, true, "Swish"},
+        Case{Pattern::SiLUSwapped, 3, true, "Swish"}, Case{Pattern::HardSwishMul, 16, true, "HardSwish"},
+        Case{Pattern::OtherHardSigmoidMul, 16, true, ""}, Case{Pattern::SharedGate, 16, true, ""}}) {
+    std::string what = std::to_string(static_cast<int>(c.pattern)) + " " + std::to_string(c.channels) + " channels";
+    const Shape xs{2, 4, 9, 9};
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+      g.addInput("x");
+      std::mt19937 rng(56);
+      g.addConst("w", randomFloats({c.channels, 4, 3, 3}, rng, -0.5f, 0.5f));
+      g.addConst("b", randomFloats({c.channels}, rng));
+      g.addConst("lo", scalarF(0.f));
+      g.addConst("hi", scalarF(6.f));
+      ir::Attributes pad;
+      pad.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+      std::vector<TensorId> convIns{"x", "w"};
+      if (c.bias) convIns.push_back("b");
+      g.addOp("Conv", "", 13, "conv", pad, convIns, {"cv"});
+      ir::Attributes hs;
+      hs.set("alpha", c.pattern == Pattern::OtherHardSigmoidMul ? 0.2f : 1.f / 6.f);
+      hs.set("beta", 0.5f);
+      switch (c.pattern) {
+      case Pattern::Clip: g.addOp("Clip", "", 13, "act", {}, {"cv", "lo", "hi"}, {"y"}); break;
+      case Pattern::ClipNoMax: g.addOp("Clip", "", 13, "act", {}, {"cv", "lo"}, {"y"}); break;
+      case Pattern::HardSigmoid: g.addOp("HardSigmoid", "", 13, "act", hs, {"cv"}, {"y"}); break;
+      case Pattern::HardSwish: g.addOp("HardSwish", "", 14, "act", {}, {"cv"}, {"y"}); break;
+      case Pattern::Sigmoid: g.addOp("Sigmoid", "", 13, "act", {}, {"cv"}, {"y"}); break;
+      case Pattern::SiLU:
+      case Pattern::SharedGate:
+        g.addOp("Sigmoid", "", 13, "gate", {}, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"cv", "s"}, {"y"});
+        break;
+      case Pattern::SiLUSwapped:
+        g.addOp("Sigmoid", "", 13, "gate", {}, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"s", "cv"}, {"y"});
+        break;
+      case Pattern::HardSwishMul:
+      case Pattern::OtherHardSigmoidMul:
+        g.addOp("HardSigmoid", "", 13, "gate", hs, {"cv"}, {"s"});
+        g.addOp("Mul", "", 13, "mul", {}, {"cv", "s"}, {"y"});
+        break;
+      }
+      g.addOutput("y");
+      if (c.pattern == Pattern::SharedGate) g.addOutput("s");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    bool fuses = *c.kind != '\0';
+    ASSERT_EQ(ir::fuseConvActivation(fused), fuses ? 1 : 0) << what;
+    if (!fuses) continue;
+    ASSERT_EQ(fused.ops().size(), 1u) << what;
+    EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), c.kind) << what;
+    EXPECT_EQ(ir::fuseConvActivation(fused) + ir::fuseRelu(fused), 0) << what;
+    std::mt19937 rng(57);
+    std::map<TensorId, TensorData> feeds{{"x", randomFloats(xs, rng, -3, 3)}};
+    std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runFeeds(fused, p, feeds), want, 2e-5f, what);
+  }
+}
+
+TEST(FuseConvActivation, SetupRejectsUnknownActivations) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
+  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
+  ir::Attributes unknown, clip;
+  unknown.set("popart_activation", std::string("Softsign"));
+  clip.set("popart_activation", std::string("Clip"));
+  int n = 0;
+  for (auto &[attrs, message] :
+       {std::pair{unknown, "'Softsign' is not one of"}, std::pair{clip, "needs popart_activation_alpha"}}) {
+    ir::Op &op = g.addOp("Conv", "", 13, "bad", attrs, {"x", "w"}, {n++ ? "y1" : "y0"});
+    try {
+      op.def->setup(op);
+      FAIL() << "expected an error containing: " << message;
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(AgreedLayouts, InvertedResidualChainStaysBlockedWithPaddedChannels) {
+  // MobileNet v2's block with 24 channels (padded to 32 in oneDNN's 16-channel blocks):
+  // x → Conv 1x1 + ReLU6 → depthwise Conv 3x3 + ReLU6 → Conv 1x1 → + x → y. The depthwise
+  // convolution runs on the pointwise ones' blocks and every tensor between them stays blocked,
+  // its arena slot sized for the padded layout; the result matches the reference.
+  const Shape xs{2, 24, 10, 10};
+  auto build = [&](ir::Graph &g) {
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x0", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, xs));
+    g.addInput("x0");
+    std::mt19937 rng(58);
+    g.addConst("lo", scalarF(0.f));
+    g.addConst("hi", scalarF(6.f));
+    g.addConst("w0", randomFloats({24, 24, 1, 1}, rng, -0.4f, 0.4f));
+    g.addConst("w1", randomFloats({72, 24, 1, 1}, rng, -0.4f, 0.4f));
+    g.addConst("w2", randomFloats({72, 1, 3, 3}, rng, -0.5f, 0.5f));
+    g.addConst("w3", randomFloats({24, 72, 1, 1}, rng, -0.3f, 0.3f));
+    g.addConst("b1", randomFloats({72}, rng));
+    g.addConst("b2", randomFloats({72}, rng));
+    g.addConst("b3", randomFloats({24}, rng));
+    ir::Attributes dw;
+    dw.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+    dw.set("group", int64_t{72});
+    g.addOp("Conv", "", 13, "c0", {}, {"x0", "w0"}, {"x"}); // so that x is not a graph input
+    g.addOp("Conv", "", 13, "c1", {}, {"x", "w1", "b1"}, {"a"});
+    g.addOp("Clip", "", 13, "r1", {}, {"a", "lo", "hi"}, {"ar"});
+    g.addOp("Conv", "", 13, "c2", dw, {"ar", "w2", "b2"}, {"d"});
+    g.addOp("Clip", "", 13, "r2", {}, {"d", "lo", "hi"}, {"dr"});
+    g.addOp("Conv", "", 13, "c3", {}, {"dr", "w3", "b3"}, {"p"});
+    g.addOp("Add", "", 13, "add", {}, {"p", "x"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+  };
+  ir::Graph plain, fused;
+  build(plain);
+  build(fused);
+  EXPECT_EQ(ir::fuseConvResidual(fused), 1);
+  EXPECT_EQ(ir::fuseConvActivation(fused), 2);
+  ASSERT_EQ(fused.ops().size(), 4u);
+  backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Any});
+  EXPECT_EQ(plan.agreedLayouts(), (std::vector<TensorId>{"x", "ar", "dr"}));
+  std::mt19937 rng(59);
+  std::map<TensorId, TensorData> feeds{{"x0", randomFloats(xs, rng)}};
+  std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
+  for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+    expectNear(runFeeds(fused, p, feeds), want, 1e-4f, "inverted residual");
+}
+
+TEST(InferenceDropoutAsIdentity, NonTrainingDropoutBecomesAView) {
+  // x → Neg → Dropout(ratio 0.1, training_mode false) → Relu → y: the Dropout becomes an
+  // Identity (a view in the plan) unless its mask is an output or its mode is not a constant false.
+  for (int variant = 0; variant < 3; ++variant) { // 0: rewritten, 1: mask is an output, 2: training
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 8}));
+    g.addInput("x");
+    g.addConst("ratio", scalarF(0.1f));
+    g.addConst("mode", TensorData::fromDoubles(DataType::BOOL, {}, {variant == 2 ? 1.0 : 0.0}));
+    g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"n"});
+    g.addOp("Dropout", "", 13, "drop", {}, {"n", "ratio", "mode"}, {"d", "mask"});
+    g.addOp("Relu", "", 13, "relu", {}, {"d"}, {"y"});
+    g.addOutput("y");
+    if (variant == 1) g.addOutput("mask");
+    ir::inferShapes(g, nullptr);
+    ASSERT_EQ(ir::inferenceDropoutAsIdentity(g), variant == 0 ? 1 : 0) << variant;
+    if (variant != 0) continue;
+    EXPECT_EQ(countType(g, "Dropout"), 0);
+    EXPECT_EQ(countType(g, "Identity"), 1);
+    std::mt19937 rng(65);
+    TensorData x = randomFloats({3, 8}, rng);
+    std::vector<float> got = runGraph(g, KernelProvider::Any, x);
+    for (size_t i = 0; i < got.size(); ++i)
+      EXPECT_EQ(got[i], std::max(0.f, -x.as<float>()[i]));
+  }
+}
+
+TEST(FuseHardSwish, MulByHardSigmoidBecomesHardSwish) {
+  // y = x · HardSigmoid(x; 1/6, 1/2) (either order) on a computed x: one HardSwish that matches;
+  // other parameters, or a gate that is also an output, stay.
+  for (int variant = 0; variant < 4; ++variant) { // 0, 1: fused (gate second, first); 2: alpha 0.2; 3: shared
+    ir::registerBuiltinOps();
+    auto build = [&](ir::Graph &g) {
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 33}));
+      g.addInput("x");
+      g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"n"});
+      ir::Attributes hs;
+      hs.set("alpha", variant == 2 ? 0.2f : 1.f / 6.f);
+      hs.set("beta", 0.5f);
+      g.addOp("HardSigmoid", "", 6, "gate", hs, {"n"}, {"s"});
+      g.addOp("Mul", "", 13, "mul", {},
+              variant == 1 ? std::vector<TensorId>{"s", "n"} : std::vector<TensorId>{"n", "s"}, {"y"});
+      g.addOutput("y");
+      if (variant == 3) g.addOutput("s");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    bool fuses = variant < 2;
+    ASSERT_EQ(ir::fuseHardSwish(fused), fuses ? 1 : 0) << variant;
+    if (!fuses) continue;
+    EXPECT_EQ(countType(fused, "HardSwish"), 1);
+    EXPECT_EQ(fused.ops().size(), 2u);
+    std::mt19937 rng(67);
+    TensorData x = randomFloats({4, 33}, rng, -5, 5);
+    std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
+    for (auto p : {KernelProvider::Reference, KernelProvider::Any})
+      expectNear(runGraph(fused, p, x), want, 1e-6f, "hard swish");
+  }
+}

@@ -1,0 +1,270 @@
+// f32 kernels of our own that read oneDNN's blocked channel layouts, registered with the oneDNN
+// ones: GlobalAveragePool (and ReduceMean over H and W) and the Mul of a feature map [N, C, H, W] by per-channel gates
+// [N or 1, C, 1, 1], so that a squeeze-excitation block (GlobalAveragePool → Conv → act → Conv →
+// gate → Mul with the feature map) keeps the feature map in the convolutions' 16-channel blocks;
+// and broadcast Add/Sub/Mul/Div where oneDNN 2.6's binary would run its reference code (a
+// broadcast over a middle axis, as in Swin's attention mask [1, 64, 3, 49, 49] +
+// [1, 64, 1, 49, 49], took 29 ms that way).
+
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using namespace dnnl;
+
+/// Below this many elements a kernel runs on one thread: a parallel region costs more than the
+/// loop (and waits for every thread of the team, which a shared machine may not be running).
+constexpr int64_t kThreadedElements = 32768;
+
+/// The channel block of \p layout for a tensor of \p shape [N, C, H, W]: 8 or 16 for oneDNN's
+/// aBcd8b / aBcd16b (channels may be padded to the block), 0 for anything else.
+int64_t blockOf(const TensorLayout &layout, const Shape &shape) {
+  if (std::strcmp(layout.provider, "dnnl") != 0 || shape.size() != 4) return 0;
+  const dnnl_memory_desc_t &d = static_cast<const memory::desc *>(layout.desc.get())->data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
+  for (int i = 0; i < 4; ++i)
+    if (d.dims[i] != shape[static_cast<size_t>(i)]) return 0;
+  const auto &bl = d.format_desc.blocking;
+  if (bl.inner_nblks != 1 || bl.inner_idxs[0] != 1 || (bl.inner_blks[0] != 8 && bl.inner_blks[0] != 16)) return 0;
+  const int64_t block = bl.inner_blks[0];
+  const dnnl_dim_t *p = d.padded_dims;
+  if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
+  if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
+      bl.strides[0] != p[1] * p[2] * p[3])
+    return 0;
+  return block;
+}
+
+/// GlobalAveragePool of [N, C, H, W], plain or in blocked channels; writes plain [N, C, 1, 1].
+class GlobalAveragePoolKernel : public Kernel {
+public:
+  explicit GlobalAveragePoolKernel(const ir::Op &op) : shape_(op.inInfo(0).shape()) {}
+  void run(const KernelArgs &args) override {
+    const auto *x = static_cast<const float *>(args.inputs[0]);
+    auto *y = static_cast<float *>(args.outputs[0]);
+    const int64_t n = shape_[0], c = shape_[1], hw = shape_[2] * shape_[3];
+    const float inv = 1.f / static_cast<float>(hw);
+    const bool threads = n * c * hw > kThreadedElements;
+    if (block_ == 0) {
+#pragma omp parallel for schedule(static) if (threads)
+      for (int64_t p = 0; p < n * c; ++p)
+        y[p] = static_cast<float>(vec::sum(x + p * hw, hw)) * inv;
+      return;
+    }
+    const int64_t blocks = (c + block_ - 1) / block_;
+#pragma omp parallel for schedule(static) if (threads)
+    for (int64_t p = 0; p < n * blocks; ++p) {
+      float acc[16] = {};
+      vec::sumBlocked(x + p * hw * block_, acc, hw, block_);
+      const int64_t b = p % blocks, first = b * block_, img = p / blocks;
+      for (int64_t j = 0; j < block_ && first + j < c; ++j)
+        y[img * c + first + j] = acc[j] * inv;
+    }
+  }
+  bool acceptsInputIn(size_t i, const TensorLayout &layout) const override {
+    return i == 0 && blockOf(layout, shape_) > 0;
+  }
+  void readInputIn(size_t, const TensorLayout &layout) override { block_ = blockOf(layout, shape_); }
+
+private:
+  Shape shape_;
+  int64_t block_ = 0; ///< 0: plain NCHW
+};
+
+bool supportsGlobalAveragePool(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4 || op.inInfo(0).elementCount() == 0)
+    return false;
+  if (op.type == "GlobalAveragePool") return true;
+  // ReduceMean over the spatial axes (x.mean([2, 3]) in MNASNet and ShuffleNet): the same.
+  const ir::Tensor *axes = op.inputCount() > 1 && op.hasInput(1) ? &op.input(1) : nullptr;
+  if (!axes || !axes->isConst() || axes->info().dataType() != DataType::INT64) return false;
+  std::vector<int64_t> a = axes->data()->toInt64Vector();
+  for (auto &v : a)
+    v = v < 0 ? v + 4 : v;
+  std::sort(a.begin(), a.end());
+  return a == std::vector<int64_t>{2, 3} && op.attrs.getInt("noop_with_empty_axes", 0) == 0;
+}
+
+/// Mul of [N, C, H, W] by [N or 1, C, 1, 1] (either order): plain, or with the feature map in
+/// blocked channels and the product written in the same layout.
+class ChannelScaleKernel : public Kernel {
+public:
+  explicit ChannelScaleKernel(const ir::Op &op)
+      : shape_(op.outInfo(0).shape()), map_(op.inInfo(0).shape() == op.outInfo(0).shape() ? 0 : 1),
+        perImage_(op.inInfo(1 - map_).dim(0) != 1) {}
+  void run(const KernelArgs &args) override {
+    const auto *x = static_cast<const float *>(args.inputs[map_]);
+    const auto *s = static_cast<const float *>(args.inputs[1 - map_]);
+    auto *y = static_cast<float *>(args.outputs[0]);
+    const int64_t n = shape_[0], c = shape_[1], hw = shape_[2] * shape_[3];
+    const bool threads = n * c * hw > kThreadedElements;
+    if (!layout_) {
+#pragma omp parallel for schedule(static) if (threads)
+      for (int64_t p = 0; p < n * c; ++p)
+        vec::scale(x + p * hw, s[perImage_ ? p : p % c], y + p * hw, hw);
+      return;
+    }
+    const int64_t blocks = (c + block_ - 1) / block_;
+#pragma omp parallel for schedule(static) if (threads)
+    for (int64_t p = 0; p < n * blocks; ++p) {
+      const int64_t b = p % blocks, img = p / blocks, first = b * block_;
+      float gate[16] = {}; // padded channels: 0 · 0
+      for (int64_t j = 0; j < block_ && first + j < c; ++j)
+        gate[j] = s[(perImage_ ? img * c : 0) + first + j];
+      vec::scaleBlocked(x + p * hw * block_, gate, y + p * hw * block_, hw, block_);
+    }
+  }
+  bool acceptsInputIn(size_t i, const TensorLayout &layout) const override {
+    return i == map_ && blockOf(layout, shape_) > 0;
+  }
+  void readInputIn(size_t, const TensorLayout &layout) override {
+    layout_ = layout;
+    block_ = blockOf(layout, shape_);
+  }
+  // The product in the feature map's layout, when that is blocked.
+  TensorLayout outputLayout(size_t i) const override { return i == 0 ? layout_ : TensorLayout{}; }
+
+private:
+  Shape shape_;
+  size_t map_;    ///< the input of the output's shape
+  bool perImage_; ///< gates [N, C, 1, 1] rather than [1, C, 1, 1]
+  TensorLayout layout_;
+  int64_t block_ = 0;
+};
+
+bool supportsChannelScale(const ir::Op &op) {
+  if (op.inputCount() != 2 || !dnnl_util::allFloat(op) || op.outInfo(0).rank() != 4 ||
+      op.outInfo(0).elementCount() == 0)
+    return false;
+  const Shape &y = op.outInfo(0).shape();
+  size_t map = op.inInfo(0).shape() == y ? 0 : 1;
+  const Shape &x = op.inInfo(map).shape(), &s = op.inInfo(1 - map).shape();
+  return x == y && s.size() == 4 && (s[0] == 1 || s[0] == y[0]) && s[1] == y[1] && s[2] == 1 && s[3] == 1 &&
+         (y[2] * y[3] > 1 || s == y);
+}
+
+/// Add, Sub, Mul, Div of f32 with numpy broadcasting, by contiguous runs: the output's innermost
+/// axes where neither input broadcasts (or where the second is one value per run), threaded over
+/// the runs. Input 0 must not be broadcast within a run (Add and Mul swap their inputs for that).
+class BroadcastBinaryKernel : public Kernel {
+public:
+  explicit BroadcastBinaryKernel(const ir::Op &op) {
+    op_ = op.type == "Add" ? 0 : op.type == "Sub" ? 1 : op.type == "Mul" ? 2 : 3;
+    plan(op, swapped_, axes_);
+  }
+  void run(const KernelArgs &args) override {
+    const auto *a = static_cast<const float *>(args.inputs[swapped_ ? 1 : 0]);
+    const auto *b = static_cast<const float *>(args.inputs[swapped_ ? 0 : 1]);
+    auto *y = static_cast<float *>(args.outputs[0]);
+    const int64_t runs = runs_, run = run_, bStride = bRunStride_;
+    const std::vector<Axis> &axes = axes_;
+#pragma omp parallel for schedule(static) if (runs > 1 && runs * run > kThreadedElements)
+    for (int64_t r = 0; r < runs; ++r) {
+      int64_t ia = 0, ib = 0;
+      for (int64_t rest = r, k = static_cast<int64_t>(axes.size()) - 1; k >= 0; --k) {
+        const Axis &ax = axes[static_cast<size_t>(k)];
+        const int64_t i = rest % ax.size;
+        rest /= ax.size;
+        ia += i * ax.a;
+        ib += i * ax.b;
+      }
+      vec::binary(op_, a + ia, b + ib, bStride, y + r * run, run);
+    }
+  }
+
+  struct Axis {
+    int64_t size, a, b; ///< extent and the inputs' element strides (0: broadcast)
+  };
+  /// The run and the outer axes of \p op's broadcast; false if input 0 (after a swap for Add
+  /// and Mul) would be broadcast within a run.
+  bool plan(const ir::Op &op, bool &swapped, std::vector<Axis> &outer) {
+    const Shape &y = op.outInfo(0).shape();
+    auto stridesOf = [&](const Shape &s) {
+      std::vector<int64_t> st(y.size(), 0);
+      int64_t acc = 1;
+      for (size_t k = 0; k < s.size(); ++k) {
+        size_t ax = y.size() - 1 - k, sk = s.size() - 1 - k;
+        st[ax] = s[sk] == 1 ? 0 : acc;
+        acc *= s[sk];
+      }
+      return st;
+    };
+    std::vector<int64_t> sa = stridesOf(op.inInfo(0).shape()), sb = stridesOf(op.inInfo(1).shape());
+    swapped = false;
+    // Input 0 must have the innermost axis (of extent > 1) in full.
+    auto innerFull = [&](const std::vector<int64_t> &s) {
+      for (size_t k = y.size(); k-- > 0;)
+        if (y[k] > 1) return s[k] != 0;
+      return true;
+    };
+    if (!innerFull(sa)) {
+      if ((op_ != 0 && op_ != 2) || !innerFull(sb)) return false;
+      std::swap(sa, sb);
+      swapped = true;
+    }
+    // The run: innermost axes where a is contiguous and b either is contiguous too or is
+    // broadcast throughout.
+    run_ = 1;
+    size_t k = y.size();
+    int bMode = -1; // 1: b contiguous with a, 0: b broadcast over the run
+    while (k > 0) {
+      size_t ax = k - 1;
+      if (y[ax] == 1) {
+        --k;
+        continue;
+      }
+      if (sa[ax] != run_) break;
+      int mode = sb[ax] == 0 ? 0 : sb[ax] == run_ ? 1 : -1;
+      if (mode < 0 || (bMode >= 0 && mode != bMode)) break;
+      bMode = mode;
+      run_ *= y[ax];
+      --k;
+    }
+    bRunStride_ = bMode == 0 ? 0 : 1;
+    outer.clear();
+    runs_ = 1;
+    for (size_t ax = 0; ax < k; ++ax)
+      if (y[ax] > 1) {
+        outer.push_back({y[ax], sa[ax], sb[ax]});
+        runs_ *= y[ax];
+      }
+    return true;
+  }
+
+private:
+  int op_ = 0;
+  bool swapped_ = false;
+  std::vector<Axis> axes_;
+  int64_t runs_ = 1, run_ = 1, bRunStride_ = 1;
+};
+
+bool supportsBroadcastBinary(const ir::Op &op) {
+  if (op.inputCount() != 2 || !dnnl_util::allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
+  BroadcastBinaryKernel k(op);
+  bool swapped = false;
+  std::vector<BroadcastBinaryKernel::Axis> axes;
+  return k.plan(op, swapped, axes);
+}
+
+} // namespace
+
+void registerDnnlChannelwiseKernels(KernelRegistry &r) {
+  for (const char *t : {"GlobalAveragePool", "ReduceMean"})
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsGlobalAveragePool, makeKernel<GlobalAveragePoolKernel>});
+  r.add({"ai.onnx", "Mul", KernelProvider::Dnnl, supportsChannelScale, makeKernel<ChannelScaleKernel>});
+}
+
+void registerDnnlBroadcastKernels(KernelRegistry &r) {
+  for (const char *t : {"Add", "Sub", "Mul", "Div"})
+    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBroadcastBinary, makeKernel<BroadcastBinaryKernel>});
+}
+
+} // namespace popart::backend_cpu
