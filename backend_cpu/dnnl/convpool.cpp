@@ -88,6 +88,17 @@ void appendActivation(post_ops &po, const ir::FusedActivation &act) {
   }
 }
 
+/// Whether \p op (a Conv) is trained: a ConvWeightGrad reads its image or a ConvDataGrad its
+/// weights.
+bool trained(const ir::Op &op) {
+  auto readBy = [&](size_t i, const char *type) {
+    if (!op.hasInput(i)) return false;
+    const auto &readers = op.input(i).consumers();
+    return std::any_of(readers.begin(), readers.end(), [&](const ir::Op *r) { return r->type == type; });
+  };
+  return readBy(0, "ConvWeightGrad") || readBy(1, "ConvDataGrad");
+}
+
 class ConvKernel : public Kernel {
 public:
   explicit ConvKernel(const ir::Op &op) {
@@ -140,6 +151,7 @@ public:
         return pd;
       };
       auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
+      ir::FusedPool unusedPool;
       if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
         // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
         // blocks of the pointwise convolutions around it were reordered in and out of every
@@ -152,6 +164,14 @@ public:
           if (!dnnl_util::implIs(onBlocks, "ref")) pd = onBlocks;
         } catch (const dnnl::error &) { // no kernel for those layouts: keep oneDNN's choice
         }
+      }
+      if (trained(op) && !hasResidual_ && !ir::fusedPool(op, unusedPool) &&
+          dnnl_util::pointwiseWeights(ws, op.attrs.getInt("group", 1))) {
+        // A trained pointwise convolution: its neighbours (BatchNormalization, activations, the
+        // grad ops) read plain layouts, so blocked ones cost a reorder of the image and of the
+        // result on every step; on plain layouts oneDNN runs a GEMM per image as fast as jit_1x1.
+        auto plain = make(mdX, mdW, mdY);
+        if (!dnnl_util::implIs(plain, "ref")) pd = plain;
       }
       if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
       if (hasResidual_) {

@@ -1,6 +1,8 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
+
 namespace popart::backend_cpu::dnnl_util {
 
 dnnl::engine &engine() {
@@ -61,6 +63,11 @@ bool inputsFloat(const ir::Op &op) {
 }
 
 bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
+
+bool pointwiseWeights(const Shape &w, int64_t group) {
+  if (group != 1 || w.size() < 3) return false;
+  return std::all_of(w.begin() + 2, w.end(), [](int64_t k) { return k == 1; });
+}
 
 dnnl::memory::desc anyLayout(const dnnl::memory::desc &md) {
   return dnnl::memory::desc(md.dims(), md.data_type(), dnnl::memory::format_tag::any);

@@ -34,6 +34,10 @@ bool allFloat(const ir::Op &op);
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);
 
+/// Whether ONNX Conv weights of shape \p w with \p group groups make a pointwise convolution
+/// (ungrouped, every kernel extent 1).
+bool pointwiseWeights(const Shape &w, int64_t group);
+
 /// \p md with its layout left to the primitive (format_tag::any).
 dnnl::memory::desc anyLayout(const dnnl::memory::desc &md);
 

@@ -250,6 +250,9 @@ TEST(DnnlVsReference, ConvGradKernels) {
        attrs({{"strides", Ints{1, 2, 2}}, {"pads", Ints{1, 0, 0, 0, 1, 1}}, {"dilations", Ints{2, 1, 1}}})},
       4);
   compareGradKernels({"Conv", {{8, 16, 12, 12}, {32, 16, 3, 3}}, attrs({{"pads", Ints{1, 1, 1, 1}}})}, 5);
+  // Pointwise: plain layouts (one GEMM per image), with and without a stride.
+  compareGradKernels({"Conv", {{3, 24, 7, 5}, {40, 24, 1, 1}}, attrs({})}, 6);
+  compareGradKernels({"Conv", {{2, 16, 9, 8}, {8, 16, 1, 1}, {8}}, attrs({{"strides", Ints{2, 2}}})}, 7);
 }
 
 TEST(DnnlVsReference, ConvTransposeWeightGradKernel) {
