@@ -75,6 +75,11 @@ void registerReferenceControlFlowKernels(KernelRegistry &registry);
 /// take the op.
 int64_t recurrentSavedBytes(const ir::Op &op);
 
+/// A depthwise ConvWeightGrad that the reference family's vectorised kernel runs (f32, 2-D, one
+/// input channel per group, no dilation), so oneDNN declines it: 2.6 runs 5×5 ones on GEMM
+/// (35 ms for one of EfficientNet-B0's at batch 8, 4 ms on ours), and its jit 3×3 one plus the
+/// reorders of X and dY to blocked channels took longer than ours on plain NCHW.
+bool depthwiseWeightGrad(const ir::Op &op);
 /// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
 /// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.
 bool tiledMaxPoolGrad(const ir::Op &op);

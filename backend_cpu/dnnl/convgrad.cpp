@@ -265,7 +265,8 @@ template <typename K> bool supports(const ir::Op &op) {
 void registerDnnlConvGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supports<ConvDataGradKernel>,
          makeKernel<ConvDataGradKernel>});
-  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, supports<ConvWeightGradKernel>,
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl,
+         [](const ir::Op &op) { return !depthwiseWeightGrad(op) && supports<ConvWeightGradKernel>(op); },
          makeKernel<ConvWeightGradKernel>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
          makeKernel<AveragePoolGradKernel>});

@@ -55,6 +55,26 @@ template <bool weights> std::unique_ptr<Kernel> createConvGrad(const ir::Op &op)
   const Shape &dy = op.inInfo(0).shape(), &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
   const Shape &x = weights ? in1 : out, &w = weights ? out : in1;
   Geom g = makeGeom(op, x, dy, spatialOf(w), false);
+  if constexpr (weights)
+    if (depthwiseWeightGrad(op)) {
+      // Threads over channels, each summing its batch in order: the same bits at any thread count.
+      int64_t batch = x[0], channels = x[1], inSize = g.inSize, outSize = g.outSize, taps = g.kSize;
+      int64_t scratch = vec::depthwiseWeightGradScratch(g.out[0], g.out[1], g.k[0], g.k[1], g.s[0], g.s[1]);
+      return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
+        const float *dY = a.in<float>(0), *X = a.in<float>(1);
+        float *dW = a.out<float>(0);
+#pragma omp parallel
+        {
+          thread_local std::vector<float> buffer; // grows on the first run only
+          if (buffer.size() < static_cast<size_t>(scratch)) buffer.resize(static_cast<size_t>(scratch));
+#pragma omp for schedule(static)
+          for (int64_t c = 0; c < channels; ++c)
+            vec::depthwiseWeightGrad(X + c * inSize, channels * inSize, dY + c * outSize, channels * outSize, batch,
+                                     dW + c * taps, g.in[0], g.in[1], g.out[0], g.out[1], g.k[0], g.k[1], g.s[0],
+                                     g.s[1], g.pb[0], g.pb[1], buffer.data());
+        }
+      });
+    }
   ConvChannels ch = convChannels(op, x, dy);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -182,6 +202,18 @@ bool tiledWindows(const ir::Op &op) {
   return std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
 }
 } // namespace
+
+bool depthwiseWeightGrad(const ir::Op &op) {
+  if (op.type != "ConvWeightGrad" || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4)
+    return false;
+  const Shape &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape(), &dy = op.inInfo(0).shape();
+  int64_t group = op.attrs.getInt("group", 1);
+  if (group != x[1] || w[1] != 1 || w[0] != group) return false;
+  Geom g = makeGeom(op, x, dy, spatialOf(w), false);
+  for (int i = 0; i < 2; ++i)
+    if (g.d[i] != 1 || g.pb[i] < 0 || g.pe[i] < 0) return false;
+  return true;
+}
 
 bool tiledMaxPoolGrad(const ir::Op &op) { return op.type == "MaxPoolGrad" && tiledWindows(op); }
 

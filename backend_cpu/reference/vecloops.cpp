@@ -3,6 +3,7 @@
 
 #include "backend_cpu/reference/vecloops.hpp"
 #include "backend_cpu/reference/vecmath.hpp"
+#include <algorithm>
 #include <cmath>
 
 #define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -191,6 +192,66 @@ POPART_CLONES void adamStep(const float *g, float *w, float *m, float *v, int64_
     m[i] = mi;
     v[i] = vi;
     w[i] = w[i] * decay - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + eps);
+  }
+}
+
+namespace {
+/// depthwiseWeightGrad's scratch: each image's dy rows at the width wq of the stride phases, zero
+/// beyond ow, and the sh·sw stride phases of its zero-padded x plane, so that every tap is one
+/// dot product over the flat rows, in blocks of 16 with no remainder (the zeros of dy cancel the
+/// taps that run past a row's end).
+struct DepthwiseGradGeom {
+  int64_t wq, hq, len, phase, taps;
+  DepthwiseGradGeom(int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw)
+      : wq(ow + (kw - 1) / sw), hq(oh + (kh - 1) / sh), len((oh * wq + 15) / 16 * 16),
+        phase((std::max(len + (kh - 1) / sh * wq + (kw - 1) / sw, hq * wq) + 15) / 16 * 16), taps(kh * kw) {}
+  int64_t scratch(int64_t sh, int64_t sw) const { return len + sh * sw * phase + taps * 16; }
+};
+} // namespace
+
+int64_t depthwiseWeightGradScratch(int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw) {
+  return DepthwiseGradGeom(oh, ow, kh, kw, sh, sw).scratch(sh, sw);
+}
+
+POPART_CLONES void depthwiseWeightGrad(const float *x, int64_t xStride, const float *dy, int64_t dyStride,
+                                       int64_t batch, float *dw, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                       int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                                       float *scratch) {
+  const DepthwiseGradGeom g(oh, ow, kh, kw, sh, sw);
+  float *dyq = scratch, *xq = scratch + g.len, *part = xq + sh * sw * g.phase;
+  for (int64_t i = 0; i < g.scratch(sh, sw); ++i)
+    scratch[i] = 0.f;
+  for (int64_t b = 0; b < batch; ++b) {
+    const float *xb = x + b * xStride, *dyb = dy + b * dyStride;
+    for (int64_t r = 0; r < oh; ++r)
+      for (int64_t j = 0; j < ow; ++j)
+        dyq[r * g.wq + j] = dyb[r * ow + j];
+    for (int64_t a = 0; a < sh; ++a)
+      for (int64_t c = 0; c < sw; ++c) {
+        float *q = xq + (a * sw + c) * g.phase;
+        for (int64_t i = 0; i < g.hq; ++i) {
+          int64_t ih = i * sh + a - ph;
+          for (int64_t j = 0; j < g.wq; ++j) {
+            int64_t iw = j * sw + c - pw;
+            q[i * g.wq + j] = ih >= 0 && ih < h && iw >= 0 && iw < w ? xb[ih * w + iw] : 0.f;
+          }
+        }
+      }
+    for (int64_t u = 0; u < kh; ++u)
+      for (int64_t v = 0; v < kw; ++v) {
+        const float *q = xq + ((u % sh) * sw + v % sw) * g.phase + (u / sh) * g.wq + v / sw;
+        float *p = part + (u * kw + v) * 16;
+        for (int64_t f = 0; f < g.len; f += 16)
+#pragma omp simd
+          for (int64_t l = 0; l < 16; ++l)
+            p[l] += dyq[f + l] * q[f + l];
+      }
+  }
+  for (int64_t t = 0; t < g.taps; ++t) {
+    float s = 0.f;
+    for (int64_t l = 0; l < 16; ++l) // in order: the same bits in every clone
+      s += part[t * 16 + l];
+    dw[t] = s;
   }
 }
 

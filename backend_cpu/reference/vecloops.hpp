@@ -11,6 +11,16 @@
 
 namespace popart::backend_cpu::vec {
 
+/// Depthwise convolution weight gradient of one channel: dw[u·kw + v] = Σ dy[b, r, j] ·
+/// x[b, r·sh + u − ph, j·sw + v − pw] over \p batch images (planes \p xStride and \p dyStride
+/// floats apart; x planes [h, w], dy planes [oh, ow]), a kh × kw kernel without dilation, taps
+/// outside the plane read as 0. \p scratch holds depthwiseWeightGradScratch floats.
+void depthwiseWeightGrad(const float *x, int64_t xStride, const float *dy, int64_t dyStride, int64_t batch,
+                         float *dw, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh,
+                         int64_t sw, int64_t ph, int64_t pw, float *scratch);
+/// The scratch floats of depthwiseWeightGrad.
+int64_t depthwiseWeightGradScratch(int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw);
+
 /// y = e^x (y may alias x).
 void exp(const float *x, float *y, int64_t n);
 /// y = erf(x) (y may alias x).

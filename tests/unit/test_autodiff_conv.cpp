@@ -6,6 +6,7 @@
 #include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
@@ -253,6 +254,64 @@ TEST(DnnlVsReference, ConvGradKernels) {
   // Pointwise: plain layouts (one GEMM per image), with and without a stride.
   compareGradKernels({"Conv", {{3, 24, 7, 5}, {40, 24, 1, 1}}, attrs({})}, 6);
   compareGradKernels({"Conv", {{2, 16, 9, 8}, {8, 16, 1, 1}, {8}}, attrs({{"strides", Ints{2, 2}}})}, 7);
+}
+
+TEST(DepthwiseWeightGrad, PlaneKernelMatchesTheDefinition) {
+  // The reference family's vectorised depthwise ConvWeightGrad (oneDNN declines it) against the sum that defines it,
+  // in double: dW[c, u, v] = Σ dY[b, c, r, j] · X[b, c, r·sh + u − pt, j·sw + v − pl].
+  struct Geometry {
+    Shape x, w;
+    Ints strides, pads;
+  };
+  const Geometry cases[] = {{{2, 6, 9, 8}, {6, 1, 3, 3}, {1, 1}, {1, 1, 1, 1}},
+                            {{3, 5, 11, 10}, {5, 1, 5, 5}, {2, 2}, {2, 2, 2, 2}},
+                            {{1, 4, 7, 12}, {4, 1, 3, 2}, {2, 1}, {0, 1, 2, 1}},
+                            {{2, 3, 30, 40}, {3, 1, 5, 5}, {1, 1}, {2, 2, 2, 2}}};
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  for (const Geometry &c : cases) {
+    std::vector<TensorId> grads;
+    auto g = buildGraph({"Conv", {c.x, c.w}, attrs({{"group", c.x[1]}, {"strides", c.strides}, {"pads", c.pads}})},
+                        DataType::FLOAT, &grads);
+    int seen = 0;
+    for (const auto &op : g->ops()) {
+      if (op->type != "ConvWeightGrad") continue;
+      ++seen;
+      ASSERT_TRUE(backend_cpu::depthwiseWeightGrad(*op));
+      EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*op, KernelProvider::Dnnl), nullptr);
+      const Shape &dyShape = op->inInfo(0).shape();
+      TensorData dy(op->inInfo(0)), x(op->inInfo(1)), dw(op->outInfo(0));
+      for (int64_t i = 0; i < dy.info().elementCount(); ++i)
+        dy.as<float>()[i] = d(rng);
+      for (int64_t i = 0; i < x.info().elementCount(); ++i)
+        x.as<float>()[i] = d(rng);
+      std::fill(dw.as<float>(), dw.as<float>() + dw.info().elementCount(), 1e6f);
+      const void *in[] = {dy.data(), x.data()};
+      void *out[] = {dw.data()};
+      auto kernel = backend_cpu::createKernel(*op, KernelProvider::Reference);
+      kernel->run({in, 2, out, 1});
+      kernel->run({in, 2, out, 1}); // a second run must not accumulate
+      int64_t n = c.x[0], ch = c.x[1], h = c.x[2], w = c.x[3], oh = dyShape[2], ow = dyShape[3];
+      double worst = 0;
+      for (int64_t k = 0; k < ch; ++k)
+        for (int64_t u = 0; u < c.w[2]; ++u)
+          for (int64_t v = 0; v < c.w[3]; ++v) {
+            double want = 0;
+            for (int64_t b = 0; b < n; ++b)
+              for (int64_t r = 0; r < oh; ++r)
+                for (int64_t j = 0; j < ow; ++j) {
+                  int64_t ih = r * c.strides[0] + u - c.pads[0], iw = j * c.strides[1] + v - c.pads[1];
+                  if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                  want += double(dy.as<float>()[((b * ch + k) * oh + r) * ow + j]) *
+                          double(x.as<float>()[((b * ch + k) * h + ih) * w + iw]);
+                }
+            double got = dw.as<float>()[(k * c.w[2] + u) * c.w[3] + v];
+            worst = std::max(worst, std::fabs(got - want) / (1.0 + std::fabs(want)));
+          }
+      EXPECT_LT(worst, 1e-5) << "x " << c.x[2] << "x" << c.x[3] << ", kernel " << c.w[2] << "x" << c.w[3];
+    }
+    EXPECT_EQ(seen, 1);
+  }
 }
 
 TEST(DnnlVsReference, ConvTransposeWeightGradKernel) {
