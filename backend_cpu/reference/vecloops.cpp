@@ -224,27 +224,47 @@ POPART_CLONES void depthwiseWeightGrad(const float *x, int64_t xStride, const fl
   for (int64_t b = 0; b < batch; ++b) {
     const float *xb = x + b * xStride, *dyb = dy + b * dyStride;
     for (int64_t r = 0; r < oh; ++r)
-      for (int64_t j = 0; j < ow; ++j)
-        dyq[r * g.wq + j] = dyb[r * ow + j];
+      std::copy(dyb + r * ow, dyb + (r + 1) * ow, dyq + r * g.wq);
     for (int64_t a = 0; a < sh; ++a)
       for (int64_t c = 0; c < sw; ++c) {
         float *q = xq + (a * sw + c) * g.phase;
+        // The columns j whose iw = j·sw + c − pw lies in [0, w); the rest stay 0.
+        int64_t lo = pw - c, hi = w - 1 + pw - c;
+        int64_t j0 = std::min(g.wq, lo <= 0 ? int64_t{0} : (lo + sw - 1) / sw);
+        int64_t j1 = std::max(j0, std::min(g.wq, hi < 0 ? int64_t{0} : hi / sw + 1));
         for (int64_t i = 0; i < g.hq; ++i) {
           int64_t ih = i * sh + a - ph;
-          for (int64_t j = 0; j < g.wq; ++j) {
-            int64_t iw = j * sw + c - pw;
-            q[i * g.wq + j] = ih >= 0 && ih < h && iw >= 0 && iw < w ? xb[ih * w + iw] : 0.f;
+          float *row = q + i * g.wq;
+          if (ih < 0 || ih >= h) {
+            for (int64_t j = 0; j < g.wq; ++j)
+              row[j] = 0.f;
+            continue;
           }
+          const float *src = xb + ih * w + c - pw;
+          for (int64_t j = 0; j < j0; ++j)
+            row[j] = 0.f;
+          if (sw == 1)
+            std::copy(src + j0, src + j1, row + j0);
+          else
+            for (int64_t j = j0; j < j1; ++j)
+              row[j] = src[j * sw];
+          for (int64_t j = j1; j < g.wq; ++j)
+            row[j] = 0.f;
         }
       }
     for (int64_t u = 0; u < kh; ++u)
       for (int64_t v = 0; v < kw; ++v) {
         const float *q = xq + ((u % sh) * sw + v % sw) * g.phase + (u / sh) * g.wq + v / sw;
         float *p = part + (u * kw + v) * 16;
+        float acc[16]; // local, so that it stays in registers (part may alias dyq and q)
+        for (int64_t l = 0; l < 16; ++l)
+          acc[l] = p[l];
         for (int64_t f = 0; f < g.len; f += 16)
 #pragma omp simd
           for (int64_t l = 0; l < 16; ++l)
-            p[l] += dyq[f + l] * q[f + l];
+            acc[l] += dyq[f + l] * q[f + l];
+        for (int64_t l = 0; l < 16; ++l)
+          p[l] = acc[l];
       }
   }
   for (int64_t t = 0; t < g.taps; ++t) {
