@@ -1,7 +1,8 @@
 // oneDNN kernels of the grad ops, f32, on plain buffers: ConvDataGrad
 // (convolution_backward_data), ConvWeightGrad (convolution_backward_weights), AveragePoolGrad
 // and MaxPoolGrad (pooling_v2_backward; MaxPoolGrad first reruns the forward to get oneDNN's
-// workspace). Primitives, their scratchpads (user mode) and workspaces are made at creation;
+// workspace). Primitives are made at creation; MaxPoolGrad owns its scratchpads and workspace,
+// the others place theirs and their reorder buffers in the step's scratch (Kernel::scratchBytes);
 // supports() builds the kernel once and declines if oneDNN, or we, refuse it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
@@ -11,6 +12,7 @@
 #include <popart/error.hpp>
 
 #include <array>
+#include <cstdint>
 #include <string>
 
 namespace popart::backend_cpu {
@@ -47,7 +49,20 @@ primitive_attr userScratchpad() {
 /// layout, reordered into before the primitive (inputs) or out of after it (the output).
 class BackwardKernel : public Kernel {
 public:
+  /// The scratchpad and the buffers in the primitive's layouts live in the plan's arena for this
+  /// step only (in MobileNet v2's training they were 190 MB of kernel memory, one set per op).
+  int64_t scratchBytes() const override { return scratchBytes_; }
+
   void run(const KernelArgs &args) override {
+    auto *base = static_cast<uint8_t *>(args.scratch);
+    if (!base && scratchBytes_ > 0) { // outside a plan: memory of the kernel's own, made once
+      if (ownScratch_.empty()) ownScratch_.resize(static_cast<size_t>(scratchBytes_ + kAlign));
+      auto at = reinterpret_cast<uintptr_t>(ownScratch_.data());
+      base = ownScratch_.data() + (kAlign - at % kAlign) % kAlign;
+    }
+    memory *held[] = {&scratch_, &inner0_, &inner1_, &innerOut_};
+    for (size_t i = 0; i < 4; ++i)
+      if (offsets_[i] >= 0) held[i]->set_data_handle(base + offsets_[i]);
     in0_.set_data_handle(const_cast<void *>(args.inputs[0]));
     if (twoInputs_) in1_.set_data_handle(const_cast<void *>(args.inputs[1]));
     out_.set_data_handle(args.outputs[0]);
@@ -70,18 +85,25 @@ protected:
             const std::array<memory::desc, 3> &chosen = {}) {
     auto &eng = dnnl_util::engine();
     prim_ = std::move(prim);
-    scratch_ = memory(scratchpad, eng); // owned buffer, allocated now
+    // Each buffer is placed in the step's scratch (run); offsets_ -1: none.
+    auto place = [&](memory &m, const memory::desc &desc, size_t slot) {
+      m = memory(desc, eng, DNNL_MEMORY_NONE);
+      if (desc.get_size() == 0) return;
+      offsets_[slot] = scratchBytes_;
+      scratchBytes_ += (static_cast<int64_t>(desc.get_size()) + kAlign - 1) / kAlign * kAlign;
+    };
+    place(scratch_, scratchpad, 0);
     arg0_ = arg0, arg1_ = arg1, argOut_ = argOut;
     twoInputs_ = arg1 >= 0;
     in0_ = memory(md0, eng, DNNL_MEMORY_NONE);
     if (twoInputs_) in1_ = memory(md1, eng, DNNL_MEMORY_NONE);
     out_ = memory(mdOut, eng, DNNL_MEMORY_NONE);
     auto differs = [](const memory::desc &c, const memory::desc &plain) { return c && c != plain; };
-    if (differs(chosen[0], md0)) inner0_ = memory(chosen[0], eng), reorder0_ = dnnl_util::userScratchReorder(in0_, inner0_);
+    if (differs(chosen[0], md0)) place(inner0_, chosen[0], 1), reorder0_ = dnnl_util::userScratchReorder(in0_, inner0_);
     if (twoInputs_ && differs(chosen[1], md1))
-      inner1_ = memory(chosen[1], eng), reorder1_ = dnnl_util::userScratchReorder(in1_, inner1_);
+      place(inner1_, chosen[1], 2), reorder1_ = dnnl_util::userScratchReorder(in1_, inner1_);
     if (differs(chosen[2], mdOut))
-      innerOut_ = memory(chosen[2], eng), reorderOut_ = dnnl_util::userScratchReorder(innerOut_, out_);
+      place(innerOut_, chosen[2], 3), reorderOut_ = dnnl_util::userScratchReorder(innerOut_, out_);
   }
 
 private:
@@ -90,6 +112,10 @@ private:
   memory in0_, in1_, out_, scratch_, inner0_, inner1_, innerOut_;
   int arg0_ = 0, arg1_ = -1, argOut_ = 0;
   bool twoInputs_ = false;
+  static constexpr int64_t kAlign = 64;
+  int64_t offsets_[4] = {-1, -1, -1, -1}; ///< of scratch_, inner0_, inner1_, innerOut_ in the scratch
+  int64_t scratchBytes_ = 0;
+  std::vector<uint8_t> ownScratch_;
 };
 
 /// What both conv backward primitives are made from: the window between X (shape \p xs) and dY
