@@ -245,6 +245,10 @@ POPART_CLONES void depthwiseWeightGrad(const float *x, int64_t xStride, const fl
             row[j] = 0.f;
           if (sw == 1)
             std::copy(src + j0, src + j1, row + j0);
+          else if (sw == 2) // a constant stride, which GCC vectorises with permutes
+#pragma omp simd
+            for (int64_t j = j0; j < j1; ++j)
+              row[j] = src[2 * j];
           else
             for (int64_t j = j0; j < j1; ++j)
               row[j] = src[j * sw];
