@@ -37,12 +37,10 @@ Activation makeActivation(const std::string &name, double alpha, bool hasAlpha, 
   return a;
 }
 
-class RecurrentKernel : public Kernel {
-public:
-  explicit RecurrentKernel(const ir::Op &op) : type_(op.inInfo(0).dataType()), kind_(op.type) {
-    static const std::vector<std::string> known{"Sigmoid",         "Tanh",       "Relu",        "LeakyRelu",
-                                                "ThresholdedRelu", "ScaledTanh", "HardSigmoid", "Elu",
-                                                "Softsign",        "Softplus",   "Affine"};
+/// The sizes and layout of a recurrent op (LSTM, GRU, RNN or their grad ops): where time step t,
+/// direction d and batch row b sit in X, Y and the state tensors.
+struct RecurrentGeometry {
+  explicit RecurrentGeometry(const ir::Op &op) {
     const Shape &x = op.inInfo(0).shape();
     batchFirst_ = op.attrs.getInt("layout", 0) != 0;
     seq_ = batchFirst_ ? x[1] : x[0];
@@ -52,9 +50,31 @@ public:
     dirs_ = direction == "bidirectional" ? 2 : 1;
     reverseOnly_ = direction == "reverse";
     hidden_ = op.inInfo(2).dim(2);
-    gates_ = kind_ == "LSTM" ? 4 : kind_ == "GRU" ? 3 : 1;
-    clip_ = op.attrs.getFloat("clip", 0.f);
+    gates_ = op.type.rfind("LSTM", 0) == 0 ? 4 : op.type.rfind("GRU", 0) == 0 ? 3 : 1;
     linearBeforeReset_ = op.attrs.getInt("linear_before_reset", 0) != 0;
+  }
+
+  int64_t xIndex(int64_t t, int64_t b, int64_t i) const {
+    return batchFirst_ ? (b * seq_ + t) * input_ + i : (t * batch_ + b) * input_ + i;
+  }
+  int64_t yIndex(int64_t t, int64_t d, int64_t b, int64_t j) const {
+    return batchFirst_ ? ((b * seq_ + t) * dirs_ + d) * hidden_ + j : ((t * dirs_ + d) * batch_ + b) * hidden_ + j;
+  }
+  int64_t stateIndex(int64_t d, int64_t b, int64_t j) const {
+    return batchFirst_ ? (b * dirs_ + d) * hidden_ + j : (d * batch_ + b) * hidden_ + j;
+  }
+
+  bool batchFirst_ = false, reverseOnly_ = false, linearBeforeReset_ = false;
+  int64_t seq_, batch_, input_, dirs_, hidden_, gates_;
+};
+
+class RecurrentKernel : public Kernel, RecurrentGeometry {
+public:
+  explicit RecurrentKernel(const ir::Op &op) : RecurrentGeometry(op), type_(op.inInfo(0).dataType()), kind_(op.type) {
+    static const std::vector<std::string> known{"Sigmoid",         "Tanh",       "Relu",        "LeakyRelu",
+                                                "ThresholdedRelu", "ScaledTanh", "HardSigmoid", "Elu",
+                                                "Softsign",        "Softplus",   "Affine"};
+    clip_ = op.attrs.getFloat("clip", 0.f);
     if (op.attrs.getInt("input_forget", 0) != 0) throw error(op.debugName(), ": input_forget is not supported");
     std::vector<std::string> names = op.attrs.getStrings("activations");
     std::vector<float> alphas = op.attrs.getFloats("activation_alpha", {}),
@@ -95,16 +115,6 @@ private:
   }
   double clip(double v) const {
     return clip_ > 0 ? std::max(-static_cast<double>(clip_), std::min(static_cast<double>(clip_), v)) : v;
-  }
-
-  int64_t xIndex(int64_t t, int64_t b, int64_t i) const {
-    return batchFirst_ ? (b * seq_ + t) * input_ + i : (t * batch_ + b) * input_ + i;
-  }
-  int64_t yIndex(int64_t t, int64_t d, int64_t b, int64_t j) const {
-    return batchFirst_ ? ((b * seq_ + t) * dirs_ + d) * hidden_ + j : ((t * dirs_ + d) * batch_ + b) * hidden_ + j;
-  }
-  int64_t stateIndex(int64_t d, int64_t b, int64_t j) const {
-    return batchFirst_ ? (b * dirs_ + d) * hidden_ + j : (d * batch_ + b) * hidden_ + j;
   }
 
   template <typename T> void runTyped(const KernelArgs &args) {
@@ -225,8 +235,6 @@ private:
 
   DataType type_;
   std::string kind_;
-  bool batchFirst_ = false, reverseOnly_ = false, linearBeforeReset_ = false;
-  int64_t seq_, batch_, input_, dirs_, hidden_, gates_;
   float clip_;
   bool hasB_, hasLens_, hasH0_, hasC0_, hasP_;
   DataType lensType_;
@@ -237,21 +245,11 @@ private:
 /// LSTMGrad, GRUGrad and RNNGrad (ir/ops/rnn.cpp): per direction and batch row, the forward pass
 /// again (default activations, no clip), keeping each step's previous state and gate
 /// activations, then back through time. Sums in double.
-class RecurrentGradKernel : public Kernel {
+class RecurrentGradKernel : public Kernel, RecurrentGeometry {
 public:
-  explicit RecurrentGradKernel(const ir::Op &op) : type_(op.inInfo(0).dataType()) {
+  explicit RecurrentGradKernel(const ir::Op &op) : RecurrentGeometry(op), type_(op.inInfo(0).dataType()) {
     kind_ = op.type == "LSTMGrad" ? Kind::Lstm : op.type == "GRUGrad" ? Kind::Gru : Kind::Rnn;
     const Shape &x = op.inInfo(0).shape();
-    batchFirst_ = op.attrs.getInt("layout", 0) != 0;
-    seq_ = batchFirst_ ? x[1] : x[0];
-    batch_ = batchFirst_ ? x[0] : x[1];
-    input_ = x[2];
-    std::string direction = op.attrs.getString("direction", "forward");
-    dirs_ = direction == "bidirectional" ? 2 : 1;
-    reverseOnly_ = direction == "reverse";
-    hidden_ = op.inInfo(2).dim(2);
-    gates_ = kind_ == Kind::Lstm ? 4 : kind_ == Kind::Gru ? 3 : 1;
-    linearBeforeReset_ = op.attrs.getInt("linear_before_reset", 0) != 0;
     size_t G = static_cast<size_t>(gates_ * hidden_), H = static_cast<size_t>(hidden_), T = static_cast<size_t>(seq_);
     w_.resize(static_cast<size_t>(dirs_) * G * static_cast<size_t>(input_));
     r_.resize(static_cast<size_t>(dirs_) * G * H);
@@ -278,16 +276,6 @@ public:
 private:
   enum class Kind { Lstm, Gru, Rnn };
   static double sigmoid(double v) { return 1 / (1 + std::exp(-v)); }
-
-  int64_t xIndex(int64_t t, int64_t b, int64_t i) const {
-    return batchFirst_ ? (b * seq_ + t) * input_ + i : (t * batch_ + b) * input_ + i;
-  }
-  int64_t yIndex(int64_t t, int64_t d, int64_t b, int64_t j) const {
-    return batchFirst_ ? ((b * seq_ + t) * dirs_ + d) * hidden_ + j : ((t * dirs_ + d) * batch_ + b) * hidden_ + j;
-  }
-  int64_t stateIndex(int64_t d, int64_t b, int64_t j) const {
-    return batchFirst_ ? (b * dirs_ + d) * hidden_ + j : (d * batch_ + b) * hidden_ + j;
-  }
 
   template <typename T> void runTyped(const KernelArgs &args) {
     auto load = [](const T *p, size_t n, std::vector<double> &to) {
@@ -481,8 +469,6 @@ private:
 
   DataType type_;
   Kind kind_;
-  bool batchFirst_ = false, reverseOnly_ = false, linearBeforeReset_ = false;
-  int64_t seq_, batch_, input_, dirs_, hidden_, gates_;
   std::vector<double> w_, r_, b_, dw_, dr_, db_, dx_, hs_, cs_, acts_, lin_, xt_, dh_, dc_, da_, dq_;
 };
 

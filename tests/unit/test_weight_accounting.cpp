@@ -199,3 +199,29 @@ TEST(WeightAccounting, WeightsNoGradientReachesAreReportedAndLeftAlone) {
   EXPECT_EQ(t.weights["U"], values(kHidden, 1.0f, 0.2f));
   EXPECT_EQ(t.weights["Z"], values(kIn, 1.0f, 0.5f));
 }
+
+TEST(WeightAccounting, WritingAWeightThatIsNotTrainedIsAnErrorNamingWhy) {
+  SessionOptions so;
+  so.frozenWeights = {"W"};
+  SGD sgd({{"defaultLearningRate", {0.1f, false}}});
+  auto s = TrainingSession::createFromOnnxModel(twoLayerModel(true), DataFlow(1, std::vector<TensorId>{}), "", sgd, so);
+  s->prepareDevice();
+  std::vector<float> w(static_cast<size_t>(kIn * kHidden), 1.0f);
+  NDArrayWrapper<float> arr(w.data(), {kIn * kHidden});
+  WeightsIO io;
+  io.insert("W", arr);
+  try {
+    s->writeWeights(io);
+    FAIL() << "writing a frozen weight was accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("weight 'W' is not trained (frozen by SessionOptions::frozenWeights)"),
+              std::string::npos)
+        << e.what();
+  }
+  std::vector<float> back(w.size());
+  NDArrayWrapper<float> out(back.data(), {kIn * kHidden});
+  WeightsIO readIo;
+  readIo.insert("W", out);
+  s->readWeights(readIo);
+  EXPECT_EQ(back, values(kIn * kHidden, 0.5f, 0.3f)); // unchanged by the refused write
+}
