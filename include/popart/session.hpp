@@ -73,8 +73,8 @@ struct WeightStatus {
 };
 
 /// Trains an ONNX model: the backward graph of a scalar loss tensor, optimiser updates of every
-/// trainable initializer (floating-point initializers not used as shape inputs), gradient
-/// accumulation, loss scaling and checkpoints.
+/// floating-point initializer that a gradient reaches (getWeightStatuses says what happens to each
+/// of the others and why), gradient accumulation, loss scaling and checkpoints.
 class TrainingSession {
 public:
   /// \p model is a path or serialized ModelProto; \p loss is a scalar (or one-element) tensor
