@@ -351,7 +351,7 @@ int main(int argc, char **argv) {
   app.add_flag(
       "--no-fusion", opt.noFusion,
       "run the graph op by op: no fused patterns (LayerNorm, GELU, MatMul transposes, bias and residual, "
-      "BatchNorm folding, Conv residual, activation and MaxPool fusions, hard swish, inference Dropout as a view)");
+      "BatchNorm folding, Conv residual, activation and MaxPool fusions, hard swish, channel shuffle, inference Dropout as a view)");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;

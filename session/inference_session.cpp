@@ -92,6 +92,7 @@ struct InferenceSession::Impl {
       ir::fuseRelu(*g);
       ir::fuseConvActivation(*g); // ReLU6, hard swish, SiLU ... as Conv post-ops
       ir::fuseHardSwish(*g);      // the hard swishes left
+      ir::fuseChannelShuffle(*g);
       ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
       ir::fuseConvPool(*g);
     }

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+#include <vector>
 #include <limits>
 
 namespace popart::backend_cpu {
@@ -385,6 +387,50 @@ private:
   std::vector<bool> present_;
 };
 
+/// ai.graphcore ChannelShuffle: each (image, output channel) plane is one copy from the input
+/// that holds it, so the concatenation, shuffle and split move every element once.
+class ChannelShuffleKernel : public Kernel {
+public:
+  explicit ChannelShuffleKernel(const ir::Op &op) {
+    const Shape &shape = op.inInfo(0).shape();
+    batch_ = shape[0];
+    plane_ = static_cast<int64_t>(dataTypeSize(op.inInfo(0).dataType()));
+    for (size_t d = 2; d < shape.size(); ++d)
+      plane_ *= shape[d];
+    std::vector<std::pair<size_t, int64_t>> concatenated; // (input, channel) of each concatenated channel
+    for (size_t i = 0; i < op.inputCount(); ++i) {
+      inChannels_.push_back(op.inInfo(i).shape()[1]);
+      for (int64_t c = 0; c < inChannels_.back(); ++c)
+        concatenated.emplace_back(i, c);
+    }
+    auto channels = static_cast<int64_t>(concatenated.size());
+    int64_t group = op.attrs.getInt("group"), perGroup = channels / group;
+    outChannels_ = channels / static_cast<int64_t>(op.outputCount());
+    for (int64_t s = 0; s < channels; ++s)
+      source_.push_back(concatenated[static_cast<size_t>((s % group) * perGroup + s / group)]);
+  }
+
+  void run(const KernelArgs &a) override {
+    auto channels = static_cast<int64_t>(source_.size());
+    int64_t planes = batch_ * channels;
+    auto bytes = static_cast<size_t>(plane_);
+#pragma omp parallel for schedule(static) if (planes * plane_ > (1 << 16))
+    for (int64_t p = 0; p < planes; ++p) {
+      int64_t n = p / channels, s = p % channels;
+      auto [input, c] = source_[static_cast<size_t>(s)];
+      const auto *src = static_cast<const uint8_t *>(a.inputs[input]) + (n * inChannels_[input] + c) * plane_;
+      auto *dst = static_cast<uint8_t *>(a.outputs[static_cast<size_t>(s / outChannels_)]) +
+                  (n * outChannels_ + s % outChannels_) * plane_;
+      std::memcpy(dst, src, bytes);
+    }
+  }
+
+private:
+  int64_t batch_ = 0, plane_ = 0, outChannels_ = 0;
+  std::vector<int64_t> inChannels_;
+  std::vector<std::pair<size_t, int64_t>> source_; ///< (input, channel) of each shuffled channel
+};
+
 /// Shape, Size, Constant, ConstantOfShape: outputs known at creation.
 class FixedOutputKernel : public Kernel {
 public:
@@ -564,6 +610,7 @@ void registerReferenceShapeKernels(KernelRegistry &r) {
   add("SpaceToDepth", notString, createSpaceToDepth);
   add("Concat", notString, makeKernel<ConcatSplitKernel>);
   add("Split", notString, makeKernel<ConcatSplitKernel>);
+  r.add({"ai.graphcore", "ChannelShuffle", KernelProvider::Reference, notString, makeKernel<ChannelShuffleKernel>});
   add("Shape", nullptr, createShape);
   add("Size", nullptr, createSize);
   add("Constant", supportsConstant, createConstant);

@@ -176,6 +176,39 @@ void setupConcat(Op &op) {
   op.setOutInfo(0, TensorInfo(first.dataType(), out));
 }
 
+/// ai.graphcore ChannelShuffle (formed by fuseChannelShuffle from ShuffleNet's Concat → Reshape
+/// [N, g, C/g, ...] → Transpose → Reshape [N, C, ...] → Slices): the inputs concatenated along
+/// axis 1 (C channels), channels shuffled in \p group groups (shuffled channel s is concatenated
+/// channel (s mod g)·C/g + s div g), and the result split into the outputs, equal consecutive
+/// chunks of axis 1.
+void setupChannelShuffle(Op &op) {
+  requireInputCount(op, 1, 100000);
+  const TensorInfo &first = op.inInfo(0);
+  if (first.rank() < 2) throw error(op.debugName(), ": inputs need a channel axis, input 0 has rank ", first.rank());
+  int64_t channels = 0;
+  for (size_t i = 0; i < op.inputCount(); ++i) {
+    const TensorInfo &info = op.inInfo(i);
+    bool same = info.dataType() == first.dataType() && info.rank() == first.rank();
+    for (int64_t d = 0; same && d < first.rank(); ++d)
+      same = d == 1 || info.shape()[static_cast<size_t>(d)] == first.shape()[static_cast<size_t>(d)];
+    if (!same)
+      throw error(op.debugName(), ": input ", i, " is ", toString(info.dataType()), toString(info.shape()),
+                  ", incompatible with input 0 ", toString(first.dataType()), toString(first.shape()),
+                  " outside axis 1");
+    channels += info.shape()[1];
+  }
+  int64_t group = op.attrs.getInt("group");
+  auto parts = static_cast<int64_t>(op.outputCount());
+  if (group < 1 || channels % group != 0)
+    throw error(op.debugName(), ": group ", group, " does not divide the ", channels, " channels");
+  if (parts < 1 || channels % parts != 0)
+    throw error(op.debugName(), ": ", parts, " outputs do not split the ", channels, " channels evenly");
+  Shape out = first.shape();
+  out[1] = channels / parts;
+  for (size_t i = 0; i < op.outputCount(); ++i)
+    op.setOutInfo(i, TensorInfo(first.dataType(), out));
+}
+
 /// Sizes of Split's outputs along the axis (shared by setup and, through the output infos, the kernel).
 std::vector<int64_t> splitSizes(const Op &op, int64_t dim) {
   size_t n = op.outputCount();
@@ -500,6 +533,9 @@ void registerShapeOps(OpRegistry &r) {
   r.add(withValueInputs(makeDef("Squeeze", 1, 1000, setupSqueeze), {1}, canonicalizeAxes));
   r.add(withValueInputs(makeDef("Unsqueeze", 1, 1000, setupUnsqueeze), {1}, canonicalizeAxes));
   r.add(makeDef("Concat", 1, 1000, setupConcat));
+  OpDef shuffle = makeDef("ChannelShuffle", 1, 1000, setupChannelShuffle);
+  shuffle.domain = "ai.graphcore";
+  r.add(shuffle);
   r.add(withValueInputs(makeDef("Split", 1, 1000, setupSplit), {1}, canonicalizeSplit));
   r.add(withValueInputs(makeDef("Slice", 1, 1000, setupSlice), {1, 2, 3, 4}, canonicalizeSlice));
   r.add(withValueInputs(makeDef("Expand", 8, 1000, setupExpand), {1}));

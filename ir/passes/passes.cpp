@@ -1,4 +1,5 @@
 #include "ir/passes/passes.hpp"
+#include "ir/passes/rewrite.hpp"
 #include "core/log.hpp"
 #include "ir/ops/activation.hpp"
 #include "ir/ops/window.hpp"
@@ -131,14 +132,13 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
     graph.removeTensor(id);
 }
 
-static bool isGraphOutput(const Graph &graph, const Tensor &t) {
+bool isGraphOutput(const Graph &graph, const Tensor &t) {
   return std::find(graph.outputs().begin(), graph.outputs().end(), t.id()) != graph.outputs().end();
 }
 
-/// Adds an op that replaces part of a rewritten graph: in \p phase, its outputs set up.
-static Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::string &domain, int version,
-                          const std::string &name, Attributes attrs, const std::vector<TensorId> &inputs,
-                          const std::vector<TensorId> &outputs) {
+Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::string &domain, int version,
+                   const std::string &name, Attributes attrs, const std::vector<TensorId> &inputs,
+                   const std::vector<TensorId> &outputs) {
   Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
   op.phase = phase;
   op.def->setup(op);
@@ -165,22 +165,6 @@ static std::vector<TensorId> inputIds(const Op &op) {
   for (const Tensor *t : op.inputs)
     ids.push_back(t ? t->id() : "");
   return ids;
-}
-
-/// Calls \p tryAt on the ops in schedule order until it rewrites one (returns true), then starts
-/// over on the changed graph, until a whole pass rewrites nothing. Returns how many it rewrote.
-template <typename F> static int rewriteAll(Graph &graph, F tryAt) {
-  int rewritten = 0;
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (Op *op : graph.schedule())
-      if (tryAt(*op)) {
-        ++rewritten;
-        changed = true;
-        break;
-      }
-  }
-  return rewritten;
 }
 
 /// A Transpose's permutation (its default reverses the axes).
@@ -405,9 +389,9 @@ int fuseConvPool(Graph &graph) {
   });
 }
 
-namespace {
-
 bool isOnnxOp(const Op *op, const char *type) { return op && op->type == type && op->domain == "ai.onnx"; }
+
+namespace {
 
 /// A graph and the tensors a rewrite must keep: its outputs and \p keep.
 struct Kept {

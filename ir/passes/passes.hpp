@@ -115,6 +115,11 @@ int fuseConvActivation(Graph &graph);
 /// how many were fused.
 int fuseHardSwish(Graph &graph);
 
+/// ShuffleNet's channel shuffle (Concat on axis 1 → Reshape [N, g, C/g, ...] → Transpose of axes
+/// 1 and 2 → Reshape back, and the equal-chunk Slices that may read it) as one ai.graphcore
+/// ChannelShuffle. Returns how many it fused.
+int fuseChannelShuffle(Graph &graph);
+
 /// Inference: a Dropout that does not train (no session seed input 3, training_mode absent or a
 /// constant false) and whose mask nothing reads becomes an Identity, which the plan makes a view
 /// (Swin-T's 24 exported Dropouts copied 2.5 ms per run). Returns how many were rewritten.

@@ -1989,3 +1989,80 @@ TEST(FuseHardSwish, MulByHardSigmoidBecomesHardSwish) {
       expectNear(runGraph(fused, p, x), want, 1e-6f, "hard swish");
   }
 }
+
+TEST(FuseChannelShuffle, ConcatShuffleAndChunksBecomeOneCopy) {
+  // ShuffleNet's block end: Concat(a [2,4,3,5], b [2,8,3,5]) → Reshape [2, g, 12/g, 3, 5] →
+  // Transpose(0,2,1,3,4) → Reshape [2,12,3,5] → k equal Slices. Fused, it must give the same
+  // outputs; a different permutation, an intermediate that is also an output, or unequal chunks
+  // must keep the parts they need.
+  struct Case {
+    int64_t group, chunks;
+    const char *variant; // "", "perm", "output", "unequal"
+  };
+  for (Case c : {Case{2, 2, ""}, Case{3, 3, ""}, Case{4, 1, ""}, Case{2, 0, ""}, Case{2, 2, "perm"},
+                 Case{2, 2, "output"}, Case{2, 2, "unequal"}}) {
+    std::string what = "group " + std::to_string(c.group) + ", chunks " + std::to_string(c.chunks) + " " + c.variant;
+    std::string variant = c.variant;
+    std::vector<TensorId> outs;
+    auto build = [&](ir::Graph &g) {
+      ir::registerBuiltinOps();
+      g.opsets()["ai.onnx"] = 13;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 4, 3, 5}));
+      g.addInput("x");
+      g.addOp("Neg", "", 13, "neg", {}, {"x"}, {"a"});
+      g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"r"});
+      g.addOp("Abs", "", 13, "abs", {}, {"x"}, {"s"});
+      ir::Attributes axis1;
+      axis1.set("axis", int64_t{1});
+      g.addOp("Concat", "", 13, "inner", axis1, {"r", "s"}, {"b"});
+      g.addOp("Concat", "", 13, "concat", axis1, {"a", "b"}, {"joined"});
+      g.addConst("grouped_shape", TensorData::fromInt64({5}, {2, c.group, 12 / c.group, 3, 5}));
+      g.addConst("merged_shape", TensorData::fromInt64({4}, {2, 12, 3, 5}));
+      g.addOp("Reshape", "", 13, "split", {}, {"joined", "grouped_shape"}, {"grouped"});
+      ir::Attributes perm;
+      perm.set("perm", variant == "perm" ? std::vector<int64_t>{0, 2, 1, 4, 3} : std::vector<int64_t>{0, 2, 1, 3, 4});
+      g.addOp("Transpose", "", 13, "transpose", perm, {"grouped"}, {"swapped"});
+      g.addOp("Reshape", "", 13, "merge", {}, {"swapped", "merged_shape"}, {"shuffled"});
+      outs.clear();
+      if (c.chunks == 0) {
+        outs.push_back("shuffled");
+      } else {
+        std::vector<int64_t> bounds;
+        for (int64_t k = 0; k <= c.chunks; ++k)
+          bounds.push_back(k * 12 / c.chunks);
+        if (variant == "unequal") bounds = {0, 5, 12};
+        for (size_t k = 0; k + 1 < bounds.size(); ++k) {
+          std::string id = "chunk" + std::to_string(k);
+          g.addConst(id + "_start", TensorData::fromInt64({1}, {bounds[k]}));
+          // the exporter's end of the last chunk is often INT64_MAX
+          g.addConst(id + "_end", TensorData::fromInt64({1}, {k + 2 == bounds.size() ? INT64_MAX : bounds[k + 1]}));
+          g.addConst(id + "_axis", TensorData::fromInt64({1}, {k % 2 ? -3 : 1}));
+          g.addOp("Slice", "", 13, id, {}, {"shuffled", id + "_start", id + "_end", id + "_axis"}, {id});
+          outs.push_back(id);
+        }
+      }
+      for (const auto &id : outs)
+        g.addOutput(id);
+      if (variant == "output") g.addOutput("swapped");
+      ir::inferShapes(g, nullptr);
+    };
+    ir::Graph plain, fused;
+    build(plain);
+    build(fused);
+    bool fuses = variant.empty() || variant == "unequal";
+    ASSERT_EQ(ir::fuseChannelShuffle(fused), fuses ? 1 : 0) << what;
+    if (fuses) {
+      EXPECT_EQ(countType(fused, "ChannelShuffle"), 1) << what;
+      EXPECT_EQ(countType(fused, "Transpose") + countType(fused, "Reshape"), 0) << what;
+      EXPECT_EQ(countType(fused, "Concat"), 1) << what; // the inner one, read by the shuffle
+      EXPECT_EQ(countType(fused, "Slice"), variant == "unequal" ? 2 : 0) << what;
+    }
+    std::mt19937 rng(71);
+    TensorData x = randomFloats({2, 4, 3, 5}, rng);
+    for (const auto &id : outs) {
+      std::vector<float> want = runGraph(plain, KernelProvider::Reference, x, id);
+      std::vector<float> got = runGraph(fused, KernelProvider::Any, x, id);
+      ASSERT_EQ(got, want) << what << ", output " << id; // a copy: bit-exact
+    }
+  }
+}
