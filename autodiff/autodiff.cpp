@@ -72,13 +72,18 @@ std::string gradientSupport(const std::string &domain, const std::string &type,
                             const std::vector<std::pair<int, int>> &opsets) {
   if (isControlFlow(domain, type)) return "unrolled";
   registerBuiltinRules();
+  return ruleCoverage(GradRuleRegistry::instance(), domain, type, opsets);
+}
+
+std::string ruleCoverage(const GradRuleRegistry &registry, const std::string &domain, const std::string &type,
+                         const std::vector<std::pair<int, int>> &opsets) {
   // The parts of \p opsets that rules cover, as maximal ranges.
   std::string dom = ir::canonicalDomain(domain);
   std::vector<std::pair<int, int>> covered;
   int64_t versions = 0, coveredVersions = 0;
   for (auto [lo, hi] : opsets) {
     versions += hi - lo + 1;
-    for (const auto &d : GradRuleRegistry::instance().all()) {
+    for (const auto &d : registry.all()) {
       if (d.domain != dom || d.type != type || d.maxVersion < lo || d.minVersion > hi) continue;
       covered.emplace_back(std::max(lo, d.minVersion), std::min(hi, d.maxVersion));
       coveredVersions += covered.back().second - covered.back().first + 1;

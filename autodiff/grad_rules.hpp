@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace popart::autodiff {
@@ -114,6 +115,11 @@ public:
 private:
   std::vector<GradRuleDef> defs_;
 };
+
+/// How \p registry's rules for \p type in \p domain cover the opset ranges \p opsets ([min, max]):
+/// "yes" (all), "no" (none), or the covered part as "opsets 1-5, 9+".
+std::string ruleCoverage(const GradRuleRegistry &registry, const std::string &domain, const std::string &type,
+                         const std::vector<std::pair<int, int>> &opsets);
 
 /// Registers the built-in rules; safe to call more than once.
 void registerBuiltinRules();

@@ -108,6 +108,11 @@ TEST(Autodiff, RuleRegistryMatchesOpsetRanges) {
   EXPECT_EQ(r.find("ai.onnx", "Op", 2), nullptr);
   EXPECT_EQ(r.find("ai.onnx", "Op", 5), nullptr);
   EXPECT_EQ(r.find("other.domain", "Op", 3), nullptr);
+  EXPECT_EQ(autodiff::ruleCoverage(r, "test.domain", "Op", {{1, 12}, {13, 1000}}), "yes");
+  EXPECT_EQ(autodiff::ruleCoverage(r, "ai.onnx", "Op", {{1, 12}}), "opsets 3-4");
+  EXPECT_EQ(autodiff::ruleCoverage(r, "ai.onnx", "Op", {{5, 1000}}), "no");
+  r.add({"ai.onnx", "Op", 9, 1000, rule});
+  EXPECT_EQ(autodiff::ruleCoverage(r, "ai.onnx", "Op", {{1, 6}, {7, 1000}}), "opsets 3-4, 9+");
   try {
     r.add({"ai.onnx", "Op", 4, 8, rule});
     FAIL() << "an overlapping rule was accepted";
