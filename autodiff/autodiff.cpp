@@ -3,6 +3,7 @@
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -10,42 +11,99 @@
 
 namespace popart::autodiff {
 
-void registerConvRules(std::map<std::string, GradRule> &rules);
-void registerRnnRules(std::map<std::string, GradRule> &rules);
-void registerControlFlowRules(std::map<std::string, GradRule> &rules);
-
 namespace {
 
 bool differentiable(const ir::Tensor &t) { return isFloatingPoint(t.info().dataType()); }
 
+bool isControlFlow(const std::string &domain, const std::string &type) {
+  return ir::canonicalDomain(domain) == "ai.onnx" && (type == "If" || type == "Loop" || type == "Scan");
+}
+
 } // namespace
 
-std::map<std::string, GradRule> &gradRules() {
-  static std::map<std::string, GradRule> rules;
-  return rules;
+GradRuleRegistry &GradRuleRegistry::instance() {
+  static GradRuleRegistry registry;
+  return registry;
+}
+
+void GradRuleRegistry::add(GradRuleDef def) {
+  def.domain = ir::canonicalDomain(def.domain);
+  if (!def.rule) throw error("gradient rules: ", def.domain, "::", def.type, " has an empty rule");
+  for (const auto &d : defs_)
+    if (d.domain == def.domain && d.type == def.type &&
+        !(def.maxVersion < d.minVersion || def.minVersion > d.maxVersion))
+      throw error("gradient rules: ", def.domain, "::", def.type, " opsets ", def.minVersion, "-", def.maxVersion,
+                  " overlap an earlier rule (opsets ", d.minVersion, "-", d.maxVersion, ")");
+  defs_.push_back(std::move(def));
+}
+
+const GradRule *GradRuleRegistry::find(const std::string &domain, const std::string &type, int version) const {
+  std::string dom = ir::canonicalDomain(domain);
+  for (const auto &d : defs_)
+    if (d.domain == dom && d.type == type && version >= d.minVersion && version <= d.maxVersion) return &d.rule;
+  return nullptr;
+}
+
+void addOnnxRules(GradRuleRegistry &registry, const std::map<std::string, GradRule> &rules) {
+  for (const auto &[type, rule] : rules)
+    registry.add({"ai.onnx", type, 1, 1000, rule});
 }
 
 void registerBuiltinRules() {
   static std::once_flag once;
   std::call_once(once, [] {
-    registerElementwiseRules(gradRules());
-    registerMatMulReduceRules(gradRules());
-    registerShapeRules(gradRules());
-    registerLossNormRules(gradRules());
-    registerConvRules(gradRules());
-    registerRnnRules(gradRules());
-    registerControlFlowRules(gradRules());
+    GradRuleRegistry &r = GradRuleRegistry::instance();
+    registerElementwiseRules(r);
+    registerMatMulReduceRules(r);
+    registerShapeRules(r);
+    registerLossNormRules(r);
+    registerConvRules(r);
+    registerRnnRules(r);
+    registerControlFlowRules(r);
   });
 }
 
-bool hasGradient(const std::string &opType) {
+bool hasGradient(const std::string &domain, const std::string &type, int version) {
   registerBuiltinRules();
-  return gradRules().count(opType) != 0;
+  return GradRuleRegistry::instance().find(domain, type, version) != nullptr;
 }
 
-const char *gradientSupport(const std::string &opType) {
-  if (opType == "If" || opType == "Loop" || opType == "Scan") return "unrolled";
-  return hasGradient(opType) ? "yes" : "no";
+std::string gradientSupport(const std::string &domain, const std::string &type,
+                            const std::vector<std::pair<int, int>> &opsets) {
+  if (isControlFlow(domain, type)) return "unrolled";
+  registerBuiltinRules();
+  return ruleCoverage(GradRuleRegistry::instance(), domain, type, opsets);
+}
+
+std::string ruleCoverage(const GradRuleRegistry &registry, const std::string &domain, const std::string &type,
+                         const std::vector<std::pair<int, int>> &opsets) {
+  // The parts of \p opsets that rules cover, as maximal ranges.
+  std::string dom = ir::canonicalDomain(domain);
+  std::vector<std::pair<int, int>> covered;
+  int64_t versions = 0, coveredVersions = 0;
+  for (auto [lo, hi] : opsets) {
+    versions += hi - lo + 1;
+    for (const auto &d : registry.all()) {
+      if (d.domain != dom || d.type != type || d.maxVersion < lo || d.minVersion > hi) continue;
+      covered.emplace_back(std::max(lo, d.minVersion), std::min(hi, d.maxVersion));
+      coveredVersions += covered.back().second - covered.back().first + 1;
+    }
+  }
+  std::sort(covered.begin(), covered.end());
+  std::vector<std::pair<int, int>> merged;
+  for (const auto &c : covered)
+    if (!merged.empty() && merged.back().second + 1 >= c.first)
+      merged.back().second = std::max(merged.back().second, c.second);
+    else
+      merged.push_back(c);
+  covered = merged;
+  if (coveredVersions == 0) return "no";
+  if (coveredVersions == versions) return "yes";
+  std::string s = "opsets ";
+  for (size_t i = 0; i < covered.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(covered[i].first) +
+         (covered[i].second >= 1000 ? "+" : "-" + std::to_string(covered[i].second));
+  return s;
 }
 
 std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
@@ -110,10 +168,11 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     for (ir::Tensor *t : op.inputs)
       needed = needed || (t && differentiable(*t) && fromXs.count(t));
     if (!needed) continue;
-    auto rule = gradRules().find(op.type);
-    if (rule == gradRules().end()) throw error(op.debugName(), ": no gradient rule for ", op.type);
+    const GradRule *rule = GradRuleRegistry::instance().find(op.domain, op.type, op.version);
+    if (!rule)
+      throw error(op.debugName(), ": no gradient rule for ", op.domain, " ", op.type, " at opset ", op.version);
     GradContext ctx(graph, op, outGrads);
-    rule->second(ctx);
+    (*rule)(ctx);
     for (size_t i = 0; i < op.inputCount(); ++i)
       if (op.hasInput(i) && !ctx.inGrads()[i].empty() && differentiable(op.input(i)))
         partials[op.input(i).id()].push_back(ctx.inGrads()[i]);

@@ -5,6 +5,7 @@
 #include "ir/graph.hpp"
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace popart::autodiff {
@@ -20,11 +21,14 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
 /// Replaces each ai.onnx.preview.training Gradient op by the ops computing its outputs.
 void expandGradientOps(ir::Graph &graph);
 
-/// True if \p opType has a gradient rule.
-bool hasGradient(const std::string &opType);
+/// True if a gradient rule covers \p type in \p domain ("" is ai.onnx) at opset \p version.
+bool hasGradient(const std::string &domain, const std::string &type, int version);
 
-/// The gradient column of docs/ops.md for \p opType: "yes", "no", or "unrolled" for If, Loop and
-/// Scan, which training differentiates after ir::unrollControlFlow where it can unroll them.
-const char *gradientSupport(const std::string &opType);
+/// The gradient column of docs/ops.md for \p type in \p domain over the opset ranges \p opsets
+/// ([min, max], 1000 for no upper bound): "yes" if rules cover them all, "no" if none, "opsets a-b"
+/// for the covered part otherwise, and "unrolled" for If, Loop and Scan, which training
+/// differentiates after ir::unrollControlFlow where it can unroll them.
+std::string gradientSupport(const std::string &domain, const std::string &type,
+                            const std::vector<std::pair<int, int>> &opsets);
 
 } // namespace popart::autodiff

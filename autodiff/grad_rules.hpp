@@ -1,12 +1,14 @@
 #pragma once
-// Gradient rules: per op type, how to compute the input gradients from the output gradients
-// with ordinary IR ops. One file per op family (autodiff/rules_<family>.cpp) registers its rules.
+// Gradient rules: per (domain, op type, opset range), how to compute the input gradients from the
+// output gradients with ordinary IR ops. One file per op family (autodiff/rules_<family>.cpp)
+// registers its rules.
 
 #include "ir/graph.hpp"
 
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace popart::autodiff {
@@ -89,13 +91,50 @@ inline TensorId axesConst(GradContext &c, const std::vector<int64_t> &axes) {
 
 using GradRule = std::function<void(GradContext &)>;
 
-/// All gradient rules by op type (default domain), filled once by registerBuiltinRules().
-std::map<std::string, GradRule> &gradRules();
+/// A gradient rule and the ops it differentiates: \p type in \p domain at opsets
+/// [minVersion, maxVersion], the key ir::OpRegistry gives op definitions.
+struct GradRuleDef {
+  std::string domain; ///< "ai.onnx" for the default domain, "ai.graphcore", a plugin's
+  std::string type;
+  int minVersion = 1;
+  int maxVersion = 1000; ///< 1000: no upper bound, as in ir::OpDef
+  GradRule rule;
+};
+
+/// The gradient rules by (domain, op type, opset range), filled once by registerBuiltinRules().
+/// An op shares a rule only with ops of its own domain: ai.graphcore Gelu's rule is not ai.onnx Gelu's.
+class GradRuleRegistry {
+public:
+  static GradRuleRegistry &instance();
+  /// Adds \p def; throws if a rule already registered for its domain and type covers one of its opsets.
+  void add(GradRuleDef def);
+  /// The rule for \p type in \p domain ("" is ai.onnx) at opset \p version; null if none.
+  const GradRule *find(const std::string &domain, const std::string &type, int version) const;
+  const std::vector<GradRuleDef> &all() const { return defs_; }
+
+private:
+  std::vector<GradRuleDef> defs_;
+};
+
+/// How \p registry's rules for \p type in \p domain cover the opset ranges \p opsets ([min, max]):
+/// "yes" (all), "no" (none), or the covered part as "opsets 1-5, 9+".
+std::string ruleCoverage(const GradRuleRegistry &registry, const std::string &domain, const std::string &type,
+                         const std::vector<std::pair<int, int>> &opsets);
+
+/// Registers the built-in rules; safe to call more than once.
 void registerBuiltinRules();
 
-void registerElementwiseRules(std::map<std::string, GradRule> &rules);
-void registerMatMulReduceRules(std::map<std::string, GradRule> &rules);
-void registerShapeRules(std::map<std::string, GradRule> &rules);
-void registerLossNormRules(std::map<std::string, GradRule> &rules);
+/// Registers \p rules, by op type, for the ai.onnx ops of those types at every opset: a rule reads
+/// the form that import canonicalises every opset into, and handles what canonicalisation leaves
+/// (Softmax's flattened axis before opset 13, ...).
+void addOnnxRules(GradRuleRegistry &registry, const std::map<std::string, GradRule> &rules);
+
+void registerElementwiseRules(GradRuleRegistry &registry);
+void registerMatMulReduceRules(GradRuleRegistry &registry);
+void registerShapeRules(GradRuleRegistry &registry);
+void registerLossNormRules(GradRuleRegistry &registry);
+void registerConvRules(GradRuleRegistry &registry);
+void registerRnnRules(GradRuleRegistry &registry);
+void registerControlFlowRules(GradRuleRegistry &registry);
 
 } // namespace popart::autodiff

@@ -23,9 +23,8 @@ void notUnrolled(GradContext &c) {
 
 } // namespace
 
-void registerControlFlowRules(std::map<std::string, GradRule> &rules) {
-  for (const char *type : {"If", "Loop", "Scan"})
-    rules[type] = notUnrolled;
+void registerControlFlowRules(GradRuleRegistry &r) {
+  addOnnxRules(r, {{"If", notUnrolled}, {"Loop", notUnrolled}, {"Scan", notUnrolled}});
 }
 
 } // namespace popart::autodiff

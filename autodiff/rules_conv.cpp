@@ -122,10 +122,8 @@ void averagePoolRule(GradContext &c) {
 
 } // namespace
 
-void registerConvRules(std::map<std::string, GradRule> &r) {
-  r["Conv"] = convRule;
-  r["ConvTranspose"] = convTransposeRule;
-  r["AveragePool"] = averagePoolRule;
+void registerConvRules(GradRuleRegistry &r) {
+  addOnnxRules(r, {{"Conv", convRule}, {"ConvTranspose", convTransposeRule}, {"AveragePool", averagePoolRule}});
 }
 
 } // namespace popart::autodiff

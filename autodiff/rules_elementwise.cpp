@@ -71,7 +71,7 @@ GradRule orActivationGrad(const char *act, GradRule composed) {
 
 } // namespace
 
-void registerElementwiseRules(std::map<std::string, GradRule> &r) {
+void registerElementwiseRules(GradRuleRegistry &r) {
   std::map<std::string, GradRule> rules{
       {"Identity", [](GradContext &c) { c.setInGrad(0, c.outGrad(0)); }},
       {"Add",
@@ -200,8 +200,8 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
        }},
       {"HardSwish",
        [](GradContext &c) { // 0 below −3, g above 3, g·(x/3 + 1/2) between (PyTorch's hardswish)
-         TensorId ramp = c.add("Mul", {c.outGrad(0), c.add("Add", {c.add("Mul", {c.in(0), c.scalar(1.0 / 3.0)}),
-                                                                   c.scalar(0.5)})});
+         TensorId ramp =
+             c.add("Mul", {c.outGrad(0), c.add("Add", {c.add("Mul", {c.in(0), c.scalar(1.0 / 3.0)}), c.scalar(0.5)})});
          TensorId upper = c.add("Where", {c.add("Greater", {c.in(0), c.scalar(3)}), c.outGrad(0), ramp});
          c.setInGrad(0, c.add("Where", {c.add("Less", {c.in(0), c.scalar(-3)}), c.scalar(0), upper}));
        }},
@@ -242,12 +242,12 @@ void registerElementwiseRules(std::map<std::string, GradRule> &r) {
   };
   for (const char *act : {"Relu", "Elu", "Tanh", "Sigmoid", "Exp", "Sqrt", "LeakyRelu", "Abs", "Clip"})
     rules[act] = orActivationGrad(act, rules.at(act));
+  addOnnxRules(r, rules);
   // ai.graphcore Gelu is floating point only (setupFloatUnary), so ActivationGrad always applies.
-  rules["Gelu"] = [](GradContext &c) {
-    if (!activationGrad(c, "Gelu"))
-      throw error(c.op().debugName(), ": no gradient form for Gelu of ", toString(c.op().inInfo(0).dataType()));
-  };
-  r.insert(rules.begin(), rules.end());
+  r.add({"ai.graphcore", "Gelu", 1, 1000, [](GradContext &c) {
+           if (!activationGrad(c, "Gelu"))
+             throw error(c.op().debugName(), ": no gradient form for Gelu of ", toString(c.op().inInfo(0).dataType()));
+         }});
 }
 
 } // namespace popart::autodiff

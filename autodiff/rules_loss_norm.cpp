@@ -274,12 +274,12 @@ void batchNormRule(GradContext &c) {
 
 } // namespace
 
-void registerLossNormRules(std::map<std::string, GradRule> &r) {
-  r["NegativeLogLikelihoodLoss"] = nllRule;
-  r["SoftmaxCrossEntropyLoss"] = softmaxCrossEntropyRule;
-  r["LayerNormalization"] = layerNormRule;
-  r["InstanceNormalization"] = instanceNormRule;
-  r["BatchNormalization"] = batchNormRule;
+void registerLossNormRules(GradRuleRegistry &r) {
+  addOnnxRules(r, {{"NegativeLogLikelihoodLoss", nllRule},
+                   {"SoftmaxCrossEntropyLoss", softmaxCrossEntropyRule},
+                   {"LayerNormalization", layerNormRule},
+                   {"InstanceNormalization", instanceNormRule},
+                   {"BatchNormalization", batchNormRule}});
 }
 
 } // namespace popart::autodiff

@@ -184,7 +184,8 @@ void softmaxRule(GradContext &c) {
 
 } // namespace
 
-void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
+void registerMatMulReduceRules(GradRuleRegistry &registry) {
+  std::map<std::string, GradRule> r;
   r["MatMul"] = matMulRule;
   r["Gemm"] = gemmRule;
   r["ReduceSum"] = [](GradContext &c) { reduceRule(c, false); };
@@ -217,6 +218,7 @@ void registerMatMulReduceRules(std::map<std::string, GradRule> &r) {
   };
   r["Softmax"] = softmaxRule;
   r["LogSoftmax"] = softmaxRule;
+  addOnnxRules(registry, r);
 }
 
 } // namespace popart::autodiff

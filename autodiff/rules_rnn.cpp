@@ -96,9 +96,8 @@ void recurrentRule(GradContext &c) {
 
 } // namespace
 
-void registerRnnRules(std::map<std::string, GradRule> &r) {
-  for (const char *t : {"LSTM", "GRU", "RNN"})
-    r[t] = recurrentRule;
+void registerRnnRules(GradRuleRegistry &r) {
+  addOnnxRules(r, {{"LSTM", recurrentRule}, {"GRU", recurrentRule}, {"RNN", recurrentRule}});
 }
 
 } // namespace popart::autodiff

@@ -246,7 +246,7 @@ void dropoutRule(GradContext &c) {
 
 } // namespace
 
-void registerShapeRules(std::map<std::string, GradRule> &r) {
+void registerShapeRules(GradRuleRegistry &r) {
   std::map<std::string, GradRule> rules{
       {"Reshape", reshapeBack},
       {"Flatten", reshapeBack},
@@ -282,7 +282,7 @@ void registerShapeRules(std::map<std::string, GradRule> &r) {
        }},
       {"Dropout", dropoutRule},
   };
-  r.insert(rules.begin(), rules.end());
+  addOnnxRules(r, rules);
 }
 
 } // namespace popart::autodiff

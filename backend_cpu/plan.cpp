@@ -478,6 +478,18 @@ double estimateFlops(const ir::Op &op) {
   }
   if (type == "ConvDataGrad" && op.hasInput(1) && op.hasInput(0)) return convMacs(op.input(1), op.input(0));
   if (type == "ConvWeightGrad" && op.hasInput(0) && op.hasOutput(0)) return convMacs(op.output(0), op.input(0));
+  // Recurrent ops: the gate products of every time step, 2 · T·N · (gates·H·directions) · (I + H)
+  // from X [T, N, I] (or [N, T, I]), W [D, G·H, I] and R [D, G·H, H]; their grad ops (X, W, R
+  // first too) twice that, for the data and the weight gradients.
+  bool recurrentGrad = op.domain == "ai.graphcore" && (type == "LSTMGrad" || type == "GRUGrad" || type == "RNNGrad");
+  if ((type == "LSTM" || type == "GRU" || type == "RNN" || recurrentGrad) && op.hasInput(0) && op.hasInput(1) &&
+      op.hasInput(2)) {
+    const Shape &w = op.inInfo(1).shape(), &r = op.inInfo(2).shape();
+    if (w.size() != 3 || r.size() != 3 || w[2] == 0) return 0.0;
+    double steps = elems(&op.input(0)) / static_cast<double>(w[2]); // T·N
+    double forward = 2.0 * steps * static_cast<double>(w[0] * w[1]) * static_cast<double>(w[2] + r[2]);
+    return recurrentGrad ? 2.0 * forward : forward;
+  }
   if (type == "ConvTranspose" && op.hasInput(1) && op.hasInput(0)) {
     const Shape &ws = op.inInfo(1).shape();
     double perInput = ws.empty() ? 0.0 : static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);

@@ -50,8 +50,8 @@ struct StepInfo {
   int64_t bytes = 0;    ///< bytes read and written (inputs + outputs)
 };
 
-/// Floating-point operations of \p op: 2·M·N·K for MatMul/Gemm, 2·MACs for convolutions and
-/// their gradients, one per output element for everything else.
+/// Floating-point operations of \p op: 2·M·N·K for MatMul/Gemm, 2·MACs for convolutions, the
+/// gate products of LSTM, GRU and RNN, and their gradients, one per output element for everything else.
 double estimateFlops(const ir::Op &op);
 
 /// One recorded run of one step (ns since profiling started).

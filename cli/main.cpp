@@ -311,9 +311,12 @@ void printOps() {
                "| domain | op | opsets | kernels | gradient |\n| --- | --- | --- | --- | --- |\n";
   for (const auto &[key, defs] : byType) {
     std::string ranges;
-    for (const auto *d : defs)
+    std::vector<std::pair<int, int>> opsets;
+    for (const auto *d : defs) {
       ranges += (ranges.empty() ? "" : ", ") + std::to_string(d->minVersion) +
                 (d->maxVersion >= 1000 ? "+" : "-" + std::to_string(d->maxVersion));
+      opsets.emplace_back(d->minVersion, d->maxVersion);
+    }
     bool dnnl = false, reference = false;
     for (const auto &k : backend_cpu::KernelRegistry::instance().all())
       if (k.domain == key.first && k.type == key.second) {
@@ -323,7 +326,7 @@ void printOps() {
     std::string kernels =
         std::string(dnnl ? "oneDNN" : "") + (dnnl && reference ? ", " : "") + (reference ? "reference" : "");
     std::cout << "| " << key.first << " | " << key.second << " | " << ranges << " | " << kernels << " | "
-              << autodiff::gradientSupport(key.second) << " |\n";
+              << autodiff::gradientSupport(key.first, key.second, opsets) << " |\n";
   }
 }
 

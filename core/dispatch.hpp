@@ -11,37 +11,6 @@ namespace popart {
 
 template <typename T> struct TypeTag { using type = T; };
 
-/// C++ type of each DataType (bool is stored as one byte).
-template <DataType D> struct CppType;
-template <> struct CppType<DataType::FLOAT> { using type = float; };
-template <> struct CppType<DataType::DOUBLE> { using type = double; };
-template <> struct CppType<DataType::FLOAT16> { using type = Half; };
-template <> struct CppType<DataType::BFLOAT16> { using type = BFloat16; };
-template <> struct CppType<DataType::INT8> { using type = int8_t; };
-template <> struct CppType<DataType::INT16> { using type = int16_t; };
-template <> struct CppType<DataType::INT32> { using type = int32_t; };
-template <> struct CppType<DataType::INT64> { using type = int64_t; };
-template <> struct CppType<DataType::UINT8> { using type = uint8_t; };
-template <> struct CppType<DataType::UINT16> { using type = uint16_t; };
-template <> struct CppType<DataType::UINT32> { using type = uint32_t; };
-template <> struct CppType<DataType::UINT64> { using type = uint64_t; };
-template <> struct CppType<DataType::BOOL> { using type = bool; };
-
-template <typename T> constexpr DataType dataTypeOf();
-template <> constexpr DataType dataTypeOf<float>() { return DataType::FLOAT; }
-template <> constexpr DataType dataTypeOf<double>() { return DataType::DOUBLE; }
-template <> constexpr DataType dataTypeOf<Half>() { return DataType::FLOAT16; }
-template <> constexpr DataType dataTypeOf<BFloat16>() { return DataType::BFLOAT16; }
-template <> constexpr DataType dataTypeOf<int8_t>() { return DataType::INT8; }
-template <> constexpr DataType dataTypeOf<int16_t>() { return DataType::INT16; }
-template <> constexpr DataType dataTypeOf<int32_t>() { return DataType::INT32; }
-template <> constexpr DataType dataTypeOf<int64_t>() { return DataType::INT64; }
-template <> constexpr DataType dataTypeOf<uint8_t>() { return DataType::UINT8; }
-template <> constexpr DataType dataTypeOf<uint16_t>() { return DataType::UINT16; }
-template <> constexpr DataType dataTypeOf<uint32_t>() { return DataType::UINT32; }
-template <> constexpr DataType dataTypeOf<uint64_t>() { return DataType::UINT64; }
-template <> constexpr DataType dataTypeOf<bool>() { return DataType::BOOL; }
-
 /// Calls \p f(TypeTag<T>{}) for every numeric type (not bool: arithmetic); \p what names the
 /// caller in errors.
 template <typename F> decltype(auto) dispatchNumeric(DataType type, const char *what, F &&f) {

@@ -79,23 +79,7 @@ struct InferenceSession::Impl {
       }
     ir::removeDeadCode(*g, keep);
     g->setOutputs(keep); // anchors keep their buffers to the end of the run
-    if (options.fuseOps) {
-      ir::inferenceDropoutAsIdentity(*g);
-      ir::fuseLayerNorm(*g, false);
-      ir::fuseGelu(*g);
-      ir::foldTransposesIntoMatMul(*g);
-      ir::fuseMatMulBias(*g);
-      ir::fuseMatMulScale(*g);
-      ir::foldBatchNormIntoConv(*g);
-      ir::fuseBatchNormRelu(*g);
-      ir::fuseConvResidual(*g); // before fuseRelu: relu(conv + r)
-      ir::fuseRelu(*g);
-      ir::fuseConvActivation(*g); // ReLU6, hard swish, SiLU ... as Conv post-ops
-      ir::fuseHardSwish(*g);      // the hard swishes left
-      ir::fuseChannelShuffle(*g);
-      ir::fuseMatMulResidual(*g); // after bias, scale and Relu, which cannot follow it
-      ir::fuseConvPool(*g);
-    }
+    if (options.fuseOps) session::fuseForInference(*g);
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     if (profiling) plan->enableProfiling();
     graph = std::move(g);
@@ -179,8 +163,7 @@ void InferenceSession::run(StepIO &stepio) {
   std::map<TensorId, const IArray *> arrays;
   for (const auto &[id, arr] : stepio.inputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end())
-      throw error(
-          "StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
+      throw error("StepIO input '", id, "' is not an input of the model (inputs: ", session::joinIds(m.inputIds), ")");
   for (const auto &[id, value] : stepio.sequenceInputs())
     if (std::find(m.inputIds.begin(), m.inputIds.end(), id) == m.inputIds.end() ||
         m.declared->tensor(id).info().isTensor())

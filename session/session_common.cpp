@@ -1,5 +1,6 @@
 #include "session/session_common.hpp"
 #include "core/dispatch.hpp"
+#include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
 #include <cstring>
@@ -55,6 +56,24 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
   return co;
 }
 
+void fuseForInference(ir::Graph &g) {
+  ir::inferenceDropoutAsIdentity(g);
+  ir::fuseLayerNorm(g, false);
+  ir::fuseGelu(g);
+  ir::foldTransposesIntoMatMul(g);
+  ir::fuseMatMulBias(g);
+  ir::fuseMatMulScale(g);
+  ir::foldBatchNormIntoConv(g);
+  ir::fuseBatchNormRelu(g);
+  ir::fuseConvResidual(g); // before fuseRelu: relu(conv + r)
+  ir::fuseRelu(g);
+  ir::fuseConvActivation(g); // ReLU6, hard swish, SiLU ... as Conv post-ops
+  ir::fuseHardSwish(g);      // the hard swishes left
+  ir::fuseChannelShuffle(g);
+  ir::fuseMatMulResidual(g); // after bias, scale and Relu, which cannot follow it
+  ir::fuseConvPool(g);
+}
+
 std::string joinIds(const std::vector<TensorId> &ids) {
   std::string s;
   for (const auto &i : ids)
@@ -87,8 +106,7 @@ Shape anchorShape(const AnchorReturnType &art, const TensorInfo &info, const Sha
   return s;
 }
 
-void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &arr, int b,
-                 int count) {
+void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &arr, int b, int count) {
   int64_t bytes = info.byteCount();
   if (bytes == 0) return; // empty anchors: the user's buffer may be null
   auto *dst = static_cast<uint8_t *>(arr.data());

@@ -30,6 +30,10 @@ TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, cons
 /// The plan options SessionOptions asks for (kernels any / reference / dnnl).
 backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
 
+/// Runs InferenceSession's fusion passes on \p g, in its order (what SessionOptions::fuseOps turns
+/// on); tests/alloc/plan_allocations compiles through it too.
+void fuseForInference(ir::Graph &g);
+
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);
 

@@ -1,12 +1,13 @@
 #pragma once
 // Heap allocations counted per step of a compiled plan: replaces the global operator new and
-// delete, so include it in one file of a program only. Our kernels must not allocate at all;
+// delete (plain and aligned), so include it in one file of a program only. Our kernels must not allocate at all;
 // oneDNN 2.6 builds a small argument map inside every primitive execution (a fixed few hundred
 // bytes, whatever the tensor sizes), and oneDNN steps are allowed that bookkeeping only.
 
 #include "backend_cpu/plan.hpp"
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 
@@ -14,14 +15,25 @@ namespace alloc_count {
 inline std::atomic<bool> counting{false};
 inline std::atomic<long> allocations{0};
 inline std::atomic<long> allocatedBytes{0};
+
+inline void count(size_t n) {
+  if (counting.load(std::memory_order_relaxed)) {
+    allocations.fetch_add(1, std::memory_order_relaxed);
+    allocatedBytes.fetch_add(static_cast<long>(n), std::memory_order_relaxed);
+  }
+}
 } // namespace alloc_count
 
+// The plain and the aligned form: libstdc++'s array and nothrow forms call these two.
 void *operator new(size_t n) {
-  if (alloc_count::counting.load(std::memory_order_relaxed)) {
-    alloc_count::allocations.fetch_add(1, std::memory_order_relaxed);
-    alloc_count::allocatedBytes.fetch_add(static_cast<long>(n), std::memory_order_relaxed);
-  }
+  alloc_count::count(n);
   if (void *p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void *operator new(size_t n, std::align_val_t alignment) {
+  alloc_count::count(n);
+  size_t a = static_cast<size_t>(alignment);
+  if (void *p = std::aligned_alloc(a, (n + a - 1) / a * a + (n ? 0 : a))) return p;
   throw std::bad_alloc();
 }
 // The replaced new and delete pair malloc with free; once GCC 12 inlines both into one caller it
@@ -29,6 +41,8 @@ void *operator new(size_t n) {
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void *p) noexcept { std::free(p); }
 void operator delete(void *p, size_t) noexcept { std::free(p); }
+void operator delete(void *p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void *p, size_t, std::align_val_t) noexcept { std::free(p); }
 
 namespace alloc_count {
 
@@ -44,6 +58,40 @@ struct StepUse {
   /// More than the step may allocate: anything for our kernels, more than the bookkeeping for oneDNN's.
   bool tooMuch() const { return dnnl ? bytes > kDnnlBookkeepingBytes : allocations > 0; }
 };
+
+/// Where the self-check's allocations go, so that the compiler cannot drop them.
+inline void *volatile sink = nullptr;
+
+/// True if the counter sees each form of operator new once: plain, array, nothrow, aligned and
+/// aligned array (an over-aligned type, as kernels and oneDNN allocate).
+inline bool countsEveryForm() {
+  struct alignas(64) Aligned {
+    float v[16];
+  };
+  bool ok = true;
+  auto once = [&](const char *form, auto allocate) {
+    allocations = 0;
+    counting = true;
+    allocate();
+    counting = false;
+    if (allocations.load() != 1) {
+      std::fprintf(stderr, "allocation counter: operator new (%s) counted %ld times, not once\n", form,
+                   allocations.load());
+      ok = false;
+    }
+  };
+  once("plain", [] { sink = new int(1); });
+  delete static_cast<int *>(sink);
+  once("array", [] { sink = new int[3]; });
+  delete[] static_cast<int *>(sink);
+  once("nothrow", [] { sink = new (std::nothrow) int(1); });
+  delete static_cast<int *>(sink);
+  once("aligned", [] { sink = new Aligned; });
+  delete static_cast<Aligned *>(sink);
+  once("aligned array", [] { sink = new Aligned[2]; });
+  delete[] static_cast<Aligned *>(sink);
+  return ok;
+}
 
 /// Runs step \p s of \p plan once, counting its allocations.
 inline StepUse countStep(popart::backend_cpu::ExecutionPlan &plan, size_t s) {

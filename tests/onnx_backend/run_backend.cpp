@@ -1,7 +1,8 @@
 // Runs the ONNX backend test suite (Debian's libonnx-testdata) through InferenceSession.
 // Usage: run_backend DATA_ROOT EXPECTED_PASS_FILE [--write-expected FILE] [--filter SUBSTRING] [--verbose]
 // Prints "ONNX backend: P passed, F failed, U unsupported" and fails if a test listed in
-// EXPECTED_PASS_FILE does not pass.
+// EXPECTED_PASS_FILE does not pass; exits 2 without running any test if that file is missing,
+// names no test, or names a test that DATA_ROOT does not have.
 
 #include "onnx_import/onnx_import.hpp"
 #include <popart/error.hpp>
@@ -246,12 +247,21 @@ int main(int argc, char **argv) {
     else if (a == "--verbose")
       verbose = true;
   }
+  // A missing or empty list would check nothing and pass.
   std::set<std::string> expected;
   {
     std::ifstream in(expectedFile);
+    if (!in) {
+      std::cerr << "cannot read the expected-pass list " << expectedFile << "\n";
+      return 2;
+    }
     std::string line;
     while (std::getline(in, line))
       if (!line.empty() && line[0] != '#') expected.insert(line);
+  }
+  if (expected.empty()) {
+    std::cerr << "the expected-pass list " << expectedFile << " names no test\n";
+    return 2;
   }
   std::vector<std::string> names;
   for (const char *group : {"node", "simple", "pytorch-converted", "pytorch-operator"}) {
@@ -263,6 +273,17 @@ int main(int argc, char **argv) {
       if (e.is_directory()) names.push_back(std::string(group) + "/" + e.path().filename().string());
   }
   std::sort(names.begin(), names.end());
+  // A name that matches no test (a typo, a test removed from the data) would never be checked.
+  std::vector<std::string> unknown;
+  for (const auto &e : expected)
+    if (!std::binary_search(names.begin(), names.end(), e)) unknown.push_back(e);
+  if (!unknown.empty()) {
+    std::cerr << expectedFile << " names " << unknown.size() << " test(s) that " << root.string()
+              << " does not have:\n";
+    for (const auto &u : unknown)
+      std::cerr << "  " << u << "\n";
+    return 2;
+  }
   int passed = 0, failed = 0, unsupported = 0;
   std::vector<std::string> regressions, passing;
   for (const auto &name : names) {

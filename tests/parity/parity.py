@@ -616,9 +616,10 @@ def forward_check(args, model_path, data, batch, torch_loss, workdir):
         raise Failure(f"popart-run (inference) exited with {result.returncode}:\n  "
                       f"{' '.join(command)}\n{result.stdout}{result.stderr}")
     loss = float(np.load(os.path.join(out_dir, "loss.npy")))
-    if args.verbose or abs(loss - torch_loss) > 1e-5 * abs(torch_loss):
+    close = abs(loss - torch_loss) <= 1e-5 * abs(torch_loss)  # False for a NaN loss, unlike "> bound"
+    if args.verbose or not close:
         print(f"  forward loss: popart-run {loss:.7f}, torch {torch_loss:.7f}")
-    if abs(loss - torch_loss) > 1e-5 * abs(torch_loss):
+    if not close:
         raise Failure("the first forward loss differs")
 
 

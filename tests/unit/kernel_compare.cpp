@@ -10,11 +10,10 @@
 namespace popart::kernel_compare {
 
 double maxRelDiff(const TensorData &a, const TensorData &b) {
+  if (a.info().elementCount() != b.info().elementCount()) return std::numeric_limits<double>::infinity();
   double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y)));
-  }
+  for (int64_t i = 0; i < a.info().elementCount(); ++i)
+    worst = worseOf(worst, relDiff(a.valueAsDouble(i), b.valueAsDouble(i)));
   return worst;
 }
 

@@ -306,7 +306,7 @@ TEST(DepthwiseWeightGrad, PlaneKernelMatchesTheDefinition) {
                           double(x.as<float>()[((b * ch + k) * h + ih) * w + iw]);
                 }
             double got = dw.as<float>()[(k * c.w[2] + u) * c.w[3] + v];
-            worst = std::max(worst, std::fabs(got - want) / (1.0 + std::fabs(want)));
+            worst = kernel_compare::worseOf(worst, kernel_compare::relDiff(got, want));
           }
       EXPECT_LT(worst, 1e-5) << "x " << c.x[2] << "x" << c.x[3] << ", kernel " << c.w[2] << "x" << c.w[3];
     }

@@ -2,6 +2,8 @@
 // sums, softmax cross-entropy) against libm in double and against the same kernels' generic
 // path run in double, and views (Reshape-like ops sharing their input's bytes) in the plan.
 
+#include "kernel_compare.hpp"
+
 #include "backend_cpu/plan.hpp"
 #include "backend_cpu/reference/vecloops.hpp"
 #include "ir/graph.hpp"
@@ -72,15 +74,6 @@ TensorData randomTensor(DataType type, const Shape &shape, std::mt19937 &rng, do
   return TensorData::fromDoubles(type, shape, v);
 }
 
-/// max |a − b| / (1 + |b|), elementwise over two tensors of any float type.
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  EXPECT_EQ(a.info().elementCount(), b.info().elementCount());
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i)
-    worst = std::max(worst, std::fabs(a.valueAsDouble(i) - b.valueAsDouble(i)) / (1 + std::fabs(b.valueAsDouble(i))));
-  return worst;
-}
-
 } // namespace
 
 TEST(VecMath, ElementwiseLoopsGiveTheSameBitsWhereverARangeStarts) {
@@ -139,7 +132,7 @@ TEST(VecMath, ExpMatchesLibmWithin3Ulp) {
   for (size_t i = 0; i < x.size(); ++i) {
     double ref = std::exp(static_cast<double>(x[i]));
     double ulp = std::nextafter(static_cast<float>(ref), INFINITY) - static_cast<float>(ref);
-    worstUlp = std::max(worstUlp, std::fabs(y[i] - ref) / ulp);
+    worstUlp = kernel_compare::worseOf(worstUlp, std::fabs(y[i] - ref) / ulp);
   }
   std::cout << "exp: worst error " << worstUlp << " ulp over " << x.size() << " points\n";
   EXPECT_LE(worstUlp, 3.0);
@@ -172,7 +165,7 @@ TEST(VecMath, SoftmaxExponentialsMatchLibmWithin3Ulp) {
       continue;
     }
     double ulp = std::nextafter(static_cast<float>(ref), INFINITY) - static_cast<float>(ref);
-    worstUlp = std::max(worstUlp, std::fabs(y[i] - ref) / ulp);
+    worstUlp = kernel_compare::worseOf(worstUlp, std::fabs(y[i] - ref) / ulp);
   }
   std::cout << "softmax exp: worst error " << worstUlp << " ulp over " << x.size() << " points\n";
   EXPECT_LE(worstUlp, 3.0);
@@ -194,8 +187,8 @@ TEST(VecMath, ErfMatchesLibm) {
   double worstAbs = 0, worstRel = 0;
   for (size_t i = 0; i < x.size(); ++i) {
     double ref = std::erf(static_cast<double>(x[i]));
-    worstAbs = std::max(worstAbs, std::fabs(y[i] - ref));
-    if (ref != 0) worstRel = std::max(worstRel, std::fabs(y[i] - ref) / std::fabs(ref));
+    worstAbs = kernel_compare::worseOf(worstAbs, std::fabs(y[i] - ref));
+    if (ref != 0) worstRel = kernel_compare::worseOf(worstRel, std::fabs(y[i] - ref) / std::fabs(ref));
   }
   std::cout << "erf: worst absolute error " << worstAbs << ", relative " << worstRel << "\n";
   EXPECT_LE(worstAbs, 4e-7);
@@ -216,11 +209,21 @@ TEST(FastKernels, FloatReduceSumAndMeanMatchTheDoubleKernel) {
     Shape shape;
     std::vector<int64_t> axes;
   };
-  std::vector<Case> cases{{{2048, 77}, {0}},          {{64, 3000}, {1}},     {{5, 6, 7}, {1}},  {{5, 6, 7}, {0, 1}},
-                          {{5, 6, 7}, {1, 2}},        {{3, 1, 700, 2}, {2}}, {{4, 5, 6}, {}},   {{1, 1, 9}, {0}},
-                          {{6, 1100, 3}, {1}},        {{4, 5, 6}, {0, 2}},   {{2, 3, 4, 5}, {0, 2}},
+  std::vector<Case> cases{{{2048, 77}, {0}},
+                          {{64, 3000}, {1}},
+                          {{5, 6, 7}, {1}},
+                          {{5, 6, 7}, {0, 1}},
+                          {{5, 6, 7}, {1, 2}},
+                          {{3, 1, 700, 2}, {2}},
+                          {{4, 5, 6}, {}},
+                          {{1, 1, 9}, {0}},
+                          {{6, 1100, 3}, {1}},
+                          {{4, 5, 6}, {0, 2}},
+                          {{2, 3, 4, 5}, {0, 2}},
                           // bias gradients: R cut into slices (fewer than 8 column blocks)
-                          {{16, 128, 256}, {0, 1}},   {{2048, 1024}, {0}},   {{3, 70, 600}, {1}}};
+                          {{16, 128, 256}, {0, 1}},
+                          {{2048, 1024}, {0}},
+                          {{3, 70, 600}, {1}}};
   for (const Case &c : cases)
     for (const char *type : {"ReduceSum", "ReduceMean"})
       for (int keep : {0, 1}) {
@@ -242,8 +245,8 @@ TEST(FastKernels, FloatReduceSumAndMeanMatchTheDoubleKernel) {
         auto y32 = runOp(type, 13, attrs, {{"x", x32}}, consts);
         auto y64 = runOp(type, 13, attrs, {{"x", x64}}, consts);
         ASSERT_EQ(y32[0].info().shape(), y64[0].info().shape()) << type;
-        EXPECT_LE(maxRelDiff(y32[0], y64[0]), 1e-6) << type << " keepdims " << keep << " over " << c.axes.size()
-                                                    << " axes of shape " << c.shape.size() << "-d";
+        EXPECT_LE(kernel_compare::maxRelDiff(y32[0], y64[0]), 1e-6)
+            << type << " keepdims " << keep << " over " << c.axes.size() << " axes of shape " << c.shape.size() << "-d";
       }
 }
 
@@ -276,8 +279,8 @@ TEST(FastKernels, FloatSoftmaxCrossEntropyMatchesTheDoubleKernel) {
       }
       auto y32 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in32, {}, 2);
       auto y64 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in64, {}, 2);
-      EXPECT_LE(maxRelDiff(y32[0], y64[0]), 2e-6) << reduction << (weighted ? " weighted" : "");
-      EXPECT_LE(maxRelDiff(y32[1], y64[1]), 2e-6) << "log_prob, " << reduction;
+      EXPECT_LE(kernel_compare::maxRelDiff(y32[0], y64[0]), 2e-6) << reduction << (weighted ? " weighted" : "");
+      EXPECT_LE(kernel_compare::maxRelDiff(y32[1], y64[1]), 2e-6) << "log_prob, " << reduction;
     }
   // An out-of-range label is still an error naming it, from the parallel path too.
   labels[5] = classes;
@@ -350,11 +353,11 @@ struct TransposeGraph {
       g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, s));
       g.addInput(id);
     }
-    g.addOp("Transpose", "", 13, "ta", p, {"a"}, {"at"});                // [3, 5]
-    g.addOp("MatMul", "", 13, "m1", {}, {"at", "b"}, {"p"});             // [3, 4]
-    g.addOp("Transpose", "", 13, "tp", p, {"p"}, {"pt"});                // [4, 3]
-    g.addOp("Transpose", "", 13, "tc", p, {"c"}, {"ct"});                // [6, 3]
-    g.addOp("MatMul", "", 13, "m2", {}, {"a2", "ct"}, {"q"});            // [4, 3]
+    g.addOp("Transpose", "", 13, "ta", p, {"a"}, {"at"});     // [3, 5]
+    g.addOp("MatMul", "", 13, "m1", {}, {"at", "b"}, {"p"});  // [3, 4]
+    g.addOp("Transpose", "", 13, "tp", p, {"p"}, {"pt"});     // [4, 3]
+    g.addOp("Transpose", "", 13, "tc", p, {"c"}, {"ct"});     // [6, 3]
+    g.addOp("MatMul", "", 13, "m2", {}, {"a2", "ct"}, {"q"}); // [4, 3]
     g.addOp("Add", "", 13, "add", {}, {"pt", "q"}, {"y"});
     g.addOutput("y");
     if (shareTranspose) g.addOutput("ct"); // a transpose something else reads stays
@@ -466,20 +469,24 @@ TEST(FastKernels, FloatBatchNormMatchesTheDoubleKernel) {
       a.set("epsilon", 1e-3f);
       a.set("training_mode", int64_t{training});
       size_t outs = training ? 3 : 1;
-      auto f = runOp("BatchNormalization", 15, a,
-                     {{"x", X}, {"s", scale}, {"b", bias}, {"m", mean}, {"v", var}}, {}, outs);
+      auto f =
+          runOp("BatchNormalization", 15, a, {{"x", X}, {"s", scale}, {"b", bias}, {"m", mean}, {"v", var}}, {}, outs);
       auto d = runOp("BatchNormalization", 15, a,
-                     {{"x", toDouble(X)}, {"s", toDouble(scale)}, {"b", toDouble(bias)}, {"m", toDouble(mean)},
+                     {{"x", toDouble(X)},
+                      {"s", toDouble(scale)},
+                      {"b", toDouble(bias)},
+                      {"m", toDouble(mean)},
                       {"v", toDouble(var)}},
                      {}, outs);
       for (size_t i = 0; i < outs; ++i)
-        EXPECT_LE(maxRelDiff(f[i], d[i]), 2e-6) << "output " << i << (training ? " training" : " inference");
+        EXPECT_LE(kernel_compare::maxRelDiff(f[i], d[i]), 2e-6)
+            << "output " << i << (training ? " training" : " inference");
     }
     for (bool given : {false, true}) {
       ir::Attributes a;
       a.set("epsilon", 1e-3f);
-      std::vector<Input> in{{"x", X}, {"s", scale}, {"dy", dY}}, in64{{"x", toDouble(X)}, {"s", toDouble(scale)},
-                                                                        {"dy", toDouble(dY)}};
+      std::vector<Input> in{{"x", X}, {"s", scale}, {"dy", dY}},
+          in64{{"x", toDouble(X)}, {"s", toDouble(scale)}, {"dy", toDouble(dY)}};
       if (given) {
         in.insert(in.end(), {{"m", mean}, {"v", var}});
         in64.insert(in64.end(), {{"m", toDouble(mean)}, {"v", toDouble(var)}});
@@ -487,7 +494,8 @@ TEST(FastKernels, FloatBatchNormMatchesTheDoubleKernel) {
       auto f = runOp("BatchNormalizationGrad", 1, a, in, {}, 3, "ai.graphcore");
       auto d = runOp("BatchNormalizationGrad", 1, a, in64, {}, 3, "ai.graphcore");
       for (size_t i = 0; i < 3; ++i)
-        EXPECT_LE(maxRelDiff(f[i], d[i]), 1e-5) << "grad output " << i << (given ? " given statistics" : "");
+        EXPECT_LE(kernel_compare::maxRelDiff(f[i], d[i]), 1e-5)
+            << "grad output " << i << (given ? " given statistics" : "");
     }
   }
 }
@@ -552,12 +560,13 @@ TEST(RowSoftmaxGrad, FloatRowPassMatchesTheDoubleLoop) {
       yv[i] = y64.valueAsDouble(static_cast<int64_t>(i));
       gv[i] = g64.valueAsDouble(static_cast<int64_t>(i));
     }
-    TensorData y32 = TensorData::fromDoubles(DataType::FLOAT, shape, yv), g32 = TensorData::fromDoubles(DataType::FLOAT, shape, gv);
+    TensorData y32 = TensorData::fromDoubles(DataType::FLOAT, shape, yv),
+               g32 = TensorData::fromDoubles(DataType::FLOAT, shape, gv);
     ir::Attributes attrs;
     attrs.set("axis", int64_t{-1});
     auto want = runOp("SoftmaxGrad", 13, attrs, {{"y", y64}, {"g", g64}}, {}, 1, "ai.graphcore");
     auto got = runOp("SoftmaxGrad", 13, attrs, {{"y", y32}, {"g", g32}}, {}, 1, "ai.graphcore");
-    EXPECT_LE(maxRelDiff(got[0], want[0]), 2e-6) << toString(shape);
+    EXPECT_LE(kernel_compare::maxRelDiff(got[0], want[0]), 2e-6) << toString(shape);
   }
   ir::registerBuiltinOps();
   ir::Graph g;

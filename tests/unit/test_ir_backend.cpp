@@ -1,5 +1,7 @@
 // IR passes, memory planning, and oneDNN kernels against the reference kernels.
 
+#include "kernel_compare.hpp"
+
 #include "backend_cpu/plan.hpp"
 #include "core/dispatch.hpp"
 #include "ir/passes/passes.hpp"
@@ -36,15 +38,6 @@ TensorData runOp(const Op &op, KernelProvider provider, const std::vector<Tensor
   return out;
 }
 
-double maxRelDiff(const TensorData &a, const TensorData &b) {
-  double worst = 0;
-  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
-    double x = a.as<float>()[i], y = b.as<float>()[i];
-    worst = std::max(worst, std::fabs(x - y) / (1.0 + std::fabs(y))); // relative, absolute near 0
-  }
-  return worst;
-}
-
 /// Builds a one-op graph with random float inputs of \p shapes; checks oneDNN against reference.
 void compareProviders(const std::string &type, const std::vector<Shape> &shapes, Attributes attrs, unsigned seed,
                       double tol = 1e-5) {
@@ -69,7 +62,8 @@ void compareProviders(const std::string &type, const std::vector<Shape> &shapes,
     ptrs.push_back(&d);
   TensorData ref = runOp(op, KernelProvider::Reference, ptrs);
   TensorData fast = runOp(op, KernelProvider::Dnnl, ptrs);
-  EXPECT_LT(maxRelDiff(fast, ref), tol) << type << " seed " << seed << " shapes " << toString(shapes[0]);
+  EXPECT_LT(kernel_compare::maxRelDiff(fast, ref), tol)
+      << type << " seed " << seed << " shapes " << toString(shapes[0]);
 }
 
 } // namespace

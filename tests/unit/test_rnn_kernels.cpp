@@ -253,3 +253,31 @@ TEST(RnnKernels, DnnlGradRecomputesWithoutItsWorkspace) {
   for (size_t i = 0; i < grad.outputCount(); ++i)
     EXPECT_LT(kernel_compare::maxRelDiff(out[i], ref[i]), 1e-4) << "output " << i;
 }
+
+TEST(RnnFlops, GateProductsOfEveryStepAreCounted) {
+  // The profiler's and bench/compare's FLOPs: each of T·N rows multiplies the input (I) and the
+  // previous hidden state (H) into gates·H values per direction, 2 FLOPs per multiply-add.
+  ir::registerBuiltinOps();
+  const int64_t t = 5, n = 3, in = 4, h = 6;
+  struct Family {
+    const char *type;
+    int64_t gates;
+  };
+  for (Family f : {Family{"LSTM", 4}, Family{"GRU", 3}, Family{"RNN", 1}})
+    for (int64_t dirs : {1, 2}) {
+      ir::Graph g;
+      g.opsets()["ai.onnx"] = 14;
+      g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {t, n, in}));
+      g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {dirs, f.gates * h, in}));
+      g.addTensor("r", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {dirs, f.gates * h, h}));
+      ir::Attributes a;
+      a.set("hidden_size", h);
+      if (dirs == 2) a.set("direction", std::string("bidirectional"));
+      ir::Op &op = g.addOp(f.type, "ai.onnx", 14, "", a, {"x", "w", "r"}, {"y"});
+      op.def->setup(op);
+      double macs = 0;
+      for (int64_t step = 0; step < t * n * dirs; ++step)
+        macs += static_cast<double>(f.gates * h * (in + h));
+      EXPECT_EQ(backend_cpu::estimateFlops(op), 2 * macs) << f.type << " directions " << dirs;
+    }
+}
