@@ -8,6 +8,7 @@
 #include "ir/op.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "session/npy.hpp"
+#include "session/pipelines.hpp"
 #include <popart/error.hpp>
 #include <popart/logging.hpp>
 #include <popart/session.hpp>
@@ -41,6 +42,9 @@ struct Options {
   unsigned seed = 0;
   std::string kernels = "any";
   bool noFusion = false;
+  std::vector<std::string> disabledPasses;
+  std::vector<std::string> dumpIrAfter;
+  bool verifyIr = false;
   std::string profile;
 };
 
@@ -189,6 +193,9 @@ int run(const Options &opt) {
   so.batchSize = opt.batch;
   so.kernels = opt.kernels;
   so.fuseOps = !opt.noFusion;
+  so.disabledPasses = opt.disabledPasses;
+  so.dumpIrAfter = opt.dumpIrAfter;
+  so.verifyIr = opt.verifyIr;
   // The outputs' names come from a first session, gone before the one that runs is made (both
   // alive at once doubled the peak RSS).
   const std::vector<TensorId> outputs =
@@ -351,10 +358,15 @@ int main(int argc, char **argv) {
   app.add_option("--seed", opt.seed, "seed for random inputs");
   app.add_option("--kernels", opt.kernels, "any | reference | dnnl")
       ->check(CLI::IsMember({"any", "reference", "dnnl"}));
-  app.add_flag(
-      "--no-fusion", opt.noFusion,
-      "run the graph op by op: no fused patterns (LayerNorm, GELU, MatMul transposes, bias and residual, "
-      "BatchNorm folding, Conv residual, activation and MaxPool fusions, hard swish, channel shuffle, inference Dropout as a view)");
+  app.add_flag("--no-fusion", opt.noFusion,
+               "run the graph op by op: disables every optional pass of the pipeline (the fusions; see --passes) "
+               "and merged optimiser updates");
+  bool listPasses = false;
+  app.add_flag("--passes", listPasses, "print the inference and training pipelines (each pass and its needs) and exit");
+  app.add_option("--disable-pass", opt.disabledPasses,
+                 "do not run the optional pass NAME (repeat for more; see --passes)");
+  app.add_option("--dump-ir-after", opt.dumpIrAfter, "print the IR after pass NAME (repeat for more; see --passes)");
+  app.add_flag("--verify-ir", opt.verifyIr, "check the IR after every pass (always on in debug builds)");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;
@@ -371,6 +383,10 @@ int main(int argc, char **argv) {
   try {
     if (listOps) {
       printOps();
+      return 0;
+    }
+    if (listPasses) {
+      std::cout << session::describePipelines();
       return 0;
     }
     if (!example.empty()) {
@@ -391,6 +407,9 @@ int main(int argc, char **argv) {
       train.batch = opt.batch;
       train.kernels = opt.kernels;
       train.fuseOps = !opt.noFusion;
+      train.disabledPasses = opt.disabledPasses;
+      train.dumpIrAfter = opt.dumpIrAfter;
+      train.verifyIr = opt.verifyIr;
       train.profile = opt.profile;
       train.dumpIr = opt.dumpIr;
       return cli::runTraining(opt.model, train);

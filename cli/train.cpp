@@ -258,6 +258,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.batchSize = o.batch;
   so.kernels = o.kernels;
   so.fuseOps = o.fuseOps;
+  so.disabledPasses = o.disabledPasses;
+  so.dumpIrAfter = o.dumpIrAfter;
+  so.verifyIr = o.verifyIr;
   so.frozenWeights = o.freeze;
   if (o.accumulate > 1) {
     so.enableGradientAccumulation = true;

@@ -36,6 +36,8 @@ struct TrainOptions {
   int64_t batch = 0;
   std::string kernels = "any";
   bool fuseOps = true;
+  std::vector<std::string> disabledPasses, dumpIrAfter; ///< pass names (--disable-pass, --dump-ir-after)
+  bool verifyIr = false;
   std::string profile; ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false; ///< print the compiled training graph (forward, backward and updates)
 };

@@ -92,6 +92,16 @@ struct OpDef {
     int input;
   };
   std::vector<InPlace> modifies;
+  /// Floating-point operations of one run of \p op, for the profiler; null: one per output
+  /// element.
+  double (*flops)(const Op &op) = nullptr;
+  /// Random ops: the input through which training connects the {seed, counter} Variable
+  /// (autodiff's seedDropout); -1 for ops that draw no random numbers.
+  int randomInput = -1;
+  /// Ops that keep state across training steps (BatchNormalization's running statistics): the
+  /// {input, output} pairs whose output value training writes back into the input Variable
+  /// (autodiff's updateBatchNormStatistics); empty for \p op's form when it trains nothing.
+  std::vector<InPlace> (*trainingState)(const Op &op) = nullptr;
 };
 
 /// All op definitions, filled once at start-up by registerBuiltinOps().

@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include "session/pipelines.hpp"
 #include "session/profile.hpp"
 #include "session/session_common.hpp"
 #include "session/threads.hpp"
@@ -34,6 +35,7 @@ struct InferenceSession::Impl {
   std::map<TensorId, TensorInfo> compiledInfos;
   std::map<TensorId, TensorData> compiledValues;
   bool profiling = false;
+  std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
 
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
@@ -62,24 +64,18 @@ struct InferenceSession::Impl {
         t.setData(std::make_shared<TensorData>(std::move(data)));
       }
     }
+    session::registerAllPasses();
     backend_cpu::ReferenceEvaluator evaluator;
-    ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
-    bool hasGradientOps = false;
-    for (const auto &op : g->ops())
-      hasGradientOps = hasGradientOps || op->def->expandedBeforeLowering;
-    if (hasGradientOps) {
-      autodiff::expandGradientOps(*g);
-      ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
-    }
-    std::vector<TensorId> keep = outputIds;
+    ir::PassContext context;
+    context.folder = options.constantFolding ? &evaluator : nullptr;
+    context.keep = outputIds;
     for (const auto &a : dataFlow.anchors())
-      if (std::find(keep.begin(), keep.end(), a) == keep.end()) {
+      if (std::find(context.keep.begin(), context.keep.end(), a) == context.keep.end()) {
         if (!g->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of the model");
-        keep.push_back(a);
+        context.keep.push_back(a);
       }
-    ir::removeDeadCode(*g, keep);
-    g->setOutputs(keep); // anchors keep their buffers to the end of the run
-    if (options.fuseOps) session::fuseForInference(*g);
+    passRecords =
+        ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
     if (profiling) plan->enableProfiling();
     graph = std::move(g);
@@ -129,6 +125,7 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.modelBytes = std::move(src.bytes);
   m.baseDir = std::move(src.baseDir);
   m.sourceName = std::move(src.sourceName);
+  session::checkPassOptions("inference", session::inferencePipeline(), options);
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
   m.outputIds = m.declared->outputs();
@@ -309,7 +306,8 @@ std::string InferenceSession::profileSummary() const {
   const auto &p = *impl_->plan;
   return session::profileSummary(p, {{"activation arena", p.memoryPlan().arenaBytes},
                                      {"kernels", p.kernelBytes()},
-                                     {"weights and constants", p.constBytes() + p.variableBytes()}});
+                                     {"weights and constants", p.constBytes() + p.variableBytes()}}) +
+         session::passTimes(impl_->passRecords);
 }
 
 } // namespace popart

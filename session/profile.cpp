@@ -123,4 +123,21 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
   return s;
 }
 
+std::string passTimes(const std::vector<ir::PassRecord> &records) {
+  double total = 0;
+  for (const auto &r : records)
+    total += r.milliseconds;
+  char line[256];
+  std::snprintf(line, sizeof line, "compile time per pass (%.3f ms in all):\n", total);
+  std::string s = line;
+  for (const auto &r : records) {
+    if (r.skipped)
+      std::snprintf(line, sizeof line, "  %10s  %s (disabled)\n", "-", r.name.c_str());
+    else
+      std::snprintf(line, sizeof line, "  %7.3f ms  %s (%d rewrites)\n", r.milliseconds, r.name.c_str(), r.rewrites);
+    s += line;
+  }
+  return s;
+}
+
 } // namespace popart::session

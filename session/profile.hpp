@@ -1,8 +1,10 @@
 #pragma once
 // The profiler's outputs from a plan that ran with profiling on: a Chrome trace (one span per
-// op run, for chrome://tracing or Perfetto) and a text summary per op and per op type.
+// op run, for chrome://tracing or Perfetto), a text summary per op and per op type, and the
+// compile time of each pass.
 
 #include "backend_cpu/plan.hpp"
+#include "ir/passes/pass_manager.hpp"
 
 #include <string>
 #include <utility>
@@ -17,5 +19,8 @@ void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string 
 /// memory report: the planned peak (the sum of \p memory) and its parts ({label, bytes}).
 std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
                            const std::vector<std::pair<std::string, int64_t>> &memory, size_t topOps = 25);
+
+/// The wall time and rewrites of each pass of the last compile, a line each.
+std::string passTimes(const std::vector<ir::PassRecord> &records);
 
 } // namespace popart::session

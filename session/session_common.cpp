@@ -1,4 +1,5 @@
 #include "session/session_common.hpp"
+#include "session/pipelines.hpp"
 #include "core/dispatch.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
@@ -57,21 +58,10 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
 }
 
 void fuseForInference(ir::Graph &g) {
-  ir::inferenceDropoutAsIdentity(g);
-  ir::fuseLayerNorm(g, false);
-  ir::fuseGelu(g);
-  ir::foldTransposesIntoMatMul(g);
-  ir::fuseMatMulBias(g);
-  ir::fuseMatMulScale(g);
-  ir::foldBatchNormIntoConv(g);
-  ir::fuseBatchNormRelu(g);
-  ir::fuseConvResidual(g); // before fuseRelu: relu(conv + r)
-  ir::fuseRelu(g);
-  ir::fuseConvActivation(g); // ReLU6, hard swish, SiLU ... as Conv post-ops
-  ir::fuseHardSwish(g);      // the hard swishes left
-  ir::fuseChannelShuffle(g);
-  ir::fuseMatMulResidual(g); // after bias, scale and Relu, which cannot follow it
-  ir::fuseConvPool(g);
+  registerAllPasses();
+  ir::PassContext context;
+  context.keep = g.outputs();
+  ir::runPipeline("inference", inferencePipeline(), g, context, pipelineOptions(SessionOptions()));
 }
 
 std::string joinIds(const std::vector<TensorId> &ids) {

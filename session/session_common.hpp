@@ -30,8 +30,9 @@ TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, cons
 /// The plan options SessionOptions asks for (kernels any / reference / dnnl).
 backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
 
-/// Runs InferenceSession's fusion passes on \p g, in its order (what SessionOptions::fuseOps turns
-/// on); tests/alloc/plan_allocations compiles through it too.
+/// Runs InferenceSession's pipeline on \p g (shapes inferred again without folding, dead code
+/// removed keeping its outputs, then the fusions that SessionOptions::fuseOps turns on, in the
+/// session's order); tests/alloc/plan_allocations compiles through it too.
 void fuseForInference(ir::Graph &g);
 
 /// "a, b, c".

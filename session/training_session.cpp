@@ -2,6 +2,7 @@
 // optimiser update ops, one execution plan run phase by phase; checkpoints and weight I/O.
 
 #include "autodiff/autodiff.hpp"
+#include "autodiff/training_passes.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
 #include "core/log.hpp"
@@ -9,9 +10,12 @@
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "optimizer/apply.hpp"
+#include "optimizer/passes.hpp"
+#include "session/pipelines.hpp"
 #include "session/profile.hpp"
 #include "session/session_common.hpp"
 #include "session/threads.hpp"
+#include "session/training_passes.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -37,28 +41,6 @@ uint64_t fingerprint(const std::string &bytes) {
   for (unsigned char c : bytes)
     h = (h ^ c) * 1099511628211ull;
   return h;
-}
-
-/// Float initializers made constants before shape inference, and why.
-struct Constants {
-  std::map<TensorId, std::string> frozen;        ///< by SessionOptions::frozenWeights: the entry
-  std::map<TensorId, std::string> shapeDeciding; ///< values decide shapes: where
-  /// For each shape-deciding one, the tensors it reaches through ops that differentiate it.
-  std::map<TensorId, std::set<TensorId>> differentiableReach;
-};
-
-/// "trained N of M weights" and each weight not trained with its reason.
-std::string weightSummary(const std::vector<WeightStatus> &statuses) {
-  size_t trained = 0;
-  std::string rest;
-  for (const auto &st : statuses) {
-    if (st.role == WeightStatus::Role::Trained) {
-      ++trained;
-      continue;
-    }
-    rest += (rest.empty() ? "; not trained: '" : ", '") + st.id + "' (" + st.reason + ")";
-  }
-  return "trained " + std::to_string(trained) + " of " + std::to_string(statuses.size()) + " weights" + rest;
 }
 
 } // namespace
@@ -88,6 +70,7 @@ struct TrainingSession::Impl {
   /// `declared` where it holds the same bytes (the model's weights), or null when all zero (most
   /// optimiser state), so that the session does not hold another copy of them.
   std::map<TensorId, std::shared_ptr<const TensorData>> initialValues;
+  std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
 
   int64_t step = 0, skipped = 0, goodSteps = 0;
   float lossScale = 1.0f;
@@ -133,11 +116,8 @@ struct TrainingSession::Impl {
 
   /// The model imported with the session's input shapes, frozen and shape-deciding float
   /// initializers and all non-float ones made constants (described in \p constants), shapes
-  /// inferred.
-  std::unique_ptr<ir::Graph> shapedImport(Constants *constants = nullptr) const;
-  /// Sorts the float initializers of \p g into weightIds and weightStatuses; throws for a weight
-  /// that would be a shape constant while the loss depends on it through differentiable ops.
-  void classifyWeights(const ir::Graph &g, const Constants &constants);
+  /// inferred if \p inferShapes (the training pipeline's first pass does it otherwise).
+  std::unique_ptr<ir::Graph> shapedImport(session::Constants *constants = nullptr, bool inferShapes = true) const;
   /// Sets lossId, if not given, to \p g's only scalar output.
   void findLoss(const ir::Graph &g);
   void compile();
@@ -150,75 +130,7 @@ struct TrainingSession::Impl {
   void resetState();
 };
 
-/// The tensors \p from reaches through inputs that ops differentiate (not value inputs, not
-/// inputs read only for their shapes) and outputs that may be floating point.
-static std::set<TensorId> differentiableReach(const ir::Tensor &from) {
-  std::set<TensorId> reach;
-  std::vector<const ir::Tensor *> stack{&from};
-  while (!stack.empty()) {
-    const ir::Tensor *t = stack.back();
-    stack.pop_back();
-    if (!reach.insert(t->id()).second) continue;
-    for (const ir::Op *c : t->consumers()) {
-      std::vector<size_t> values = ir::valueInputIndices(*c);
-      bool differentiated = false;
-      for (size_t k = 0; k < c->inputCount(); ++k)
-        differentiated = differentiated || (c->inputs[k] == t && ir::readsValuesOf(*c, k) &&
-                                            std::find(values.begin(), values.end(), k) == values.end());
-      if (!differentiated) continue;
-      for (const ir::Tensor *out : c->outputs) {
-        DataType type = out ? out->info().dataType() : DataType::UNDEFINED;
-        if (out && (type == DataType::UNDEFINED || isFloatingPoint(type))) stack.push_back(out);
-      }
-    }
-  }
-  return reach;
-}
-
-/// Makes constants of the float initializers that \p frozenWeights names, of those whose values
-/// decide shapes (through value inputs, not through Shape or Size) and of every non-float one.
-static Constants makeConstants(ir::Graph &g, const std::vector<std::string> &frozenWeights) {
-  Constants c;
-  auto isFloatVariable = [&](const TensorId &id) {
-    const ir::Tensor *t = g.findTensor(id);
-    return t && t->kind() == ir::TensorKind::Variable && isFloatingPoint(t->info().dataType());
-  };
-  for (const auto &entry : frozenWeights) {
-    std::regex pattern;
-    try {
-      pattern = std::regex(entry, std::regex::ECMAScript);
-    } catch (const std::regex_error &e) {
-      throw error("SessionOptions::frozenWeights entry '", entry,
-                  "' is neither an initializer name nor a valid regular expression (", e.what(), ")");
-    }
-    bool matched = false;
-    for (const auto &id : g.initializers())
-      if (isFloatVariable(id) && (id == entry || std::regex_match(id, pattern))) {
-        c.frozen.emplace(id, entry);
-        matched = true;
-      }
-    if (!matched)
-      throw error("SessionOptions::frozenWeights entry '", entry,
-                  "' matches no floating-point initializer of the model");
-  }
-  for (const auto &[id, entry] : c.frozen)
-    g.tensor(id).setKind(ir::TensorKind::Const);
-  for (const auto &[t, use] : ir::shapeDecidingTensors(g)) {
-    if (t->kind() != ir::TensorKind::Variable) continue;
-    if (isFloatingPoint(t->info().dataType())) {
-      c.shapeDeciding.emplace(t->id(), "its values decide a shape: input " + std::to_string(use.input) + " of " +
-                                           use.op->debugName());
-      c.differentiableReach.emplace(t->id(), differentiableReach(*t));
-    }
-    g.tensor(t->id()).setKind(ir::TensorKind::Const);
-  }
-  for (const auto &[id, t] : g.tensors())
-    if (t->kind() == ir::TensorKind::Variable && !isFloatingPoint(t->info().dataType()))
-      t->setKind(ir::TensorKind::Const);
-  return c;
-}
-
-std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(Constants *constants) const {
+std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(session::Constants *constants, bool inferShapes) const {
   auto g = import();
   for (const auto &id : inputIds) {
     TensorInfo info = session::resolvedInputInfo(*declared, id, inputShapes, options);
@@ -227,206 +139,64 @@ std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(Constants *consta
                   ": training needs every input shape (set SessionOptions::batchSize or an InputShapeInfo)");
     g->tensor(id).setInfo(info);
   }
-  Constants c = makeConstants(*g, options.frozenWeights);
+  session::Constants c = session::makeConstants(*g, options.frozenWeights);
   if (constants) *constants = std::move(c);
-  backend_cpu::ReferenceEvaluator evaluator;
-  ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  if (inferShapes) {
+    backend_cpu::ReferenceEvaluator evaluator;
+    ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
+  }
   return g;
 }
 
 void TrainingSession::Impl::findLoss(const ir::Graph &g) {
-  if (!lossId.empty()) return;
-  std::vector<TensorId> scalars;
-  for (const auto &o : g.outputs())
-    if (g.tensor(o).info().elementCount() == 1) scalars.push_back(o);
-  if (scalars.size() != 1)
-    throw error("model '", model.sourceName, "' has ", scalars.size(), " scalar outputs (", session::joinIds(scalars),
-                "): name the loss tensor");
-  lossId = scalars[0];
-}
-
-void TrainingSession::Impl::classifyWeights(const ir::Graph &g, const Constants &constants) {
-  // The tensors the loss is computed from, all inputs followed (value inputs are constants by now).
-  std::set<const ir::Tensor *> upstream;
-  std::vector<const ir::Tensor *> stack{&g.tensor(lossId)};
-  while (!stack.empty()) {
-    const ir::Tensor *t = stack.back();
-    stack.pop_back();
-    if (!upstream.insert(t).second) continue;
-    if (const ir::Op *p = t->producer())
-      for (const ir::Tensor *in : p->inputs)
-        if (in) stack.push_back(in);
-  }
-  weightIds.clear();
-  weightStatuses.clear();
-  for (const auto &id : declared->initializers()) {
-    const ir::Tensor *declaredTensor = declared->findTensor(id);
-    if (!declaredTensor || !isFloatingPoint(declaredTensor->info().dataType())) continue;
-    WeightStatus st;
-    st.id = id;
-    const ir::Tensor *t = g.findTensor(id);
-    if (auto it = constants.frozen.find(id); it != constants.frozen.end()) {
-      st.role = WeightStatus::Role::Frozen;
-      st.reason = it->second == id ? "frozen by SessionOptions::frozenWeights"
-                                   : "frozen by SessionOptions::frozenWeights entry '" + it->second + "'";
-    } else if (auto sd = constants.shapeDeciding.find(id); sd != constants.shapeDeciding.end()) {
-      if (constants.differentiableReach.at(id).count(lossId))
-        throw error(
-            "initializer '", id, "' cannot be trained: ", sd->second, ", so it is a constant, but loss '", lossId,
-            "' also depends on it through ops that differentiate it. Freeze it explicitly "
-            "(SessionOptions::frozenWeights) or export the model so that no shape is computed from a weight's values");
-      st.role = WeightStatus::Role::ShapeConstant;
-      st.reason = sd->second;
-    } else if (std::find(runningStats.begin(), runningStats.end(), id) != runningStats.end()) {
-      st.role = WeightStatus::Role::RunningStatistic;
-      st.reason = "running statistic of BatchNormalization, updated each step";
-    } else if (!t || t->kind() != ir::TensorKind::Variable || !upstream.count(t)) {
-      st.role = WeightStatus::Role::NoGradient;
-      st.reason = "loss '" + lossId + "' does not depend on it";
-    } else {
-      weightIds.push_back(id);
-    }
-    weightStatuses.push_back(std::move(st));
-  }
+  if (lossId.empty()) lossId = session::onlyScalarOutput(g, model.sourceName);
 }
 
 void TrainingSession::Impl::compile() {
-  Constants constants;
-  auto g = shapedImport(&constants);
-  findLoss(*g);
-  // Control flow the loss depends on becomes ordinary ops, which autodiff differentiates; what
-  // cannot be unrolled stays, and autodiff names it if the loss needs a gradient through it.
-  ir::UnrollOptions unroll;
-  unroll.maxOps = options.maxUnrolledOps;
-  if (int unrolled = g->hasTensor(lossId) ? ir::unrollControlFlow(*g, {lossId}, unroll) : 0; unrolled > 0) {
-    logging::logger().info("unrolled {} If, Loop and Scan ops for the backward graph", unrolled);
-    backend_cpu::ReferenceEvaluator evaluator;
-    ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
-  }
-  if (options.fuseOps) { // before autodiff, so that the fused ops' gradient rules apply
-    std::vector<TensorId> keep = dataFlow.anchors();
-    keep.push_back(lossId);
-    ir::fuseLayerNorm(*g, true, keep);
-    ir::fuseGelu(*g, keep);
-  }
+  session::registerAllPasses();
+  ir::PassContext context;
+  session::WeightDiscovery &discovery = context.state<session::WeightDiscovery>();
+  auto g = shapedImport(&discovery.constants, false);
+  discovery.declared = declared.get();
+  discovery.sourceName = model.sourceName;
+  backend_cpu::ReferenceEvaluator evaluator;
+  context.folder = options.constantFolding ? &evaluator : nullptr;
+  context.training = true;
+  context.loss = lossId;
+  if (!lossId.empty()) context.keep.push_back(lossId);
+  for (const auto &a : dataFlow.anchors())
+    if (std::find(context.keep.begin(), context.keep.end(), a) == context.keep.end()) context.keep.push_back(a);
+  context.state<ir::UnrollOptions>().maxOps = options.maxUnrolledOps;
+  context.state<autodiff::TrainingPassOptions>().unbiasedRunningVariance = options.batchNormUnbiasedRunningVariance;
+  optimizer::OptimizerPassState &opt = context.state<optimizer::OptimizerPassState>();
+  opt.optimizer = optimizer.get();
+  opt.options.accumulationFactor = accumulation();
+  opt.options.checkFinite = dynamicScaling();
+  // Recurrent ops keep oneDNN's workspace for their grad ops instead of the grad ops
+  // recomputing the forward pass.
+  if (options.kernels != "reference")
+    context.recurrentSavedBytes = [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); };
+  passRecords =
+      ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 
-  if (!g->hasTensor(lossId)) throw error("loss '", lossId, "' is not a tensor of model '", model.sourceName, "'");
-  const TensorInfo &lossInfo = g->tensor(lossId).info();
-  if (lossInfo.elementCount() != 1 || !isFloatingPoint(lossInfo.dataType()))
-    throw error("loss '", lossId, "' must be a floating-point scalar, got ", lossInfo.toString());
-
-  // Random ops draw from {seed, counter}; the counter moves every micro-batch.
-  rngStateId = g->uniqueId("popart_rng_state");
-  {
-    TensorInfo info(DataType::INT64, {2});
-    g->addTensor(rngStateId, ir::TensorKind::Variable, info).setData(std::make_shared<TensorData>(info));
-  }
-  for (const auto &op : g->ops())
-    if (op->type == "Dropout" && op->domain == "ai.onnx") {
-      g->setOpInput(*op, 3, &g->tensor(rngStateId)); // pads inputs 1-2 with "absent" if needed
-      op->def->setup(*op);
-    }
-  // BatchNormalization in training mode writes its running statistics back.
-  std::vector<ir::Op *> bnOps;
-  for (const auto &op : g->ops())
-    if (op->type == "BatchNormalization" && op->version >= 14 && op->attrs.getInt("training_mode", 0) != 0)
-      bnOps.push_back(op.get());
-  for (ir::Op *bn : bnOps) {
-    bn->attrs.set("popart_unbiased_running_var", int64_t{options.batchNormUnbiasedRunningVariance ? 1 : 0});
-    for (size_t k : {size_t{3}, size_t{4}}) {
-      ir::Tensor &stat = bn->input(k);
-      if (stat.kind() != ir::TensorKind::Variable) continue;
-      if (!bn->hasOutput(k - 2)) {
-        while (bn->outputs.size() <= k - 2)
-          bn->outputs.push_back(nullptr);
-        ir::Tensor &t = g->addTensor(g->uniqueId(stat.id() + "_batch"), ir::TensorKind::ActGrad, stat.info());
-        t.setProducer(bn);
-        bn->outputs[k - 2] = &t;
-      }
-      ir::Op &copy = g->addOp("CopyVar", "ai.graphcore", 1, "update_" + stat.id(), {},
-                              {stat.id(), bn->output(k - 2).id()}, {g->uniqueId(stat.id() + "_updated")});
-      copy.def->setup(copy);
-      runningStats.push_back(stat.id());
-    }
-    bn->def->setup(*bn);
-  }
-
-  classifyWeights(*g, constants);
-  // Loss scaling multiplies the loss, so the whole backward pass sees scaled gradients.
-  lossScaleId = g->uniqueId("popart_loss_scale");
-  g->addTensor(lossScaleId, ir::TensorKind::Variable, TensorInfo(DataType::FLOAT, {}))
-      .setData(std::make_shared<TensorData>(TensorData::scalarFloat(1.0f)));
-  TensorId lossF = lossId;
-  if (lossInfo.dataType() != DataType::FLOAT) {
-    ir::Attributes to;
-    to.set("to", int64_t{static_cast<int64_t>(DataType::FLOAT)});
-    lossF = g->uniqueId(lossId + "_float");
-    ir::Op &cast = g->addOp("Cast", "ai.onnx", 13, "", to, {lossId}, {lossF});
-    cast.def->setup(cast);
-  }
-  TensorId reshaped = g->uniqueId(lossId + "_scalar");
-  TensorId emptyShape = g->uniqueId("popart_scalar_shape");
-  g->addConst(emptyShape, TensorData::fromInt64({0}, {}));
-  ir::Op &rs = g->addOp("Reshape", "ai.onnx", 13, "", {}, {lossF, emptyShape}, {reshaped});
-  rs.def->setup(rs);
-  TensorId scaled = g->uniqueId(lossId + "_scaled");
-  ir::Op &mul = g->addOp("Mul", "ai.onnx", 13, "", {}, {reshaped, lossScaleId}, {scaled});
-  mul.def->setup(mul);
-
-  // A weight upstream of the loss through ops without a gradient (ArgMax, comparisons...) gets
-  // none: PyTorch leaves such a parameter alone, and so does the optimiser here.
-  std::vector<TensorId> grads = autodiff::buildGradients(*g, scaled, weightIds, false);
-  std::vector<std::pair<TensorId, TensorId>> weightGrads;
-  std::vector<TensorId> trained;
-  for (size_t i = 0; i < weightIds.size(); ++i) {
-    if (!grads[i].empty()) {
-      weightGrads.emplace_back(weightIds[i], grads[i]);
-      trained.push_back(weightIds[i]);
-      continue;
-    }
+  lossId = context.loss;
+  const ir::TrainingTensors &tt = context.state<ir::TrainingTensors>();
+  weightIds = tt.weights;
+  weightStatuses = std::move(discovery.statuses);
+  for (const auto &id : tt.unreached)
     for (auto &st : weightStatuses)
-      if (st.id == weightIds[i]) {
+      if (st.id == id) {
         st.role = WeightStatus::Role::NoGradient;
         st.reason = "no gradient reaches it from loss '" + lossId + "': only ops without one lie between";
       }
-  }
-  weightIds = std::move(trained);
-  if (weightIds.empty())
-    throw error("loss '", lossId, "' depends on no trainable weight: ", weightSummary(weightStatuses));
-  optimizer::ApplyOptions ao;
-  ao.accumulationFactor = accumulation();
-  ao.checkFinite = dynamicScaling();
-  applied = optimizer::applyOptimizer(*g, *optimizer, weightGrads, ao);
+  runningStats = tt.runningStats;
+  rngStateId = tt.rngState;
+  lossScaleId = tt.lossScale;
+  applied = std::move(opt.applied);
   stateIds.clear();
   for (const auto &u : applied.updates)
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
-
-  backend_cpu::ReferenceEvaluator evaluator;
-  ir::inferShapes(*g, options.constantFolding ? &evaluator : nullptr);
-  std::vector<TensorId> keep{lossId};
-  for (const auto &a : dataFlow.anchors()) {
-    if (!g->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of the model");
-    if (std::find(keep.begin(), keep.end(), a) == keep.end()) keep.push_back(a);
-  }
-  if (!applied.allFinite.empty()) keep.push_back(applied.allFinite);
-  ir::removeDeadCode(*g, keep);
-  g->setOutputs(keep);
-  if (options.fuseOps) {
-    ir::foldTransposesIntoMatMul(*g);
-    ir::fuseMaxPoolGradRelu(*g);
-    ir::fuseBatchNormRelu(*g);
-    ir::fuseMatMulBias(*g);
-    ir::fuseMatMulScale(*g);
-    ir::fuseRelu(*g, false);    // after the bias and scale; training Convs keep their plain kernels
-    ir::fuseMatMulResidual(*g); // last of the MatMul fusions, which cannot follow it
-    ir::fuseLossGradClassSums(*g);
-    ir::fuseLossWithGradient(*g);
-    // Recurrent ops keep oneDNN's workspace for their grad ops instead of the grad ops
-    // recomputing the forward pass.
-    if (options.kernels != "reference")
-      ir::saveRecurrentState(*g, [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); });
-  }
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
   graph = std::move(g);
   initialValues.clear();
@@ -501,6 +271,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
                 "and growthInterval > 0");
   if (als.enabled && m.optimizer->lossScaling().val() != 1.0f)
     throw error("dynamic loss scaling replaces the optimiser's static lossScaling; set one or the other");
+  session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
@@ -825,7 +596,8 @@ std::string TrainingSession::profileSummary() const {
                                      {"optimiser state", state},
                                      {"gradient accumulators", accumulators},
                                      {"running statistics", stats},
-                                     {"constants and hyperparameters", p.constBytes() + other}});
+                                     {"constants and hyperparameters", p.constBytes() + other}}) +
+         session::passTimes(m.passRecords);
 }
 
 } // namespace popart

@@ -34,8 +34,16 @@ struct SessionOptions {
   /// Rewrite op patterns into fused kernels at compile time (docs/architecture.md lists them: the
   /// LayerNorm and GELU decompositions of older opsets, Transposes and biases into MatMul, Relu
   /// into Conv, BatchNormalization and MaxPoolGrad, MaxPool into Conv). false keeps the graph op
-  /// by op, for debugging and for measuring what the fusions give.
+  /// by op, for debugging and for measuring what the fusions give: it disables every optional
+  /// pass of the pipelines (popart-run --passes lists them) and merged optimiser updates.
   bool fuseOps = true;
+  /// Optional passes not to run, by name (popart-run --passes lists the pipelines; an unknown or
+  /// required pass is an error when the session is created).
+  std::vector<std::string> disabledPasses;
+  /// Passes after which the IR is printed on standard output, by name.
+  std::vector<std::string> dumpIrAfter;
+  /// Verify the IR after every pass (always on in debug builds; tests turn it on).
+  bool verifyIr = false;
   /// Run the ONNX checker on the imported model.
   bool checkModel = true;
   /// Training unrolls the If, Loop and Scan ops the loss depends on (docs/training.md, "Control

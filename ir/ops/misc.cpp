@@ -284,10 +284,14 @@ EinsumSpec parseEinsum(const Op &op) {
 }
 
 void registerMiscOps(OpRegistry &r) {
-  r.add(makeDef("Dropout", 1, 11, setupDropout));
+  // Training connects the session's {seed, counter} as input 3 (autodiff's seedDropout).
+  OpDef dropoutOld = makeDef("Dropout", 1, 11, setupDropout);
+  dropoutOld.randomInput = 3;
+  r.add(dropoutOld);
   // From opset 12 training_mode may be true at run time, which makes the op random.
   OpDef dropout = makeDef("Dropout", 12, 1000, setupDropout);
   dropout.foldable = false;
+  dropout.randomInput = 3;
   r.add(dropout);
   r.add(makeDef("Einsum", 12, 1000, setupEinsum));
   r.add(makeDef("MatMulInteger", 10, 1000, setupMatMulInteger));

@@ -128,7 +128,13 @@ void setupMVN(Op &op) {
 } // namespace
 
 void registerNormOps(OpRegistry &r) {
-  r.add(makeDef("BatchNormalization", 6, 1000, setupBatchNorm));
+  OpDef bn = makeDef("BatchNormalization", 6, 1000, setupBatchNorm);
+  // In training mode (opset 14+) its outputs 1 and 2 are the updated running mean and variance.
+  bn.trainingState = [](const Op &op) {
+    if (op.version < 14 || op.attrs.getInt("training_mode", 0) == 0) return std::vector<OpDef::InPlace>{};
+    return std::vector<OpDef::InPlace>{{1, 3}, {2, 4}};
+  };
+  r.add(bn);
   OpDef bnGrad = makeDef("BatchNormalizationGrad", 1, 1000, setupBatchNormGrad);
   bnGrad.domain = "ai.graphcore";
   r.add(bnGrad);

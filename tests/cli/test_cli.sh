@@ -70,6 +70,20 @@ expect 0 "x 2 accumulated, 5 steps" -- "$RUN" "$M" --train "${D[@]}" --accumulat
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer lamb --loss-scaling dynamic --steps 4
 expect 0 "ai.graphcore::AdamUpdate-" -- "$RUN" "$M" --train "${D[@]}" --optimizer adamw --steps 1 --dump-ir
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --no-fusion
+# The pass manager: the pipelines listed, passes disabled or dumped by name, unknown names refused.
+expect 0 "^training pipeline:" -- "$RUN" --passes
+expect 0 "^  [0-9]+\. fuseMatMulBias: " -- "$RUN" --passes
+expect 0 "IR after pass removeDeadCode:" -- "$RUN" "$DATA/node/test_relu/model.onnx" --dump-ir-after removeDeadCode
+expect 0 "^IR after pass fuseRelu:" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --dump-ir-after fuseRelu --verify-ir
+expect 0 "popart_activation" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --dump-ir-after fuseRelu
+expect 0 "ai.onnx::Relu-" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --dump-ir-after fuseRelu --disable-pass fuseRelu
+expect 0 "ai.onnx::Relu-" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --dump-ir --no-fusion
+expect 2 "error: unknown pass 'fuseNothing' \(known passes: inferShapes, " -- "$RUN" "$DATA/node/test_relu/model.onnx" --disable-pass fuseNothing
+expect 2 "error: unknown pass 'nope'" -- "$RUN" "$M" --train "${D[@]}" --dump-ir-after nope
+expect 2 "error: pass 'buildGradients' cannot be disabled" -- "$RUN" "$M" --train "${D[@]}" --disable-pass buildGradients
+expect 0 "^compile time per pass \([0-9.]+ ms in all\):" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --profile "$TMP/passes.json"
+expect 0 "^ +[0-9.]+ ms  fuseMatMulBias \(1 rewrites\)" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --profile "$TMP/passes.json"
+expect 0 "^ +- +fuseRelu \(disabled\)" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --profile "$TMP/passes.json" --disable-pass fuseRelu
 for o in sgd adam adamax lambnobias rmsprop adagrad; do
   expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer "$o" --steps 3
 done

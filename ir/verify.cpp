@@ -1,0 +1,90 @@
+// The IR verifier (see verify.hpp): each check names the op or tensor at fault.
+
+#include "ir/verify.hpp"
+#include <popart/error.hpp>
+
+#include <algorithm>
+#include <set>
+
+namespace popart::ir {
+
+namespace {
+
+[[noreturn]] void fail(const std::string &context, const std::string &what) {
+  throw error("IR verification failed", context.empty() ? "" : " " + context, ": ", what);
+}
+
+bool contains(const std::vector<TensorId> &ids, const TensorId &id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+} // namespace
+
+void verifyGraph(const Graph &graph, const std::string &context, const VerifyOptions &options) {
+  std::set<const Op *> ops;
+  for (const auto &op : graph.ops())
+    ops.insert(op.get());
+  auto owned = [&](const Tensor *t) {
+    auto it = graph.tensors().find(t->id());
+    return it != graph.tensors().end() && it->second.get() == t;
+  };
+  for (const auto &p : graph.ops()) {
+    const Op &op = *p;
+    if (!op.def) fail(context, op.debugName() + " has no op definition");
+    if (op.graph != &graph) fail(context, op.debugName() + " belongs to another graph");
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const Tensor *t = op.inputs[i];
+      if (!t) continue;
+      if (!owned(t)) fail(context, op.debugName() + " reads tensor '" + t->id() + "', which is not in the graph");
+      auto slots = std::count(op.inputs.begin(), op.inputs.end(), t);
+      auto listed = std::count(t->consumers().begin(), t->consumers().end(), &op);
+      if (slots != listed)
+        fail(context, op.debugName() + " reads '" + t->id() + "' " + std::to_string(slots) +
+                          " time(s) but the tensor lists it as a consumer " + std::to_string(listed) + " time(s)");
+    }
+    for (const Tensor *t : op.outputs) {
+      if (!t) continue;
+      if (!owned(t)) fail(context, op.debugName() + " writes tensor '" + t->id() + "', which is not in the graph");
+      if (t->producer() != &op)
+        fail(context, op.debugName() + " writes '" + t->id() + "' but the tensor names " +
+                          (t->producer() ? t->producer()->debugName() : std::string("no producer")));
+      if (options.outputInfos && t->info().dataType() == DataType::UNDEFINED)
+        fail(context, "output '" + t->id() + "' of " + op.debugName() + " has no inferred type");
+    }
+  }
+  const std::vector<TensorId> &inputs = graph.inputs(), &outputs = graph.outputs();
+  for (const auto &[id, t] : graph.tensors()) {
+    if (const Op *p = t->producer()) {
+      if (!ops.count(p)) fail(context, "tensor '" + id + "' names a producer that is not in the graph");
+      if (std::find(p->outputs.begin(), p->outputs.end(), t.get()) == p->outputs.end())
+        fail(context, "tensor '" + id + "' names " + p->debugName() + " as producer, which does not write it");
+    }
+    for (const Op *c : t->consumers()) {
+      if (!ops.count(c)) fail(context, "tensor '" + id + "' lists a consumer that is not in the graph");
+      if (std::find(c->inputs.begin(), c->inputs.end(), t.get()) == c->inputs.end())
+        fail(context, "tensor '" + id + "' lists " + c->debugName() + " as consumer, which does not read it");
+    }
+    bool sourced = t->producer() || contains(inputs, id) || t->kind() == TensorKind::Const ||
+                   t->kind() == TensorKind::Variable || t->kind() == TensorKind::Stream;
+    if (!sourced && !t->consumers().empty())
+      fail(context, "tensor '" + id + "' is read by " + t->consumers()[0]->debugName() +
+                        " but no op produces it and it is no graph input, constant or variable");
+    if (!sourced && t->consumers().empty() && !contains(outputs, id))
+      fail(context, "tensor '" + id + "' is dangling: no op produces or reads it");
+  }
+  for (const auto &id : inputs)
+    if (!graph.hasTensor(id)) fail(context, "graph input '" + id + "' does not exist");
+  for (const auto &id : outputs) {
+    if (!graph.hasTensor(id)) fail(context, "graph output '" + id + "' does not exist");
+    const Tensor &t = graph.tensor(id);
+    if (!t.producer() && !contains(inputs, id) && t.kind() == TensorKind::ActGrad)
+      fail(context, "graph output '" + id + "' is produced by no op");
+  }
+  try {
+    graph.schedule();
+  } catch (const error &e) {
+    fail(context, e.what());
+  }
+}
+
+} // namespace popart::ir

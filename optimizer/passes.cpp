@@ -1,0 +1,33 @@
+// applyOptimizer as a pass: the update ops of every weight buildGradients found a gradient for.
+
+#include "optimizer/passes.hpp"
+#include <popart/error.hpp>
+
+#include <mutex>
+
+namespace popart::optimizer {
+
+void registerOptimizerPasses() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ir::Pass p;
+    p.name = "applyOptimizer";
+    p.purpose = "per trained weight its state Variables and in-place update op; accumulation, clipping and the "
+                "finiteness check of dynamic loss scaling";
+    p.needs = ir::GradientsBuilt;
+    p.before = ir::OptimizerApplied;
+    p.establishes = ir::OptimizerApplied;
+    p.invalidates = ir::ShapesInferred; // the session infers shapes once more after it
+    p.run = [](ir::Graph &g, ir::PassContext &c) {
+      OptimizerPassState &s = c.state<OptimizerPassState>();
+      if (!s.optimizer) throw error("applyOptimizer: no optimiser given to the pipeline");
+      const auto &weightGrads = c.state<ir::TrainingTensors>().weightGrads;
+      s.applied = applyOptimizer(g, *s.optimizer, weightGrads, s.options);
+      if (!s.applied.allFinite.empty()) c.keep.push_back(s.applied.allFinite);
+      return static_cast<int>(s.applied.updates.size());
+    };
+    ir::PassRegistry::instance().add(p);
+  });
+}
+
+} // namespace popart::optimizer

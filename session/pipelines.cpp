@@ -1,0 +1,110 @@
+// The two pipelines, as lists of pass names (adding a pass: its file, and one line here).
+
+#include "session/pipelines.hpp"
+#include "autodiff/training_passes.hpp"
+#include "optimizer/passes.hpp"
+#include "session/training_passes.hpp"
+
+#include <iostream>
+#include <sstream>
+
+namespace popart::session {
+
+const std::vector<std::string> &inferencePipeline() {
+  static const std::vector<std::string> pipeline{
+      "inferShapes",
+      "expandGradientOps",
+      "removeDeadCode",
+      "inferenceDropoutAsIdentity",
+      "fuseLayerNorm",
+      "fuseGelu",
+      "foldTransposesIntoMatMul",
+      "fuseMatMulBias",
+      "fuseMatMulScale",
+      "foldBatchNormIntoConv", // first of the Conv fusions
+      "fuseBatchNormRelu",
+      "fuseConvResidual", // before fuseRelu: relu(conv + r)
+      "fuseRelu",
+      "fuseConvActivation", // ReLU6, hard swish, SiLU ... as Conv post-ops
+      "fuseHardSwish",      // the hard swishes left
+      "fuseChannelShuffle",
+      "fuseMatMulResidual", // after bias, scale and Relu, which cannot follow it
+      "fuseConvPool",
+  };
+  return pipeline;
+}
+
+const std::vector<std::string> &trainingPipeline() {
+  static const std::vector<std::string> pipeline{
+      "inferShapes",
+      "findLoss",
+      "unrollControlFlow",
+      "fuseLayerNorm", // before autodiff, so that the fused ops' gradient rules apply
+      "fuseGelu",
+      "seedDropout",
+      "updateBatchNormStatistics",
+      "findWeights",
+      "scaleLoss",
+      "buildGradients",
+      "applyOptimizer",
+      "inferShapes",
+      "removeDeadCode",
+      "foldTransposesIntoMatMul",
+      "fuseMaxPoolGradRelu",
+      "fuseBatchNormRelu",
+      "fuseMatMulBias",
+      "fuseMatMulScale",
+      "fuseRelu",           // after the bias and scale; training Convs keep their plain kernels
+      "fuseMatMulResidual", // last of the MatMul fusions, which cannot follow it
+      "fuseLossGradClassSums",
+      "fuseLossWithGradient",
+      "saveRecurrentState",
+  };
+  return pipeline;
+}
+
+void registerAllPasses() {
+  ir::registerIrPasses();
+  autodiff::registerTrainingPasses();
+  optimizer::registerOptimizerPasses();
+  registerSessionPasses();
+}
+
+ir::PipelineOptions pipelineOptions(const SessionOptions &options) {
+  ir::PipelineOptions po;
+  po.disabled.insert(options.disabledPasses.begin(), options.disabledPasses.end());
+  po.dumpAfter.insert(options.dumpIrAfter.begin(), options.dumpIrAfter.end());
+  po.skipOptional = !options.fuseOps;
+  if (options.verifyIr) po.verify = true;
+  po.dump = [](const std::string &pass, const ir::Graph &graph) {
+    std::cout << "IR after pass " << pass << ":\n" << graph.dump() << std::flush;
+  };
+  return po;
+}
+
+void checkPassOptions(const std::string &pipelineName, const std::vector<std::string> &pipeline,
+                      const SessionOptions &options) {
+  registerAllPasses();
+  ir::checkPipeline(pipelineName, pipeline, pipelineOptions(options));
+}
+
+std::string describePipelines() {
+  registerAllPasses();
+  std::ostringstream os;
+  auto describe = [&](const char *title, const std::vector<std::string> &pipeline) {
+    os << title << " pipeline:\n";
+    int i = 0;
+    for (const auto &name : pipeline) {
+      const ir::Pass &p = ir::PassRegistry::instance().get(name);
+      os << "  " << ++i << ". " << name << (p.optional ? "" : " (required)") << ": " << p.purpose;
+      if (p.needs) os << " [needs " << ir::stageNames(p.needs) << "]";
+      if (p.before) os << " [before " << ir::stageNames(p.before) << "]";
+      os << "\n";
+    }
+  };
+  describe("inference", inferencePipeline());
+  describe("training", trainingPipeline());
+  return os.str();
+}
+
+} // namespace popart::session
