@@ -120,54 +120,55 @@ void registerTrainingPasses() {
   static std::once_flag once;
   std::call_once(once, [] {
     ir::PassRegistry &r = ir::PassRegistry::instance();
-    ir::Pass seed;
-    seed.name = "seedDropout";
-    seed.purpose = "gives each random op (OpDef::randomInput) the {seed, counter} Variable the session advances";
-    seed.needs = ir::ShapesInferred;
-    seed.before = ir::GradientsBuilt;
-    seed.run = seedDropout;
-    r.add(seed);
+    r.add({
+        .name = "seedDropout",
+        .purpose = "gives each random op (OpDef::randomInput) the {seed, counter} Variable the session advances",
+        .needs = ir::ShapesInferred,
+        .before = ir::GradientsBuilt,
+        .run = seedDropout,
+    });
 
-    ir::Pass stats;
-    stats.name = "updateBatchNormStatistics";
-    stats.purpose = "ops with training state (OpDef::trainingState) write their running statistics back in place";
-    stats.needs = ir::ShapesInferred;
-    stats.before = ir::GradientsBuilt;
-    stats.run = updateBatchNormStatistics;
-    r.add(stats);
+    r.add({
+        .name = "updateBatchNormStatistics",
+        .purpose = "ops with training state (OpDef::trainingState) write their running statistics back in place",
+        .needs = ir::ShapesInferred,
+        .before = ir::GradientsBuilt,
+        .run = updateBatchNormStatistics,
+    });
 
-    ir::Pass scale;
-    scale.name = "scaleLoss";
-    scale.purpose = "the loss as a FLOAT scalar times the loss-scale Variable: what the gradients are of";
-    scale.needs = ir::ShapesInferred;
-    scale.before = ir::GradientsBuilt;
-    scale.establishes = ir::TrainingPrepared;
-    scale.run = scaleLoss;
-    r.add(scale);
+    r.add({
+        .name = "scaleLoss",
+        .purpose = "the loss as a FLOAT scalar times the loss-scale Variable: what the gradients are of",
+        .needs = ir::ShapesInferred,
+        .before = ir::GradientsBuilt,
+        .establishes = ir::TrainingPrepared,
+        .run = scaleLoss,
+    });
 
-    ir::Pass grads;
-    grads.name = "buildGradients";
-    grads.purpose = "the backward graph of the scaled loss for the weights to train";
-    grads.needs = ir::ShapesInferred | ir::TrainingPrepared;
-    grads.before = ir::GradientsBuilt;
-    grads.establishes = ir::GradientsBuilt;
-    grads.run = differentiate;
-    r.add(grads);
+    r.add({
+        .name = "buildGradients",
+        .purpose = "the backward graph of the scaled loss for the weights to train",
+        .needs = ir::ShapesInferred | ir::TrainingPrepared,
+        .before = ir::GradientsBuilt,
+        .establishes = ir::GradientsBuilt,
+        .run = differentiate,
+    });
 
-    ir::Pass expand;
-    expand.name = "expandGradientOps";
-    expand.purpose = "replaces each ai.onnx.preview.training Gradient op by the ops computing its outputs";
-    expand.needs = ir::ShapesInferred;
-    expand.run = [](ir::Graph &g, ir::PassContext &c) {
-      int gradientOps = 0;
-      for (const auto &op : g.ops())
-        gradientOps += op->def->expandedBeforeLowering ? 1 : 0;
-      if (gradientOps == 0) return 0;
-      expandGradientOps(g);
-      ir::inferShapes(g, c.folder);
-      return gradientOps;
-    };
-    r.add(expand);
+    r.add({
+        .name = "expandGradientOps",
+        .purpose = "replaces each ai.onnx.preview.training Gradient op by the ops computing its outputs",
+        .needs = ir::ShapesInferred,
+        .run =
+            [](ir::Graph &g, ir::PassContext &c) {
+              int gradientOps = 0;
+              for (const auto &op : g.ops())
+                gradientOps += op->def->expandedBeforeLowering ? 1 : 0;
+              if (gradientOps == 0) return 0;
+              expandGradientOps(g);
+              ir::inferShapes(g, c.folder);
+              return gradientOps;
+            },
+    });
   });
 }
 

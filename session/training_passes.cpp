@@ -161,20 +161,20 @@ void registerSessionPasses() {
   static std::once_flag once;
   std::call_once(once, [] {
     ir::PassRegistry &r = ir::PassRegistry::instance();
-    ir::Pass loss;
-    loss.name = "findLoss";
-    loss.purpose = "the loss (the model's only scalar output unless named) must be a floating-point scalar";
-    loss.needs = ir::ShapesInferred;
-    loss.before = ir::TrainingPrepared;
-    loss.run = findLoss;
-    r.add(loss);
-    ir::Pass weights;
-    weights.name = "findWeights";
-    weights.purpose = "which float initializers the loss trains, and why each other one is not trained";
-    weights.needs = ir::ShapesInferred;
-    weights.before = ir::TrainingPrepared;
-    weights.run = findWeights;
-    r.add(weights);
+    r.add({
+        .name = "findLoss",
+        .purpose = "the loss (the model's only scalar output unless named) must be a floating-point scalar",
+        .needs = ir::ShapesInferred,
+        .before = ir::TrainingPrepared,
+        .run = findLoss,
+    });
+    r.add({
+        .name = "findWeights",
+        .purpose = "which float initializers the loss trains, and why each other one is not trained",
+        .needs = ir::ShapesInferred,
+        .before = ir::TrainingPrepared,
+        .run = findWeights,
+    });
   });
 }
 

@@ -3,7 +3,7 @@
 // chunk into equal halves (Slices along axis 1), becomes one ai.graphcore ChannelShuffle that
 // moves every element once instead of three times.
 
-#include "ir/passes/passes.hpp"
+#include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
 
 #include <algorithm>
@@ -105,6 +105,12 @@ int fuseChannelShuffle(Graph &graph) {
     addRewrittenOp(graph, phase, "ChannelShuffle", "ai.graphcore", 1, name, std::move(attrs), inputs, outputs);
     return true;
   });
+}
+
+void registerChannelShufflePasses(PassRegistry &r) {
+  r.add(optionalPass("fuseChannelShuffle",
+                     "ShuffleNet's Concat/Reshape/Transpose/Reshape (and chunks) as one ChannelShuffle", OutputsFixed,
+                     [](Graph &g, PassContext &) { return fuseChannelShuffle(g); }));
 }
 
 } // namespace popart::ir

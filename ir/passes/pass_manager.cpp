@@ -20,6 +20,17 @@ std::string stageNames(unsigned stages) {
   return s;
 }
 
+Pass optionalPass(std::string name, std::string purpose, unsigned needs,
+                  std::function<int(Graph &, PassContext &)> run) {
+  Pass p;
+  p.name = std::move(name);
+  p.purpose = std::move(purpose);
+  p.needs = ShapesInferred | needs;
+  p.optional = true;
+  p.run = std::move(run);
+  return p;
+}
+
 PassRegistry &PassRegistry::instance() {
   static PassRegistry registry;
   return registry;

@@ -92,6 +92,10 @@ struct Pass {
   std::function<int(Graph &, PassContext &)> run;
 };
 
+/// An optional pass (a rewrite for speed) that needs shapes inferred and \p needs.
+Pass optionalPass(std::string name, std::string purpose, unsigned needs,
+                  std::function<int(Graph &, PassContext &)> run);
+
 /// Every pass, registered once at start-up.
 class PassRegistry {
 public:

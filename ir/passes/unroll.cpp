@@ -2,8 +2,9 @@
 // and Scan become ordinary ops of the enclosing graph, so that autodiff differentiates them with
 // the rules of the ops inside (docs/training.md, "Control flow").
 
+#include "core/log.hpp"
 #include "ir/ops/controlflow.hpp"
-#include "ir/passes/passes.hpp"
+#include "ir/passes/pass_manager.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -411,6 +412,26 @@ int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots, const Un
       expandScan(graph, *target, e);
     ++count;
   }
+}
+
+void registerUnrollPasses(PassRegistry &r) {
+  r.add({
+      .name = "unrollControlFlow",
+      .purpose = "replaces the If, Loop and Scan ops the loss depends on by the ops they run, where it can",
+      .needs = ShapesInferred,
+      .before = GradientsBuilt,
+      .establishes = ControlFlowUnrolled,
+      .run =
+          [](Graph &g, PassContext &c) {
+            if (c.loss.empty() || !g.hasTensor(c.loss)) return 0;
+            int unrolled = unrollControlFlow(g, {c.loss}, c.state<UnrollOptions>());
+            if (unrolled > 0) {
+              logging::logger().info("unrolled {} If, Loop and Scan ops for the backward graph", unrolled);
+              inferShapes(g, c.folder);
+            }
+            return unrolled;
+          },
+  });
 }
 
 } // namespace popart::ir

@@ -1,0 +1,78 @@
+// Relu applied by the op before it: a MatMul, Gemm or Conv (fuseRelu), a BatchNormalization
+// (fuseBatchNormRelu), and in training the Relu's gradient by MaxPoolGrad (fuseMaxPoolGradRelu).
+
+#include "ir/passes/pass_manager.hpp"
+#include "ir/passes/rewrite.hpp"
+
+namespace popart::ir {
+
+int fuseRelu(Graph &graph, bool convolutions) {
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *r = &candidate;
+    if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) return false;
+    Op *c = r->input(0).producer();
+    if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
+    // A MatMul adds its residual after its post-ops; a Conv adds it before them.
+    if (c->attrs.has("popart_residual") && c->type != "Conv") return false;
+    // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
+    // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
+    bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
+    if (!producer) return false;
+    if (c->type != "Conv" && c->outInfo(0).dataType() != DataType::FLOAT) return false;
+    const Tensor &pre = c->output(0);
+    if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) return false;
+    std::vector<TensorId> ins = inputIds(*c);
+    Attributes attrs = c->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replacePair(graph, *c, *r, std::move(attrs), ins);
+    return true;
+  });
+}
+
+int fuseMaxPoolGradRelu(Graph &graph) {
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *a = &candidate;
+    if (a->type != "ActivationGrad" || a->domain != "ai.graphcore" || a->attrs.getString("activation", "") != "Relu")
+      return false;
+    if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) return false;
+    Op *m = a->input(1).producer();
+    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation"))
+      return false;
+    // The Relu's output must be what the pool read: dX of the pool is then masked by it.
+    if (!m->hasInput(0) || &m->input(0) != &a->input(0)) return false;
+    const Tensor &pooled = m->output(0);
+    if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) return false;
+    Attributes attrs = m->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
+    return true;
+  });
+}
+
+int fuseBatchNormRelu(Graph &graph) {
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *r = &candidate;
+    if (!isOnnxOp(r, "Relu") || !r->hasInput(0) || !r->hasOutput(0)) return false;
+    Op *bn = r->input(0).producer();
+    if (!isOnnxOp(bn, "BatchNormalization") || bn->attrs.has("popart_activation")) return false;
+    if (bn->output(0).consumers().size() != 1 || isGraphOutput(graph, bn->output(0))) return false;
+    std::vector<TensorId> ins = inputIds(*bn), outs{r->output(0).id()};
+    for (size_t i = 1; i < bn->outputs.size(); ++i)
+      outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
+    Attributes attrs = bn->attrs;
+    attrs.set("popart_activation", std::string("Relu"));
+    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
+    return true;
+  });
+}
+
+void registerReluFusionPasses(PassRegistry &r) {
+  r.add(optionalPass("fuseMaxPoolGradRelu", "MaxPoolGrad applies the gradient of the Relu its pool read",
+                     OutputsFixed | GradientsBuilt, [](Graph &g, PassContext &) { return fuseMaxPoolGradRelu(g); }));
+  r.add(optionalPass("fuseBatchNormRelu", "BatchNormalization applies the Relu that is its only reader", OutputsFixed,
+                     [](Graph &g, PassContext &) { return fuseBatchNormRelu(g); }));
+  r.add(optionalPass("fuseRelu", "a MatMul or Gemm (and in inference a Conv) applies the Relu that is its only reader",
+                     OutputsFixed, [](Graph &g, PassContext &c) { return fuseRelu(g, !c.training); }));
+}
+
+} // namespace popart::ir
