@@ -1,6 +1,4 @@
 #include "backend_cpu/plan.hpp"
-#include "ir/ops/matmul_layout.hpp"
-#include "ir/ops/window.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
@@ -197,7 +195,7 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     info.name = op->debugName();
     info.type = op->domain == "ai.onnx" ? op->type : op->domain + "." + op->type;
     info.phase = op->phase;
-    info.flops = estimateFlops(*op);
+    info.flops = ir::estimateFlops(*op); // the op definition's flops hook
     for (const ir::Tensor *t : op->inputs)
       if (t) info.bytes += t->info().byteCount();
     for (const ir::Tensor *t : op->outputs)
@@ -451,55 +449,7 @@ void ExecutionPlan::run(size_t begin, size_t end) {
   }
 }
 
-double estimateFlops(const ir::Op &op) {
-  auto elems = [&](const ir::Tensor *t) { return t ? static_cast<double>(t->info().elementCount()) : 0.0; };
-  const std::string &type = op.type;
-  if ((type == "MatMul" || type == "Gemm") && op.inputCount() >= 2 && op.hasOutput(0)) {
-    const Shape &a = op.inInfo(0).shape();
-    if (a.empty()) return elems(op.outputs[0]);
-    if (type == "MatMul") return 2.0 * elems(op.outputs[0]) * static_cast<double>(ir::matMulOperand(op, 0).shape.back());
-    bool ta = op.attrs.getInt("transA", 0) != 0;
-    int64_t k = ta && a.size() >= 2 ? a[a.size() - 2] : a.back();
-    return 2.0 * elems(op.outputs[0]) * static_cast<double>(k);
-  }
-  // Convolutions and their gradients: 2 · (elements of the larger activation) · (weight
-  // elements per output channel), i.e. 2 · MACs.
-  auto convMacs = [&](const ir::Tensor &w, const ir::Tensor &out) {
-    const Shape &ws = w.info().shape();
-    if (ws.size() < 2) return 0.0;
-    double perOutput = static_cast<double>(w.info().elementCount()) / static_cast<double>(ws[0]);
-    return 2.0 * static_cast<double>(out.info().elementCount()) * perOutput;
-  };
-  if (type == "Conv" && op.hasInput(1) && op.hasOutput(0)) { // with a fused pool: the convolution's result
-    const Shape &ws = op.inInfo(1).shape();
-    if (ws.size() < 2) return 0.0;
-    double perOutput = static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
-    return 2.0 * static_cast<double>(shapeElementCount(ir::convResultShape(op))) * perOutput;
-  }
-  if (type == "ConvDataGrad" && op.hasInput(1) && op.hasInput(0)) return convMacs(op.input(1), op.input(0));
-  if (type == "ConvWeightGrad" && op.hasInput(0) && op.hasOutput(0)) return convMacs(op.output(0), op.input(0));
-  // Recurrent ops: the gate products of every time step, 2 · T·N · (gates·H·directions) · (I + H)
-  // from X [T, N, I] (or [N, T, I]), W [D, G·H, I] and R [D, G·H, H]; their grad ops (X, W, R
-  // first too) twice that, for the data and the weight gradients.
-  bool recurrentGrad = op.domain == "ai.graphcore" && (type == "LSTMGrad" || type == "GRUGrad" || type == "RNNGrad");
-  if ((type == "LSTM" || type == "GRU" || type == "RNN" || recurrentGrad) && op.hasInput(0) && op.hasInput(1) &&
-      op.hasInput(2)) {
-    const Shape &w = op.inInfo(1).shape(), &r = op.inInfo(2).shape();
-    if (w.size() != 3 || r.size() != 3 || w[2] == 0) return 0.0;
-    double steps = elems(&op.input(0)) / static_cast<double>(w[2]); // T·N
-    double forward = 2.0 * steps * static_cast<double>(w[0] * w[1]) * static_cast<double>(w[2] + r[2]);
-    return recurrentGrad ? 2.0 * forward : forward;
-  }
-  if (type == "ConvTranspose" && op.hasInput(1) && op.hasInput(0)) {
-    const Shape &ws = op.inInfo(1).shape();
-    double perInput = ws.empty() ? 0.0 : static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
-    return 2.0 * elems(&op.input(0)) * perInput;
-  }
-  double out = 0;
-  for (const ir::Tensor *t : op.outputs)
-    out += elems(t);
-  return out;
-}
+double estimateFlops(const ir::Op &op) { return ir::estimateFlops(op); }
 
 bool ReferenceEvaluator::canEvaluate(const ir::Op &op) const {
   registerBuiltinKernels();

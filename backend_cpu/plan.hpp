@@ -46,12 +46,13 @@ struct StepInfo {
   std::string name;     ///< "Conv 'conv1'"
   std::string type;     ///< "Conv", "ai.graphcore.ConvDataGrad"
   int phase = 0;
-  double flops = 0;     ///< floating-point operations of one run (estimate, see estimateFlops)
+  double flops = 0;     ///< floating-point operations of one run (estimate, see ir::estimateFlops)
   int64_t bytes = 0;    ///< bytes read and written (inputs + outputs)
 };
 
-/// Floating-point operations of \p op: 2·M·N·K for MatMul/Gemm, 2·MACs for convolutions, the
-/// gate products of LSTM, GRU and RNN, and their gradients, one per output element for everything else.
+/// Floating-point operations of \p op, from its definition's flops hook (ir::estimateFlops: 2·M·N·K
+/// for MatMul/Gemm, 2·MACs for convolutions, the gate products of LSTM, GRU and RNN, and their
+/// gradients; one per output element for everything else).
 double estimateFlops(const ir::Op &op);
 
 /// One recorded run of one step (ns since profiling started).

@@ -84,4 +84,13 @@ bool OpRegistry::knowsType(const std::string &domain, const std::string &type) c
   return false;
 }
 
+double outputElementCount(const Op &op) {
+  double n = 0;
+  for (const Tensor *t : op.outputs)
+    n += t ? static_cast<double>(t->info().elementCount()) : 0.0;
+  return n;
+}
+
+double estimateFlops(const Op &op) { return op.def && op.def->flops ? op.def->flops(op) : outputElementCount(op); }
+
 } // namespace popart::ir

@@ -104,6 +104,12 @@ struct OpDef {
   std::vector<InPlace> (*trainingState)(const Op &op) = nullptr;
 };
 
+/// Floating-point operations of one run of \p op (for the profiler): its OpDef's flops hook,
+/// else outputElementCount.
+double estimateFlops(const Op &op);
+/// Elements of \p op's present outputs: the estimate for ops of about one operation per element.
+double outputElementCount(const Op &op);
+
 /// All op definitions, filled once at start-up by registerBuiltinOps().
 class OpRegistry {
 public:

@@ -127,12 +127,28 @@ void setupMaxPoolGrad(Op &op) {
   op.setOutInfo(0, op.inInfo(0));
 }
 
+/// The gradients of a convolution: 2 · (elements of the larger activation \p out) · (elements of
+/// weight \p w per output channel), i.e. 2 · MACs.
+double convMacFlops(const Tensor &w, const Tensor &out) {
+  const Shape &ws = w.info().shape();
+  if (ws.size() < 2) return 0.0;
+  double perOutput = static_cast<double>(w.info().elementCount()) / static_cast<double>(ws[0]);
+  return 2.0 * static_cast<double>(out.info().elementCount()) * perOutput;
+}
+
 } // namespace
 
 void registerConvGradOps(OpRegistry &r) {
-  for (OpDef d :
-       {makeDef("ConvDataGrad", 1, 1000, setupConvDataGrad), makeDef("ConvWeightGrad", 1, 1000, setupConvWeightGrad),
-        makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad), makeDef("MaxPoolGrad", 1, 1000, setupMaxPoolGrad)}) {
+  OpDef dataGrad = makeDef("ConvDataGrad", 1, 1000, setupConvDataGrad);
+  dataGrad.flops = [](const Op &op) {
+    return op.hasInput(1) && op.hasInput(0) ? convMacFlops(op.input(1), op.input(0)) : outputElementCount(op);
+  };
+  OpDef weightGrad = makeDef("ConvWeightGrad", 1, 1000, setupConvWeightGrad);
+  weightGrad.flops = [](const Op &op) {
+    return op.hasInput(0) && op.hasOutput(0) ? convMacFlops(op.output(0), op.input(0)) : outputElementCount(op);
+  };
+  for (OpDef d : {dataGrad, weightGrad, makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad),
+                  makeDef("MaxPoolGrad", 1, 1000, setupMaxPoolGrad)}) {
     d.domain = "ai.graphcore";
     r.add(d);
   }

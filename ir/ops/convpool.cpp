@@ -108,8 +108,8 @@ void setupConv(Op &op) {
   (void)nsp;
   // popart_residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
   // after the bias and before a fused activation.
-  if (residual && (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) ||
-                   op.attrs.has("popart_pool_kernel")))
+  if (residual &&
+      (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) || op.attrs.has("popart_pool_kernel")))
     throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
                 " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
   // fuseRelu / fuseConvActivation: a known activation with its parameters.
@@ -207,11 +207,33 @@ void setupGlobalPool(Op &op) {
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), y));
 }
 
+/// 2 · (elements of the convolution's result) · (weight elements per output channel): 2 · MACs,
+/// of the result before any fused pool.
+double convFlops(const Op &op) {
+  if (!op.hasInput(1) || !op.hasOutput(0)) return outputElementCount(op);
+  const Shape &ws = op.inInfo(1).shape();
+  if (ws.size() < 2) return 0.0;
+  double perOutput = static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
+  return 2.0 * static_cast<double>(shapeElementCount(convResultShape(op))) * perOutput;
+}
+
+/// 2 · (input elements) · (weight elements per input channel).
+double convTransposeFlops(const Op &op) {
+  if (!op.hasInput(1) || !op.hasInput(0)) return outputElementCount(op);
+  const Shape &ws = op.inInfo(1).shape();
+  double perInput = ws.empty() ? 0.0 : static_cast<double>(op.inInfo(1).elementCount()) / static_cast<double>(ws[0]);
+  return 2.0 * static_cast<double>(op.inInfo(0).elementCount()) * perInput;
+}
+
 } // namespace
 
 void registerConvPoolOps(OpRegistry &r) {
-  r.add(makeDef("Conv", 1, 1000, setupConv));
-  r.add(makeDef("ConvTranspose", 1, 1000, setupConvTranspose));
+  OpDef conv = makeDef("Conv", 1, 1000, setupConv);
+  conv.flops = convFlops;
+  r.add(conv);
+  OpDef convTranspose = makeDef("ConvTranspose", 1, 1000, setupConvTranspose);
+  convTranspose.flops = convTransposeFlops;
+  r.add(convTranspose);
   r.add(makeDef("MaxPool", 1, 1000, setupPool));
   r.add(makeDef("AveragePool", 1, 1000, setupPool));
   r.add(makeDef("LpPool", 1, 1000, setupPool));

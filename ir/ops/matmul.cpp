@@ -26,8 +26,8 @@ StridedShape matMulOperand(const Op &op, size_t i) {
   std::vector<int64_t> perm = op.attrs.getInts(i == 0 ? "popart_permA" : "popart_permB", {});
   if (!perm.empty()) {
     if (!isPermutation(perm, stored.size()))
-      throw error(op.debugName(), ": ", i == 0 ? "popart_permA" : "popart_permB", " is not a permutation of input ",
-                  i, "'s ", stored.size(), " axes");
+      throw error(op.debugName(), ": ", i == 0 ? "popart_permA" : "popart_permB", " is not a permutation of input ", i,
+                  "'s ", stored.size(), " axes");
     StridedShape p{stored, s.strides};
     for (size_t j = 0; j < perm.size(); ++j) {
       p.shape[j] = stored[static_cast<size_t>(perm[j])];
@@ -130,11 +130,32 @@ void setupGemm(Op &op) {
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
 
+/// 2·M·N·K: one multiply and one add per product term.
+double matMulFlops(const Op &op) {
+  if (op.inputCount() < 2 || !op.hasOutput(0)) return outputElementCount(op);
+  if (op.inInfo(0).shape().empty()) return outputElementCount(op);
+  return 2.0 * static_cast<double>(op.outInfo(0).elementCount()) *
+         static_cast<double>(matMulOperand(op, 0).shape.back());
+}
+
+double gemmFlops(const Op &op) {
+  if (op.inputCount() < 2 || !op.hasOutput(0)) return outputElementCount(op);
+  const Shape &a = op.inInfo(0).shape();
+  if (a.empty()) return outputElementCount(op);
+  bool ta = op.attrs.getInt("transA", 0) != 0;
+  int64_t k = ta && a.size() >= 2 ? a[a.size() - 2] : a.back();
+  return 2.0 * static_cast<double>(op.outInfo(0).elementCount()) * static_cast<double>(k);
+}
+
 } // namespace
 
 void registerMatMulOps(OpRegistry &r) {
-  r.add(makeDef("MatMul", 1, 1000, setupMatMul));
-  r.add(makeDef("Gemm", 1, 1000, setupGemm));
+  OpDef matmul = makeDef("MatMul", 1, 1000, setupMatMul);
+  matmul.flops = matMulFlops;
+  r.add(matmul);
+  OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
+  gemm.flops = gemmFlops;
+  r.add(gemm);
 }
 
 } // namespace popart::ir

@@ -138,12 +138,28 @@ int saveRecurrentState(Graph &graph, const std::function<int64_t(const Op &)> &s
   return count;
 }
 
+/// The gate products of every time step, 2 · T·N · (gates·H·directions) · (I + H) from X [T, N, I]
+/// (or [N, T, I]), W [D, G·H, I] and R [D, G·H, H]; their grad ops (X, W, R first too) twice
+/// that, for the data and the weight gradients.
+static double recurrentFlops(const Op &op, bool grad) {
+  if (!op.hasInput(0) || !op.hasInput(1) || !op.hasInput(2)) return outputElementCount(op);
+  const Shape &w = op.inInfo(1).shape(), &r = op.inInfo(2).shape();
+  if (w.size() != 3 || r.size() != 3 || w[2] == 0) return 0.0;
+  double steps = static_cast<double>(op.inInfo(0).elementCount()) / static_cast<double>(w[2]); // T·N
+  double forward = 2.0 * steps * static_cast<double>(w[0] * w[1]) * static_cast<double>(w[2] + r[2]);
+  return grad ? 2.0 * forward : forward;
+}
+
 void registerRnnOps(OpRegistry &r) {
-  for (const char *t : {"RNN", "GRU", "LSTM"})
-    r.add(makeDef(t, 7, 1000, setupRecurrent));
+  for (const char *t : {"RNN", "GRU", "LSTM"}) {
+    OpDef d = makeDef(t, 7, 1000, setupRecurrent);
+    d.flops = [](const Op &op) { return recurrentFlops(op, false); };
+    r.add(d);
+  }
   for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"}) {
     OpDef d = makeDef(t, 1, 1000, setupRecurrentGrad);
     d.domain = "ai.graphcore";
+    d.flops = [](const Op &op) { return recurrentFlops(op, true); };
     r.add(d);
   }
 }

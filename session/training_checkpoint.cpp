@@ -1,0 +1,135 @@
+// TrainingSession's checkpoints: every persistent tensor and the host-side step state in one
+// file (a JSON header after a magic and its length, then the raw bytes), written atomically and
+// read back only after everything in it has been checked.
+
+#include "session/training_impl.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace popart {
+
+namespace {
+constexpr char kCheckpointMagic[8] = {'P', 'O', 'P', 'A', 'R', 'T', 'C', 'K'};
+constexpr int kCheckpointVersion = 1;
+
+/// 64-bit FNV-1a of the model bytes: a checkpoint belongs to one model.
+uint64_t fingerprint(const std::string &bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes)
+    h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+} // namespace
+
+void TrainingSession::saveCheckpoint(const std::string &path) const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("saveCheckpoint: call prepareDevice() first");
+  nlohmann::json header;
+  header["version"] = kCheckpointVersion;
+  header["model"] = std::to_string(fingerprint(m.model.bytes));
+  header["optimizer"] = m.optimizer->name();
+  header["step"] = m.step;
+  header["skipped"] = m.skipped;
+  header["goodSteps"] = m.goodSteps;
+  header["lossScale"] = m.lossScale;
+  header["seed"] = std::to_string(m.seed);
+  header["rngCounter"] = m.rngCounter;
+  int64_t offset = 0;
+  std::vector<TensorId> ids = m.persistentIds();
+  for (const auto &id : ids) {
+    const TensorData &d = m.variable(id);
+    header["tensors"].push_back({{"id", id},
+                                 {"type", toString(d.info().dataType())},
+                                 {"shape", d.info().shape()},
+                                 {"offset", offset},
+                                 {"bytes", d.byteCount()}});
+    offset += d.byteCount();
+  }
+  std::string h = header.dump();
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("saveCheckpoint: cannot write '", tmp, "'");
+    uint64_t n = h.size();
+    out.write(kCheckpointMagic, sizeof kCheckpointMagic);
+    out.write(reinterpret_cast<const char *>(&n), sizeof n);
+    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    for (const auto &id : ids) {
+      const TensorData &d = m.variable(id);
+      out.write(static_cast<const char *>(d.data()), static_cast<std::streamsize>(d.byteCount()));
+    }
+    if (!out.flush()) throw error("saveCheckpoint: writing '", tmp, "' failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw error("saveCheckpoint: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+void TrainingSession::loadCheckpoint(const std::string &path) {
+  Impl &m = *impl_;
+  prepareDevice();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error("loadCheckpoint: cannot open '", path, "'");
+  char magic[sizeof kCheckpointMagic];
+  uint64_t n = 0;
+  in.read(magic, sizeof magic);
+  in.read(reinterpret_cast<char *>(&n), sizeof n);
+  if (!in || std::memcmp(magic, kCheckpointMagic, sizeof magic) != 0 || n > (1u << 30))
+    throw error("loadCheckpoint: '", path, "' is not a checkpoint");
+  std::string h(n, '\0');
+  in.read(h.data(), static_cast<std::streamsize>(n));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(h);
+  } catch (const std::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has a corrupt header: ", e.what());
+  }
+  try {
+    if (header.at("version").get<int>() != kCheckpointVersion)
+      throw error("version ", header.at("version").get<int>(), " (expected ", kCheckpointVersion, ")");
+    if (header.at("model").get<std::string>() != std::to_string(fingerprint(m.model.bytes)))
+      throw error("it was written for a different model");
+    if (header.at("optimizer").get<std::string>() != m.optimizer->name())
+      throw error("it holds ", header.at("optimizer").get<std::string>(), " state, the session uses ",
+                  m.optimizer->name());
+    std::vector<TensorId> ids = m.persistentIds();
+    const auto &tensors = header.at("tensors");
+    if (tensors.size() != ids.size())
+      throw error("it holds ", tensors.size(), " tensors, the session has ", ids.size());
+    std::vector<TensorData> values;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const auto &t = tensors[i];
+      const TensorData &d = m.variable(ids[i]);
+      if (t.at("id").get<std::string>() != ids[i])
+        throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
+      if (t.at("shape").get<Shape>() != d.info().shape() ||
+          t.at("type").get<std::string>() != toString(d.info().dataType()))
+        throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ",
+                    toString(t.at("shape").get<Shape>()), ", the session has ", d.info().toString());
+      TensorData v(d.info());
+      in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(v.byteCount()));
+      if (!in) throw error("it is truncated in tensor '", ids[i], "'");
+      values.push_back(std::move(v));
+    }
+    // Everything read and checked: only now change the session.
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));
+    m.step = header.at("step").get<int64_t>();
+    m.skipped = header.at("skipped").get<int64_t>();
+    m.goodSteps = header.at("goodSteps").get<int64_t>();
+    m.lossScale = header.at("lossScale").get<float>();
+    m.seed = std::stoull(header.at("seed").get<std::string>());
+    m.rngCounter = header.at("rngCounter").get<int64_t>();
+  } catch (const nlohmann::json::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+  } catch (const error &e) {
+    throw error("loadCheckpoint: '", path, "': ", e.what());
+  }
+}
+
+} // namespace popart

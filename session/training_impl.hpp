@@ -1,0 +1,108 @@
+#pragma once
+// TrainingSession's state (its pimpl), shared by the files that implement the session: the
+// session itself (training_session.cpp), weight I/O (training_weights.cpp) and checkpoints
+// (training_checkpoint.cpp).
+
+#include "backend_cpu/plan.hpp"
+#include "ir/passes/pass_manager.hpp"
+#include "onnx_import/onnx_import.hpp"
+#include "optimizer/apply.hpp"
+#include "session/session_common.hpp"
+#include "session/training_passes.hpp"
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace popart {
+
+struct TrainingSession::Impl {
+  session::ModelSource model;
+  DataFlow dataFlow;
+  SessionOptions options;
+  InputShapeInfo inputShapes;
+  std::unique_ptr<Optimizer> optimizer;
+  TensorId lossId;
+
+  std::unique_ptr<ir::Graph> declared;
+  std::vector<TensorId> inputIds;
+  std::unique_ptr<ir::Graph> graph;
+  std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+  optimizer::AppliedOptimizer applied;
+  std::vector<TensorId> weightIds;          ///< trained weights, model order
+  std::vector<WeightStatus> weightStatuses; ///< every float initializer, model order
+  std::vector<TensorId> runningStats;       ///< BatchNormalization running mean/var (updated, not trained)
+  std::vector<TensorId> stateIds;           ///< optimiser state
+  /// Per update op, its weight's hyperparameters resolved once (optimizer::resolveHyperParameters).
+  std::vector<std::vector<float>> resolvedHp;
+  TensorId lossScaleId; ///< FLOAT scalar Variable multiplying the loss
+  TensorId rngStateId;  ///< INT64 [2] Variable {seed, counter} for random ops
+  /// What weightsFromHost restores: each persistent tensor's value after compile, shared with
+  /// `declared` where it holds the same bytes (the model's weights), or null when all zero (most
+  /// optimiser state), so that the session does not hold another copy of them.
+  std::map<TensorId, std::shared_ptr<const TensorData>> initialValues;
+  std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
+
+  int64_t step = 0, skipped = 0, goodSteps = 0;
+  float lossScale = 1.0f;
+  uint64_t seed = 0;
+  int64_t rngCounter = 0;
+
+  int accumulation() const { return options.enableGradientAccumulation ? options.accumulationFactor : 1; }
+  bool dynamicScaling() const { return options.automaticLossScalingSettings.enabled; }
+
+  /// Variables whose values persist across steps and go into checkpoints.
+  std::vector<TensorId> persistentIds() const {
+    std::vector<TensorId> ids = weightIds;
+    ids.insert(ids.end(), runningStats.begin(), runningStats.end());
+    ids.insert(ids.end(), stateIds.begin(), stateIds.end());
+    return ids;
+  }
+
+  TensorData &variable(const TensorId &id) const { return *graph->tensor(id).data(); }
+
+  /// The persistent tensor \p id, after checking \p arr can hold it; errors start with \p what.
+  TensorData &checkedWeight(const char *what, const TensorId &id, const IArray &arr) const {
+    std::vector<TensorId> ids = persistentIds();
+    if (std::find(ids.begin(), ids.end(), id) == ids.end()) {
+      for (const auto &st : weightStatuses)
+        if (st.id == id)
+          throw error(what, ": weight '", id, "' is not trained (", st.reason,
+                      "): the compiled plan holds it as a constant");
+      throw error(what, ": '", id, "' is not a weight, running statistic or optimiser state tensor of the session");
+    }
+    TensorData &d = variable(id);
+    if (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount())
+      throw error(what, ": buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the tensor is ", d.info().toString());
+    return d;
+  }
+
+  std::unique_ptr<ir::Graph> import() const {
+    onnx_import::ImportOptions io;
+    io.check = options.checkModel;
+    io.initializersAsVariables = true;
+    return onnx_import::importModelBytes(model.bytes, model.baseDir, io, model.sourceName);
+  }
+
+  /// The model imported with the session's input shapes, frozen and shape-deciding float
+  /// initializers and all non-float ones made constants (described in \p constants), shapes
+  /// inferred if \p inferShapes (the training pipeline's first pass does it otherwise).
+  std::unique_ptr<ir::Graph> shapedImport(session::Constants *constants = nullptr, bool inferShapes = true) const;
+  /// Sets lossId, if not given, to \p g's only scalar output.
+  void findLoss(const ir::Graph &g);
+  void compile();
+  void writeHostScalars();
+  void resolveHyperParameters() {
+    resolvedHp.clear();
+    for (const auto &u : applied.updates)
+      resolvedHp.push_back(optimizer::resolveHyperParameters(*optimizer, u.weight));
+  }
+  void resetState();
+};
+
+} // namespace popart

@@ -1,0 +1,73 @@
+// TrainingSession's weight I/O: reading and writing weights, running statistics and optimiser
+// state, writing the trained model, and replacing the optimiser's hyperparameters.
+
+#include "session/training_impl.hpp"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace popart {
+
+void TrainingSession::readWeights(const WeightsIO &weights) const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("readWeights: call prepareDevice() first");
+  for (const auto &[id, arr] : weights.all()) {
+    // A float initializer that is not trained keeps the model's value.
+    auto st = std::find_if(m.weightStatuses.begin(), m.weightStatuses.end(),
+                           [&](const WeightStatus &w) { return w.id == id; });
+    bool untrained = st != m.weightStatuses.end() && st->role != WeightStatus::Role::Trained &&
+                     st->role != WeightStatus::Role::RunningStatistic;
+    const TensorData &d = untrained ? *m.declared->tensor(id).data() : m.checkedWeight("readWeights", id, arr);
+    if (untrained && (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount()))
+      throw error("readWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
+                  ", the tensor is ", d.info().toString());
+    std::memcpy(arr.data(), d.data(), static_cast<size_t>(d.byteCount()));
+  }
+}
+
+void TrainingSession::writeWeights(const WeightsIO &weights) {
+  Impl &m = *impl_;
+  prepareDevice();
+  for (const auto &[id, arr] : weights.all())
+    m.checkedWeight("writeWeights", id, arr); // all checked before any is written
+  for (const auto &[id, arr] : weights.all())
+    std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(),
+                static_cast<size_t>(m.variable(id).byteCount()));
+}
+
+void TrainingSession::modelToHost(const std::string &path) const {
+  const Impl &m = *impl_;
+  std::map<TensorId, const TensorData *> values;
+  if (m.plan) {
+    for (const auto &id : m.weightIds)
+      values[id] = &m.variable(id);
+    for (const auto &id : m.runningStats)
+      values[id] = &m.variable(id);
+  }
+  std::string bytes = onnx_import::withInitializers(m.model.bytes, values);
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw error("modelToHost: cannot write '", tmp, "'");
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw error("modelToHost: writing '", tmp, "' failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw error("modelToHost: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+}
+
+void TrainingSession::updateOptimizerFromHost(const Optimizer *optimizer) {
+  Impl &m = *impl_;
+  if (!optimizer) throw error("updateOptimizerFromHost: null optimiser");
+  optimizer::checkReplaceable(*m.optimizer, *optimizer, m.weightIds);
+  for (const auto &[w, params] : optimizer->specifics())
+    if (std::find(m.weightIds.begin(), m.weightIds.end(), w) == m.weightIds.end())
+      throw error("updateOptimizerFromHost: insertSpecific names '", w, "', which is not a trained weight");
+  m.optimizer = optimizer->clone();
+  if (m.plan) m.resolveHyperParameters();
+  if (!m.dynamicScaling()) m.lossScale = m.optimizer->lossScaling().val();
+}
+
+} // namespace popart
