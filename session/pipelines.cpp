@@ -2,8 +2,8 @@
 
 #include "session/pipelines.hpp"
 #include "autodiff/training_passes.hpp"
+#include "autodiff/weights.hpp"
 #include "optimizer/passes.hpp"
-#include "session/training_passes.hpp"
 
 #include <iostream>
 #include <sstream>
@@ -67,7 +67,7 @@ void registerAllPasses() {
   ir::registerIrPasses();
   autodiff::registerTrainingPasses();
   optimizer::registerOptimizerPasses();
-  registerSessionPasses();
+  autodiff::registerWeightPasses();
 }
 
 ir::PipelineOptions pipelineOptions(const SessionOptions &options) {

@@ -15,7 +15,7 @@ const std::vector<std::string> &inferencePipeline();
 /// Passes from import to lowering for TrainingSession.
 const std::vector<std::string> &trainingPipeline();
 
-/// Registers every pass of every library (ir, autodiff, optimizer, session); safe to call more than once.
+/// Registers every pass of every library (ir, autodiff, optimizer); safe to call more than once.
 void registerAllPasses();
 
 /// The pipeline options \p options asks for: disabled passes, all optional ones off with

@@ -3,12 +3,12 @@
 // session itself (training_session.cpp), weight I/O (training_weights.cpp) and checkpoints
 // (training_checkpoint.cpp).
 
+#include "autodiff/weights.hpp"
 #include "backend_cpu/plan.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "optimizer/apply.hpp"
 #include "session/session_common.hpp"
-#include "session/training_passes.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -92,7 +92,7 @@ struct TrainingSession::Impl {
   /// The model imported with the session's input shapes, frozen and shape-deciding float
   /// initializers and all non-float ones made constants (described in \p constants), shapes
   /// inferred if \p inferShapes (the training pipeline's first pass does it otherwise).
-  std::unique_ptr<ir::Graph> shapedImport(session::Constants *constants = nullptr, bool inferShapes = true) const;
+  std::unique_ptr<ir::Graph> shapedImport(autodiff::Constants *constants = nullptr, bool inferShapes = true) const;
   /// Sets lossId, if not given, to \p g's only scalar output.
   void findLoss(const ir::Graph &g);
   void compile();

@@ -15,7 +15,22 @@
 
 namespace popart {
 
-std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(session::Constants *constants, bool inferShapes) const {
+namespace {
+
+WeightStatus::Role statusRole(autodiff::WeightRole role) {
+  switch (role) {
+  case autodiff::WeightRole::Trained: return WeightStatus::Role::Trained;
+  case autodiff::WeightRole::Frozen: return WeightStatus::Role::Frozen;
+  case autodiff::WeightRole::ShapeConstant: return WeightStatus::Role::ShapeConstant;
+  case autodiff::WeightRole::NoGradient: return WeightStatus::Role::NoGradient;
+  case autodiff::WeightRole::RunningStatistic: return WeightStatus::Role::RunningStatistic;
+  }
+  return WeightStatus::Role::NoGradient;
+}
+
+} // namespace
+
+std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(autodiff::Constants *constants, bool inferShapes) const {
   auto g = import();
   for (const auto &id : inputIds) {
     TensorInfo info = session::resolvedInputInfo(*declared, id, inputShapes, options);
@@ -24,7 +39,7 @@ std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(session::Constant
                   ": training needs every input shape (set SessionOptions::batchSize or an InputShapeInfo)");
     g->tensor(id).setInfo(info);
   }
-  session::Constants c = session::makeConstants(*g, options.frozenWeights);
+  autodiff::Constants c = autodiff::makeConstants(*g, options.frozenWeights);
   if (constants) *constants = std::move(c);
   if (inferShapes) {
     backend_cpu::ReferenceEvaluator evaluator;
@@ -34,13 +49,13 @@ std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(session::Constant
 }
 
 void TrainingSession::Impl::findLoss(const ir::Graph &g) {
-  if (lossId.empty()) lossId = session::onlyScalarOutput(g, model.sourceName);
+  if (lossId.empty()) lossId = autodiff::onlyScalarOutput(g, model.sourceName);
 }
 
 void TrainingSession::Impl::compile() {
   session::registerAllPasses();
   ir::PassContext context;
-  session::WeightDiscovery &discovery = context.state<session::WeightDiscovery>();
+  autodiff::WeightDiscovery &discovery = context.state<autodiff::WeightDiscovery>();
   auto g = shapedImport(&discovery.constants, false);
   discovery.declared = declared.get();
   discovery.sourceName = model.sourceName;
@@ -67,7 +82,14 @@ void TrainingSession::Impl::compile() {
   lossId = context.loss;
   const ir::TrainingTensors &tt = context.state<ir::TrainingTensors>();
   weightIds = tt.weights;
-  weightStatuses = std::move(discovery.statuses);
+  weightStatuses.clear();
+  for (const autodiff::FoundWeight &w : discovery.weights) {
+    WeightStatus st;
+    st.id = w.id;
+    st.role = statusRole(w.role);
+    st.reason = w.reason;
+    weightStatuses.push_back(std::move(st));
+  }
   for (const auto &id : tt.unreached)
     for (auto &st : weightStatuses)
       if (st.id == id) {

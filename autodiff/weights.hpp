@@ -1,16 +1,16 @@
 #pragma once
-// The session library's passes of the training pipeline: findLoss and findWeights (which float
-// initializers are trained, and why each other one is not), with the constants they start from.
+// Weight discovery for training: the constants made at import (frozen and shape-deciding float
+// initializers), and the passes findLoss and findWeights (which float initializers the loss
+// trains, and why each other one is not).
 
 #include "ir/passes/pass_manager.hpp"
-#include <popart/session.hpp>
 
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
-namespace popart::session {
+namespace popart::autodiff {
 
 /// Float initializers made constants before shape inference, and why.
 struct Constants {
@@ -24,18 +24,28 @@ struct Constants {
 /// decide shapes (through value inputs, not through Shape or Size) and of every non-float one.
 Constants makeConstants(ir::Graph &g, const std::vector<std::string> &frozenWeights);
 
+/// What happens to a float initializer in training (the roles of popart::WeightStatus).
+enum class WeightRole { Trained, Frozen, ShapeConstant, NoGradient, RunningStatistic };
+
+/// One float initializer of the model, its role and why it is not trained ("" when trained).
+struct FoundWeight {
+  TensorId id;
+  WeightRole role = WeightRole::Trained;
+  std::string reason;
+};
+
 /// What findLoss and findWeights read and fill (PassContext::state).
 struct WeightDiscovery {
   const ir::Graph *declared = nullptr; ///< the model as imported: its initializers in model order
   std::string sourceName;              ///< the model's path, for messages
-  Constants constants;
-  std::vector<WeightStatus> statuses; ///< every float initializer, model order (filled)
+  Constants constants;                 ///< set at import
+  std::vector<FoundWeight> weights;    ///< every float initializer, model order (filled)
 };
 
 /// \p g's only scalar output; throws naming the model \p sourceName if there is not exactly one.
 TensorId onlyScalarOutput(const ir::Graph &g, const std::string &sourceName);
 
 /// Registers findLoss and findWeights; safe to call more than once.
-void registerSessionPasses();
+void registerWeightPasses();
 
-} // namespace popart::session
+} // namespace popart::autodiff

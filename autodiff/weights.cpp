@@ -1,15 +1,13 @@
-// findLoss and findWeights: the training pipeline's passes that read the graph for the session
-// (see training_passes.hpp).
+// findLoss and findWeights, and the constants they start from (see weights.hpp).
 
-#include "session/training_passes.hpp"
-#include "session/session_common.hpp"
+#include "autodiff/weights.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
 #include <mutex>
 #include <regex>
 
-namespace popart::session {
+namespace popart::autodiff {
 
 namespace {
 
@@ -69,15 +67,15 @@ int findWeights(ir::Graph &g, ir::PassContext &c) {
         if (in) stack.push_back(in);
   }
   tt.weights.clear();
-  d.statuses.clear();
+  d.weights.clear();
   for (const auto &id : d.declared->initializers()) {
     const ir::Tensor *declaredTensor = d.declared->findTensor(id);
     if (!declaredTensor || !isFloatingPoint(declaredTensor->info().dataType())) continue;
-    WeightStatus st;
+    FoundWeight st;
     st.id = id;
     const ir::Tensor *t = g.findTensor(id);
     if (auto it = d.constants.frozen.find(id); it != d.constants.frozen.end()) {
-      st.role = WeightStatus::Role::Frozen;
+      st.role = WeightRole::Frozen;
       st.reason = it->second == id ? "frozen by SessionOptions::frozenWeights"
                                    : "frozen by SessionOptions::frozenWeights entry '" + it->second + "'";
     } else if (auto sd = d.constants.shapeDeciding.find(id); sd != d.constants.shapeDeciding.end()) {
@@ -86,21 +84,21 @@ int findWeights(ir::Graph &g, ir::PassContext &c) {
             "initializer '", id, "' cannot be trained: ", sd->second, ", so it is a constant, but loss '", lossId,
             "' also depends on it through ops that differentiate it. Freeze it explicitly "
             "(SessionOptions::frozenWeights) or export the model so that no shape is computed from a weight's values");
-      st.role = WeightStatus::Role::ShapeConstant;
+      st.role = WeightRole::ShapeConstant;
       st.reason = sd->second;
     } else if (std::find(tt.runningStats.begin(), tt.runningStats.end(), id) != tt.runningStats.end()) {
-      st.role = WeightStatus::Role::RunningStatistic;
+      st.role = WeightRole::RunningStatistic;
       st.reason = "running statistic of BatchNormalization, updated each step";
     } else if (!t || t->kind() != ir::TensorKind::Variable || !upstream.count(t)) {
-      st.role = WeightStatus::Role::NoGradient;
+      st.role = WeightRole::NoGradient;
       st.reason = "loss '" + lossId + "' does not depend on it";
     } else {
       tt.weights.push_back(id);
     }
-    if (st.role != WeightStatus::Role::Trained) tt.untrained.push_back("'" + id + "' (" + st.reason + ")");
-    d.statuses.push_back(std::move(st));
+    if (st.role != WeightRole::Trained) tt.untrained.push_back("'" + id + "' (" + st.reason + ")");
+    d.weights.push_back(std::move(st));
   }
-  tt.floatInitializers = d.statuses.size();
+  tt.floatInitializers = d.weights.size();
   return static_cast<int>(tt.weights.size());
 }
 
@@ -151,13 +149,16 @@ TensorId onlyScalarOutput(const ir::Graph &g, const std::string &sourceName) {
   std::vector<TensorId> scalars;
   for (const auto &o : g.outputs())
     if (g.tensor(o).info().elementCount() == 1) scalars.push_back(o);
-  if (scalars.size() != 1)
-    throw error("model '", sourceName, "' has ", scalars.size(), " scalar outputs (", joinIds(scalars),
-                "): name the loss tensor");
+  if (scalars.size() != 1) {
+    std::string ids;
+    for (const auto &id : scalars)
+      ids += (ids.empty() ? "" : ", ") + id;
+    throw error("model '", sourceName, "' has ", scalars.size(), " scalar outputs (", ids, "): name the loss tensor");
+  }
   return scalars[0];
 }
 
-void registerSessionPasses() {
+void registerWeightPasses() {
   static std::once_flag once;
   std::call_once(once, [] {
     ir::PassRegistry &r = ir::PassRegistry::instance();
@@ -178,4 +179,4 @@ void registerSessionPasses() {
   });
 }
 
-} // namespace popart::session
+} // namespace popart::autodiff
