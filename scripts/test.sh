@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
-scripts/build.sh Release
+# Warnings are errors in the tested build (clang-tidy runs below, after ctest).
+scripts/build.sh Release -DPOPART_WERROR=ON
 # The unit tests also run under AddressSanitizer and UndefinedBehaviorSanitizer.
 echo "== unit tests under POPART_SANITIZE=address,undefined =="
 CCACHE_BASEDIR="$PWD" cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPOPART_SANITIZE=address,undefined >/dev/null

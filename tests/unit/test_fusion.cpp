@@ -1323,7 +1323,9 @@ TEST(FuseConvResidual, ResidualAddedByTheConvolutionMatchesTheAdd) {
     build(fused);
     ASSERT_EQ(ir::fuseConvResidual(fused), c.fuses) << what;
     if (!c.fuses) continue;
-    if (c.relu) EXPECT_EQ(ir::fuseRelu(fused), 1) << what; // relu(conv + r)
+    if (c.relu) {
+      EXPECT_EQ(ir::fuseRelu(fused), 1) << what; // relu(conv + r)
+    }
     EXPECT_EQ(ir::fuseConvPool(fused) + ir::fuseConvResidual(fused), 0) << what;
     ASSERT_EQ(fused.ops().size(), c.rComputed ? 3u : 1u) << what;
     std::mt19937 rng(53);
