@@ -36,8 +36,11 @@ struct TrainOptions {
   int64_t batch = 0;
   std::string kernels = "any";
   bool fuseOps = true;
+  std::string matmulTuning = "auto"; ///< SessionOptions::matmulTuning
+  int64_t convPoolChunk = 0;          ///< SessionOptions::convPoolChunk
   std::string profile; ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false; ///< print the compiled training graph (forward, backward and updates)
+  bool explainKernels = false; ///< print the kernel of each op and why
 };
 
 /// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by

@@ -74,6 +74,7 @@ struct TrainingSession::Impl {
   std::unique_ptr<ir::Graph> declared;
   std::vector<TensorId> inputIds;
   std::unique_ptr<ir::Graph> graph;
+  backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   optimizer::AppliedOptimizer applied;
   std::vector<TensorId> weightIds;          ///< trained weights, model order
@@ -427,7 +428,7 @@ void TrainingSession::Impl::compile() {
     if (options.kernels != "reference")
       ir::saveRecurrentState(*g, [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); });
   }
-  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
+  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
   graph = std::move(g);
   initialValues.clear();
   for (const auto &id : persistentIds()) {
@@ -502,6 +503,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   if (als.enabled && m.optimizer->lossScaling().val() != 1.0f)
     throw error("dynamic loss scaling replaces the optimiser's static lossScaling; set one or the other");
   setThreadCount(options.numThreads);
+  m.kernelContext = session::kernelContext(options);
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
   for (const auto &[id, info] : inputShapes.getAll())
@@ -793,6 +795,11 @@ float TrainingSession::getLossScale() const { return impl_->lossScale; }
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+std::string TrainingSession::explainKernels() const {
+  if (!impl_->plan) throw error("explainKernels: call prepareDevice() first");
+  return session::kernelReport(*impl_->plan);
+}
 
 void TrainingSession::enableProfiling() {
   prepareDevice();

@@ -15,7 +15,6 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -25,7 +24,6 @@ namespace {
 
 using namespace dnnl;
 
-int64_t forcedChunk = 0; ///< setConvPoolChunk
 /// The convolution result per chunk of a fused Conv + MaxPool: half of a 1 MiB L2. The CNN's
 /// first Conv + Relu + pool (64 images, [32, 32, 32] result) took 0.97 ms on the whole batch and
 /// 0.83-0.93 ms in chunks of 4 images on the AVX2 host.
@@ -101,7 +99,7 @@ bool trained(const ir::Op &op) {
 
 class ConvKernel : public Kernel {
 public:
-  explicit ConvKernel(const ir::Op &op) {
+  explicit ConvKernel(const ir::Op &op, const KernelContext &context = KernelContext()) {
     bool transposed = op.type == "ConvTranspose";
     // y: what the convolution computes; with a fused pool (fuseConvPool), the pool's input.
     const Shape &x = op.inInfo(0).shape(), y = transposed ? op.outInfo(0).shape() : ir::convResultShape(op),
@@ -194,7 +192,7 @@ public:
       pooled_ = ir::fusedPool(op, pool);
       if (pd.dst_desc() != mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
       if (pooled_) initPool(op, pool, pd.dst_desc(), y);
-      if (poolBlock_) initChunks(op, pd, make);
+      if (poolBlock_) initChunks(op, context.convPoolChunk, pd, make);
     }
     x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
     w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
@@ -378,31 +376,16 @@ private:
 
   /// A convolution result that a fused pool reads is written and read through memory when the
   /// whole batch is convolved first. Convolving and pooling a few images at a time keeps it in
-  /// cache: chunks of about kChunkBytes of result (setConvPoolChunk, POPART_CONVPOOL_CHUNK=N
-  /// force N images), with body primitives for the chunk and tail ones for the rest, all
+  /// cache: chunks of about kChunkBytes of result (KernelContext::convPoolChunk = N forces N
+  /// images), with body primitives for the chunk and tail ones for the rest, all
   /// convolving into one small buffer and pooling into their slice of the output. Left whole when
   /// a layout pads the batch or does not keep it outermost, or a chunk would take another
   /// implementation or weight layout.
-  /// POPART_CONVPOOL_CHUNK's image count; 0 (automatic) for anything but a positive integer,
-  /// warning once.
-  static int64_t chunkFromEnv(const char *env) {
-    char *end = nullptr;
-    long long v = std::strtoll(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0) return v;
-    static const bool warned = [&] {
-      logging::logger().warn("POPART_CONVPOOL_CHUNK='{}' is not a positive image count; sizing chunks automatically", env);
-      return true;
-    }();
-    (void)warned;
-    return 0;
-  }
-
   template <typename Make>
-  void initChunks(const ir::Op &op, const convolution_forward::primitive_desc &full, Make &make) {
+  void initChunks(const ir::Op &op, int64_t forcedChunk, const convolution_forward::primitive_desc &full, Make &make) {
     int64_t n = full.src_desc().data.dims[0];
     batch_ = n;
     int64_t chunk = forcedChunk;
-    if (const char *env = std::getenv("POPART_CONVPOOL_CHUNK"); env && chunk == 0) chunk = chunkFromEnv(env);
     if (chunk <= 0) // enough images for about kChunkBytes of convolution result
       chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(full.dst_desc().get_size()) / n));
     if (chunk >= n) return;
@@ -541,8 +524,6 @@ bool supportsPool(const ir::Op &op) {
 }
 
 } // namespace
-
-void setConvPoolChunk(int64_t images) { forcedChunk = images; }
 
 void registerDnnlConvPoolKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});
