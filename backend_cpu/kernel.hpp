@@ -83,6 +83,8 @@ struct Support {
   explicit operator bool() const { return reason.empty(); }
   static Support yes() { return {}; }
   static Support no(std::string why) { return {why.empty() ? std::string("declined") : std::move(why)}; }
+  /// Supported unless \p whyNot says why not.
+  static Support unless(std::string whyNot) { return {std::move(whyNot)}; }
 };
 
 /// A kernel's capability check: decides from the op's types, shapes and attributes (and, where
