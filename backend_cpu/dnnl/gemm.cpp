@@ -22,11 +22,12 @@ using matmul_tuning::kTuneFlops;
 using matmul_tuning::tunedWay;
 using matmul_tuning::unblocked;
 
-bool supportsGemm(const ir::Op &op) {
-  if (!dnnl_util::inputsFloat(op)) return false;
+Support supportsGemm(const ir::Op &op) {
+  if (!dnnl_util::inputsFloat(op)) return Support::no("not f32");
   // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).
-  if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return false;
-  return op.outInfo(0).elementCount() > 0;
+  if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return Support::no("beta other than 1 with C");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
+  return Support::yes();
 }
 
 /// Y = alpha * op(A) op(B) + beta * C: transposes are strides, C is a broadcast binary post-op.

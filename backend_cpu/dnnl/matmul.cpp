@@ -26,11 +26,13 @@ using matmul_tuning::kTuneFlops;
 using matmul_tuning::tunedWay;
 using matmul_tuning::unblocked;
 
-bool supportsMatMul(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT) return false;
-  if (op.outInfo(0).elementCount() == 0) return false;
+Support supportsMatMul(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT)
+    return Support::no("not f32");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
   size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
-  return ra >= 1 && rb >= 1 && std::max(ra, rb) <= 12;
+  if (ra < 1 || rb < 1 || std::max(ra, rb) > 12) return Support::no("a scalar operand or rank above 12");
+  return Support::yes();
 }
 
 /// The f32 descriptor of logical matrix batch \p shape (padded to \p rank); \p transposed: the

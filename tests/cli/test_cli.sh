@@ -48,6 +48,7 @@ expect 2 "error: input 'image' has symbolic shape \[\?,784\]: give it with --inp
 # Which kernel runs each op and why; kernel settings as flags.
 expect 0 "Gather .*: reference \(oneDNN: no kernel for Gather\)" -- "$RUN" "$DATA/node/test_gather_0/model.onnx" --explain-kernels
 expect 0 "MatMul .*: oneDNN, operands Pointwise, forced" -- "$RUN" "$DATA/node/test_matmul_2d/model.onnx" --explain-kernels --matmul-tuning p
+expect 0 "\[debug\] Gather .*: reference \(oneDNN: no kernel for Gather\)" -- env POPART_LOG_LEVEL=debug "$RUN" "$DATA/node/test_gather_0/model.onnx"
 expect 2 "--matmul-tuning: x not in" -- "$RUN" "$DATA/node/test_matmul_2d/model.onnx" --matmul-tuning x
 expect 2 "--convpool-chunk" -- "$RUN" "$DATA/node/test_relu/model.onnx" --convpool-chunk -1
 # Log level from the environment.
