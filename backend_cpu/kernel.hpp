@@ -2,10 +2,13 @@
 // A kernel runs one op on host buffers; kernels are chosen through a registry keyed by op
 // type, with a capability check, oneDNN first and the reference kernel as fallback.
 
+#include "backend_cpu/kernel_context.hpp"
 #include "ir/op.hpp"
 
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace popart::backend_cpu {
@@ -65,20 +68,95 @@ public:
   virtual int64_t rangeElements() const { return 0; }
   /// Does elements [begin, end) of run() on this thread.
   virtual void runRange(const KernelArgs & /*args*/, int64_t /*begin*/, int64_t /*end*/) {}
+  /// What the kernel chose while it was created, for popart-run --explain-kernels ("operands
+  /// FlippedB, timed"); empty when there was nothing to choose.
+  virtual std::string choice() const { return {}; }
 };
 
 /// Which kernel implementations may be chosen.
 enum class KernelProvider { Any, Reference, Dnnl };
+
+/// A capability check's verdict: supported, or why not ("oneDNN has no f64 matmul"), for the
+/// debug log and popart-run --explain-kernels.
+struct Support {
+  std::string reason; ///< empty: supported
+  explicit operator bool() const { return reason.empty(); }
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {why.empty() ? std::string("declined") : std::move(why)}; }
+  /// Supported unless \p whyNot says why not.
+  static Support unless(std::string whyNot) { return {std::move(whyNot)}; }
+};
+
+/// A kernel's capability check: decides from the op's types, shapes and attributes (and, where
+/// only oneDNN knows, from a primitive descriptor created without throwing), never by building
+/// the kernel. Plain bool checks decline without a reason.
+class SupportCheck {
+public:
+  SupportCheck() = default;
+  template <typename F>
+  requires std::is_convertible_v<F, Support (*)(const ir::Op &)> || std::is_convertible_v<F, bool (*)(const ir::Op &)>
+  SupportCheck(F f) { // NOLINT(google-explicit-constructor): registrations name plain functions
+    if constexpr (std::is_convertible_v<F, Support (*)(const ir::Op &)>)
+      withReason_ = f;
+    else
+      yesNo_ = f;
+  }
+  explicit operator bool() const { return withReason_ || yesNo_; }
+  Support operator()(const ir::Op &op) const {
+    if (withReason_) return withReason_(op);
+    return yesNo_(op) ? Support::yes() : Support::no("its capability check declines this op");
+  }
+
+private:
+  Support (*withReason_)(const ir::Op &) = nullptr;
+  bool (*yesNo_)(const ir::Op &) = nullptr;
+};
+
+/// Creates a kernel; a kernel that needs nothing of the session takes the op alone.
+class KernelFactory {
+public:
+  using WithContext = std::unique_ptr<Kernel> (*)(const ir::Op &, const KernelContext &);
+  using OpOnly = std::unique_ptr<Kernel> (*)(const ir::Op &);
+  KernelFactory() = default;
+  template <typename F>
+  requires std::is_convertible_v<F, WithContext> || std::is_convertible_v<F, OpOnly>
+  KernelFactory(F f) { // NOLINT(google-explicit-constructor): registrations name plain functions
+    if constexpr (std::is_convertible_v<F, WithContext>)
+      withContext_ = f;
+    else
+      opOnly_ = f;
+  }
+  explicit operator bool() const { return withContext_ || opOnly_; }
+  std::unique_ptr<Kernel> operator()(const ir::Op &op, const KernelContext &context) const {
+    return withContext_ ? withContext_(op, context) : opOnly_(op);
+  }
+
+private:
+  WithContext withContext_ = nullptr;
+  OpOnly opOnly_ = nullptr;
+};
 
 /// One way to run an op type.
 struct KernelEntry {
   std::string domain; ///< canonical domain, "ai.onnx" by default
   std::string type;
   KernelProvider provider = KernelProvider::Reference;
-  /// True if this implementation handles \p op (dtype, attributes, shapes); null means always.
-  bool (*supports)(const ir::Op &op) = nullptr;
-  std::unique_ptr<Kernel> (*create)(const ir::Op &op) = nullptr;
+  /// Whether this implementation handles \p op (dtype, attributes, shapes); empty means always.
+  SupportCheck supports;
+  KernelFactory create;
 };
+
+/// The entry chosen for an op, and why the entries before it in preference were not.
+struct KernelChoice {
+  const KernelEntry *entry = nullptr;
+  /// "oneDNN: no kernel for Gather", "reference: ..." for each provider not chosen.
+  std::vector<std::string> declined;
+  /// "oneDNN (reference declined: ...)", "reference (oneDNN: no kernel for Gather)".
+  std::string explanation() const;
+};
+
+/// "oneDNN" or "reference".
+const char *kernelProviderName(KernelProvider provider);
 
 /// All kernels, filled once by registerBuiltinKernels().
 class KernelRegistry {
@@ -87,6 +165,8 @@ public:
   void add(KernelEntry entry);
   /// The best entry for \p op allowed by \p provider: oneDNN before reference. Null if none.
   const KernelEntry *find(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
+  /// As find, with the reasons of the providers that declined \p op.
+  KernelChoice choose(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
   const std::vector<KernelEntry> &all() const { return entries_; }
 
 private:
@@ -96,10 +176,19 @@ private:
 /// Registers the reference and oneDNN kernels; safe to call more than once.
 void registerBuiltinKernels();
 
-/// Creates the kernel for \p op; throws naming the op if no implementation supports it.
-std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider = KernelProvider::Any);
+/// Creates the kernel for \p op with \p context; throws naming the op if no implementation
+/// supports it, or if the chosen one fails to build after its capability check accepted the op.
+std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider = KernelProvider::Any,
+                                     const KernelContext &context = KernelContext());
+/// Creates \p entry's kernel for \p op, which its check accepted; a failure is an error naming the op.
+std::unique_ptr<Kernel> createKernel(const KernelEntry &entry, const ir::Op &op, const KernelContext &context);
 
-/// Helper for kernels whose create() is "new K(op)".
-template <typename K> std::unique_ptr<Kernel> makeKernel(const ir::Op &op) { return std::make_unique<K>(op); }
+/// A kernel's create(): "new K(op, context)", or "new K(op)" for a kernel that needs no context.
+template <typename K> std::unique_ptr<Kernel> makeKernel(const ir::Op &op, const KernelContext &context) {
+  if constexpr (std::is_constructible_v<K, const ir::Op &, const KernelContext &>)
+    return std::make_unique<K>(op, context);
+  else
+    return std::make_unique<K>(op);
+}
 
 } // namespace popart::backend_cpu

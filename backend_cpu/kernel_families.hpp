@@ -5,46 +5,6 @@
 
 namespace popart::backend_cpu {
 
-/// How the oneDNN MatMul kernel presents a large 2-D product of non-constant operands to oneDNN:
-/// as stored, or with A or B first reordered into its other layout (row-major ↔ transposed, in
-/// the kernel's scratch). oneDNN 2.6's AVX2 f32 gemm runs some shape and layout pairs at half
-/// speed (weight gradients Xᵀ·dY with a long K), and takes a faster path for some when B is not
-/// 64-byte aligned (ShiftedB: B copied 16 bytes off alignment; [256, 1024]·[1024, 1024] in 3.2 ms
-/// instead of 5.8). Pointwise runs a product whose A is row-major (and whose B is one matrix) as
-/// a 1×1 convolution over A's rows, which oneDNN's AVX2 jit_1x1 kernel runs 5-17% faster than its
-/// gemm; it applies to MatMul and Gemm, with constant B too (packed once). Auto times the ways
-/// that apply once per shape and configuration, on aligned buffers as in the plan, and keeps the
-/// fastest if it gains 8% (Pointwise: 2%, as it needs no copy of A); the others force one (where
-/// it applies), for tests and A/B runs. Swapped computes Yᵀ = Bᵀ·Aᵀ into the scratch and
-/// transposes it into Y (SwappedCopy: with Bᵀ first copied row-major): the head's weight gradient
-/// [8000, 2048]ᵀ·[2048, 256] runs as [256, 2048]·[2048, 8000] at 170 GFLOP/s, not 140.
-/// FlippedPointwise copies a transposed A row-major, then runs Pointwise (weight gradients).
-/// Unpermuted copies the operands a MatMul reads through popart_permA/B (attention's head
-/// split) into plain layouts and writes a popart_permY result through a plain buffer: as fast
-/// on AVX2's gemm as the strided product, but oneDNN's AVX-512 brgemm ran strided heads 50-70%
-/// slower, so the tuning decides.
-/// POPART_MATMUL_TUNING=0 makes Auto AsStored; =a, =b, =s, =p, =t, =tc, =ap, =u force FlippedA,
-/// FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy, FlippedPointwise, Unpermuted.
-enum class MatMulOperands {
-  Auto,
-  AsStored,
-  FlippedA,
-  FlippedB,
-  ShiftedB,
-  Pointwise,
-  Swapped,
-  SwappedCopy,
-  FlippedPointwise,
-  Unpermuted
-};
-void setMatMulOperands(MatMulOperands choice);
-
-/// Images per chunk of a oneDNN Conv with a fused MaxPool (fuseConvPool), which convolves and
-/// pools a chunk at a time so that the convolution's result stays in cache: 0 (the default)
-/// sizes chunks to about 512 KiB of result; N ≥ 1 forces N images (N ≥ the batch: all at once),
-/// for tests and A/B runs, as POPART_CONVPOOL_CHUNK=N does when this is 0.
-void setConvPoolChunk(int64_t images);
-
 void registerReferenceKernels(KernelRegistry &registry);
 void registerDnnlKernels(KernelRegistry &registry);
 

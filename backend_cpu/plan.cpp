@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <malloc.h>
 #include <omp.h>
 #include <set>
@@ -158,7 +159,8 @@ int64_t heapInUse() {
 
 } // namespace
 
-ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options) : arena_(alignedBytes(1)) {
+ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options, const KernelContext &context)
+    : arena_(alignedBytes(1)) {
   const int64_t heapAtStart = heapInUse();
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
@@ -184,11 +186,17 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       if (t && t->info().dataType() == DataType::STRING)
         throw error(op->debugName(), ": STRING tensors are supported only where they can be computed at compile time");
     Step step;
-    const KernelEntry *entry = KernelRegistry::instance().find(*op, options.provider);
+    const KernelChoice choice = KernelRegistry::instance().choose(*op, options.provider);
     bool isView = op->hasOutput(0) && views.count(op->output(0).id());
-    step.kernel = isView ? std::make_unique<NoOpKernel>() : createKernel(*op, options.provider);
+    if (!isView && !choice.entry) createKernel(*op, options.provider, context); // throws naming the op
+    step.kernel = isView ? std::make_unique<NoOpKernel>() : createKernel(*choice.entry, *op, context);
+    if (!choice.declined.empty()) logging::logger().debug("{}: {}", op->debugName(), choice.explanation());
+    std::string detail = step.kernel->choice();
+    std::string kernelText = isView ? "view of its input (no kernel)" : choice.explanation();
+    if (!detail.empty()) kernelText.insert(std::strlen(kernelProviderName(choice.entry->provider)), ", " + detail);
+    stepKernels_.push_back(std::move(kernelText));
     scratch.push_back(step.kernel->scratchBytes());
-    stepProviders_.push_back(entry ? entry->provider : KernelProvider::Reference);
+    stepProviders_.push_back(choice.entry ? choice.entry->provider : KernelProvider::Reference);
     stepNames_.push_back(op->debugName());
     stepPhases_.push_back(op->phase);
     StepInfo info;
@@ -203,6 +211,7 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     stepInfos_.push_back(std::move(info));
     steps_.push_back(std::move(step));
   }
+  if (context.matmulTuning) tunedMatMulWays_ = context.matmulTuning->entries();
   std::map<TensorId, TensorId> shared = views;
   for (const auto &[out, in] : findInPlace(schedule, pinned, aliases, views))
     shared[out] = in;

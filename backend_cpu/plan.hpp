@@ -71,9 +71,9 @@ struct CompileOptions {
 /// The compiled form of a graph: kernels in schedule order with their buffer addresses.
 class ExecutionPlan {
 public:
-  /// Compiles \p graph, whose infos must all be known. Const and Variable tensors are not
-  /// copied: the plan keeps references to their data.
-  ExecutionPlan(const ir::Graph &graph, const CompileOptions &options);
+  /// Compiles \p graph, whose infos must all be known, creating its kernels with \p context (the
+  /// session's). Const and Variable tensors are not copied: the plan keeps references to their data.
+  ExecutionPlan(const ir::Graph &graph, const CompileOptions &options, const KernelContext &context = KernelContext());
 
   /// Address of tensor \p id's bytes (arena, constant or variable storage); for a sequence or
   /// optional, its SequenceData, which the plan owns.
@@ -96,6 +96,13 @@ public:
   /// The provider of each step's kernel.
   const std::vector<KernelProvider> &stepProviders() const { return stepProviders_; }
   const std::vector<StepInfo> &stepInfos() const { return stepInfos_; }
+  /// Which kernel runs each step and why ("oneDNN, operands FlippedB, timed (reference ...)"),
+  /// for popart-run --explain-kernels.
+  const std::vector<std::string> &stepKernels() const { return stepKernels_; }
+  /// The ways the MatMul and Gemm kernels' timing chose, per configuration (the session's record
+  /// after this compile, MatMulTuningCache): what checkpoints save so that a resumed run computes
+  /// the same bits.
+  const std::map<std::string, MatMulOperands> &tunedMatMulWays() const { return tunedMatMulWays_; }
 
   /// Starts timing every step: totals per step, and spans (up to \p maxEvents, reserved now so
   /// that profiled runs allocate nothing either).
@@ -145,6 +152,8 @@ private:
   std::vector<KernelProvider> stepProviders_;
   std::vector<int> stepPhases_;
   std::vector<StepInfo> stepInfos_;
+  std::vector<std::string> stepKernels_;
+  std::map<std::string, MatMulOperands> tunedMatMulWays_;
   bool profiling_ = false;
   int64_t profileStart_ = 0;
   std::vector<std::pair<int64_t, int64_t>> stepTimes_;

@@ -45,6 +45,9 @@ struct Options {
   std::vector<std::string> disabledPasses;
   std::vector<std::string> dumpIrAfter;
   bool verifyIr = false;
+  std::string matmulTuning = "auto";
+  int64_t convPoolChunk = 0;
+  bool explainKernels = false;
   std::string profile;
 };
 
@@ -196,6 +199,8 @@ int run(const Options &opt) {
   so.disabledPasses = opt.disabledPasses;
   so.dumpIrAfter = opt.dumpIrAfter;
   so.verifyIr = opt.verifyIr;
+  so.matmulTuning = opt.matmulTuning;
+  so.convPoolChunk = opt.convPoolChunk;
   // The outputs' names come from a first session, gone before the one that runs is made (both
   // alive at once doubled the peak RSS).
   const std::vector<TensorId> outputs =
@@ -218,6 +223,7 @@ int run(const Options &opt) {
       status |= runDataSet(*session, s, opt);
     }
     if (opt.dumpIr) std::cout << session->dumpIr();
+    if (opt.explainKernels) std::cout << session->explainKernels();
     std::cout << (status ? "FAILED: outputs differ from the expected values\n" : "PASSED\n");
     return status;
   }
@@ -242,6 +248,7 @@ int run(const Options &opt) {
   }
   auto results = runOnce(*session, feeds);
   if (opt.dumpIr) std::cout << session->dumpIr();
+  if (opt.explainKernels) std::cout << session->explainKernels();
   for (const auto &id : session->getOutputIds()) {
     const TensorData &t = results.at(id);
     std::cout << id << ": " << toString(t.info().dataType()) << " " << toString(t.info().shape()) << " "
@@ -367,6 +374,15 @@ int main(int argc, char **argv) {
                  "do not run the optional pass NAME (repeat for more; see --passes)");
   app.add_option("--dump-ir-after", opt.dumpIrAfter, "print the IR after pass NAME (repeat for more; see --passes)");
   app.add_flag("--verify-ir", opt.verifyIr, "check the IR after every pass (always on in debug builds)");
+  app.add_option("--matmul-tuning", opt.matmulTuning,
+                 "how large MatMul/Gemm products run: auto (timed at compile time), 0 (as stored), or one way forced: "
+                 "a, b, s, p, t, tc, ap, u (SessionOptions::matmulTuning)")
+      ->check(CLI::IsMember({"auto", "1", "0", "a", "b", "s", "p", "t", "tc", "ap", "u"}));
+  app.add_option("--convpool-chunk", opt.convPoolChunk,
+                 "images per chunk of a fused Conv + MaxPool (default 0: about 512 KiB of result per chunk)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--explain-kernels", opt.explainKernels,
+               "print the kernel that runs each op (oneDNN or reference, and what it chose) and why the others declined");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;
@@ -410,8 +426,11 @@ int main(int argc, char **argv) {
       train.disabledPasses = opt.disabledPasses;
       train.dumpIrAfter = opt.dumpIrAfter;
       train.verifyIr = opt.verifyIr;
+      train.matmulTuning = opt.matmulTuning;
+      train.convPoolChunk = opt.convPoolChunk;
       train.profile = opt.profile;
       train.dumpIr = opt.dumpIr;
+      train.explainKernels = opt.explainKernels;
       return cli::runTraining(opt.model, train);
     }
     if (std::string f = cli::trainOnlyFlagGiven(app); !f.empty()) throw error(f, " needs --train");

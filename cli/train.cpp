@@ -182,6 +182,8 @@ std::string cliWording(std::string message) {
       {"SessionOptions::frozenWeights entry", "--freeze"},
       {"SessionOptions::frozenWeights", "--freeze"},
       {"SessionOptions.kernels", "--kernels"},
+      {"SessionOptions.matmulTuning", "--matmul-tuning"},
+      {"SessionOptions.convPoolChunk", "--convpool-chunk"},
   };
   for (const auto &[api, flag] : kFlags)
     for (size_t at = message.find(api); at != std::string::npos; at = message.find(api, at + std::strlen(flag)))
@@ -261,6 +263,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.disabledPasses = o.disabledPasses;
   so.dumpIrAfter = o.dumpIrAfter;
   so.verifyIr = o.verifyIr;
+  so.matmulTuning = o.matmulTuning;
+  so.convPoolChunk = o.convPoolChunk;
   so.frozenWeights = o.freeze;
   if (o.accumulate > 1) {
     so.enableGradientAccumulation = true;
@@ -291,6 +295,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                                                       *optimizer, so);
   session->prepareDevice();
   if (o.dumpIr) std::cout << session->dumpIr();
+  if (o.explainKernels) std::cout << session->explainKernels();
   std::vector<TensorId> inputIds = session->getInputIds();
   std::map<TensorId, TensorInfo> infos;
   for (const auto &id : inputIds)

@@ -38,8 +38,11 @@ struct TrainOptions {
   bool fuseOps = true;
   std::vector<std::string> disabledPasses, dumpIrAfter; ///< pass names (--disable-pass, --dump-ir-after)
   bool verifyIr = false;
+  std::string matmulTuning = "auto"; ///< SessionOptions::matmulTuning
+  int64_t convPoolChunk = 0;          ///< SessionOptions::convPoolChunk
   std::string profile; ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false; ///< print the compiled training graph (forward, backward and updates)
+  bool explainKernels = false; ///< print the kernel of each op and why
 };
 
 /// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by

@@ -452,22 +452,26 @@ std::string Builder::getModelProto() const {
     v->set_name(o);
     v->mutable_type()->mutable_tensor_type()->set_elem_type(static_cast<int>(impl_->typeOf(o)));
   }
-  // Shapes of graph outputs come from ONNX's own inference; a failure there only loses the shape.
-  try {
-    onnx::ModelProto inferred = m;
-    onnx::shape_inference::InferShapes(inferred);
-    std::map<std::string, const onnx::ValueInfoProto *> infos;
-    for (const auto &v : inferred.graph().value_info())
-      infos[v.name()] = &v;
-    for (const auto &v : inferred.graph().output())
-      infos[v.name()] = &v;
-    for (auto &out : *g->mutable_output()) {
-      auto it = infos.find(out.name());
-      if (it != infos.end() && it->second->type().has_tensor_type() &&
-          it->second->type().tensor_type().elem_type() == out.type().tensor_type().elem_type())
-        *out.mutable_type() = it->second->type();
-    }
-  } catch (const std::exception &) {
+  // Shapes of graph outputs come from ONNX's own inference. A node it cannot infer (an op it has
+  // no schema for, attributes it rejects) only leaves shapes unknown: error mode 0 reports those
+  // by not inferring, not by throwing. The copy's outputs carry no type, so nothing the builder
+  // declared is merged with (and could conflict with) what ONNX infers; an inferred type other
+  // than the builder's is not taken.
+  onnx::ModelProto inferred = m;
+  for (auto &out : *inferred.mutable_graph()->mutable_output())
+    out.clear_type();
+  onnx::shape_inference::InferShapes(inferred, onnx::OpSchemaRegistry::Instance(),
+                                     onnx::ShapeInferenceOptions(/*check_type=*/false, /*error_mode=*/0));
+  std::map<std::string, const onnx::ValueInfoProto *> infos;
+  for (const auto &v : inferred.graph().value_info())
+    infos[v.name()] = &v;
+  for (const auto &v : inferred.graph().output())
+    infos[v.name()] = &v;
+  for (auto &out : *g->mutable_output()) {
+    auto it = infos.find(out.name());
+    if (it != infos.end() && it->second->type().has_tensor_type() &&
+        it->second->type().tensor_type().elem_type() == out.type().tensor_type().elem_type())
+      *out.mutable_type() = it->second->type();
   }
   std::string bytes;
   if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");

@@ -31,6 +31,7 @@ struct InferenceSession::Impl {
   std::set<TensorId> valueInputs; ///< stream inputs whose values decide shapes
 
   std::unique_ptr<ir::Graph> graph; ///< specialised for the current input shapes
+  backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   std::map<TensorId, TensorInfo> compiledInfos;
   std::map<TensorId, TensorData> compiledValues;
@@ -76,7 +77,7 @@ struct InferenceSession::Impl {
       }
     passRecords =
         ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
-    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
+    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
     if (profiling) plan->enableProfiling();
     graph = std::move(g);
     compiledInfos = infos;
@@ -121,6 +122,7 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.options = options;
   m.inputShapes = inputShapes;
   setThreadCount(options.numThreads);
+  m.kernelContext = session::kernelContext(options);
   session::ModelSource src = session::loadModel(model);
   m.modelBytes = std::move(src.bytes);
   m.baseDir = std::move(src.baseDir);
@@ -290,6 +292,11 @@ SequenceOutput InferenceSession::getSequenceOutput(const TensorId &id) const {
 std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 
 int64_t InferenceSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+std::string InferenceSession::explainKernels() const {
+  if (!impl_->plan) throw error("explainKernels: the plan is not compiled yet (call prepareDevice() or run() first)");
+  return session::kernelReport(*impl_->plan);
+}
 
 void InferenceSession::enableProfiling() {
   impl_->profiling = true;

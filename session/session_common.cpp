@@ -1,5 +1,6 @@
 #include "session/session_common.hpp"
 #include "session/pipelines.hpp"
+#include "session/threads.hpp"
 #include "core/dispatch.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
@@ -62,6 +63,24 @@ void fuseForInference(ir::Graph &g) {
   ir::PassContext context;
   context.keep = g.outputs();
   ir::runPipeline("inference", inferencePipeline(), g, context, pipelineOptions(SessionOptions()));
+}
+
+backend_cpu::KernelContext kernelContext(const SessionOptions &options) {
+  backend_cpu::KernelContext context;
+  context.threads = threadCount();
+  context.matmulOperands = backend_cpu::parseMatMulTuning(options.matmulTuning);
+  if (options.convPoolChunk < 0)
+    throw error("SessionOptions.convPoolChunk must be 0 (automatic) or an image count, got ", options.convPoolChunk);
+  context.convPoolChunk = options.convPoolChunk;
+  context.matmulTuning = std::make_shared<backend_cpu::MatMulTuningCache>();
+  return context;
+}
+
+std::string kernelReport(const backend_cpu::ExecutionPlan &plan) {
+  std::string s;
+  for (size_t i = 0; i < plan.stepCount(); ++i)
+    s += plan.stepNames()[i] + ": " + plan.stepKernels()[i] + "\n";
+  return s;
 }
 
 std::string joinIds(const std::vector<TensorId> &ids) {

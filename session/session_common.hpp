@@ -35,6 +35,13 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
 /// session's order); tests/alloc/plan_allocations compiles through it too.
 void fuseForInference(ir::Graph &g);
 
+/// The kernel context of a session with \p options: its settings, and a MatMul tuning record of
+/// its own. Throws naming an option with a value it does not take.
+backend_cpu::KernelContext kernelContext(const SessionOptions &options);
+
+/// One line per step of \p plan: the op, the kernel that runs it and why (explainKernels).
+std::string kernelReport(const backend_cpu::ExecutionPlan &plan);
+
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);
 

@@ -3,6 +3,8 @@
 // read back only after everything in it has been checked.
 
 #include "session/training_impl.hpp"
+#include "backend_cpu/kernel_families.hpp"
+#include "core/log.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +26,14 @@ uint64_t fingerprint(const std::string &bytes) {
   return h;
 }
 
+/// The MatMul and Gemm ways \p plan's timing chose, by configuration, for a checkpoint header.
+nlohmann::json tunedWaysToJson(const backend_cpu::ExecutionPlan &plan) {
+  nlohmann::json ways = nlohmann::json::object();
+  for (const auto &[key, way] : plan.tunedMatMulWays())
+    ways[key] = backend_cpu::matMulOperandsName(way);
+  return ways;
+}
+
 } // namespace
 
 void TrainingSession::saveCheckpoint(const std::string &path) const {
@@ -39,6 +49,7 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   header["lossScale"] = m.lossScale;
   header["seed"] = std::to_string(m.seed);
   header["rngCounter"] = m.rngCounter;
+  header["matmulWays"] = tunedWaysToJson(*m.plan);
   int64_t offset = 0;
   std::vector<TensorId> ids = m.persistentIds();
   for (const auto &id : ids) {
@@ -72,7 +83,6 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
 
 void TrainingSession::loadCheckpoint(const std::string &path) {
   Impl &m = *impl_;
-  prepareDevice();
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error("loadCheckpoint: cannot open '", path, "'");
   char magic[sizeof kCheckpointMagic];
@@ -89,6 +99,12 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
   } catch (const std::exception &e) {
     throw error("loadCheckpoint: '", path, "' has a corrupt header: ", e.what());
   }
+  try {
+    m.adoptTunedWays(header);
+  } catch (const std::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has malformed MatMul ways: ", e.what());
+  }
+  prepareDevice();
   try {
     if (header.at("version").get<int>() != kCheckpointVersion)
       throw error("version ", header.at("version").get<int>(), " (expected ", kCheckpointVersion, ")");
@@ -130,6 +146,28 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
   } catch (const error &e) {
     throw error("loadCheckpoint: '", path, "': ", e.what());
   }
+}
+
+void TrainingSession::Impl::adoptTunedWays(const nlohmann::json &header) {
+  auto recorded = header.find("matmulWays");
+  if (recorded == header.end() || kernelContext.matmulOperands != backend_cpu::MatMulOperands::Auto) return;
+  if (header.value("model", std::string()) != std::to_string(fingerprint(model.bytes))) return; // refused later
+  std::map<std::string, backend_cpu::MatMulOperands> ways;
+  for (const auto &[key, name] : recorded->items())
+    ways[key] = backend_cpu::matMulOperandsNamed(name.get<std::string>());
+  bool differs = false;
+  if (plan)
+    for (const auto &[key, way] : ways) {
+      auto taken = plan->tunedMatMulWays().find(key);
+      differs = differs || (taken != plan->tunedMatMulWays().end() && taken->second != way);
+    }
+  kernelContext.matmulTuning->preset(ways);
+  if (!differs) return;
+  logging::logger().info("recompiling with the MatMul ways the checkpoint recorded");
+  plan.reset();
+  runningStats.clear(); // compile() finds them again
+  compile();
+  resetState();
 }
 
 } // namespace popart

@@ -4,6 +4,7 @@
 // (training_checkpoint.cpp).
 
 #include "autodiff/weights.hpp"
+#include "backend_cpu/kernel_context.hpp"
 #include "backend_cpu/plan.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "onnx_import/onnx_import.hpp"
@@ -11,6 +12,8 @@
 #include "session/session_common.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include <algorithm>
 #include <map>
@@ -31,6 +34,7 @@ struct TrainingSession::Impl {
   std::unique_ptr<ir::Graph> declared;
   std::vector<TensorId> inputIds;
   std::unique_ptr<ir::Graph> graph;
+  backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   optimizer::AppliedOptimizer applied;
   std::vector<TensorId> weightIds;          ///< trained weights, model order
@@ -103,6 +107,9 @@ struct TrainingSession::Impl {
       resolvedHp.push_back(optimizer::resolveHyperParameters(*optimizer, u.weight));
   }
   void resetState();
+  /// Gives the session the MatMul and Gemm ways recorded in checkpoint \p header (a resumed run
+  /// then computes the same bits as the run that wrote it), recompiling if the plan took others.
+  void adoptTunedWays(const nlohmann::json &header);
 };
 
 } // namespace popart

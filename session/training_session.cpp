@@ -104,7 +104,7 @@ void TrainingSession::Impl::compile() {
   for (const auto &u : applied.updates)
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
-  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options));
+  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
   graph = std::move(g);
   initialValues.clear();
   for (const auto &id : persistentIds()) {
@@ -180,6 +180,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
     throw error("dynamic loss scaling replaces the optimiser's static lossScaling; set one or the other");
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
+  m.kernelContext = session::kernelContext(options);
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
   for (const auto &[id, info] : inputShapes.getAll())
@@ -304,6 +305,11 @@ float TrainingSession::getLossScale() const { return impl_->lossScale; }
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+std::string TrainingSession::explainKernels() const {
+  if (!impl_->plan) throw error("explainKernels: call prepareDevice() first");
+  return session::kernelReport(*impl_->plan);
+}
 
 void TrainingSession::enableProfiling() {
   prepareDevice();

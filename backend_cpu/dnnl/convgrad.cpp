@@ -3,7 +3,8 @@
 // and MaxPoolGrad (pooling_v2_backward; MaxPoolGrad first reruns the forward to get oneDNN's
 // workspace). Primitives are made at creation; MaxPoolGrad owns its scratchpads and workspace,
 // the others place theirs and their reorder buffers in the step's scratch (Kernel::scratchBytes);
-// supports() builds the kernel once and declines if oneDNN, or we, refuse it.
+// supports() chooses the primitive descriptors (creating no primitive, throwing nothing) and
+// says why it declines.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -23,11 +24,10 @@ using namespace dnnl;
 
 using dnnl_util::Window;
 
-/// The window of a grad op in oneDNN's terms; throws (declines) for negative pads.
+/// The window of a grad op in oneDNN's terms (dnnl_util::negativePadReason tells whether oneDNN
+/// takes it).
 Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel) {
-  Window w = dnnl_util::makeWindow(op, x, y, kernel, false);
-  dnnl_util::rejectNegativePads(op, w);
-  return w;
+  return dnnl_util::makeWindow(op, x, y, kernel, false);
 }
 
 /// ONNX Conv weights (M, C/g, k...) as oneDNN's ([g,] M/g, C/g, k...) over the same buffer.
@@ -124,12 +124,14 @@ struct ConvDescs {
   ConvDescs(const ir::Op &op, const Shape &xs, const Shape &dys, const Shape &ws)
       : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))), x(dnnl_util::plainDesc(xs, xs.size())),
         y(dnnl_util::plainDesc(dys, dys.size())), w(weightsDesc(ws, op.attrs.getInt("group", 1))) {}
-  /// The forward convolution both backward primitives take as a hint, on \p x, \p w, \p y.
+  /// The forward convolution both backward primitives take as a hint, on \p x, \p w, \p y;
+  /// empty if oneDNN has none.
   convolution_forward::primitive_desc forward(const memory::desc &x, const memory::desc &w,
                                               const memory::desc &y) const {
+    if (!dnnl_util::forwardConvolutionValid(x, w, memory::desc(), y, win)) return {};
     convolution_forward::desc d(prop_kind::forward_training, algorithm::convolution_direct, x, w, y, win.strides,
                                 win.dilates, win.padL, win.padR);
-    return convolution_forward::primitive_desc(d, dnnl_util::engine());
+    return convolution_forward::primitive_desc(d, dnnl_util::engine(), true);
   }
   Window win;
   memory::desc x, y, w;
@@ -140,61 +142,120 @@ struct ConvDescs {
 /// oneDNN picks the layouts (its direct kernels want blocked channels; the kernel reorders from
 /// and to the plain buffers), skipping brgconv, which allocates on every execution in 2.6, and
 /// falling back to plain layouts where only the reference implementation would take its choice.
+/// The backward primitive descriptor of a ConvDataGrad or ConvWeightGrad, chosen without
+/// creating a primitive or throwing, or why oneDNN cannot run it.
+template <typename Backward> struct ConvGradSetup {
+  std::string whyNot; ///< empty: pd is set
+  memory::desc x, y, w;
+  typename Backward::primitive_desc pd;
+};
+
+template <typename Backward, bool weights> ConvGradSetup<Backward> convGradSetup(const ir::Op &op) {
+  ConvGradSetup<Backward> s;
+  const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
+  ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
+  s.x = d.x, s.y = d.y, s.w = d.w;
+  s.whyNot = dnnl_util::negativePadReason(d.win);
+  if (!s.whyNot.empty()) return s;
+  auto make = [&](const memory::desc &x, const memory::desc &w,
+                  const memory::desc &y) -> typename Backward::primitive_desc {
+    if (!dnnl_util::backwardConvolutionValid(weights, x, w, y, d.win)) return {};
+    auto hint = d.forward(x, w, y);
+    if (!hint) return {};
+    typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
+                               d.win.padR);
+    typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), hint, true);
+    if (pd) dnnl_util::skipBrgconv(pd);
+    return pd;
+  };
+  auto isRef = [](const typename Backward::primitive_desc &pd) { return !pd || dnnl_util::implIs(pd, "ref"); };
+  // Pointwise: on plain layouts oneDNN runs one GEMM per image (no im2col) at the speed of its
+  // blocked jit_1x1 kernel, without the reorders of dY, X and the result around it, which
+  // took more time than the convolution itself (MobileNet v2 training, batch 8, 224x224).
+  auto pd = make(dnnl_util::anyLayout(d.x), dnnl_util::anyLayout(d.w), dnnl_util::anyLayout(d.y));
+  if (dnnl_util::pointwiseWeights(weights ? out : in1, op.attrs.getInt("group", 1))) {
+    auto plain = make(d.x, d.w, d.y);
+    if (!isRef(plain)) pd = plain;
+  }
+  if (isRef(pd)) pd = make(d.x, d.w, d.y);
+  s.pd = pd;
+  if (!pd) s.whyNot = "no oneDNN backward convolution for it";
+  return s;
+}
+
+/// oneDNN picks the layouts (its direct kernels want blocked channels; the kernel reorders from
+/// and to the plain buffers), skipping brgconv, which allocates on every execution in 2.6, and
+/// falling back to plain layouts where only the reference implementation would take its choice.
 template <typename Backward, bool weights> class ConvGradKernel : public BackwardKernel {
 public:
   explicit ConvGradKernel(const ir::Op &op) {
-    const Shape &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
-    ConvDescs d(op, weights ? in1 : out, op.inInfo(0).shape(), weights ? out : in1);
-    auto make = [&](const memory::desc &x, const memory::desc &w, const memory::desc &y) {
-      typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
-                                 d.win.padR);
-      typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), d.forward(x, w, y));
-      dnnl_util::skipBrgconv(pd);
-      return pd;
-    };
-    // Pointwise: on plain layouts oneDNN runs one GEMM per image (no im2col) at the speed of its
-    // blocked jit_1x1 kernel, without the reorders of dY, X and the result around it, which
-    // took more time than the convolution itself (MobileNet v2 training, batch 8, 224x224).
-    auto pd = make(dnnl_util::anyLayout(d.x), dnnl_util::anyLayout(d.w), dnnl_util::anyLayout(d.y));
-    if (dnnl_util::pointwiseWeights(weights ? out : in1, op.attrs.getInt("group", 1))) {
-      auto plain = make(d.x, d.w, d.y);
-      if (!dnnl_util::implIs(plain, "ref")) pd = plain;
-    }
-    if (dnnl_util::implIs(pd, "ref")) pd = make(d.x, d.w, d.y);
+    ConvGradSetup<Backward> s = setup(op);
+    if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": oneDNN backward convolution: ", s.whyNot);
+    const auto &pd = s.pd;
     if constexpr (weights)
-      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_SRC, d.x, DNNL_ARG_DIFF_WEIGHTS, d.w,
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, s.y, DNNL_ARG_SRC, s.x, DNNL_ARG_DIFF_WEIGHTS, s.w,
            {pd.diff_dst_desc(), pd.src_desc(), pd.diff_weights_desc()});
     else
-      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, d.y, DNNL_ARG_WEIGHTS, d.w, DNNL_ARG_DIFF_SRC, d.x,
+      init(Backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, s.y, DNNL_ARG_WEIGHTS, s.w, DNNL_ARG_DIFF_SRC, s.x,
            {pd.diff_dst_desc(), pd.weights_desc(), pd.diff_src_desc()});
   }
+  static ConvGradSetup<Backward> setup(const ir::Op &op) { return convGradSetup<Backward, weights>(op); }
+  static std::string whyNot(const ir::Op &op) { return setup(op).whyNot; }
 };
 
 using ConvDataGradKernel = ConvGradKernel<convolution_backward_data, false>;
 using ConvWeightGradKernel = ConvGradKernel<convolution_backward_weights, true>;
 
+/// AveragePoolGrad's pooling_v2_backward descriptor, chosen without throwing, or why oneDNN
+/// cannot run it.
+struct AveragePoolGradSetup {
+  std::string whyNot;
+  memory::desc mdX, mdY;
+  pooling_v2_backward::primitive_desc pd;
+};
+
+AveragePoolGradSetup averagePoolGradSetup(const ir::Op &op) {
+  AveragePoolGradSetup s;
+  const Shape &dy = op.inInfo(0).shape(), &x = op.outInfo(0).shape();
+  Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
+  bool includePad = op.attrs.getInt("count_include_pad", 0) != 0;
+  // A window wholly in the padding: ONNX counts nothing, oneDNN would divide by zero.
+  for (size_t i = 0; i < win.padR.size(); ++i)
+    if (win.padL[i] >= win.kernel[i] || win.padR[i] >= win.kernel[i]) {
+      s.whyNot = "pads as large as the kernel";
+      return s;
+    }
+  s.whyNot = dnnl_util::negativePadReason(win);
+  if (s.whyNot.empty()) s.whyNot = dnnl_util::extendPadsForCeilMode(x, dy, includePad, win);
+  if (!s.whyNot.empty()) return s;
+  algorithm alg = includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
+  s.mdX = dnnl_util::plainDesc(x, x.size());
+  s.mdY = dnnl_util::plainDesc(dy, dy.size());
+  auto &eng = dnnl_util::engine();
+  if (!dnnl_util::poolingValid(prop_kind::forward_training, alg, s.mdX, s.mdY, win, true)) {
+    s.whyNot = "oneDNN rejects the window";
+    return s;
+  }
+  pooling_v2_forward::desc fd(prop_kind::forward_training, alg, s.mdX, s.mdY, win.strides, win.kernel, win.dilates,
+                              win.padL, win.padR);
+  pooling_v2_forward::primitive_desc fpd(fd, eng, true);
+  if (fpd) {
+    pooling_v2_backward::desc d(alg, s.mdX, s.mdY, win.strides, win.kernel, win.dilates, win.padL, win.padR);
+    s.pd = pooling_v2_backward::primitive_desc(d, userScratchpad(), eng, fpd, true);
+  }
+  if (!s.pd) s.whyNot = "no oneDNN pooling backward for it";
+  return s;
+}
+
 class AveragePoolGradKernel : public BackwardKernel {
 public:
   explicit AveragePoolGradKernel(const ir::Op &op) {
-    const Shape &dy = op.inInfo(0).shape(), &x = op.outInfo(0).shape();
-    Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
-    bool includePad = op.attrs.getInt("count_include_pad", 0) != 0;
-    // A window wholly in the padding: ONNX counts nothing, oneDNN would divide by zero.
-    for (size_t i = 0; i < win.padR.size(); ++i)
-      if (win.padL[i] >= win.kernel[i] || win.padR[i] >= win.kernel[i])
-        throw ::popart::error(op.debugName(), ": pads as large as the kernel are left to the reference kernel");
-    dnnl_util::extendPadsForCeilMode(op, x, dy, includePad, win);
-    algorithm alg = includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
-    auto &eng = dnnl_util::engine();
-    pooling_v2_forward::desc fd(prop_kind::forward_training, alg, mdX, mdY, win.strides, win.kernel, win.dilates,
-                                win.padL, win.padR);
-    pooling_v2_forward::primitive_desc fpd(fd, eng);
-    pooling_v2_backward::desc d(alg, mdX, mdY, win.strides, win.kernel, win.dilates, win.padL, win.padR);
-    pooling_v2_backward::primitive_desc pd(d, userScratchpad(), eng, fpd);
-    init(pooling_v2_backward(pd), pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, mdY, -1, memory::desc(), DNNL_ARG_DIFF_SRC,
-         mdX);
+    AveragePoolGradSetup s = averagePoolGradSetup(op);
+    if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": oneDNN pooling backward: ", s.whyNot);
+    init(pooling_v2_backward(s.pd), s.pd.scratchpad_desc(), DNNL_ARG_DIFF_DST, s.mdY, -1, memory::desc(),
+         DNNL_ARG_DIFF_SRC, s.mdX);
   }
+  static std::string whyNot(const ir::Op &op) { return averagePoolGradSetup(op).whyNot; }
 };
 
 /// MaxPoolGrad: pooling_v2_forward (forward_training) of X into a scratch dst and workspace,
@@ -202,38 +263,70 @@ public:
 /// window order, as our MaxPool does (the tests check ties on its jit, simple_nchw and ref
 /// implementations); they may differ only on NaN and -inf inputs (a window whose first tap is
 /// NaN, or that holds only -inf), which this kernel does not look for.
+/// MaxPoolGrad's forward and backward descriptors, chosen without throwing, or why oneDNN
+/// cannot run it.
+struct MaxPoolGradSetup {
+  std::string whyNot;
+  memory::desc mdX, mdY;
+  pooling_v2_forward::primitive_desc fpd;
+  pooling_v2_backward::primitive_desc bpd;
+};
+
+MaxPoolGradSetup maxPoolGradSetup(const ir::Op &op) {
+  MaxPoolGradSetup s;
+  const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
+  Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
+  s.whyNot = dnnl_util::negativePadReason(win);
+  if (!s.whyNot.empty()) return s;
+  for (size_t i = 0; i < win.padR.size(); ++i) {
+    int64_t in = x[i + 2], out = dy[i + 2], d = win.dilates[i] + 1, dk = (win.kernel[i] - 1) * d + 1;
+    // A window with no tap inside the input takes nothing in ONNX; oneDNN would pick a tap.
+    for (int64_t o = 0; o < out; ++o) {
+      int64_t base = o * win.strides[i] - win.padL[i];
+      bool hit = false;
+      for (int64_t j = 0; j < win.kernel[i] && !hit; ++j)
+        hit = base + j * d >= 0 && base + j * d < in;
+      if (!hit) {
+        s.whyNot = "a window wholly in the padding";
+        return s;
+      }
+    }
+    // ceil_mode: extend the end padding so that oneDNN's floor formula gives the ceil size
+    // (the padding is -inf to both).
+    if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 != out)
+      win.padR[i] = (out - 1) * win.strides[i] + dk - in - win.padL[i];
+  }
+  s.mdX = dnnl_util::plainDesc(x, x.size());
+  s.mdY = dnnl_util::plainDesc(dy, dy.size());
+  auto &eng = dnnl_util::engine();
+  if (!dnnl_util::poolingValid(prop_kind::forward_training, algorithm::pooling_max, s.mdX, s.mdY, win, true)) {
+    s.whyNot = "oneDNN rejects the window";
+    return s;
+  }
+  pooling_v2_forward::desc fd(prop_kind::forward_training, algorithm::pooling_max, s.mdX, s.mdY, win.strides,
+                              win.kernel, win.dilates, win.padL, win.padR);
+  s.fpd = pooling_v2_forward::primitive_desc(fd, userScratchpad(), eng, true);
+  if (s.fpd) {
+    pooling_v2_backward::desc bd(algorithm::pooling_max, s.mdX, s.mdY, win.strides, win.kernel, win.dilates,
+                                 win.padL, win.padR);
+    s.bpd = pooling_v2_backward::primitive_desc(bd, userScratchpad(), eng, s.fpd, true);
+  }
+  if (!s.bpd)
+    s.whyNot = "no oneDNN max pooling backward for it";
+  else if (s.fpd.dst_desc() != s.mdY || s.bpd.diff_src_desc() != s.mdX || s.bpd.diff_dst_desc() != s.mdY ||
+           s.bpd.workspace_desc() != s.fpd.workspace_desc())
+    s.whyNot = "oneDNN chose other layouts";
+  return s;
+}
+
 class MaxPoolGradKernel : public Kernel {
 public:
   explicit MaxPoolGradKernel(const ir::Op &op) {
-    const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
-    Window win = makeWindow(op, x, dy, op.attrs.getInts("kernel_shape"));
-    for (size_t i = 0; i < win.padR.size(); ++i) {
-      int64_t in = x[i + 2], out = dy[i + 2], d = win.dilates[i] + 1, dk = (win.kernel[i] - 1) * d + 1;
-      // A window with no tap inside the input takes nothing in ONNX; oneDNN would pick a tap.
-      for (int64_t o = 0; o < out; ++o) {
-        int64_t base = o * win.strides[i] - win.padL[i];
-        bool hit = false;
-        for (int64_t j = 0; j < win.kernel[i] && !hit; ++j)
-          hit = base + j * d >= 0 && base + j * d < in;
-        if (!hit)
-          throw ::popart::error(op.debugName(), ": a window wholly in the padding is left to the reference kernel");
-      }
-      // ceil_mode: extend the end padding so that oneDNN's floor formula gives the ceil size
-      // (the padding is -inf to both).
-      if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 != out)
-        win.padR[i] = (out - 1) * win.strides[i] + dk - in - win.padL[i];
-    }
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(dy, dy.size());
+    MaxPoolGradSetup s = maxPoolGradSetup(op);
+    if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": oneDNN max pooling backward: ", s.whyNot);
     auto &eng = dnnl_util::engine();
-    pooling_v2_forward::desc fd(prop_kind::forward_training, algorithm::pooling_max, mdX, mdY, win.strides, win.kernel,
-                                win.dilates, win.padL, win.padR);
-    pooling_v2_forward::primitive_desc fpd(fd, userScratchpad(), eng);
-    pooling_v2_backward::desc bd(algorithm::pooling_max, mdX, mdY, win.strides, win.kernel, win.dilates, win.padL,
-                                 win.padR);
-    pooling_v2_backward::primitive_desc bpd(bd, userScratchpad(), eng, fpd);
-    if (fpd.dst_desc() != mdY || bpd.diff_src_desc() != mdX || bpd.diff_dst_desc() != mdY ||
-        bpd.workspace_desc() != fpd.workspace_desc())
-      throw ::popart::error(op.debugName(), ": oneDNN chose other layouts");
+    const auto &fpd = s.fpd;
+    const auto &bpd = s.bpd;
     fwd_ = pooling_v2_forward(fpd);
     bwd_ = pooling_v2_backward(bpd);
     // Owned buffers, allocated now.
@@ -241,10 +334,11 @@ public:
     bwdScratch_ = memory(bpd.scratchpad_desc(), eng);
     y_ = memory(fpd.dst_desc(), eng);
     ws_ = memory(fpd.workspace_desc(), eng);
-    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    dy_ = memory(mdY, eng, DNNL_MEMORY_NONE);
-    dx_ = memory(mdX, eng, DNNL_MEMORY_NONE);
+    x_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
+    dy_ = memory(s.mdY, eng, DNNL_MEMORY_NONE);
+    dx_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
   }
+  static std::string whyNot(const ir::Op &op) { return maxPoolGradSetup(op).whyNot; }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
     dy_.set_data_handle(const_cast<void *>(args.inputs[1]));
@@ -275,15 +369,11 @@ bool shapesOk(const ir::Op &op) {
   return true;
 }
 
-/// True if \p K can be built for \p op; oneDNN's refusal (or ours) means "use the reference".
-template <typename K> bool supports(const ir::Op &op) {
-  if (!allFloat(op) || !shapesOk(op)) return false;
-  try {
-    K k(op);
-    return true;
-  } catch (const std::exception &) { // dnnl::error or our own refusal
-    return false;
-  }
+/// Whether oneDNN runs \p K for \p op: f32, spatial rank 1-3, and descriptors it has.
+template <typename K> Support supports(const ir::Op &op) {
+  if (!allFloat(op)) return Support::no("not f32");
+  if (!shapesOk(op)) return Support::no("spatial rank other than 1-3, or an empty tensor");
+  return Support::unless(K::whyNot(op));
 }
 
 } // namespace
@@ -292,7 +382,10 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supports<ConvDataGradKernel>,
          makeKernel<ConvDataGradKernel>});
   r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl,
-         [](const ir::Op &op) { return !depthwiseWeightGrad(op) && supports<ConvWeightGradKernel>(op); },
+         [](const ir::Op &op) {
+           if (depthwiseWeightGrad(op)) return Support::no("depthwise: the reference's vectorised kernel is faster");
+           return supports<ConvWeightGradKernel>(op);
+         },
          makeKernel<ConvWeightGradKernel>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
          makeKernel<AveragePoolGradKernel>});
@@ -300,7 +393,8 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
          [](const ir::Op &op) {
            // Tiling windows: the reference family's vectorised kernel is one pass, without
            // rerunning the forward; a fused Relu gradient only it applies.
-           if (tiledMaxPoolGrad(op) || op.attrs.has("popart_activation")) return false;
+           if (tiledMaxPoolGrad(op)) return Support::no("tiling windows: the reference's one pass is faster");
+           if (op.attrs.has("popart_activation")) return Support::no("a fused Relu gradient");
            return supports<MaxPoolGradKernel>(op);
          },
          makeKernel<MaxPoolGradKernel>});

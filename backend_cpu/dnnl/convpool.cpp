@@ -3,7 +3,8 @@
 // Relu and max pool, the pool on the convolution's blocked layout, a chunk of images at a
 // time), ConvTranspose
 // (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward), on plain layouts.
-// Each supports() builds the primitive descriptor once and declines if oneDNN refuses it.
+// Each supports() chooses the primitive descriptors (creating no primitive, throwing nothing)
+// and says why it declines.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -15,7 +16,6 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -25,7 +25,6 @@ namespace {
 
 using namespace dnnl;
 
-int64_t forcedChunk = 0; ///< setConvPoolChunk
 /// The convolution result per chunk of a fused Conv + MaxPool: half of a 1 MiB L2. The CNN's
 /// first Conv + Relu + pool (64 images, [32, 32, 32] result) took 0.97 ms on the whole batch and
 /// 0.83-0.93 ms in chunks of 4 images on the AVX2 host.
@@ -99,113 +98,202 @@ bool trained(const ir::Op &op) {
   return readBy(0, "ConvWeightGrad") || readBy(1, "ConvDataGrad");
 }
 
+/// The channel block of \p md when it is plain NCHW (1) or NCHW with channels blocked by 8 or
+/// 16 innermost (aBcd8b, aBcd16b) and nothing else padded; 0 for any other layout.
+int64_t channelBlock(const memory::desc &md) {
+  const dnnl_memory_desc_t &d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
+  const auto &bl = d.format_desc.blocking;
+  int64_t block = 1;
+  if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 1 && (bl.inner_blks[0] == 8 || bl.inner_blks[0] == 16))
+    block = bl.inner_blks[0];
+  else if (bl.inner_nblks != 0)
+    return 0;
+  const dnnl_dim_t *p = d.padded_dims;
+  if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
+  if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
+      bl.strides[0] != p[1] * p[2] * p[3])
+    return 0;
+  return block;
+}
+
+/// A Conv or ConvTranspose in oneDNN's terms: the primitive descriptors its ConvKernel runs,
+/// chosen without creating a primitive or throwing, or why oneDNN cannot run it.
+struct ConvSetup {
+  std::string whyNot; ///< empty: the descriptors are set
+  bool transposed = false, hasBias = false, hasResidual = false, pooled = false;
+  Shape y; ///< what the convolution computes; with a fused pool, the pool's input
+  Window w;
+  memory::desc mdX, mdY, mdW, mdB;
+  primitive_attr attr; ///< user scratchpad; the residual (once its layout is known) and activation post-ops
+  convolution_forward::primitive_desc pd;
+  deconvolution_forward::primitive_desc deconvolution;
+  ir::FusedPool pool;
+  pooling_v2_forward::primitive_desc poolPd; ///< the fused pool where blockedPool does not run it
+
+  /// The convolution from \p x with weights \p wt into \p y; empty if oneDNN has no
+  /// implementation for those layouts.
+  convolution_forward::primitive_desc make(const memory::desc &x, const memory::desc &wt,
+                                           const memory::desc &y) const {
+    if (!dnnl_util::forwardConvolutionValid(x, wt, mdB, y, w)) return {};
+    convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, x, wt, mdB, y, w.strides,
+                                w.dilates, w.padL, w.padR);
+    convolution_forward::primitive_desc made(d, attr, dnnl_util::engine(), true);
+    if (made) dnnl_util::skipBrgconv(made);
+    return made;
+  }
+};
+
+/// The fused max pool on the convolution's result \p src by oneDNN (empty if it has no
+/// implementation), where blockedPool does not run it.
+pooling_v2_forward::primitive_desc fusedPoolPd(const ir::Op &op, const ir::FusedPool &pool, const memory::desc &src) {
+  size_t nsp = pool.kernel.size();
+  Window w;
+  w.strides.assign(pool.strides.begin(), pool.strides.end());
+  w.kernel.assign(pool.kernel.begin(), pool.kernel.end());
+  w.dilates.assign(nsp, 0);
+  w.padL.assign(pool.pads.begin(), pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
+  w.padR.assign(pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp), pool.pads.end());
+  auto mdOut = dnnl_util::anyLayout(dnnl_util::plainDesc(op.outInfo(0).shape(), op.outInfo(0).rank()));
+  if (!dnnl_util::poolingValid(prop_kind::forward_inference, algorithm::pooling_max, src, mdOut, w)) return {};
+  primitive_attr attr;
+  attr.set_scratchpad_mode(scratchpad_mode::user);
+  pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, src, mdOut, w.strides, w.kernel,
+                             w.dilates, w.padL, w.padR);
+  return pooling_v2_forward::primitive_desc(d, attr, dnnl_util::engine(), true);
+}
+
+/// Decides without throwing (ConvKernel and supportsConv).
+ConvSetup convSetup(const ir::Op &op) {
+  ConvSetup s;
+  s.transposed = op.type == "ConvTranspose";
+  const Shape &x = op.inInfo(0).shape(), &ws = op.inInfo(1).shape();
+  s.y = s.transposed ? op.outInfo(0).shape() : ir::convResultShape(op);
+  s.w = makeWindow(op, x, s.y, std::vector<int64_t>(ws.begin() + 2, ws.end()), s.transposed);
+  if (s.transposed) {
+    // oneDNN's deconvolution has no output_padding: it is less end padding.
+    auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(x.size() - 2, 0));
+    for (size_t i = 0; i < s.w.padR.size(); ++i)
+      s.w.padR[i] -= outPad[i];
+  }
+  for (size_t i = 0; i < s.w.padR.size(); ++i)
+    if (s.w.padL[i] < 0 || (!s.transposed && s.w.padR[i] < 0)) {
+      s.whyNot = "negative padding";
+      return s;
+    }
+  s.mdX = dnnl_util::plainDesc(x, x.size());
+  s.mdY = dnnl_util::plainDesc(s.y, s.y.size());
+  s.mdW = weightsDesc(op, s.transposed);
+  s.hasBias = op.hasInput(2);
+  s.mdB = s.hasBias ? memory::desc({s.y[1]}, memory::data_type::f32, memory::dims{1}) : memory::desc();
+  s.attr.set_scratchpad_mode(scratchpad_mode::user); // allocated with the kernel, not per run
+  if (s.transposed) {
+    if (!dnnl_util::forwardConvolutionValid(s.mdX, s.mdW, s.mdB, s.mdY, s.w, true)) {
+      s.whyNot = "oneDNN rejects the deconvolution's parameters";
+      return s;
+    }
+    deconvolution_forward::desc d(prop_kind::forward_inference, algorithm::deconvolution_direct, s.mdX, s.mdW, s.mdB,
+                                  s.mdY, s.w.strides, s.w.dilates, s.w.padL, s.w.padR);
+    s.deconvolution = deconvolution_forward::primitive_desc(d, s.attr, dnnl_util::engine(), true);
+    if (!s.deconvolution) s.whyNot = "no oneDNN deconvolution for it";
+    return s;
+  }
+  // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
+  // to and from the plain buffers around it.
+  // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
+  // once that layout is known), then the Relu (fuseRelu).
+  s.hasResidual = op.attrs.getInt("popart_residual", 0) != 0;
+  const ir::FusedActivation act = ir::fusedActivation(op);
+  auto setPostOps = [&](const memory::desc *residual) {
+    post_ops po;
+    if (residual) po.append_binary(algorithm::binary_add, *residual);
+    appendActivation(po, act);
+    s.attr.set_post_ops(po);
+  };
+  setPostOps(nullptr);
+  auto isRef = [](const convolution_forward::primitive_desc &pd) { return !pd || dnnl_util::implIs(pd, "ref"); };
+  auto pd = s.make(dnnl_util::anyLayout(s.mdX), dnnl_util::anyLayout(s.mdW), dnnl_util::anyLayout(s.mdY));
+  s.pooled = ir::fusedPool(op, s.pool);
+  if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
+    // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
+    // blocks of the pointwise convolutions around it were reordered in and out of every
+    // one (half of MobileNet v2's time); its jit depthwise kernel runs on those blocks.
+    auto blocked = [](const Shape &shape) {
+      return memory::desc(dnnl_util::toDims(shape), memory::data_type::f32, memory::format_tag::aBcd16b);
+    };
+    auto onBlocks = s.make(blocked(x), dnnl_util::anyLayout(s.mdW), blocked(s.y));
+    if (!isRef(onBlocks)) pd = onBlocks; // else no kernel for those layouts: keep oneDNN's choice
+  }
+  if (trained(op) && !s.hasResidual && !s.pooled && dnnl_util::pointwiseWeights(ws, op.attrs.getInt("group", 1))) {
+    // A trained pointwise convolution: its neighbours (BatchNormalization, activations, the
+    // grad ops) read plain layouts, so blocked ones cost a reorder of the image and of the
+    // result on every step; on plain layouts oneDNN runs a GEMM per image as fast as jit_1x1.
+    auto plain = s.make(s.mdX, s.mdW, s.mdY);
+    if (!isRef(plain)) pd = plain;
+  }
+  if (isRef(pd)) pd = s.make(s.mdX, s.mdW, s.mdY); // no optimised kernel for those layouts
+  if (!pd) {
+    s.whyNot = "no oneDNN convolution for it";
+    return s;
+  }
+  if (s.hasResidual) {
+    // oneDNN's optimised convolutions write blocked channels; a plain result means its
+    // reference one, where the reference kernel does as well.
+    if (pd.dst_desc() == s.mdY || dnnl_util::implIs(pd, "ref")) {
+      s.whyNot = "a residual on a plain result (the reference kernel does as well)";
+      return s;
+    }
+    const memory::desc blocked = pd.dst_desc();
+    setPostOps(&blocked);
+    pd = s.make(pd.src_desc(), pd.weights_desc(), blocked);
+    if (isRef(pd)) {
+      s.whyNot = "no optimised oneDNN convolution adds the residual";
+      return s;
+    }
+  }
+  s.pd = pd;
+  const bool blockedPool = s.pooled && channelBlock(pd.dst_desc()) > 0 && s.pool.kernel.size() == 2 &&
+                           std::all_of(s.pool.pads.begin(), s.pool.pads.end(), [](int64_t p) { return p == 0; });
+  if (s.pooled && !blockedPool) {
+    s.poolPd = fusedPoolPd(op, s.pool, pd.dst_desc());
+    if (!s.poolPd) s.whyNot = "no oneDNN pooling for the fused MaxPool on the convolution's layout";
+  }
+  return s;
+}
+
 class ConvKernel : public Kernel {
 public:
-  explicit ConvKernel(const ir::Op &op) {
-    bool transposed = op.type == "ConvTranspose";
-    // y: what the convolution computes; with a fused pool (fuseConvPool), the pool's input.
-    const Shape &x = op.inInfo(0).shape(), y = transposed ? op.outInfo(0).shape() : ir::convResultShape(op),
-                &ws = op.inInfo(1).shape();
-    Window w = makeWindow(op, x, y, std::vector<int64_t>(ws.begin() + 2, ws.end()), transposed);
-    if (transposed) {
-      // oneDNN's deconvolution has no output_padding: it is less end padding.
-      auto outPad = op.attrs.getInts("output_padding", std::vector<int64_t>(x.size() - 2, 0));
-      for (size_t i = 0; i < w.padR.size(); ++i)
-        w.padR[i] -= outPad[i];
-    }
-    for (size_t i = 0; i < w.padR.size(); ++i)
-      if (w.padL[i] < 0 || (!transposed && w.padR[i] < 0))
-        throw ::popart::error(op.debugName(), ": negative padding is left to the reference kernel");
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
-    auto mdW = weightsDesc(op, transposed);
-    hasBias_ = op.hasInput(2);
-    memory::desc mdB = hasBias_ ? memory::desc({y[1]}, memory::data_type::f32, memory::dims{1}) : memory::desc();
+  explicit ConvKernel(const ir::Op &op, const KernelContext &context = KernelContext()) {
+    ConvSetup s = convSetup(op);
+    if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": oneDNN convolution: ", s.whyNot);
     auto &eng = dnnl_util::engine();
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user); // allocated here, not per run
-    if (transposed) {
-      deconvolution_forward::desc d(prop_kind::forward_inference, algorithm::deconvolution_direct, mdX, mdW, mdB, mdY,
-                                    w.strides, w.dilates, w.padL, w.padR);
-      deconvolution_forward::primitive_desc pd(d, attr, eng);
-      prim_ = deconvolution_forward(pd);
-      scratch_ = memory(pd.scratchpad_desc(), eng);
+    hasBias_ = s.hasBias;
+    hasResidual_ = s.hasResidual;
+    if (s.transposed) {
+      prim_ = deconvolution_forward(s.deconvolution);
+      scratch_ = memory(s.deconvolution.scratchpad_desc(), eng);
     } else {
-      // Let oneDNN pick its layouts (its direct convolutions want blocked channels) and reorder
-      // to and from the plain buffers around it.
-      // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
-      // once that layout is known), then the Relu (fuseRelu).
-      hasResidual_ = op.attrs.getInt("popart_residual", 0) != 0;
-      const ir::FusedActivation act = ir::fusedActivation(op);
-      auto setPostOps = [&](const memory::desc *residual) {
-        post_ops po;
-        if (residual) po.append_binary(algorithm::binary_add, *residual);
-        appendActivation(po, act);
-        attr.set_post_ops(po);
-      };
-      setPostOps(nullptr);
-      auto make = [&](const memory::desc &x, const memory::desc &wt, const memory::desc &y) {
-        convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, x, wt, mdB, y,
-                                    w.strides, w.dilates, w.padL, w.padR);
-        convolution_forward::primitive_desc pd(d, attr, eng);
-        dnnl_util::skipBrgconv(pd);
-        return pd;
-      };
-      auto pd = make(dnnl_util::anyLayout(mdX), dnnl_util::anyLayout(mdW), dnnl_util::anyLayout(mdY));
-      ir::FusedPool unusedPool;
-      if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
-        // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
-        // blocks of the pointwise convolutions around it were reordered in and out of every
-        // one (half of MobileNet v2's time); its jit depthwise kernel runs on those blocks.
-        auto blocked = [](const Shape &s) {
-          return memory::desc(dnnl_util::toDims(s), memory::data_type::f32, memory::format_tag::aBcd16b);
-        };
-        try {
-          auto onBlocks = make(blocked(x), dnnl_util::anyLayout(mdW), blocked(y));
-          if (!dnnl_util::implIs(onBlocks, "ref")) pd = onBlocks;
-        } catch (const dnnl::error &) { // no kernel for those layouts: keep oneDNN's choice
-        }
-      }
-      if (trained(op) && !hasResidual_ && !ir::fusedPool(op, unusedPool) &&
-          dnnl_util::pointwiseWeights(ws, op.attrs.getInt("group", 1))) {
-        // A trained pointwise convolution: its neighbours (BatchNormalization, activations, the
-        // grad ops) read plain layouts, so blocked ones cost a reorder of the image and of the
-        // result on every step; on plain layouts oneDNN runs a GEMM per image as fast as jit_1x1.
-        auto plain = make(mdX, mdW, mdY);
-        if (!dnnl_util::implIs(plain, "ref")) pd = plain;
-      }
-      if (dnnl_util::implIs(pd, "ref")) pd = make(mdX, mdW, mdY); // no optimised kernel for those layouts
-      if (hasResidual_) {
-        // oneDNN's optimised convolutions write blocked channels; a plain result means its
-        // reference one, where the reference kernel does as well.
-        if (pd.dst_desc() == mdY || dnnl_util::implIs(pd, "ref"))
-          throw ::popart::error(op.debugName(), ": a residual on a plain result is left to the reference");
-        const memory::desc blocked = pd.dst_desc();
-        setPostOps(&blocked);
-        pd = make(pd.src_desc(), pd.weights_desc(), blocked);
-        if (dnnl_util::implIs(pd, "ref"))
-          throw ::popart::error(op.debugName(), ": no optimised convolution adds the residual");
-        residual_ = memory(blocked, eng); // the residual reordered to the result's layout
-      }
+      const auto &pd = s.pd;
+      if (hasResidual_) residual_ = memory(pd.dst_desc(), eng); // the residual reordered to the result's layout
       prim_ = convolution_forward(pd);
       scratch_ = memory(pd.scratchpad_desc(), eng);
-      if (pd.src_desc() != mdX) inner_[0] = memory(pd.src_desc(), eng);
+      if (pd.src_desc() != s.mdX) inner_[0] = memory(pd.src_desc(), eng);
       weightsDesc_ = pd.weights_desc();
-      ir::FusedPool pool;
-      pooled_ = ir::fusedPool(op, pool);
-      if (pd.dst_desc() != mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
-      if (pooled_) initPool(op, pool, pd.dst_desc(), y);
-      if (poolBlock_) initChunks(op, pd, make);
+      pooled_ = s.pooled;
+      if (pd.dst_desc() != s.mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
+      if (pooled_) initPool(op, s, pd.dst_desc(), s.y);
+      if (poolBlock_) initChunks(op, context.convPoolChunk, pd, s);
     }
-    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    w_ = memory(mdW, eng, DNNL_MEMORY_NONE);
-    y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0).shape(), y.size()) : mdY, eng, DNNL_MEMORY_NONE);
-    if (hasBias_) b_ = memory(mdB, eng, DNNL_MEMORY_NONE);
+    x_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
+    w_ = memory(s.mdW, eng, DNNL_MEMORY_NONE);
+    y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0).shape(), s.y.size()) : s.mdY, eng, DNNL_MEMORY_NONE);
+    if (hasBias_) b_ = memory(s.mdB, eng, DNNL_MEMORY_NONE);
     if (inner_[0]) toInner_[0] = dnnl_util::userScratchReorder(x_, inner_[0]);
-    if (!transposed) weights_.init(w_, weightsDesc_, op.input(1).isConst());
+    if (!s.transposed) weights_.init(w_, weightsDesc_, op.input(1).isConst());
     const memory &result = pooled_ ? poolDst_ : inner_[2];
     if (result) fromInner_ = dnnl_util::userScratchReorder(result, y_);
     if (hasResidual_) {
-      r_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+      r_ = memory(s.mdY, eng, DNNL_MEMORY_NONE);
       toInner_[1] = dnnl_util::userScratchReorder(r_, residual_);
     }
   }
@@ -300,13 +388,13 @@ public:
 private:
   /// The max pool after the convolution, on the convolution's layout (blocked channels), so that
   /// only the pooled result is reordered to the plain output.
-  void initPool(const ir::Op &op, const ir::FusedPool &pool, const memory::desc &src, const Shape &y) {
-    size_t nsp = pool.kernel.size();
+  void initPool(const ir::Op &op, const ConvSetup &s, const memory::desc &src, const Shape &y) {
+    const ir::FusedPool &pool = s.pool;
     const Shape &out = op.outInfo(0).shape();
-    if (int64_t block = channelBlock(src); block > 0 && nsp == 2 &&
-                                           std::all_of(pool.pads.begin(), pool.pads.end(), [](int64_t p) { return p == 0; })) {
+    if (!s.poolPd) { // vec::maxPoolBlocked on the convolution's layout (convSetup)
       // oneDNN 2.6's AVX2 pooling of blocked channels ran the CNN's first pool (8 MB) in 0.83 ms,
       // about 10 GB/s; vec::maxPoolBlocked on the same layout takes 0.3 ms.
+      int64_t block = channelBlock(src);
       poolBlock_ = block;
       poolGeom_ = {src.data.padded_dims[0] * src.data.padded_dims[1] / block, y[2], y[3], out[2], out[3],
                    pool.kernel[0], pool.kernel[1], pool.strides[0], pool.strides[1]};
@@ -318,38 +406,11 @@ private:
       }
       return;
     }
-    memory::dims strides(pool.strides.begin(), pool.strides.end()), kernel(pool.kernel.begin(), pool.kernel.end());
-    memory::dims padL(pool.pads.begin(), pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
-    memory::dims padR(pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp), pool.pads.end());
-    auto mdOut = dnnl_util::plainDesc(op.outInfo(0).shape(), op.outInfo(0).rank());
     auto &eng = dnnl_util::engine();
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user);
-    pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, src, dnnl_util::anyLayout(mdOut),
-                               strides, kernel, memory::dims(nsp, 0), padL, padR);
-    pooling_v2_forward::primitive_desc pd(d, attr, eng);
-    pool_ = pooling_v2_forward(pd);
-    poolScratch_ = memory(pd.scratchpad_desc(), eng);
-    if (pd.dst_desc() != mdOut) poolDst_ = memory(pd.dst_desc(), eng);
-  }
-
-  /// The channel block of \p md when it is plain NCHW (1) or NCHW with channels blocked by 8 or
-  /// 16 innermost (aBcd8b, aBcd16b) and nothing else padded; 0 for any other layout.
-  static int64_t channelBlock(const memory::desc &md) {
-    const dnnl_memory_desc_t &d = md.data;
-    if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
-    const auto &bl = d.format_desc.blocking;
-    int64_t block = 1;
-    if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 1 && (bl.inner_blks[0] == 8 || bl.inner_blks[0] == 16))
-      block = bl.inner_blks[0];
-    else if (bl.inner_nblks != 0)
-      return 0;
-    const dnnl_dim_t *p = d.padded_dims;
-    if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
-    if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
-        bl.strides[0] != p[1] * p[2] * p[3])
-      return 0;
-    return block;
+    auto mdOut = dnnl_util::plainDesc(out, op.outInfo(0).rank());
+    pool_ = pooling_v2_forward(s.poolPd);
+    poolScratch_ = memory(s.poolPd.scratchpad_desc(), eng);
+    if (s.poolPd.dst_desc() != mdOut) poolDst_ = memory(s.poolPd.dst_desc(), eng);
   }
 
   /// The fused max pool by vec::maxPoolBlocked, threaded over (image, channel block) planes;
@@ -378,31 +439,16 @@ private:
 
   /// A convolution result that a fused pool reads is written and read through memory when the
   /// whole batch is convolved first. Convolving and pooling a few images at a time keeps it in
-  /// cache: chunks of about kChunkBytes of result (setConvPoolChunk, POPART_CONVPOOL_CHUNK=N
-  /// force N images), with body primitives for the chunk and tail ones for the rest, all
+  /// cache: chunks of about kChunkBytes of result (KernelContext::convPoolChunk = N forces N
+  /// images), with body primitives for the chunk and tail ones for the rest, all
   /// convolving into one small buffer and pooling into their slice of the output. Left whole when
   /// a layout pads the batch or does not keep it outermost, or a chunk would take another
   /// implementation or weight layout.
-  /// POPART_CONVPOOL_CHUNK's image count; 0 (automatic) for anything but a positive integer,
-  /// warning once.
-  static int64_t chunkFromEnv(const char *env) {
-    char *end = nullptr;
-    long long v = std::strtoll(env, &end, 10);
-    if (end != env && *end == '\0' && v > 0) return v;
-    static const bool warned = [&] {
-      logging::logger().warn("POPART_CONVPOOL_CHUNK='{}' is not a positive image count; sizing chunks automatically", env);
-      return true;
-    }();
-    (void)warned;
-    return 0;
-  }
-
-  template <typename Make>
-  void initChunks(const ir::Op &op, const convolution_forward::primitive_desc &full, Make &make) {
+  void initChunks(const ir::Op &op, int64_t forcedChunk, const convolution_forward::primitive_desc &full,
+                  const ConvSetup &setup) {
     int64_t n = full.src_desc().data.dims[0];
     batch_ = n;
     int64_t chunk = forcedChunk;
-    if (const char *env = std::getenv("POPART_CONVPOOL_CHUNK"); env && chunk == 0) chunk = chunkFromEnv(env);
     if (chunk <= 0) // enough images for about kChunkBytes of convolution result
       chunk = std::max<int64_t>(1, kChunkBytes / (static_cast<int64_t>(full.dst_desc().get_size()) / n));
     if (chunk >= n) return;
@@ -411,8 +457,8 @@ private:
       if (mb == 0) break;
       memory::desc x = withBatch(full.src_desc(), mb), y = withBatch(full.dst_desc(), mb);
       if (!x || !y) return;
-      auto pd = make(x, full.weights_desc(), y);
-      if (pd.weights_desc() != full.weights_desc() || pd.src_desc() != x || pd.dst_desc() != y ||
+      auto pd = setup.make(x, full.weights_desc(), y);
+      if (!pd || pd.weights_desc() != full.weights_desc() || pd.src_desc() != x || pd.dst_desc() != y ||
           dnnl_util::implIs(pd, "ref"))
         return;
       auto &eng = dnnl_util::engine();
@@ -483,25 +529,48 @@ private:
   std::vector<dnnl_exec_arg_t> reorderArgs_[3];
 };
 
+/// A pooling in oneDNN's terms: its primitive descriptor, or why oneDNN cannot run it.
+struct PoolSetup {
+  std::string whyNot; ///< empty: pd is set
+  memory::desc mdX, mdY;
+  pooling_v2_forward::primitive_desc pd;
+};
+
+/// Decides without throwing (PoolKernel and supportsPool).
+PoolSetup poolSetup(const ir::Op &op) {
+  PoolSetup s;
+  const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
+  Window w = makeWindow(op, x, y, op.attrs.getInts("kernel_shape"), false);
+  bool isMax = op.type == "MaxPool";
+  bool includePad = !isMax && op.attrs.getInt("count_include_pad", 0) != 0;
+  s.whyNot = dnnl_util::extendPadsForCeilMode(x, y, includePad, w);
+  if (s.whyNot.empty()) s.whyNot = dnnl_util::negativePadReason(w);
+  if (!s.whyNot.empty()) return s;
+  algorithm alg = isMax        ? algorithm::pooling_max
+                  : includePad ? algorithm::pooling_avg_include_padding
+                               : algorithm::pooling_avg_exclude_padding;
+  s.mdX = dnnl_util::plainDesc(x, x.size());
+  s.mdY = dnnl_util::plainDesc(y, y.size());
+  if (!dnnl_util::poolingValid(prop_kind::forward_inference, alg, s.mdX, s.mdY, w)) {
+    s.whyNot = "oneDNN rejects the window";
+    return s;
+  }
+  pooling_v2_forward::desc d(prop_kind::forward_inference, alg, s.mdX, s.mdY, w.strides, w.kernel, w.dilates, w.padL,
+                             w.padR);
+  s.pd = pooling_v2_forward::primitive_desc(d, dnnl_util::engine(), true);
+  if (!s.pd) s.whyNot = "no oneDNN pooling implementation for it";
+  return s;
+}
+
 class PoolKernel : public Kernel {
 public:
   explicit PoolKernel(const ir::Op &op) {
-    const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
-    Window w = makeWindow(op, x, y, op.attrs.getInts("kernel_shape"), false);
-    bool isMax = op.type == "MaxPool";
-    bool includePad = !isMax && op.attrs.getInt("count_include_pad", 0) != 0;
-    dnnl_util::extendPadsForCeilMode(op, x, y, includePad, w);
-    dnnl_util::rejectNegativePads(op, w);
-    algorithm alg = isMax        ? algorithm::pooling_max
-                    : includePad ? algorithm::pooling_avg_include_padding
-                                 : algorithm::pooling_avg_exclude_padding;
-    auto mdX = dnnl_util::plainDesc(x, x.size()), mdY = dnnl_util::plainDesc(y, y.size());
+    PoolSetup s = poolSetup(op);
+    if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": oneDNN pooling: ", s.whyNot);
     auto &eng = dnnl_util::engine();
-    pooling_v2_forward::desc d(prop_kind::forward_inference, alg, mdX, mdY, w.strides, w.kernel, w.dilates, w.padL,
-                               w.padR);
-    prim_ = pooling_v2_forward(pooling_v2_forward::primitive_desc(d, eng));
-    x_ = memory(mdX, eng, DNNL_MEMORY_NONE);
-    y_ = memory(mdY, eng, DNNL_MEMORY_NONE);
+    prim_ = pooling_v2_forward(s.pd);
+    x_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
+    y_ = memory(s.mdY, eng, DNNL_MEMORY_NONE);
   }
   void run(const KernelArgs &args) override {
     x_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -515,34 +584,33 @@ private:
   memory x_, y_;
 };
 
-/// True if \p K can be built for \p op; oneDNN's refusal (or ours) means "use the reference".
-template <typename K> bool buildable(const ir::Op &op) {
-  try {
-    K k(op);
-    return true;
-  } catch (const std::exception &) { // dnnl::error or our own refusal
-    return false;
-  }
+/// The shapes and types oneDNN's convolutions and poolings take; "" if it takes \p op's.
+std::string windowOpShapes(const ir::Op &op) {
+  if (!allFloat(op)) return "not f32";
+  if (!spatialRankOk(op)) return "spatial rank other than 1-3, or an empty tensor";
+  return {};
 }
 
-bool supportsConv(const ir::Op &op) { return allFloat(op) && spatialRankOk(op) && buildable<ConvKernel>(op); }
+Support supportsConv(const ir::Op &op) {
+  if (std::string why = windowOpShapes(op); !why.empty()) return Support::no(why);
+  return Support::unless(convSetup(op).whyNot);
+}
 
-bool supportsPool(const ir::Op &op) {
-  if (!allFloat(op) || !spatialRankOk(op)) return false;
-  if (op.type == "MaxPool" && op.hasOutput(1)) return false; // no Indices from oneDNN
-  if (tiledMaxPool(op)) return false;                          // the reference's vectorised pass
+Support supportsPool(const ir::Op &op) {
+  if (std::string why = windowOpShapes(op); !why.empty()) return Support::no(why);
+  if (op.type == "MaxPool" && op.hasOutput(1)) return Support::no("oneDNN gives no Indices");
+  if (tiledMaxPool(op)) return Support::no("tiling windows: the reference's vectorised pass is faster");
   // A dilated window can lie wholly in the padding, where ONNX and oneDNN disagree.
   const Shape &x = op.inInfo(0).shape();
   auto k = op.attrs.getInts("kernel_shape");
   auto pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * k.size(), 0));
   for (size_t i = 0; i < k.size(); ++i)
-    if (pads[i] >= k[i] || pads[i + k.size()] >= k[i] || x[i + 2] < 1) return false;
-  return buildable<PoolKernel>(op);
+    if (pads[i] >= k[i] || pads[i + k.size()] >= k[i] || x[i + 2] < 1)
+      return Support::no("a window may lie wholly in the padding");
+  return Support::unless(poolSetup(op).whyNot);
 }
 
 } // namespace
-
-void setConvPoolChunk(int64_t images) { forcedChunk = images; }
 
 void registerDnnlConvPoolKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});

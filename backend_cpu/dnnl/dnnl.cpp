@@ -8,6 +8,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlElementwiseKernels(r);
   registerDnnlBroadcastKernels(r); // after it: where oneDNN's binary declines
   registerDnnlMatMulKernels(r);
+  registerDnnlGemmKernels(r);
   registerDnnlConvPoolKernels(r);
   registerDnnlNormKernels(r);
   registerDnnlSoftmaxKernels(r);

@@ -7,6 +7,7 @@ namespace popart::backend_cpu {
 
 void registerDnnlElementwiseKernels(KernelRegistry &registry);
 void registerDnnlMatMulKernels(KernelRegistry &registry);
+void registerDnnlGemmKernels(KernelRegistry &registry);
 void registerDnnlConvPoolKernels(KernelRegistry &registry);
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);

@@ -165,8 +165,8 @@ bool supportsBinaryKernel(const ir::Op &op) {
   auto pd = binary::primitive_desc(
       binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
                    dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank), dnnl_util::plainDesc(out, rank)),
-      dnnl_util::engine());
-  return !dnnl_util::implIs(pd, "ref");
+      dnnl_util::engine(), true);
+  return pd && !dnnl_util::implIs(pd, "ref");
 }
 
 /// Pow with a constant scalar exponent: oneDNN's eltwise_pow (x^beta).

@@ -1,31 +1,38 @@
-// oneDNN MatMul and Gemm, f32.
+// oneDNN MatMul, f32: the product as stored, or another way chosen by timing or forced by the
+// session (MatMulOperands; matmul_tuning.hpp). Gemm is in gemm.cpp, the 1×1-convolution way in
+// pointwise_product.cpp.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/dnnl/matmul_tuning.hpp"
+#include "backend_cpu/dnnl/pointwise_product.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <map>
-#include <mutex>
+#include <string>
 
 namespace popart::backend_cpu {
 
 namespace {
 
 using namespace dnnl;
+using matmul_tuning::fastestMs;
+using matmul_tuning::kGain;
+using matmul_tuning::kPointwiseGain;
+using matmul_tuning::kTuneFlops;
+using matmul_tuning::tunedWay;
+using matmul_tuning::unblocked;
 
-bool supportsMatMul(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT) return false;
-  if (op.outInfo(0).elementCount() == 0) return false;
+Support supportsMatMul(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT)
+    return Support::no("not f32");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
   size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
-  return ra >= 1 && rb >= 1 && std::max(ra, rb) <= 12;
+  if (ra < 1 || rb < 1 || std::max(ra, rb) > 12) return Support::no("a scalar operand or rank above 12");
+  return Support::yes();
 }
 
 /// The f32 descriptor of logical matrix batch \p shape (padded to \p rank); \p transposed: the
@@ -63,21 +70,6 @@ memory::desc stridedDesc(const ir::StridedShape &s, size_t rank) {
   return memory::desc(dims, memory::data_type::f32, strides);
 }
 
-MatMulOperands forcedOperands = MatMulOperands::Auto;
-
-/// Whether \p md is a plain strided layout (no inner blocks). Packing constant weights into one
-/// gains nothing: oneDNN's AVX2 gemm picks row-major for any weights, which ran the MLP's
-/// transposed [1024, 1024] Gemm weights at half the speed of their stored layout (5.8 ms against
-/// about 3 ms per 256-row product). A blocked choice (brgemm with AVX-512) is kept.
-bool unblocked(const memory::desc &md) {
-  return md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks == 0;
-}
-
-/// Products smaller than this (FLOPs) are run as stored: timing them would cost more than it saves.
-constexpr double kTuneFlops = 1e8;
-/// The gain another way must show over the stored one to be chosen; Pointwise copies no operand
-/// (constant B is packed once, another B is a weights reorder far smaller than the product).
-constexpr double kGain = 1.08, kPointwiseGain = 1.02;
 /// The ways timed against the stored one, in order.
 constexpr MatMulOperands kTimedWays[] = {MatMulOperands::FlippedA,         MatMulOperands::FlippedB,
                                          MatMulOperands::ShiftedB,         MatMulOperands::Pointwise,
@@ -86,170 +78,9 @@ constexpr MatMulOperands kTimedWays[] = {MatMulOperands::FlippedA,         MatMu
 /// ShiftedB's offset of B in the scratch: 16 bytes off oneDNN's 64-byte alignment.
 constexpr int64_t kShift = 16;
 
-/// The way remembered for \p key, or \p decide()'s, remembered: the timing runs once per shape and
-/// configuration in a process (sessions of the same model reuse it).
-MatMulOperands rememberedWay(const std::string &key, const std::function<MatMulOperands()> &decide) {
-  static std::mutex mutex;
-  static std::map<std::string, MatMulOperands> chosen;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = chosen.find(key);
-  if (it != chosen.end()) return it->second;
-  return chosen[key] = decide();
-}
-
-/// The tuning mode: forcedOperands unless it is Auto, then POPART_MATMUL_TUNING's (0: AsStored;
-/// a, b, s, p, t, tc, ap, u: FlippedA, FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy,
-/// FlippedPointwise, Unpermuted; else Auto, warning once about a value other than 1).
-MatMulOperands tuningMode() {
-  if (forcedOperands != MatMulOperands::Auto) return forcedOperands;
-  const char *env = std::getenv("POPART_MATMUL_TUNING");
-  std::string mode = env ? env : "";
-  if (mode == "0") return MatMulOperands::AsStored;
-  if (mode == "a") return MatMulOperands::FlippedA;
-  if (mode == "b") return MatMulOperands::FlippedB;
-  if (mode == "s") return MatMulOperands::ShiftedB;
-  if (mode == "p") return MatMulOperands::Pointwise;
-  if (mode == "t") return MatMulOperands::Swapped;
-  if (mode == "tc") return MatMulOperands::SwappedCopy;
-  if (mode == "ap") return MatMulOperands::FlippedPointwise;
-  if (mode == "u") return MatMulOperands::Unpermuted;
-  static const bool warned = [&] {
-    if (!mode.empty() && mode != "1")
-      logging::logger().warn("POPART_MATMUL_TUNING='{}' is not 0, 1, a, b, s, p, t, tc, ap or u; timing as for 1", mode);
-    return true;
-  }();
-  (void)warned;
-  return MatMulOperands::Auto;
-}
-
-/// Milliseconds of the fastest of three runs of \p f after one warm-up.
-template <typename F> double fastestMs(F &&f) {
-  double best = 1e30;
-  for (int i = 0; i < 4; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (i > 0) best = std::min(best, ms);
-  }
-  return best;
-}
-
-/// C[M, N] = A[M, K]·B[K, N] as oneDNN's 1×1 convolution: M pixels of K channels (row-major A is
-/// the nhwc tensor [1, K, 1, M]) into N channels (row-major C), with B as the weights in the
-/// layout oneDNN picks (constant B packed once, another B reordered into the scratch every run).
-/// On AVX2 oneDNN 2.6 runs this jit_1x1 kernel at 190-198 GFLOP/s where its gemm runs the same
-/// product at 163-187 (interleaved micro-benchmark on the AVX2 host: [256, 1024]·[1024, 1024]
-/// 3.26 → 2.77 ms, [2048, 1024]·[1024, 256] 6.58 → 5.50 ms).
-class PointwiseProduct {
-public:
-  struct Spec {
-    int64_t m = 0, k = 0, n = 0;
-    bool bTransposed = false;   ///< B stored as [N, K]
-    bool constB = false;        ///< pack B once
-    bool bias = false;          ///< a [N] bias, added first
-    bool addBeforeRelu = false; ///< a [M, N] tensor added before the Relu (Gemm's C)
-    bool relu = false;
-    bool addAfter = false; ///< a [M, N] tensor added last (the residual)
-    float scale = 1.f;     ///< applied first, after the bias (so never with one)
-  };
-  /// False if oneDNN has no optimised convolution for it (or refuses it).
-  bool init(const Spec &s) {
-    *this = PointwiseProduct(); // the argument caches name the memories of an earlier init
-    auto &eng = dnnl_util::engine();
-    using tag = memory::format_tag;
-    memory::desc src({1, s.k, 1, s.m}, memory::data_type::f32, tag::nhwc);
-    memory::desc dst({1, s.n, 1, s.m}, memory::data_type::f32, tag::nhwc);
-    // (o, i) = (n, k): B[k, n] at k·N + n, or transposed at n·K + k.
-    memory::desc stored({s.n, s.k, 1, 1}, memory::data_type::f32,
-                        s.bTransposed ? memory::dims{s.k, 1, 1, 1} : memory::dims{1, s.n, 1, 1});
-    memory::desc bias = s.bias ? memory::desc({s.n}, memory::data_type::f32, tag::a) : memory::desc();
-    primitive_attr attr;
-    attr.set_scratchpad_mode(scratchpad_mode::user);
-    post_ops po; // the scale as a post-op: oneDNN's jit 1×1 kernels take no f32 output scales
-    if (s.scale != 1.f) po.append_eltwise(1.f, algorithm::eltwise_linear, s.scale, 0.f);
-    auto add = [&] {
-      addArg_ = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len()) | DNNL_ARG_SRC_1;
-      po.append_binary(algorithm::binary_add, dst);
-    };
-    if (s.addBeforeRelu) add();
-    if (s.relu) po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-    if (s.addAfter) add();
-    if (po.len() > 0) attr.set_post_ops(po);
-    try {
-      convolution_forward::primitive_desc pd(
-          convolution_forward::desc(prop_kind::forward_inference, algorithm::convolution_direct, src,
-                                    dnnl_util::anyLayout(stored), bias, dst, {1, 1}, {0, 0}, {0, 0}),
-          attr, eng);
-      dnnl_util::skipBrgconv(pd);
-      if (dnnl_util::implIs(pd, "ref") || pd.src_desc() != src || pd.dst_desc() != dst) return false;
-      prim_ = convolution_forward(pd);
-      convScratch_ = memory(pd.scratchpad_desc(), eng);
-      stored_ = memory(stored, eng, DNNL_MEMORY_NONE);
-      if (s.constB) {
-        packed_.init(stored_, pd.weights_desc(), true);
-      } else {
-        perRun_ = memory(pd.weights_desc(), eng, DNNL_MEMORY_NONE);
-        if (pd.weights_desc() != stored) pack_ = dnnl_util::userScratchReorder(stored_, perRun_);
-      }
-    } catch (const dnnl::error &) {
-      return false;
-    }
-    a_ = memory(src, eng, DNNL_MEMORY_NONE);
-    c_ = memory(dst, eng, DNNL_MEMORY_NONE);
-    add_ = memory(dst, eng, DNNL_MEMORY_NONE);
-    if (s.bias) bias_ = memory(bias, eng, DNNL_MEMORY_NONE);
-    hasAdd_ = s.addBeforeRelu || s.addAfter;
-    return true;
-  }
-  explicit operator bool() const { return static_cast<bool>(prim_); }
-  /// The weights reordered on every run (0 for constant B).
-  int64_t scratchBytes() const { return pack_ ? static_cast<int64_t>(perRun_.get_desc().get_size()) : 0; }
-  /// \p bias and \p add are null unless the spec has them; \p scratch holds scratchBytes().
-  void run(const void *a, const void *b, const void *bias, const void *add, void *c, void *scratch) {
-    a_.set_data_handle(const_cast<void *>(a));
-    c_.set_data_handle(c);
-    stored_.set_data_handle(const_cast<void *>(b));
-    const memory *wt = &stored_;
-    if (packed_) {
-      wt = &packed_.get(stored_, b);
-    } else if (pack_) {
-      perRun_.set_data_handle(scratch);
-      dnnl_util::execute(pack_, packArgs_, {{DNNL_ARG_FROM, stored_}, {DNNL_ARG_TO, perRun_}});
-      wt = &perRun_;
-    }
-    if (bias_) bias_.set_data_handle(const_cast<void *>(bias));
-    if (hasAdd_) add_.set_data_handle(const_cast<void *>(add));
-    if (bias_ && hasAdd_)
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, c_},
-                          {DNNL_ARG_SCRATCHPAD, convScratch_}, {addArg_, add_}});
-    else if (bias_)
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, c_},
-                          {DNNL_ARG_SCRATCHPAD, convScratch_}});
-    else if (hasAdd_)
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_DST, c_},
-                          {DNNL_ARG_SCRATCHPAD, convScratch_}, {addArg_, add_}});
-    else
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, *wt}, {DNNL_ARG_DST, c_},
-                          {DNNL_ARG_SCRATCHPAD, convScratch_}});
-  }
-
-private:
-  primitive prim_;
-  reorder pack_;
-  std::vector<dnnl_exec_arg_t> args_, packArgs_;
-  memory a_, c_, add_, bias_, stored_, perRun_, convScratch_;
-  dnnl_util::PackedWeights packed_;
-  bool hasAdd_ = false;
-  int addArg_ = 0;
-};
-
 class MatMulKernel : public Kernel {
 public:
-  explicit MatMulKernel(const ir::Op &op) {
+  MatMulKernel(const ir::Op &op, const KernelContext &context) {
     // The logical operands (popart_transA/B and popart_permA/B applied; matmul_layout.hpp).
     Shape a = ir::matMulOperand(op, 0).shape, b = ir::matMulOperand(op, 1).shape;
     bool ta = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
@@ -280,7 +111,8 @@ public:
     hasBias_ = op.hasInput(2); // fused by fuseMatMulBias: [N] broadcast over the rows
     memory::dims biasDims(rank, 1);
     biasDims.back() = y.back();
-    memory::desc mdBias = hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
+    memory::desc mdBias =
+        hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
     primitive_attr attr;
     float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
@@ -323,20 +155,19 @@ public:
       pointwiseSpec_.addAfter = hasResidual_;
       pointwiseSpec_.scale = scale;
     }
-    if (reorderable_ || pointwiseSpec_.m > 0 || permuted) chooseOperands(op, a, b, rank, ta, tb, make);
+    if (reorderable_ || pointwiseSpec_.m > 0 || permuted) chooseOperands(op, context, a, b, rank, ta, tb, make);
   }
   int64_t scratchBytes() const override {
-    return operands_ == MatMulOperands::FlippedA   ? static_cast<int64_t>(a_.get_desc().get_size())
-           : operands_ == MatMulOperands::FlippedB ? static_cast<int64_t>(b_.get_desc().get_size())
+    return operands_ == MatMulOperands::FlippedA    ? static_cast<int64_t>(a_.get_desc().get_size())
+           : operands_ == MatMulOperands::FlippedB  ? static_cast<int64_t>(b_.get_desc().get_size())
            : operands_ == MatMulOperands::ShiftedB  ? static_cast<int64_t>(b_.get_desc().get_size()) + kShift
            : operands_ == MatMulOperands::Pointwise ? pointwise_.scratchBytes()
            : operands_ == MatMulOperands::FlippedPointwise
                ? aligned64(a_.get_desc().get_size()) + pointwise_.scratchBytes()
            : operands_ == MatMulOperands::Unpermuted ? unpermutedOffset_[3]
-           : swapped()                               ? swapCopyOffset_ + (operands_ == MatMulOperands::SwappedCopy
-                                                                            ? aligned64(b_.get_desc().get_size())
-                                                                            : 0)
-                                                    : 0;
+           : swapped()
+               ? swapCopyOffset_ + (operands_ == MatMulOperands::SwappedCopy ? aligned64(b_.get_desc().get_size()) : 0)
+               : 0;
   }
   void run(const KernelArgs &args) override {
     a_.set_data_handle(const_cast<void *>(args.inputs[0]));
@@ -418,8 +249,9 @@ private:
   /// convolution (see MatMulOperands). Auto times each way that applies on zeroed buffers once
   /// per configuration.
   template <typename Make>
-  void chooseOperands(const ir::Op &op, const Shape &a, const Shape &b, size_t rank, bool ta, bool tb, Make &&make) {
-    MatMulOperands choice = tuningMode();
+  void chooseOperands(const ir::Op &op, const KernelContext &context, const Shape &a, const Shape &b, size_t rank,
+                      bool ta, bool tb, Make &&make) {
+    MatMulOperands choice = context.matmulOperands;
     double flops = 2.0 * static_cast<double>(shapeElementCount(a)) * static_cast<double>(b.back());
     if (choice == MatMulOperands::AsStored || (choice == MatMulOperands::Auto && flops < kTuneFlops)) return;
     memory::desc flippedA = storedDesc(a, rank, !ta), flippedB = storedDesc(b, rank, !tb);
@@ -453,22 +285,24 @@ private:
       return true;
     };
     if (choice == MatMulOperands::Auto) {
-      std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") + (hasBias_ ? "+bias" : "") +
-                        (hasResidual_ ? "+residual" : "") + op.attrs.getString("popart_activation", "") +
+      std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") +
+                        (hasBias_ ? "+bias" : "") + (hasResidual_ ? "+residual" : "") +
+                        op.attrs.getString("popart_activation", "") +
                         std::to_string(op.attrs.getFloat("popart_scale", 1.f)) + (op.input(1).isConst() ? "const" : "");
       for (const char *perm : {"popart_permA", "popart_permB", "popart_permY"})
         if (op.attrs.has(perm)) key += std::string(" ") + (perm + 7) + toString(Shape(op.attrs.getInts(perm)));
-      choice = rememberedWay(key, [&] { return timeOperands(build); });
+      choice = tunedWay(context, key, [&] { return timeOperands(build); });
+      timed_ = true;
       logging::logger().debug("{}: {} operands for {}", op.debugName(),
-                              choice == MatMulOperands::FlippedA     ? "flipped A"
-                              : choice == MatMulOperands::FlippedB ? "flipped B"
-                              : choice == MatMulOperands::ShiftedB  ? "shifted B"
-                              : choice == MatMulOperands::Pointwise ? "1x1 convolution"
-                              : choice == MatMulOperands::Swapped   ? "swapped"
-                              : choice == MatMulOperands::SwappedCopy ? "swapped, B copied,"
+                              choice == MatMulOperands::FlippedA           ? "flipped A"
+                              : choice == MatMulOperands::FlippedB         ? "flipped B"
+                              : choice == MatMulOperands::ShiftedB         ? "shifted B"
+                              : choice == MatMulOperands::Pointwise        ? "1x1 convolution"
+                              : choice == MatMulOperands::Swapped          ? "swapped"
+                              : choice == MatMulOperands::SwappedCopy      ? "swapped, B copied,"
                               : choice == MatMulOperands::FlippedPointwise ? "flipped A, 1x1 convolution"
-                              : choice == MatMulOperands::Unpermuted ? "unpermuted"
-                                                                    : "stored",
+                              : choice == MatMulOperands::Unpermuted       ? "unpermuted"
+                                                                           : "stored",
                               key);
     }
     bool applied = choice != MatMulOperands::AsStored && build(choice);
@@ -477,6 +311,14 @@ private:
     if (applied) operands_ = choice;
   }
 
+public:
+  std::string choice() const override {
+    return operands_ == MatMulOperands::AsStored && !timed_
+               ? std::string()
+               : std::string("operands ") + matMulOperandsName(operands_) + (timed_ ? ", timed" : ", forced");
+  }
+
+private:
   /// Times the product as stored and each other way that applies; the fastest if it beats the
   /// stored way by kGain (the fastest of three runs each; a smaller gain could be noise).
   template <typename Build> MatMulOperands timeOperands(Build &&build) {
@@ -485,8 +327,10 @@ private:
     // timing on malloc'd buffers chose wrongly.
     size_t bytesA = a_.get_desc().get_size(), bytesB = b_.get_desc().get_size(), bytesY = y_.get_desc().get_size();
     auto bufA = alignedBytes(bytesA), bufB = alignedBytes(bytesB), bufY = alignedBytes(bytesY);
-    auto bias = alignedBytes(hasBias_ ? bias_.get_desc().get_size() : 1), residual = alignedBytes(hasResidual_ ? bytesY : 1);
-    const void *ins[4] = {bufA.get(), bufB.get(), hasBias_ ? bias.get() : nullptr, hasResidual_ ? residual.get() : nullptr};
+    auto bias = alignedBytes(hasBias_ ? bias_.get_desc().get_size() : 1),
+         residual = alignedBytes(hasResidual_ ? bytesY : 1);
+    const void *ins[4] = {bufA.get(), bufB.get(), hasBias_ ? bias.get() : nullptr,
+                          hasResidual_ ? residual.get() : nullptr};
     void *outs[1] = {bufY.get()};
     KernelArgs args{ins, 4, outs, 1, nullptr};
     operands_ = MatMulOperands::AsStored;
@@ -519,14 +363,9 @@ private:
     memory::desc src = unpermuted_[0].is_zero() ? a_.get_desc() : unpermuted_[0];
     memory::desc wt = unpermuted_[1].is_zero() ? b_.get_desc() : unpermuted_[1];
     memory::desc dst = unpermuted_[2].is_zero() ? y_.get_desc() : unpermuted_[2];
-    matmul::primitive_desc pd;
-    try {
-      pd = matmul::primitive_desc(matmul::desc(src, wt, hasBias_ ? bias_.get_desc() : memory::desc(), dst), attr_,
-                                  dnnl_util::engine());
-    } catch (const dnnl::error &) {
-      return false;
-    }
-    if (dnnl_util::implIs(pd, "ref")) return false;
+    matmul::primitive_desc pd(matmul::desc(src, wt, hasBias_ ? bias_.get_desc() : memory::desc(), dst), attr_,
+                              dnnl_util::engine(), true);
+    if (!pd || dnnl_util::implIs(pd, "ref")) return false;
     reordered_ = matmul(pd);
     reorderAArgs_.clear();
     reorderBArgs_.clear();
@@ -586,7 +425,10 @@ private:
                const memory &dst) {
     if (hasBias_ && hasResidual_)
       dnnl_util::execute(prim, cache,
-                         {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, bias_}, {DNNL_ARG_DST, dst},
+                         {{DNNL_ARG_SRC, src},
+                          {DNNL_ARG_WEIGHTS, wt},
+                          {DNNL_ARG_BIAS, bias_},
+                          {DNNL_ARG_DST, dst},
                           {residualArg_, r_}});
     else if (hasBias_)
       dnnl_util::execute(prim, cache,
@@ -604,154 +446,31 @@ private:
   std::vector<dnnl_exec_arg_t> args_;
   memory a_, b_, y_, bias_, r_;
   MatMulOperands operands_ = MatMulOperands::AsStored;
+  bool timed_ = false; ///< operands_ came from the timing (or the session's record of it)
   primitive reordered_, reorder_;
   std::vector<dnnl_exec_arg_t> reorderedArgs_, reorderArgs_;
   memory scratchA_, scratchB_;
-  primitive_attr attr_;                   ///< the product's output scale and post-ops
+  primitive_attr attr_;                  ///< the product's output scale and post-ops
   memory bT_, aT_, yT_, yTasY_, bTcopy_; ///< Swapped ways (buildSwapped)
   primitive swapOut_;
   std::vector<dnnl_exec_arg_t> swapOutArgs_;
   int64_t swapCopyOffset_ = 0;
-  memory::desc unpermuted_[3];          ///< plain layouts of the permuted A, B, Y (empty: as stored)
-  memory plainA_, plainB_, plainY_;    ///< Unpermuted's copies (buildUnpermuted)
+  memory::desc unpermuted_[3];      ///< plain layouts of the permuted A, B, Y (empty: as stored)
+  memory plainA_, plainB_, plainY_; ///< Unpermuted's copies (buildUnpermuted)
   primitive reorderA_, reorderB_, reorderY_;
   std::vector<dnnl_exec_arg_t> reorderAArgs_, reorderBArgs_, reorderYArgs_;
   int64_t unpermutedOffset_[4] = {0, 0, 0, 0}; ///< of A, B, Y in the scratch, and its size
   dnnl_util::PackedWeights packed_;
-  bool reorderable_ = false;          ///< FlippedA, FlippedB and ShiftedB apply
+  bool reorderable_ = false;             ///< FlippedA, FlippedB and ShiftedB apply
   PointwiseProduct::Spec pointwiseSpec_; ///< m > 0: Pointwise (A row-major) or FlippedPointwise applies
   bool pointwiseFlipsA_ = false;         ///< A is stored transposed: FlippedPointwise, not Pointwise
   PointwiseProduct pointwise_;
 };
 
-bool supportsGemm(const ir::Op &op) {
-  if (!dnnl_util::inputsFloat(op)) return false;
-  // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).
-  if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return false;
-  return op.outInfo(0).elementCount() > 0;
-}
-
-/// Y = alpha * op(A) op(B) + beta * C: transposes are strides, C is a broadcast binary post-op.
-class GemmKernel : public Kernel {
-public:
-  explicit GemmKernel(const ir::Op &op) {
-    bool ta = op.attrs.getInt("transA", 0) != 0, tb = op.attrs.getInt("transB", 0) != 0;
-    float alpha = op.attrs.getFloat("alpha", 1.f), beta = op.attrs.getFloat("beta", 1.f);
-    int64_t m = op.outInfo(0).dim(0), n = op.outInfo(0).dim(1);
-    int64_t k = ta ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
-    memory::desc mdA({m, k}, memory::data_type::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
-    memory::desc mdB({k, n}, memory::data_type::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
-    memory::desc mdY({m, n}, memory::data_type::f32, memory::dims{n, 1});
-    primitive_attr attr;
-    post_ops po;
-    hasC_ = op.hasInput(2) && beta != 0.f;
-    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-    if (hasC_) {
-      mdC_ = dnnl_util::plainDesc(op.inInfo(2).shape(), 2);
-      po.append_binary(algorithm::binary_add, mdC_);
-    }
-    if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after C
-      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-    if (po.len() > 0) attr.set_post_ops(po);
-    auto make = [&](const memory::desc &weights) {
-      return matmul::primitive_desc(matmul::desc(mdA, weights, mdY), attr, dnnl_util::engine());
-    };
-    bool constB = op.input(1).isConst(); // inference: packed once in oneDNN's layout
-    auto pd = make(constB ? dnnl_util::anyLayout(mdB) : mdB);
-    if (constB && (dnnl_util::implIs(pd, "ref") || unblocked(pd.weights_desc()))) pd = make(mdB);
-    prim_ = matmul(pd);
-    a_ = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    b_ = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    if (hasC_) c_ = memory(mdC_, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    if (constB) packed_.init(b_, pd.weights_desc(), true);
-    if (!ta) choosePointwise(op, m, k, n, tb, constB, alpha);
-  }
-  int64_t scratchBytes() const override { return pointwise_ ? pointwise_.scratchBytes() : 0; }
-  void run(const KernelArgs &args) override {
-    if (pointwise_ && (args.scratch || pointwise_.scratchBytes() == 0)) {
-      pointwise_.run(args.inputs[0], args.inputs[1], hasC_ ? args.inputs[2] : nullptr, hasC_ ? args.inputs[2] : nullptr,
-                     args.outputs[0], args.scratch);
-      return;
-    }
-    a_.set_data_handle(const_cast<void *>(args.inputs[0]));
-    b_.set_data_handle(const_cast<void *>(args.inputs[1]));
-    y_.set_data_handle(args.outputs[0]);
-    const memory &wt = packed_ ? packed_.get(b_, args.inputs[1]) : b_;
-    if (hasC_) {
-      c_.set_data_handle(const_cast<void *>(args.inputs[2]));
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, a_},
-                          {DNNL_ARG_WEIGHTS, wt},
-                          {DNNL_ARG_DST, y_},
-                          {DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, c_}});
-    } else {
-      dnnl_util::execute(prim_, args_, {{DNNL_ARG_SRC, a_}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y_}});
-    }
-  }
-
-private:
-  /// Whether to run as a 1×1 convolution (PointwiseProduct; MatMulOperands): C of [N] or [1, N]
-  /// is its bias (alpha 1 only: oneDNN would scale it), [M, N] is added before the Relu.
-  void choosePointwise(const ir::Op &op, int64_t m, int64_t k, int64_t n, bool tb, bool constB, float alpha) {
-    MatMulOperands mode = tuningMode();
-    if (mode != MatMulOperands::Auto && mode != MatMulOperands::Pointwise) return;
-    if (mode == MatMulOperands::Auto && 2.0 * static_cast<double>(m * n * k) < kTuneFlops) return;
-    PointwiseProduct::Spec spec;
-    spec.m = m, spec.k = k, spec.n = n, spec.bTransposed = tb, spec.constB = constB, spec.scale = alpha;
-    spec.relu = op.attrs.getString("popart_activation", "") == "Relu";
-    if (hasC_) {
-      const Shape &c = op.inInfo(2).shape();
-      bool row = shapeElementCount(c) == n && (c.size() == 1 || (c.size() == 2 && c[0] == 1));
-      if (row && alpha == 1.f)
-        spec.bias = true;
-      else if (c == Shape{m, n})
-        spec.addBeforeRelu = true;
-      else
-        return;
-    }
-    if (!pointwise_.init(spec)) return;
-    if (mode == MatMulOperands::Pointwise) return;
-    std::string key = "Gemm " + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n) + (tb ? "T" : "") +
-                      (spec.bias ? "+bias" : spec.addBeforeRelu ? "+C" : "") + (spec.relu ? "Relu" : "") +
-                      std::to_string(alpha) + (constB ? "const" : "");
-    MatMulOperands way = rememberedWay(key, [&] {
-      // On 64-byte aligned buffers, as in the plan (see MatMulKernel::timeOperands).
-      auto bufA = alignedBytes(a_.get_desc().get_size()), bufB = alignedBytes(b_.get_desc().get_size());
-      auto bufC = alignedBytes(hasC_ ? mdC_.get_size() : 1), bufY = alignedBytes(y_.get_desc().get_size());
-      auto scratch = alignedBytes(static_cast<size_t>(std::max<int64_t>(pointwise_.scratchBytes(), 1)));
-      const void *ins[3] = {bufA.get(), bufB.get(), hasC_ ? bufC.get() : nullptr};
-      void *outs[1] = {bufY.get()};
-      KernelArgs args{ins, 3, outs, 1, nullptr};
-      PointwiseProduct pointwise = std::move(pointwise_);
-      double stored = fastestMs([&] { run(args); });
-      pointwise_ = std::move(pointwise);
-      args.scratch = scratch.get();
-      double ms = fastestMs([&] { run(args); });
-      logging::logger().trace("Gemm: stored {:.3f} ms, 1x1 convolution {:.3f} ms", stored, ms);
-      return ms * kPointwiseGain < stored ? MatMulOperands::Pointwise : MatMulOperands::AsStored;
-    });
-    logging::logger().debug("{}: {} for {}", op.debugName(),
-                            way == MatMulOperands::Pointwise ? "1x1 convolution" : "stored", key);
-    if (way != MatMulOperands::Pointwise) pointwise_ = PointwiseProduct();
-  }
-
-  PointwiseProduct pointwise_; ///< initialised: the product runs as a 1×1 convolution
-  dnnl_util::PackedWeights packed_;
-  bool hasC_ = false;
-  memory::desc mdC_;
-  primitive prim_;
-  std::vector<dnnl_exec_arg_t> args_;
-  memory a_, b_, y_, c_;
-};
-
 } // namespace
-
-void setMatMulOperands(MatMulOperands choice) { forcedOperands = choice; }
 
 void registerDnnlMatMulKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, makeKernel<MatMulKernel>});
-  r.add({"ai.onnx", "Gemm", KernelProvider::Dnnl, supportsGemm, makeKernel<GemmKernel>});
 }
 
 } // namespace popart::backend_cpu

@@ -26,18 +26,24 @@ bool genericBatchNorm(const Shape &x) {
   auto md = dnnl_util::plainDesc(x, x.size());
   batch_normalization_forward::desc d(prop_kind::forward_training, md, 1e-5f,
                                       normalization_flags::use_scale | normalization_flags::use_shift);
-  std::string impl = batch_normalization_forward::primitive_desc(d, dnnl_util::engine()).impl_info_str();
+  batch_normalization_forward::primitive_desc pd(d, dnnl_util::engine(), true);
+  if (!pd) return true; // no oneDNN implementation at all: ours
+  std::string impl = pd.impl_info_str();
   return impl.rfind("ncsp", 0) == 0 || impl.find("ref") != std::string::npos;
 }
 
-bool supportsBatchNorm(const ir::Op &op) {
-  if (!allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
+Support supportsBatchNorm(const ir::Op &op) {
+  if (!allFloat(op)) return Support::no("not f32");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
   int64_t r = op.inInfo(0).rank();
-  if (r < 2 || r > 5) return false;
-  if (op.attrs.getInt("spatial", 1) == 0 || op.attrs.has("popart_activation")) return false;
+  if (r < 2 || r > 5) return Support::no("rank other than 2-5");
+  if (op.attrs.getInt("spatial", 1) == 0) return Support::no("spatial = 0");
+  if (op.attrs.has("popart_activation")) return Support::no("a fused activation (the reference kernel's)");
   for (size_t i = 1; i < op.outputCount(); ++i)
-    if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return false;
-  return !genericBatchNorm(op.inInfo(0).shape());
+    if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return Support::no("statistics not f32");
+  if (genericBatchNorm(op.inInfo(0).shape()))
+    return Support::no("only oneDNN's generic loops for this layout, slower than ours");
+  return Support::yes();
 }
 
 class BatchNormKernel : public Kernel {

@@ -15,7 +15,8 @@
 //  - layouts: Y [T, dirs, N, H] against oneDNN's [T, N, dirs·H], and layout = 1 (batch first) for
 //    X, Y and the states: the kernel copies through buffers of its own where they differ (Y of
 //    one direction and layout 0, X and the states of layout 0 are used in place).
-// supports() builds the kernel once and declines if oneDNN refuses it.
+// supports() chooses the primitive descriptors (creating no primitive, throwing nothing) and says
+// why it declines.
 
 #include "ir/ops/rnn.hpp"
 #include "backend_cpu/dnnl/dnnl_common.hpp"
@@ -99,6 +100,11 @@ bool plainCell(const ir::Op &op) {
   return op.inInfo(0).elementCount() > 0;
 }
 
+/// Whether the weights of \p op are constants (inference: packed once in oneDNN's layout).
+bool constWeights(const ir::Op &op) {
+  return op.input(1).isConst() && op.input(2).isConst() && (!op.hasInput(3) || op.input(3).isConst());
+}
+
 memory::desc f32(const memory::dims &dims, tag t) { return memory::desc(dims, memory::data_type::f32, t); }
 
 /// The memory descriptors of one layer in oneDNN's terms (weights left to the primitive).
@@ -136,7 +142,7 @@ primitive_attr userScratchpad() {
 }
 
 /// The forward primitive descriptor (\p training: forward_training, with a workspace) and, with
-/// \p backward, the backward one.
+/// \p backward, the backward one; empty where oneDNN has no implementation (nothing throws).
 std::pair<rnn_primitive_desc_base, rnn_primitive_desc_base> makePds(const Geometry &g, const Descs &d, bool training,
                                                                     bool backward) {
   auto &eng = dnnl_util::engine();
@@ -149,50 +155,50 @@ std::pair<rnn_primitive_desc_base, rnn_primitive_desc_base> makePds(const Geomet
     lstm_forward::primitive_desc f(lstm_forward::desc(prop, g.direction, d.srcLayer, d.srcIter, d.srcIterC,
                                                       d.weightsLayer, d.weightsIter, d.bias, d.dstLayer, d.dstIter,
                                                       d.dstIterC),
-                                   attr, eng);
-    if (!backward) return {f, {}};
+                                   attr, eng, true);
+    if (!f || !backward) return {f, {}};
     lstm_backward::primitive_desc b(
         lstm_backward::desc(prop_kind::backward, g.direction, d.srcLayer, d.srcIter, d.srcIterC, d.anyWeightsLayer,
                             d.anyWeightsIter, d.bias, d.dstLayer, d.dstIter, d.dstIterC, d.srcLayer, d.srcIter,
                             d.srcIterC, dwl, dwi, d.bias, d.dstLayer, d.dstIter, d.dstIterC),
-        attr, eng, f);
+        attr, eng, f, true);
     return {f, b};
   }
   case Cell::Gru: {
     gru_forward::primitive_desc f(gru_forward::desc(prop, g.direction, d.srcLayer, d.srcIter, d.weightsLayer,
                                                     d.weightsIter, d.bias, d.dstLayer, d.dstIter),
-                                  attr, eng);
-    if (!backward) return {f, {}};
+                                  attr, eng, true);
+    if (!f || !backward) return {f, {}};
     gru_backward::primitive_desc b(gru_backward::desc(prop_kind::backward, g.direction, d.srcLayer, d.srcIter,
                                                       d.anyWeightsLayer, d.anyWeightsIter, d.bias, d.dstLayer,
                                                       d.dstIter, d.srcLayer, d.srcIter, dwl, dwi, d.bias, d.dstLayer,
                                                       d.dstIter),
-                                   attr, eng, f);
+                                   attr, eng, f, true);
     return {f, b};
   }
   case Cell::LbrGru: {
     lbr_gru_forward::primitive_desc f(lbr_gru_forward::desc(prop, g.direction, d.srcLayer, d.srcIter, d.weightsLayer,
                                                             d.weightsIter, d.bias, d.dstLayer, d.dstIter),
-                                      attr, eng);
-    if (!backward) return {f, {}};
+                                      attr, eng, true);
+    if (!f || !backward) return {f, {}};
     lbr_gru_backward::primitive_desc b(lbr_gru_backward::desc(prop_kind::backward, g.direction, d.srcLayer, d.srcIter,
                                                               d.anyWeightsLayer, d.anyWeightsIter, d.bias, d.dstLayer,
                                                               d.dstIter, d.srcLayer, d.srcIter, dwl, dwi, d.bias,
                                                               d.dstLayer, d.dstIter),
-                                       attr, eng, f);
+                                       attr, eng, f, true);
     return {f, b};
   }
   case Cell::Rnn: {
     vanilla_rnn_forward::primitive_desc f(vanilla_rnn_forward::desc(prop, algorithm::eltwise_tanh, g.direction,
                                                                     d.srcLayer, d.srcIter, d.weightsLayer,
                                                                     d.weightsIter, d.bias, d.dstLayer, d.dstIter),
-                                          attr, eng);
-    if (!backward) return {f, {}};
+                                          attr, eng, true);
+    if (!f || !backward) return {f, {}};
     vanilla_rnn_backward::primitive_desc b(
         vanilla_rnn_backward::desc(prop_kind::backward, algorithm::eltwise_tanh, g.direction, d.srcLayer, d.srcIter,
                                    d.anyWeightsLayer, d.anyWeightsIter, d.bias, d.dstLayer, d.dstIter, d.srcLayer,
                                    d.srcIter, dwl, dwi, d.bias, d.dstLayer, d.dstIter),
-        attr, eng, f);
+        attr, eng, f, true);
     return {f, b};
   }
   }
@@ -249,7 +255,7 @@ class RecurrentBase : public Kernel {
 protected:
   RecurrentBase(const ir::Op &op, bool backward, bool training)
       : g_(geometryOf(op)),
-        constWeights_(op.input(1).isConst() && op.input(2).isConst() && (!op.hasInput(3) || op.input(3).isConst())),
+        constWeights_(constWeights(op)),
         d_(descsOf(g_, constWeights_ && !backward && !training)) {
     auto [f, b] = makePds(g_, d_, training || backward, backward);
     saved_ = savedLayout(g_, f);
@@ -708,36 +714,48 @@ private:
   std::vector<dnnl_exec_arg_t> fwdArgs_, bwdArgs_;
 };
 
-template <typename K> bool supportsRecurrent(const ir::Op &op) {
-  if (!plainCell(op)) return false;
-  try {
-    K kernel(op);
-    return true;
-  } catch (const dnnl::error &) {
-    return false;
-  } catch (const ::popart::error &) {
-    return false;
+/// Why oneDNN cannot run \p op (LSTM, GRU or RNN; \p backward: their grad op) as RecurrentKernel
+/// or RecurrentGradKernel do ("" if it can); creates no primitive and throws nothing.
+std::string recurrentWhyNot(const ir::Op &op, bool backward) {
+  if (!plainCell(op)) return "not f32, or an activation, clip, peephole or sequence length oneDNN's cells lack";
+  Geometry g = geometryOf(op);
+  const size_t savedOutput = backward ? 0 : ir::recurrentSavedOutput(op);
+  const bool training = backward || op.hasOutput(savedOutput);
+  Descs d = descsOf(g, constWeights(op) && !training);
+  auto [f, b] = makePds(g, d, training, backward);
+  if (!f || (backward && !b)) return "no oneDNN implementation for this cell";
+  SavedLayout saved = savedLayout(g, f);
+  if (!backward) {
+    if (training && op.outInfo(savedOutput).elementCount() != saved.total)
+      return "the saved state's size is not what oneDNN's forward keeps";
+    return {};
   }
+  const int64_t savedIn = op.hasInput(9) ? op.inInfo(9).elementCount() : 0;
+  if (savedIn != 0 && savedIn != saved.total) return "the saved state's size is not what oneDNN keeps";
+  if (b.workspace_desc() != f.workspace_desc()) return "oneDNN's backward wants another workspace";
+  if (b.diff_weights_layer_desc() != d.plainWeightsLayer || b.diff_weights_iter_desc() != d.plainWeightsIter ||
+      b.diff_bias_desc() != d.bias || b.diff_src_layer_desc() != d.srcLayer || b.diff_dst_layer_desc() != d.dstLayer)
+    return "oneDNN chose other layouts for the gradients";
+  return {};
 }
 
 } // namespace
 
 int64_t recurrentSavedBytes(const ir::Op &op) {
   if (op.domain != "ai.onnx" || !plainCell(op)) return 0;
-  try {
-    Geometry g = geometryOf(op);
-    Descs d = descsOf(g, false);
-    return savedLayout(g, makePds(g, d, true, false).first).total;
-  } catch (const dnnl::error &) {
-    return 0;
-  }
+  Geometry g = geometryOf(op);
+  Descs d = descsOf(g, false);
+  auto forward = makePds(g, d, true, false).first;
+  return forward ? savedLayout(g, forward).total : 0;
 }
 
 void registerDnnlRnnKernels(KernelRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"})
-    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsRecurrent<RecurrentKernel>, makeKernel<RecurrentKernel>});
+    r.add({"ai.onnx", t, KernelProvider::Dnnl,
+           [](const ir::Op &op) { return Support::unless(recurrentWhyNot(op, false)); }, makeKernel<RecurrentKernel>});
   for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"})
-    r.add({"ai.graphcore", t, KernelProvider::Dnnl, supportsRecurrent<RecurrentGradKernel>,
+    r.add({"ai.graphcore", t, KernelProvider::Dnnl,
+           [](const ir::Op &op) { return Support::unless(recurrentWhyNot(op, true)); },
            makeKernel<RecurrentGradKernel>});
 }
 

@@ -30,9 +30,10 @@ memory::dims softmaxDims(const ir::Op &op) {
   return {outer, n, inner};
 }
 
-bool supportsSoftmax(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() == 0) return false;
-  return op.inInfo(0).elementCount() > 0;
+Support supportsSoftmax(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT) return Support::no("not f32");
+  if (op.inInfo(0).rank() == 0 || op.inInfo(0).elementCount() == 0) return Support::no("a scalar or empty input");
+  return Support::yes();
 }
 
 std::unique_ptr<Kernel> createSoftmax(const ir::Op &op) {

@@ -38,14 +38,16 @@ std::pair<memory::desc, memory::desc> descs(const ir::Op &op) {
           memory::desc(dims, memory::data_type::f32, strides)};
 }
 
-bool supportsTranspose(const ir::Op &op) {
+Support supportsTranspose(const ir::Op &op) {
   const TensorInfo &in = op.inInfo(0);
-  if (in.dataType() != DataType::FLOAT || in.rank() < 2 || in.rank() > DNNL_MAX_NDIMS || in.elementCount() == 0)
-    return false;
+  if (in.dataType() != DataType::FLOAT) return Support::no("not f32");
+  if (in.rank() < 2 || in.rank() > DNNL_MAX_NDIMS || in.elementCount() == 0)
+    return Support::no("rank below 2 or too high, or an empty input");
   auto [src, dst] = descs(op);
-  auto pd = reorder::primitive_desc(dnnl_util::engine(), src, dnnl_util::engine(), dst);
+  auto pd = reorder::primitive_desc(dnnl_util::engine(), src, dnnl_util::engine(), dst, primitive_attr(), true);
   // As for reductions: oneDNN's plain C++ reorder is not faster than our reference loop.
-  return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
+  if (!pd || dnnl_util::implIs(pd, "ref")) return Support::no("only oneDNN's plain C++ reorder, slower than ours");
+  return Support::yes();
 }
 
 std::unique_ptr<Kernel> createTranspose(const ir::Op &op) {

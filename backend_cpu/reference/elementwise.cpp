@@ -538,7 +538,7 @@ bool notString(const ir::Op &op) {
 } // namespace
 
 void registerReferenceElementwiseKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &),
+  auto add = [&](const char *type, KernelFactory create,
                  bool (*supports)(const ir::Op &)) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };

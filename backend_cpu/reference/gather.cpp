@@ -500,7 +500,7 @@ private:
 } // namespace
 
 void registerReferenceGatherScatterKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &)) {
+  auto add = [&](const char *type, KernelFactory create) {
     r.add({"ai.onnx", type, KernelProvider::Reference, nullptr, create});
   };
   add("Gather", makeKernel<GatherKernel>);

@@ -596,7 +596,7 @@ bool supportsRange(const ir::Op &op) { return op.outInfo(0).dataType() != DataTy
 
 void registerReferenceShapeKernels(KernelRegistry &r) {
   auto add = [&](const char *type, bool (*supports)(const ir::Op &),
-                 std::unique_ptr<Kernel> (*create)(const ir::Op &)) {
+                 KernelFactory create) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };
   for (const char *t : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})

@@ -282,7 +282,7 @@ bool floatInputs(const ir::Op &op) {
 } // namespace
 
 void registerReferenceVarUpdateKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, std::unique_ptr<Kernel> (*create)(const ir::Op &), bool (*supports)(const ir::Op &)) {
+  auto add = [&](const char *type, KernelFactory create, bool (*supports)(const ir::Op &)) {
     r.add({"ai.graphcore", type, KernelProvider::Reference, supports, create});
   };
   add("SGDUpdate", makeKernel<SGDKernel>, floatInputs);

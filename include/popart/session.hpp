@@ -43,6 +43,9 @@ public:
   std::string dumpIr() const;
   /// Bytes of the activation arena of the compiled plan (0 before compilation).
   int64_t plannedArenaBytes() const;
+  /// For each op of the compiled plan, the kernel that runs it and why, one line each
+  /// ("MatMul 'fc1': oneDNN, operands FlippedB, timed (reference declined: ...)").
+  std::string explainKernels() const;
   /// Times every op from now on: spans for writeProfileTrace, totals for profileSummary.
   /// Profiled runs allocate nothing either (span storage is reserved here).
   void enableProfiling();
@@ -135,6 +138,8 @@ public:
   int64_t getSkippedSteps() const;
   std::string dumpIr() const;
   int64_t plannedArenaBytes() const;
+  /// For each op of the compiled plan, the kernel that runs it and why, one line each.
+  std::string explainKernels() const;
   /// Times every op from now on: spans for writeProfileTrace, totals for profileSummary.
   /// Profiled runs allocate nothing either (span storage is reserved here).
   void enableProfiling();

@@ -63,6 +63,18 @@ struct SessionOptions {
   /// each entry an initializer name or an ECMAScript regular expression matching whole names.
   /// An entry that matches no floating-point initializer is an error.
   std::vector<std::string> frozenWeights;
+
+  /// How the oneDNN MatMul and Gemm kernels run products of 1e8 FLOPs or more: "auto" (or "1")
+  /// times the ways that apply (operand layouts, a 1×1 convolution...) once per configuration at
+  /// compile time and keeps the fastest, which checkpoints record; "0" runs every product as
+  /// stored; "a", "b", "s", "p", "t", "tc", "ap", "u" force one way (FlippedA, FlippedB, ShiftedB,
+  /// Pointwise, Swapped, SwappedCopy, FlippedPointwise, Unpermuted; docs/architecture.md), for
+  /// tests and A/B runs. Was the environment variable POPART_MATMUL_TUNING.
+  std::string matmulTuning = "auto";
+  /// Images per chunk of a oneDNN Conv with a fused MaxPool, which convolves and pools a chunk at
+  /// a time so that the convolution's result stays in cache: 0 sizes chunks to about 512 KiB of
+  /// result; N ≥ 1 forces N images (N ≥ the batch: all at once). Was POPART_CONVPOOL_CHUNK.
+  int64_t convPoolChunk = 0;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

@@ -45,6 +45,12 @@ expect 0 "\| ai.onnx \| Relu \|" -- "$RUN" --list-ops
 # Symbolic batch: --batch fixes it.
 expect 0 "probs: FLOAT \[3,10\]" -- "$RUN" "$SRC/examples/mlp.onnx" --batch 3
 expect 2 "error: input 'image' has symbolic shape \[\?,784\]: give it with --input or set --batch" -- "$RUN" "$SRC/examples/mlp.onnx"
+# Which kernel runs each op and why; kernel settings as flags.
+expect 0 "Gather .*: reference \(oneDNN: no kernel for Gather\)" -- "$RUN" "$DATA/node/test_gather_0/model.onnx" --explain-kernels
+expect 0 "MatMul .*: oneDNN, operands Pointwise, forced" -- "$RUN" "$DATA/node/test_matmul_2d/model.onnx" --explain-kernels --matmul-tuning p
+expect 0 "\[debug\] Gather .*: reference \(oneDNN: no kernel for Gather\)" -- env POPART_LOG_LEVEL=debug "$RUN" "$DATA/node/test_gather_0/model.onnx"
+expect 2 "--matmul-tuning: x not in" -- "$RUN" "$DATA/node/test_matmul_2d/model.onnx" --matmul-tuning x
+expect 2 "--convpool-chunk" -- "$RUN" "$DATA/node/test_relu/model.onnx" --convpool-chunk -1
 # Log level from the environment.
 expect 0 "\[popart\] \[debug\] compiled" -- env POPART_LOG_LEVEL=debug "$RUN" "$DATA/node/test_relu/model.onnx"
 # Bad input: one line on stderr, status 2.

@@ -444,10 +444,11 @@ TEST(FuseConvPool, ChunksOfTheBatchMatchTheWholeBatch) {
     ASSERT_EQ(ir::fuseConvPool(fused), 1);
     std::vector<float> want = runGraph(plain, KernelProvider::Reference, x);
     for (int64_t chunk : {0, 1, 3, 7, 100}) {
-      backend_cpu::setConvPoolChunk(chunk);
+      backend_cpu::KernelContext context;
+      context.convPoolChunk = chunk;
       std::string what = "window " + std::to_string(c.kernel[0]) + "x" + std::to_string(c.kernel[1]) + ", pads " +
                          std::to_string(c.pads.size()) + ", chunk " + std::to_string(chunk);
-      backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Dnnl});
+      backend_cpu::ExecutionPlan plan(fused, {KernelProvider::Dnnl}, context);
       std::memcpy(plan.address("x"), x.data(), static_cast<size_t>(x.byteCount()));
       float *y = static_cast<float *>(plan.address("y"));
       int64_t n = plan.info("y").elementCount();
@@ -455,7 +456,6 @@ TEST(FuseConvPool, ChunksOfTheBatchMatchTheWholeBatch) {
       plan.run();
       expectNear(std::vector<float>(y, y + n), want, 1e-5f, what);
     }
-    backend_cpu::setConvPoolChunk(0);
   }
 }
 
@@ -1064,8 +1064,9 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
 namespace {
 
 /// Runs \p g with \p p on the stream inputs \p feeds (id → value); returns output "y".
-std::vector<float> runFeeds(const ir::Graph &g, KernelProvider p, const std::map<TensorId, TensorData> &feeds) {
-  backend_cpu::ExecutionPlan plan(g, {p});
+std::vector<float> runFeeds(const ir::Graph &g, KernelProvider p, const std::map<TensorId, TensorData> &feeds,
+                            const backend_cpu::KernelContext &context = {}) {
+  backend_cpu::ExecutionPlan plan(g, {p}, context);
   for (const auto &[id, v] : feeds)
     std::memcpy(plan.address(id), v.data(), static_cast<size_t>(v.byteCount()));
   plan.run();
@@ -1409,11 +1410,12 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
                        backend_cpu::MatMulOperands::FlippedB, backend_cpu::MatMulOperands::ShiftedB,
                        backend_cpu::MatMulOperands::Pointwise, backend_cpu::MatMulOperands::Swapped,
                        backend_cpu::MatMulOperands::SwappedCopy, backend_cpu::MatMulOperands::FlippedPointwise}) {
-        backend_cpu::setMatMulOperands(way);
+        backend_cpu::KernelContext context;
+        context.matmulOperands = way;
         std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + (bias ? " + b" : "") + " way " +
                            std::to_string(int(way));
         {
-          backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
+          backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl}, context);
           // Pointwise needs a row-major A and FlippedPointwise a transposed one (else the product
           // runs as stored); both reorder B. The swapped ways do not take a bias.
           bool swapped =
@@ -1424,16 +1426,15 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
                           !(swapped && bias);
           EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
         }
-        expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
+        expectNear(runFeeds(g, KernelProvider::Dnnl, feeds, context), want, 1e-5f, what);
         // Outside a plan: no scratch.
-        auto kernel = backend_cpu::createKernel(*g.schedule()[0], KernelProvider::Dnnl);
+        auto kernel = backend_cpu::createKernel(*g.schedule()[0], KernelProvider::Dnnl, context);
         std::vector<float> out(want.size());
         const void *ins[] = {feeds.at("x").data(), feeds.at("dy").data(), g.tensor("b").data()->data()};
         void *outs[] = {out.data()};
         kernel->run({ins, bias ? size_t{3} : size_t{2}, outs, 1});
         expectNear(out, want, 1e-5f, what + " without scratch");
       }
-      backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
     }
 }
 
@@ -1528,14 +1529,14 @@ TEST(MatMulOperands, PointwiseConvolutionMatchesTheReference) {
     ASSERT_EQ(countType(g, c.gemm ? "Gemm" : "MatMul"), 1) << c.what;
     ASSERT_EQ(g.ops().size(), 1u) << c.what << ": everything fused";
     for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::Pointwise}) {
-      backend_cpu::setMatMulOperands(way);
+      backend_cpu::KernelContext context;
+      context.matmulOperands = way;
       std::string what = c.what + (way == backend_cpu::MatMulOperands::Pointwise ? ", pointwise" : ", stored");
-      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl});
+      backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl}, context);
       bool reorders = way == backend_cpu::MatMulOperands::Pointwise && c.pointwise && !c.constB;
       EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
-      expectNear(runFeeds(g, KernelProvider::Dnnl, feeds), want, 1e-5f, what);
+      expectNear(runFeeds(g, KernelProvider::Dnnl, feeds, context), want, 1e-5f, what);
     }
-    backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
   }
 }
 
@@ -1622,8 +1623,9 @@ void attentionPermutations(ir::Graph &g) {
   ir::inferShapes(g, nullptr);
 }
 
-std::vector<std::vector<float>> runOutputs(const ir::Graph &g, KernelProvider p) {
-  backend_cpu::ExecutionPlan plan(g, {p});
+std::vector<std::vector<float>> runOutputs(const ir::Graph &g, KernelProvider p,
+                                           const backend_cpu::KernelContext &context = {}) {
+  backend_cpu::ExecutionPlan plan(g, {p}, context);
   std::mt19937 rng(71);
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   for (const char *id : {"q", "k", "v", "e"}) {
@@ -1659,14 +1661,14 @@ TEST(FoldTransposes, HeadPermutationsAreReadAndWrittenThroughStrides) {
   // Any: oneDNN's MatMul, reading through the strides or (Unpermuted) copying to plain layouts.
   for (auto way : {backend_cpu::MatMulOperands::AsStored, backend_cpu::MatMulOperands::Unpermuted})
     for (auto p : {KernelProvider::Reference, KernelProvider::Any}) {
-      backend_cpu::setMatMulOperands(way);
-      auto got = runOutputs(folded, p);
+      backend_cpu::KernelContext context;
+      context.matmulOperands = way;
+      auto got = runOutputs(folded, p, context);
       ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < want.size(); ++k)
         expectNear(got[k], want[k], 1e-5f,
                    "output " + built.outputs()[k] + " provider " + std::to_string(int(p)) + " way " + std::to_string(int(way)));
     }
-  backend_cpu::setMatMulOperands(backend_cpu::MatMulOperands::Auto);
 }
 
 TEST(FoldTransposes, BadPermutationsAreErrors) {

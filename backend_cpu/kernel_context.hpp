@@ -1,0 +1,86 @@
+#pragma once
+// What a session hands every kernel it creates: its settings and its per-session state, so that
+// kernels keep no process-wide mutable state and read no environment variables.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace popart::backend_cpu {
+
+/// How the oneDNN MatMul kernel presents a large 2-D product of non-constant operands to oneDNN:
+/// as stored, or with A or B first reordered into its other layout (row-major ↔ transposed, in
+/// the kernel's scratch). oneDNN 2.6's AVX2 f32 gemm runs some shape and layout pairs at half
+/// speed (weight gradients Xᵀ·dY with a long K), and takes a faster path for some when B is not
+/// 64-byte aligned (ShiftedB: B copied 16 bytes off alignment; [256, 1024]·[1024, 1024] in 3.2 ms
+/// instead of 5.8). Pointwise runs a product whose A is row-major (and whose B is one matrix) as
+/// a 1×1 convolution over A's rows, which oneDNN's AVX2 jit_1x1 kernel runs 5-17% faster than its
+/// gemm; it applies to MatMul and Gemm, with constant B too (packed once). Auto times the ways
+/// that apply once per shape and configuration, on aligned buffers as in the plan, and keeps the
+/// fastest if it gains 8% (Pointwise: 2%, as it needs no copy of A); the others force one (where
+/// it applies), for tests and A/B runs. Swapped computes Yᵀ = Bᵀ·Aᵀ into the scratch and
+/// transposes it into Y (SwappedCopy: with Bᵀ first copied row-major): the head's weight gradient
+/// [8000, 2048]ᵀ·[2048, 256] runs as [256, 2048]·[2048, 8000] at 170 GFLOP/s, not 140.
+/// FlippedPointwise copies a transposed A row-major, then runs Pointwise (weight gradients).
+/// Unpermuted copies the operands a MatMul reads through popart_permA/B (attention's head
+/// split) into plain layouts and writes a popart_permY result through a plain buffer: as fast
+/// on AVX2's gemm as the strided product, but oneDNN's AVX-512 brgemm ran strided heads 50-70%
+/// slower, so the tuning decides.
+enum class MatMulOperands {
+  Auto,
+  AsStored,
+  FlippedA,
+  FlippedB,
+  ShiftedB,
+  Pointwise,
+  Swapped,
+  SwappedCopy,
+  FlippedPointwise,
+  Unpermuted
+};
+
+/// The way SessionOptions::matmulTuning names: "auto" or "1" Auto, "0" AsStored; "a", "b", "s",
+/// "p", "t", "tc", "ap", "u" force FlippedA, FlippedB, ShiftedB, Pointwise, Swapped, SwappedCopy,
+/// FlippedPointwise, Unpermuted. Throws naming the value otherwise.
+MatMulOperands parseMatMulTuning(const std::string &mode);
+/// The name of \p way ("AsStored", "FlippedA"...), as checkpoints record it.
+const char *matMulOperandsName(MatMulOperands way);
+/// The way named \p name by matMulOperandsName; throws naming it if none is.
+MatMulOperands matMulOperandsNamed(const std::string &name);
+
+/// The ways that Auto chose by timing, per MatMul or Gemm configuration (shapes, layouts, fused
+/// parts: the key), in one session. The timing runs once per configuration; a session resumed
+/// from a checkpoint is given the recorded ways (preset) so that it computes the same bits.
+class MatMulTuningCache {
+public:
+  /// The way recorded for \p key, or \p decide()'s, then recorded.
+  MatMulOperands choose(const std::string &key, const std::function<MatMulOperands()> &decide);
+  /// Every recorded way.
+  std::map<std::string, MatMulOperands> entries() const;
+  /// Records \p ways, replacing those of the same keys: compiles take them without timing.
+  void preset(const std::map<std::string, MatMulOperands> &ways);
+
+private:
+  mutable std::mutex mutex_;
+  std::map<std::string, MatMulOperands> chosen_;
+};
+
+/// Settings and state of the session that creates a kernel. Kernels read it while they are
+/// created and keep no reference to it. Later additions: the communicator of collective ops and
+/// the precision settings.
+struct KernelContext {
+  /// Threads the session runs kernels on (its SessionOptions::numThreads, resolved).
+  int threads = 1;
+  /// SessionOptions::matmulTuning: Auto times the ways of large products, others force one.
+  MatMulOperands matmulOperands = MatMulOperands::Auto;
+  /// SessionOptions::convPoolChunk: images per chunk of a Conv with a fused MaxPool (0: sized to
+  /// about 512 KiB of convolution result).
+  int64_t convPoolChunk = 0;
+  /// Ways Auto chose, shared by the session's compiles; null: timed for each kernel, not kept.
+  std::shared_ptr<MatMulTuningCache> matmulTuning;
+};
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,194 @@
+// The session's KernelContext: options that were environment variables, the MatMul ways chosen
+// by timing recorded in checkpoints (a resumed run is bit-identical), and the kernel report.
+
+#include <popart/builder.hpp>
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+using namespace popart;
+
+namespace {
+
+constexpr int64_t kRows = 256, kWidth = 512, kOut = 16;
+
+/// loss = mean(relu(x·w1)·w2): x·w1 and its weight gradient xᵀ·dY are 2·256·512·512 = 134
+/// MFLOPs, above the 1e8 at which the MatMul kernel times its ways.
+std::string largeMlp() {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {kRows, kWidth}), "x");
+  std::vector<float> w1(static_cast<size_t>(kWidth * kWidth)), w2(static_cast<size_t>(kWidth * kOut));
+  for (size_t i = 0; i < w1.size(); ++i)
+    w1[i] = static_cast<float>(std::sin(0.37 * double(i))) * 0.05f;
+  for (size_t i = 0; i < w2.size(); ++i)
+    w2[i] = static_cast<float>(std::cos(0.91 * double(i))) * 0.05f;
+  TensorId h = ai.relu({ai.matmul({x, b->addInitializedInputTensor(w1, {kWidth, kWidth}, "w1")})});
+  TensorId y = ai.matmul({h, b->addInitializedInputTensor(w2, {kWidth, kOut}, "w2")});
+  b->addOutputTensor(ai.reducemean({ai.mul({y, y})}, std::nullopt, 0));
+  return b->getModelProto();
+}
+
+std::vector<float> batch(int k) {
+  std::vector<float> x(static_cast<size_t>(kRows * kWidth));
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(std::sin(0.013 * double(i) + 0.7 * double(k)));
+  return x;
+}
+
+void step(TrainingSession &s, int k) {
+  std::vector<float> x = batch(k);
+  NDArrayWrapper<float> in(x.data(), {kRows, kWidth});
+  StepIO io({{"x", in}}, {});
+  s.run(io);
+}
+
+std::vector<float> weight(const TrainingSession &s, const TensorId &id, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  NDArrayWrapper<float> arr(v.data(), {n});
+  WeightsIO io;
+  io.insert(id, arr);
+  s.readWeights(io);
+  return v;
+}
+
+std::unique_ptr<TrainingSession> trainer(const std::string &model, const SessionOptions &options = {}) {
+  SGD sgd({{"defaultLearningRate", {0.05f, false}}, {"defaultMomentum", {0.9f, false}}});
+  return TrainingSession::createFromOnnxModel(model, DataFlow(1, std::vector<TensorId>{}), "", sgd, options);
+}
+
+/// A checkpoint's JSON header, and the bytes after it.
+struct Checkpoint {
+  nlohmann::json header;
+  std::string prefix, rest; ///< magic; the tensors
+};
+
+Checkpoint readCheckpoint(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data() + 8, sizeof n);
+  return {nlohmann::json::parse(bytes.substr(16, n)), bytes.substr(0, 8), bytes.substr(16 + n)};
+}
+
+void writeCheckpoint(const std::string &path, const Checkpoint &c) {
+  std::string h = c.header.dump();
+  uint64_t n = h.size();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(c.prefix.data(), static_cast<std::streamsize>(c.prefix.size()));
+  out.write(reinterpret_cast<const char *>(&n), sizeof n);
+  out.write(h.data(), static_cast<std::streamsize>(h.size()));
+  out.write(c.rest.data(), static_cast<std::streamsize>(c.rest.size()));
+}
+
+struct TempDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("popart_kernelctx_" + std::to_string(::getpid()));
+  TempDir() { std::filesystem::create_directories(path); }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+} // namespace
+
+TEST(KernelContext, ResumedRunAboveTheTuningThresholdIsBitIdentical) {
+  TempDir dir;
+  std::string ckpt = (dir.path / "state.ckpt").string(), model = largeMlp();
+  auto a = trainer(model);
+  a->prepareDevice();
+  step(*a, 0);
+  step(*a, 1);
+  a->saveCheckpoint(ckpt);
+  step(*a, 2);
+  step(*a, 3);
+  // The checkpoint records a way for each timed MatMul configuration.
+  Checkpoint c = readCheckpoint(ckpt);
+  ASSERT_TRUE(c.header.contains("matmulWays"));
+  EXPECT_GE(c.header["matmulWays"].size(), 2u) << c.header["matmulWays"].dump(); // forward and weight gradient
+  // Resumed in a new session (which times nothing: it takes the recorded ways).
+  auto b = trainer(model);
+  b->loadCheckpoint(ckpt);
+  step(*b, 2);
+  step(*b, 3);
+  EXPECT_EQ(weight(*a, "w1", kWidth * kWidth), weight(*b, "w1", kWidth * kWidth));
+  EXPECT_EQ(weight(*a, "w2", kWidth * kOut), weight(*b, "w2", kWidth * kOut));
+}
+
+TEST(KernelContext, ResumedSessionTakesTheRecordedWaysEvenAfterTimingItsOwn) {
+  // A checkpoint whose ways differ from what the session chose: the session recompiles with the
+  // recorded ones (FlippedB applies to every product of this model: B is never constant).
+  TempDir dir;
+  std::string ckpt = (dir.path / "state.ckpt").string(), edited = (dir.path / "edited.ckpt").string();
+  std::string model = largeMlp();
+  auto a = trainer(model);
+  a->prepareDevice();
+  step(*a, 0);
+  a->saveCheckpoint(ckpt);
+  Checkpoint c = readCheckpoint(ckpt);
+  std::map<std::string, std::string> wanted;
+  for (auto &[key, way] : c.header["matmulWays"].items()) {
+    way = way.get<std::string>() == "FlippedB" ? "AsStored" : "FlippedB";
+    wanted[key] = way.get<std::string>();
+  }
+  ASSERT_FALSE(wanted.empty());
+  writeCheckpoint(edited, c);
+  auto b = trainer(model);
+  b->prepareDevice(); // timed its own ways
+  b->loadCheckpoint(edited);
+  std::string report = b->explainKernels();
+  for (const auto &[key, way] : wanted)
+    EXPECT_NE(report.find("operands " + way + ", timed"), std::string::npos) << key << " → " << way << "\n" << report;
+  for (const char *other : {"FlippedA,", "ShiftedB,", "Pointwise,", "Swapped,", "SwappedCopy,", "Unpermuted,"})
+    EXPECT_EQ(report.find(std::string("operands ") + other), std::string::npos) << other << "\n" << report;
+  EXPECT_EQ(b->getStepCount(), 1);
+  step(*b, 1);
+  EXPECT_EQ(b->getStepCount(), 2);
+  // A way the runtime does not know is refused naming it.
+  c.header["matmulWays"][wanted.begin()->first] = "Sideways";
+  writeCheckpoint(edited, c);
+  auto d = trainer(model);
+  try {
+    d->loadCheckpoint(edited);
+    FAIL() << "an unknown way was accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("'Sideways' is not a MatMul operand way"), std::string::npos) << e.what();
+  }
+}
+
+TEST(KernelContext, ForcedWaysAndBadOptionsAreNamed) {
+  SessionOptions forced;
+  forced.matmulTuning = "b";
+  auto s = trainer(largeMlp(), forced);
+  s->prepareDevice();
+  std::string report = s->explainKernels();
+  EXPECT_NE(report.find("operands FlippedB, forced"), std::string::npos) << report;
+  EXPECT_EQ(report.find(", timed"), std::string::npos) << report;
+  SessionOptions off;
+  off.matmulTuning = "0";
+  auto t = trainer(largeMlp(), off);
+  t->prepareDevice();
+  EXPECT_EQ(t->explainKernels().find("operands "), std::string::npos) << t->explainKernels();
+  SessionOptions bad;
+  bad.matmulTuning = "fast";
+  EXPECT_THROW(
+      {
+        try {
+          trainer(largeMlp(), bad);
+        } catch (const error &e) {
+          EXPECT_NE(std::string(e.what()).find("SessionOptions.matmulTuning"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      error);
+  SessionOptions negative;
+  negative.convPoolChunk = -2;
+  EXPECT_THROW(trainer(largeMlp(), negative), error);
+}
