@@ -55,6 +55,7 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
     live.at(id).first = 0;
   }
   std::vector<Interval> order;
+  order.reserve(live.size() + scratch.size());
   for (auto &[id, iv] : live)
     order.push_back(iv);
   for (size_t s = 0; s < scratch.size() && s < schedule.size(); ++s)

@@ -11,10 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
-int main(int argc, char **argv) {
+static int runMain(int argc, char **argv) {
   long n = 2048, reps = 10, threads = 0;
   for (int i = 1; i < argc; ++i) {
     auto value = [&](const char *flag) {
@@ -69,4 +70,15 @@ int main(int argc, char **argv) {
   std::printf("matmul %ld^3 fp32: median %.3f ms over %ld runs, %.2f GFLOP/s (%d threads)\n", n, median, reps, gflops,
               omp_get_max_threads());
   return 0;
+}
+
+int main(int argc, char **argv) {
+  try {
+    return runMain(argc, argv);
+  } catch (const std::exception &e) { // oneDNN refused the primitive or memory ran out
+    std::fprintf(stderr, "matmul_peak: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "matmul_peak: unknown exception\n");
+  }
+  return 1;
 }

@@ -139,7 +139,7 @@ FashionMnistModel buildFashionMnistModel(const std::string &kind, uint64_t seed)
   x = ai.add({x, scalar(b, -kPixelMean / kPixelStd, "pixel_shift")}, "normalise");
   if (kind == "mlp") {
     x = ai.flatten({x}, 1, "flatten");
-    x = ai.relu({linear(b, init, x, 28 * 28, 256, "fc1")}, "relu1");
+    x = ai.relu({linear(b, init, x, int64_t{28} * 28, 256, "fc1")}, "relu1");
     m.logits = linear(b, init, x, 256, kClasses, "fc2");
   } else {
     x = ai.relu({conv(b, init, x, 1, 16, 3, "conv1")}, "relu1");
@@ -147,7 +147,7 @@ FashionMnistModel buildFashionMnistModel(const std::string &kind, uint64_t seed)
     x = ai.relu({conv(b, init, x, 16, 32, 3, "conv2")}, "relu2");
     x = ai.maxpool({x}, 1, {2, 2}, {}, {2, 2}, "pool2")[0];
     x = ai.flatten({x}, 1, "flatten");
-    x = ai.relu({linear(b, init, x, 32 * 7 * 7, 128, "fc1")}, "relu3");
+    x = ai.relu({linear(b, init, x, int64_t{32} * 7 * 7, 128, "fc1")}, "relu3");
     m.logits = linear(b, init, x, 128, kClasses, "fc2");
   }
   m.loss = ai.softmaxcrossentropyloss({m.logits, m.label}, ReductionType::Mean, std::nullopt, "loss");

@@ -346,7 +346,7 @@ void printOps() {
 
 } // namespace
 
-int main(int argc, char **argv) {
+static int runMain(int argc, char **argv) {
   CLI::App app{"popart-run: run an ONNX model on the CPU (oneDNN)"};
   Options opt;
   bool listOps = false;
@@ -441,4 +441,15 @@ int main(int argc, char **argv) {
     std::cerr << "error: " << msg << "\n";
     return 2;
   }
+}
+
+int main(int argc, char **argv) {
+  try {
+    return runMain(argc, argv);
+  } catch (const std::exception &e) { // setting up the command line itself failed
+    std::cerr << "error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "error: unknown exception\n";
+  }
+  return 2;
 }

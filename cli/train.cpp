@@ -60,7 +60,8 @@ bool given(const CLI::App &app, const char *flag) { return app.count(flag) > 0; 
 double scheduledLr(const TrainOptions &o, double base, int64_t step, int64_t total) {
   double lr = base;
   if (o.lrSchedule == "step") {
-    lr = base * std::pow(o.lrGamma, double(step / std::max<int64_t>(o.lrStepSize, 1)));
+    int64_t decays = step / std::max<int64_t>(o.lrStepSize, 1); // whole steps of the schedule
+    lr = base * std::pow(o.lrGamma, static_cast<double>(decays));
   } else if (o.lrSchedule == "cosine") {
     int64_t span = std::max<int64_t>(total - o.warmupSteps, 1);
     double p = std::clamp(double(step - o.warmupSteps) / double(span), 0.0, 1.0);
@@ -113,7 +114,7 @@ std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
 
 std::string formatDuration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
-  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  int64_t s = std::llround(seconds);
   char buf[32];
   if (s >= 3600)
     std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", (long long)(s / 3600), (long long)(s / 60 % 60),

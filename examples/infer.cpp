@@ -13,7 +13,7 @@ int main(int argc, char **argv) try {
   auto session = popart::InferenceSession::createFromOnnxModel(model, popart::DataFlow(1, {"probs"}), options);
   session->prepareDevice();
 
-  std::vector<float> image(4 * 784, 0.5f), probs(4 * 10);
+  std::vector<float> image(size_t{4} * 784, 0.5f), probs(size_t{4} * 10);
   popart::NDArrayWrapper<float> in(image.data(), {4, 784}), out(probs.data(), {4, 10});
   popart::StepIO stepio({{"image", in}}, {{"probs", out}});
   session->run(stepio);

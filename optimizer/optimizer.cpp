@@ -21,6 +21,7 @@ void Optimizer::init(const Params &params, const std::map<std::string, Optimizer
   defaults_ = defaults;
   clipNorms_ = std::move(clip);
   std::vector<std::string> known;
+  known.reserve(defaults.size() + 1 + extra.size());
   for (const auto &[name, v] : defaults)
     known.push_back("default" + std::string(1, static_cast<char>(std::toupper(name[0]))) + name.substr(1));
   known.push_back("lossScaling");

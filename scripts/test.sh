@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test
-# Warnings are errors in the tested build (clang-tidy runs below, after ctest).
+# Warnings are errors in the tested build; clang-tidy runs below.
 scripts/build.sh Release -DPOPART_WERROR=ON
 # The unit tests also run under AddressSanitizer and UndefinedBehaviorSanitizer.
 echo "== unit tests under POPART_SANITIZE=address,undefined =="
@@ -17,4 +17,9 @@ status=$?
 set -e
 grep -h "ONNX backend:\|^cli:" Testing/Temporary/LastTest.log 2>/dev/null || true
 grep -vE "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* +Passed" ctest.log
+cd ..
+echo "== clang-tidy =="
+tidy=0
+scripts/tidy.sh build || tidy=$?
+if ((status == 0)); then status=$tidy; fi
 exit "$status"

@@ -66,7 +66,7 @@ TensorData read(const std::string &path) {
   std::stringstream ss(dims);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item.find_first_not_of(" ") == std::string::npos) continue;
+    if (item.find_first_not_of(' ') == std::string::npos) continue;
     shape.push_back(std::stoll(item));
   }
   TensorData data{TensorInfo(it->second, shape)};

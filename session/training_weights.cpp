@@ -12,7 +12,9 @@ namespace popart {
 void TrainingSession::readWeights(const WeightsIO &weights) const {
   const Impl &m = *impl_;
   if (!m.plan) throw error("readWeights: call prepareDevice() first");
-  for (const auto &[id, arr] : weights.all()) {
+  for (const auto &entry : weights.all()) {
+    const TensorId &id = entry.first; // a plain reference: lambdas cannot capture bindings in clang 14
+    IArray &arr = entry.second;
     // A float initializer that is not trained keeps the model's value.
     auto st = std::find_if(m.weightStatuses.begin(), m.weightStatuses.end(),
                            [&](const WeightStatus &w) { return w.id == id; });

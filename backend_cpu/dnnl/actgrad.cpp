@@ -118,7 +118,7 @@ private:
 };
 
 struct EltwiseGradSpec {
-  algorithm alg;
+  algorithm alg = algorithm::undef;
   float alpha = 0, beta = 0;
   bool fromDst = false;
 };

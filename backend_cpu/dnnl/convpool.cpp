@@ -28,7 +28,7 @@ using namespace dnnl;
 /// The convolution result per chunk of a fused Conv + MaxPool: half of a 1 MiB L2. The CNN's
 /// first Conv + Relu + pool (64 images, [32, 32, 32] result) took 0.97 ms on the whole batch and
 /// 0.83-0.93 ms in chunks of 4 images on the AVX2 host.
-constexpr int64_t kChunkBytes = 512 * 1024;
+constexpr int64_t kChunkBytes = int64_t{512} * 1024;
 
 using dnnl_util::makeWindow;
 using dnnl_util::Window;

@@ -179,8 +179,12 @@ private:
     case ReduceKind::Mean:
       if constexpr (std::is_floating_point_v<A>)
         return a / static_cast<double>(reducedCount_);
-      else
-        return reducedCount_ == 0 ? 0.0 : static_cast<double>(a / static_cast<A>(reducedCount_));
+      else if (reducedCount_ == 0)
+        return 0.0;
+      else {
+        A mean = a / static_cast<A>(reducedCount_); // integer types: the truncated mean, as ONNX Runtime
+        return static_cast<double>(mean);
+      }
     case ReduceKind::L2: return std::sqrt(static_cast<double>(a));
     case ReduceKind::LogSum: return std::log(static_cast<double>(a));
     case ReduceKind::LogSumExp: {

@@ -154,11 +154,9 @@ private:
         for (int64_t step = 0; step < seq_; ++step) {
           int64_t t = reverse ? len - 1 - step : step;
           if (step >= len) {
-            if (y) {
-              int64_t tt = reverse ? step : step;
+            if (y) // steps at and after the sequence's length are zero in either direction
               for (int64_t j = 0; j < hidden_; ++j)
-                store(y, yIndex(tt, d, b, j), 0.0);
-            }
+                store(y, yIndex(step, d, b, j), 0.0);
             continue;
           }
           // gates = W x_t + R h (+ biases); for GRU the hidden gate's R h is kept apart.

@@ -88,6 +88,8 @@ public:
         decoupled_(op.attrs.getInt("decoupled", 1) != 0) {
     if (mode_ != "adam" && mode_ != "adamax" && mode_ != "lamb")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
+    if (!op.hasOutput(1) || !op.hasOutput(2))
+      throw error(op.debugName(), ": ", mode_, " needs both moments (outputs 1 and 2)");
   }
   int64_t rangeElements() const override { return mode_ == "lamb" ? 0 : n_; } // LAMB needs whole norms
   void run(const KernelArgs &a) override {
@@ -129,7 +131,7 @@ private:
   Buffers buffers(const KernelArgs &a) const {
     const float *hp = a.in<float>(2);
     return {hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7], *a.in<float>(3), decoupled_ ? 0.0f : hp[4],
-            a.in<float>(1), a.out<float>(0), state(a, 0), state(a, 1)};
+            a.in<float>(1), a.out<float>(0), a.out<float>(1), a.out<float>(2)}; // both moments: checked at creation
   }
 
   /// LAMB: the first pass updates the moments and measures ‖w‖ and ‖u‖, the second applies the

@@ -66,8 +66,10 @@ inline void outCoords(const Geom &g, int64_t o, int64_t *oc) {
 /// Calls f(kernelFlat, inputFlat) for each window position of output coordinates \p oc that lies
 /// inside the (unpadded) input.
 template <typename F> inline void forWindow(const Geom &g, const int64_t *oc, F &&f) {
+  // A local count (makeGeom keeps it within kMaxSpatial): f cannot change it between the loops.
+  const int nsp = std::min(g.nsp, kMaxSpatial);
   int64_t base[kMaxSpatial], lo[kMaxSpatial], hi[kMaxSpatial], j[kMaxSpatial];
-  for (int i = 0; i < g.nsp; ++i) {
+  for (int i = 0; i < nsp; ++i) {
     base[i] = oc[i] * g.s[i] - g.pb[i];
     lo[i] = base[i] >= 0 ? 0 : (-base[i] + g.d[i] - 1) / g.d[i];
     if (base[i] > g.in[i] - 1) return;
@@ -77,12 +79,12 @@ template <typename F> inline void forWindow(const Geom &g, const int64_t *oc, F 
   }
   while (true) {
     int64_t kf = 0, inf = 0;
-    for (int i = 0; i < g.nsp; ++i) {
+    for (int i = 0; i < nsp; ++i) {
       kf += j[i] * g.kStride[i];
       inf += (base[i] + j[i] * g.d[i]) * g.inStride[i];
     }
     f(kf, inf);
-    int i = g.nsp - 1;
+    int i = nsp - 1;
     for (; i >= 0; --i) {
       if (++j[i] <= hi[i]) break;
       j[i] = lo[i];

@@ -11,13 +11,10 @@ namespace {
 
 /// Index of the scales input and of the sizes input (-1 if none) for this op and version.
 void resizeInputs(const Op &op, int &scalesIndex, int &sizesIndex) {
-  if (op.type == "Upsample") {
+  if (op.type == "Upsample" || op.version < 11) { // (X, scales)
     scalesIndex = 1;
     sizesIndex = -1;
-  } else if (op.version < 11) {
-    scalesIndex = 1;
-    sizesIndex = -1;
-  } else {
+  } else { // (X, roi, scales, sizes)
     scalesIndex = 2;
     sizesIndex = 3;
   }

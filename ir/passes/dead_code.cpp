@@ -11,6 +11,7 @@ void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep) {
   std::vector<TensorId> roots = keep.empty() ? graph.outputs() : keep;
   std::set<const Op *> live;
   std::vector<const Tensor *> stack;
+  stack.reserve(roots.size());
   for (const auto &id : roots)
     stack.push_back(&graph.tensor(id));
   // Ops that update a tensor in place are kept for their effect.

@@ -234,6 +234,7 @@ void stack(Graph &g, const std::vector<TensorId> &parts, int64_t axis, const std
   TensorId axes = g.uniqueId(prefix + "axes");
   g.addConst(axes, TensorData::fromInt64({1}, {axis}));
   std::vector<TensorId> unsqueezed;
+  unsqueezed.reserve(parts.size());
   for (const TensorId &p : parts)
     unsqueezed.push_back(addOnnx(g, "Unsqueeze", {p, axes}, {}, prefix));
   if (unsqueezed.size() == 1)
@@ -254,6 +255,7 @@ std::vector<TensorId> capturedIds(const Op &op, const Graph &body) {
 /// The body inputs: \p formal for the formal inputs in order, the captured tensors for the rest.
 std::vector<TensorId> bodyInputs(const std::vector<TensorId> &captured, const std::vector<TensorId> &formal) {
   std::vector<TensorId> ids;
+  ids.reserve(captured.size());
   size_t f = 0;
   for (const TensorId &c : captured)
     ids.push_back(c.empty() ? formal.at(f++) : c);

@@ -69,6 +69,7 @@ Outcome runTest(const fs::path &dir, std::string &detail) {
   try {
     SessionOptions so;
     so.numThreads = 1;
+    so.verifyIr = true; // the IR verifier after every pass of the pipeline
     auto probe =
         InferenceSession::createFromOnnxModel((dir / "model.onnx").string(), DataFlow(1, std::vector<TensorId>{}), so);
     auto outputsIds = probe->getOutputIds();

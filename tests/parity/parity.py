@@ -475,7 +475,7 @@ def torch_optimizer(c, params):
 
 
 def cli_arguments(c):
-    args = ["--train", "--optimizer", c.opt]
+    args = ["--train", "--verify-ir", "--optimizer", c.opt]
     for key, value in c.hyper.items():
         flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
@@ -610,7 +610,7 @@ def forward_check(args, model_path, data, batch, torch_loss, workdir):
         np.save(path, array[:batch])
         files += ["--input", f"{name}={path}"]
     out_dir = os.path.join(workdir, "forward")
-    command = [args.popart_run, model_path] + files + ["--save-outputs", out_dir]
+    command = [args.popart_run, model_path, "--verify-ir"] + files + ["--save-outputs", out_dir]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     if result.returncode != 0:
         raise Failure(f"popart-run (inference) exited with {result.returncode}:\n  "

@@ -85,7 +85,7 @@ def run_popart(args, command):
 
 def cli_arguments(c):
     """popart-run's training flags for optimiser case \\p c (hyperparameters as flags)."""
-    flags = ["--train", "--optimizer", c.opt, "--steps", str(STEPS)]
+    flags = ["--train", "--verify-ir", "--optimizer", c.opt, "--steps", str(STEPS)]
     for key, value in c.hyper.items():
         flags += [f"--{key.replace('_', '-')}", repr(value)]
     return flags
@@ -124,7 +124,7 @@ def check_inference(name, args, net, state0, data, workdir):
     with torch.no_grad():
         want32 = net32(*t32_in).numpy().astype(np.float64)
         want64 = net64(*t64_in).numpy()
-    command = [args.popart_run, path, "--save-outputs", os.path.join(workdir, "outputs")]
+    command = [args.popart_run, path, "--verify-ir", "--save-outputs", os.path.join(workdir, "outputs")]
     for k in inputs:
         file = os.path.join(workdir, f"infer_{k}.npy")
         np.save(file, batch[k])
