@@ -3,6 +3,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <charconv>
 
 namespace popart::ir {
 
@@ -19,6 +20,23 @@ const char *toString(TensorKind kind) {
 void Tensor::removeConsumer(Op *op) {
   auto it = std::find(consumers_.begin(), consumers_.end(), op);
   if (it != consumers_.end()) consumers_.erase(it);
+}
+
+const char *fusionFieldName(FusionField field) {
+  switch (field) {
+  case FusionField::Scale: return "scale";
+  }
+  return "?";
+}
+
+std::string Fusion::toString() const {
+  std::string s;
+  if (scale) {
+    char buf[32];
+    auto end = std::to_chars(buf, buf + sizeof buf, *scale).ptr; // shortest form that reads back exactly
+    s += std::string(fusionFieldName(FusionField::Scale)) + "=" + std::string(buf, end);
+  }
+  return s;
 }
 
 std::string Op::debugName() const {

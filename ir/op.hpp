@@ -21,6 +21,28 @@ struct Placement {
   bool recompute = false;
 };
 
+/// A fused computation's typed fields, set by the fusion passes and read by the kernels: the
+/// verifier checks that an op carries only the fields its OpDef declares (OpDef::fusionFields)
+/// and that their values fit its inputs. Never string attributes: a typo fails to compile.
+struct Fusion {
+  /// MatMul (fuseMatMulScale): the product times this, a finite non-zero constant.
+  std::optional<float> scale;
+
+  bool operator==(const Fusion &) const = default;
+  /// True when no field is set (an unfused op).
+  bool empty() const { return *this == Fusion{}; }
+  /// "scale=0.125", for Graph::dump; "" when empty().
+  std::string toString() const;
+};
+
+/// The fields of Fusion, as bits of OpDef::fusionFields.
+enum class FusionField : uint32_t {
+  Scale = 1u << 0,
+};
+
+/// The name of \p field in dumps and verifier messages ("scale").
+const char *fusionFieldName(FusionField field);
+
 /// One node of a Graph.
 class Op {
 public:
@@ -30,6 +52,8 @@ public:
   int version = 0;    ///< opset version of the domain in the model
   std::string name;   ///< node name from the model (may be empty)
   Attributes attrs;
+  /// What the fusion passes folded into this op (typed; see Fusion).
+  Fusion fusion;
   std::vector<Tensor *> inputs;  ///< null where an optional input is omitted
   std::vector<Tensor *> outputs; ///< null where an optional output is omitted
   const OpDef *def = nullptr;
@@ -102,6 +126,11 @@ struct OpDef {
   /// {input, output} pairs whose output value training writes back into the input Variable
   /// (autodiff's updateBatchNormStatistics); empty for \p op's form when it trains nothing.
   std::vector<InPlace> (*trainingState)(const Op &op) = nullptr;
+  /// The Fusion fields ops of this definition may carry (bits of FusionField); the verifier
+  /// rejects any other.
+  uint32_t fusionFields = 0;
+  /// True if this definition declares \p field.
+  bool declares(FusionField field) const { return (fusionFields & static_cast<uint32_t>(field)) != 0; }
 };
 
 /// Floating-point operations of one run of \p op (for the profiler): its OpDef's flops hook,

@@ -4,6 +4,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace popart::ir {
@@ -16,6 +17,28 @@ namespace {
 
 bool contains(const std::vector<TensorId> &ids, const TensorId &id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+/// The Fusion fields \p op carries.
+std::vector<FusionField> fusionFieldsOf(const Op &op) {
+  std::vector<FusionField> fields;
+  if (op.fusion.scale) fields.push_back(FusionField::Scale);
+  return fields;
+}
+
+/// Checks that \p op carries only the Fusion fields its definition declares, with values that fit
+/// it, and none of the string attributes those fields replaced.
+void verifyFusion(const Op &op, const std::string &context) {
+  for (FusionField f : fusionFieldsOf(op))
+    if (!op.def->declares(f))
+      fail(context, op.debugName() + " carries fusion field '" + fusionFieldName(f) + "', which " + op.domain +
+                        "::" + op.type + " does not declare");
+  if (op.fusion.scale && (!std::isfinite(*op.fusion.scale) || *op.fusion.scale == 0.f))
+    fail(context, op.debugName() + ": fusion field 'scale' must be finite and non-zero, not " +
+                      std::to_string(*op.fusion.scale));
+  for (const char *replaced : {"popart_scale"})
+    if (op.attrs.has(replaced))
+      fail(context, op.debugName() + " has attribute '" + replaced + "', which is now a typed fusion field");
 }
 
 } // namespace
@@ -32,6 +55,7 @@ void verifyGraph(const Graph &graph, const std::string &context, const VerifyOpt
     const Op &op = *p;
     if (!op.def) fail(context, op.debugName() + " has no op definition");
     if (op.graph != &graph) fail(context, op.debugName() + " belongs to another graph");
+    verifyFusion(op, context);
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const Tensor *t = op.inputs[i];
       if (!t) continue;

@@ -152,6 +152,7 @@ double gemmFlops(const Op &op) {
 void registerMatMulOps(OpRegistry &r) {
   OpDef matmul = makeDef("MatMul", 1, 1000, setupMatMul);
   matmul.flops = matMulFlops;
+  matmul.fusionFields = static_cast<uint32_t>(FusionField::Scale);
   r.add(matmul);
   OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
   gemm.flops = gemmFlops;

@@ -53,6 +53,7 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
                                const TensorId &out) {
   std::vector<TensorId> ins = inputIds(conv), gone{conv.output(0).id()};
   Attributes attrs = conv.attrs;
+  Fusion fusion = conv.fusion; // conv is removed below
   act.store(attrs);
   std::string name = conv.name;
   int version = conv.version, phase = conv.phase;
@@ -64,7 +65,7 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
   graph.removeOp(conv);
   for (const auto &id : gone)
     graph.removeTensor(id);
-  addRewrittenOp(graph, phase, "Conv", "ai.onnx", version, name, std::move(attrs), ins, {out});
+  addRewrittenOp(graph, phase, "Conv", "ai.onnx", version, name, std::move(attrs), ins, {out}, fusion);
 }
 
 int fuseConvActivation(Graph &graph) {
@@ -145,7 +146,7 @@ int foldBatchNormIntoConv(Graph &graph) {
     ins.resize(3);
     ins[1] = wId;
     ins[2] = bId;
-    replacePair(graph, *conv, bn, conv->attrs, ins);
+    replacePair(graph, *conv, bn, conv->attrs, conv->fusion, ins);
     return true;
   });
 }
@@ -183,7 +184,7 @@ int fuseConvPool(Graph &graph) {
     attrs.set("popart_pool_pads", w.pads());
     attrs.set("popart_pool_input_shape", std::vector<int64_t>(x.begin(), x.end()));
     Shape pooled = p->outInfo(0).shape();
-    Op &op = replacePair(graph, *c, *p, std::move(attrs), inputIds(*c));
+    Op &op = replacePair(graph, *c, *p, std::move(attrs), c->fusion, inputIds(*c));
     if (op.outInfo(0).shape() != pooled) throw error(op.debugName(), ": fused pool changed the output shape");
     return true;
   });

@@ -16,8 +16,8 @@ int fuseMatMulBias(Graph &graph) {
     for (size_t side = 0; side < 2; ++side) {
       Op *mm = add->input(side).producer();
       const Tensor &bias = add->input(1 - side);
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
-          mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation") || // they would apply before it
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) || mm->fusion.scale ||
+          mm->attrs.has("popart_activation") || // they would apply before it
           mm->attrs.has("popart_residual"))
         continue;
       const Tensor &product = mm->output(0);
@@ -28,7 +28,7 @@ int fuseMatMulBias(Graph &graph) {
       if (bias.info().dataType() != DataType::FLOAT) continue;
       Attributes attrs = mm->attrs;
       attrs.set("popart_bias", int64_t{1});
-      replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
+      replacePair(graph, *mm, *add, std::move(attrs), mm->fusion, {mm->input(0).id(), mm->input(1).id(), bias.id()});
       return true;
     }
     return false;
@@ -42,16 +42,16 @@ int fuseMatMulScale(Graph &graph) {
     for (size_t side = 0; side < (div ? 1u : 2u); ++side) {
       Op *mm = op.input(side).producer();
       double c = 0;
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
-          mm->attrs.has("popart_activation") || mm->attrs.has("popart_residual"))
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.scale || mm->attrs.has("popart_activation") ||
+          mm->attrs.has("popart_residual"))
         continue;
       if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
       const Tensor &product = mm->output(0);
       if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
       if (product.info().dataType() != DataType::FLOAT || op.outInfo(0).shape() != product.info().shape()) continue;
-      Attributes attrs = mm->attrs;
-      attrs.set("popart_scale", static_cast<float>(div ? 1.0 / c : c));
-      replacePair(graph, *mm, op, std::move(attrs), {mm->input(0).id(), mm->input(1).id()});
+      Fusion fusion = mm->fusion;
+      fusion.scale = static_cast<float>(div ? 1.0 / c : c);
+      replacePair(graph, *mm, op, mm->attrs, fusion, {mm->input(0).id(), mm->input(1).id()});
       return true;
     }
     return false;
@@ -169,7 +169,7 @@ int fuseMatMulResidual(Graph &graph) {
 void registerMatMulFusionPasses(PassRegistry &r) {
   r.add(optionalPass("fuseMatMulBias", "a MatMul adds the [N] bias of the Add that is its only reader (popart_bias)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulBias(g); }));
-  r.add(optionalPass("fuseMatMulScale", "a MatMul applies a constant Mul or Div of its product (popart_scale)",
+  r.add(optionalPass("fuseMatMulScale", "a MatMul applies a constant Mul or Div of its product (Fusion::scale)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulScale(g); }));
   r.add(optionalPass("fuseMatMulResidual",
                      "a MatMul adds the other input of the Add or Sum that is its only reader (last MatMul fusion)",

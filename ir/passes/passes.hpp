@@ -133,7 +133,7 @@ int inferenceDropoutAsIdentity(Graph &graph);
 int fuseConvResidual(Graph &graph);
 
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c
-/// scales it itself (popart_scale = c or 1/c: oneDNN's output scale) and writes that output
+/// scales it itself (Fusion::scale = c or 1/c: oneDNN's output scale) and writes that output
 /// (attention's 1/√d). A division becomes a product with 1/c, which may differ in the last bit
 /// unless c is a power of two. After autodiff. Returns how many were fused.
 int fuseMatMulScale(Graph &graph);

@@ -24,7 +24,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     std::vector<TensorId> ins = inputIds(*c);
     Attributes attrs = c->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *c, *r, std::move(attrs), ins);
+    replacePair(graph, *c, *r, std::move(attrs), c->fusion, ins);
     return true;
   });
 }
@@ -44,7 +44,7 @@ int fuseMaxPoolGradRelu(Graph &graph) {
     if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) return false;
     Attributes attrs = m->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
+    replacePair(graph, *m, *a, std::move(attrs), m->fusion, {m->input(0).id(), m->input(1).id()});
     return true;
   });
 }
@@ -61,7 +61,7 @@ int fuseBatchNormRelu(Graph &graph) {
       outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
     Attributes attrs = bn->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
+    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs, bn->fusion);
     return true;
   });
 }

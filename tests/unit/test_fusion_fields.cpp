@@ -1,0 +1,101 @@
+// Typed fusion fields (ir::Fusion): the passes set them, Graph::clone and dump carry them, and the
+// verifier rejects a field on an op whose definition does not declare it, a value that does not
+// fit the op, and the string attribute a field replaced, each time naming the op and the field.
+
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+#include "ir/verify.hpp"
+#include <popart/error.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+using namespace popart;
+
+namespace {
+
+/// What \p f throws ("" if nothing).
+template <typename F> std::string thrown(F f) {
+  try {
+    f();
+  } catch (const std::exception &e) {
+    return e.what();
+  }
+  return "";
+}
+
+/// q [2, 3] · k [3, 4] / 8 → y: an attention score that fuseMatMulScale turns into one MatMul.
+void scaledProduct(ir::Graph &g) {
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("q", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3}));
+  g.addInput("q");
+  g.addTensor("k", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 4}));
+  g.addInput("k");
+  TensorData eight(TensorInfo(DataType::FLOAT, {}));
+  *static_cast<float *>(eight.data()) = 8.f;
+  g.addConst("c", eight);
+  g.addOp("MatMul", "", 13, "mm", {}, {"q", "k"}, {"s"});
+  g.addOp("Div", "", 13, "scale", {}, {"s", "c"}, {"y"});
+  g.addOutput("y");
+  ir::inferShapes(g, nullptr);
+}
+
+ir::Op &only(const ir::Graph &g, const std::string &type) {
+  for (const auto &op : g.ops())
+    if (op->type == type) return *op;
+  throw error("no ", type);
+}
+
+} // namespace
+
+TEST(FusionFields, FuseMatMulScaleSetsTheTypedFieldWhichCloneAndDumpCarry) {
+  ir::Graph g;
+  scaledProduct(g);
+  ASSERT_EQ(ir::fuseMatMulScale(g), 1);
+  ASSERT_EQ(g.ops().size(), 1u);
+  const ir::Op &mm = only(g, "MatMul");
+  ASSERT_TRUE(mm.fusion.scale.has_value());
+  EXPECT_EQ(*mm.fusion.scale, 1.f / 8.f);
+  EXPECT_FALSE(mm.attrs.has("popart_scale"));
+  EXPECT_NO_THROW(ir::verifyGraph(g, ""));
+  std::string dump = g.dump();
+  EXPECT_NE(dump.find("fused{scale=0.125}"), std::string::npos) << dump;
+  auto copy = g.clone();
+  EXPECT_EQ(only(*copy, "MatMul").fusion, mm.fusion);
+  EXPECT_NO_THROW(ir::verifyGraph(*copy, ""));
+}
+
+TEST(FusionFields, AFieldTheOpDoesNotDeclareIsAnErrorNamingOpAndField) {
+  ir::Graph g;
+  scaledProduct(g);
+  only(g, "Div").fusion.scale = 0.5f; // Div declares no fusion field
+  std::string e = thrown([&] { ir::verifyGraph(g, "after pass 'test'"); });
+  EXPECT_NE(e.find("IR verification failed after pass 'test': Div 'scale' carries fusion field 'scale', which "
+                   "ai.onnx::Div does not declare"),
+            std::string::npos)
+      << e;
+}
+
+TEST(FusionFields, AValueThatDoesNotFitIsAnErrorNamingOpAndField) {
+  for (float bad : {0.f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    ir::Graph g;
+    scaledProduct(g);
+    only(g, "MatMul").fusion.scale = bad;
+    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+    EXPECT_NE(e.find("MatMul 'mm': fusion field 'scale' must be finite and non-zero"), std::string::npos)
+        << bad << ": " << e;
+  }
+}
+
+TEST(FusionFields, TheStringAttributeAFieldReplacedIsAnError) {
+  ir::Graph g;
+  scaledProduct(g);
+  only(g, "MatMul").attrs.set("popart_scale", 0.125f); // what fuseMatMulScale wrote before
+  std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+  EXPECT_NE(e.find("MatMul 'mm' has attribute 'popart_scale', which is now a typed fusion field"), std::string::npos)
+      << e;
+}
