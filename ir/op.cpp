@@ -25,16 +25,22 @@ void Tensor::removeConsumer(Op *op) {
 const char *fusionFieldName(FusionField field) {
   switch (field) {
   case FusionField::Scale: return "scale";
+  case FusionField::Bias: return "bias";
+  case FusionField::Residual: return "residual";
   }
   return "?";
 }
 
 std::string Fusion::toString() const {
   std::string s;
+  auto add = [&](FusionField f) { s += (s.empty() ? "" : " ") + std::string(fusionFieldName(f)); };
+  if (bias) add(FusionField::Bias);
+  if (residual) add(FusionField::Residual);
   if (scale) {
     char buf[32];
     auto end = std::to_chars(buf, buf + sizeof buf, *scale).ptr; // shortest form that reads back exactly
-    s += std::string(fusionFieldName(FusionField::Scale)) + "=" + std::string(buf, end);
+    add(FusionField::Scale);
+    s += "=" + std::string(buf, end);
   }
   return s;
 }

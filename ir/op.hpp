@@ -25,19 +25,26 @@ struct Placement {
 /// verifier checks that an op carries only the fields its OpDef declares (OpDef::fusionFields)
 /// and that their values fit its inputs. Never string attributes: a typo fails to compile.
 struct Fusion {
+  /// MatMul (fuseMatMulBias): input 2 is a bias of the output's last dimension.
+  bool bias = false;
+  /// MatMul (fuseMatMulResidual), Conv (fuseConvResidual): input 3, of the output's shape, is
+  /// added (a MatMul's after its activation, a Conv's before it).
+  bool residual = false;
   /// MatMul (fuseMatMulScale): the product times this, a finite non-zero constant.
   std::optional<float> scale;
 
   bool operator==(const Fusion &) const = default;
   /// True when no field is set (an unfused op).
   bool empty() const { return *this == Fusion{}; }
-  /// "scale=0.125", for Graph::dump; "" when empty().
+  /// "bias residual scale=0.125", for Graph::dump; "" when empty().
   std::string toString() const;
 };
 
 /// The fields of Fusion, as bits of OpDef::fusionFields.
 enum class FusionField : uint32_t {
   Scale = 1u << 0,
+  Bias = 1u << 1,
+  Residual = 1u << 2,
 };
 
 /// The name of \p field in dumps and verifier messages ("scale").

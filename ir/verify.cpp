@@ -22,6 +22,8 @@ bool contains(const std::vector<TensorId> &ids, const TensorId &id) {
 /// The Fusion fields \p op carries.
 std::vector<FusionField> fusionFieldsOf(const Op &op) {
   std::vector<FusionField> fields;
+  if (op.fusion.bias) fields.push_back(FusionField::Bias);
+  if (op.fusion.residual) fields.push_back(FusionField::Residual);
   if (op.fusion.scale) fields.push_back(FusionField::Scale);
   return fields;
 }
@@ -36,7 +38,11 @@ void verifyFusion(const Op &op, const std::string &context) {
   if (op.fusion.scale && (!std::isfinite(*op.fusion.scale) || *op.fusion.scale == 0.f))
     fail(context, op.debugName() + ": fusion field 'scale' must be finite and non-zero, not " +
                       std::to_string(*op.fusion.scale));
-  for (const char *replaced : {"popart_scale"})
+  if (op.fusion.bias && !op.hasInput(2))
+    fail(context, op.debugName() + ": fusion field 'bias' needs a bias as input 2, which is missing");
+  if (op.fusion.residual && !op.hasInput(3))
+    fail(context, op.debugName() + ": fusion field 'residual' needs the residual as input 3, which is missing");
+  for (const char *replaced : {"popart_scale", "popart_bias", "popart_residual"})
     if (op.attrs.has(replaced))
       fail(context, op.debugName() + " has attribute '" + replaced + "', which is now a typed fusion field");
 }

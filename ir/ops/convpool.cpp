@@ -78,7 +78,7 @@ Shape windowOutput(const Op &op, const Shape &in, const std::vector<int64_t> &ke
 }
 
 void setupConv(Op &op) {
-  const bool residual = op.attrs.getInt("popart_residual", 0) != 0;
+  const bool residual = op.fusion.residual;
   requireInputCount(op, residual ? 4 : 2, residual ? 4 : 3);
   requireType(op, 0, kFloatTypes);
   requireSpatialInput(op, "Conv");
@@ -106,7 +106,7 @@ void setupConv(Op &op) {
   Shape y{x[0], w[0]};
   y.insert(y.end(), out.begin(), out.end());
   (void)nsp;
-  // popart_residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
+  // Fusion::residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
   // after the bias and before a fused activation.
   if (residual &&
       (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) || op.attrs.has("popart_pool_kernel")))
@@ -229,6 +229,7 @@ double convTransposeFlops(const Op &op) {
 
 void registerConvPoolOps(OpRegistry &r) {
   OpDef conv = makeDef("Conv", 1, 1000, setupConv);
+  conv.fusionFields = static_cast<uint32_t>(FusionField::Residual);
   conv.flops = convFlops;
   r.add(conv);
   OpDef convTranspose = makeDef("ConvTranspose", 1, 1000, setupConvTranspose);

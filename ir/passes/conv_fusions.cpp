@@ -17,7 +17,7 @@ namespace popart::ir {
 static Op *bareConvOf(const Graph &graph, const Tensor &t) {
   Op *c = t.producer();
   if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") ||
-      c->attrs.has("popart_pool_kernel") || c->attrs.has("popart_residual"))
+      c->attrs.has("popart_pool_kernel") || c->fusion.residual)
     return nullptr;
   if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
   return c;
@@ -162,8 +162,7 @@ int fuseConvPool(Graph &graph) {
     if (p->type != "MaxPool" || p->domain != "ai.onnx" || !p->hasInput(0) || !p->hasOutput(0) || p->hasOutput(1))
       return false;
     Op *c = p->input(0).producer();
-    if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel") ||
-        c->attrs.has("popart_residual"))
+    if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel") || c->fusion.residual)
       return false;
     const Tensor &convOut = c->output(0);
     if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) return false;

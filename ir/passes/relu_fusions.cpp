@@ -13,7 +13,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     Op *c = r->input(0).producer();
     if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
     // A MatMul adds its residual after its post-ops; a Conv adds it before them.
-    if (c->attrs.has("popart_residual") && c->type != "Conv") return false;
+    if (c->fusion.residual && c->type != "Conv") return false;
     // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
     // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
     bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");

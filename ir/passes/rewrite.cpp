@@ -108,12 +108,12 @@ bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Tensor &)
     Op *producer = producerOf(op.input(side));
     const Tensor &residual = op.input(1 - side);
     if (!producer || residual.info() != op.input(side).info() || op.outInfo(0) != residual.info()) continue;
-    Attributes attrs = producer->attrs;
-    attrs.set("popart_residual", int64_t{1});
+    Fusion fusion = producer->fusion;
+    fusion.residual = true;
     std::vector<TensorId> ins = inputIds(*producer);
     ins.resize(3);
     ins.push_back(residual.id());
-    replacePair(graph, *producer, op, std::move(attrs), producer->fusion, ins);
+    replacePair(graph, *producer, op, producer->attrs, fusion, ins);
     return true;
   }
   return false;

@@ -53,7 +53,7 @@ bool withScalar(const Op *op, const Tensor &known, double value, double tol);
 /// An Add or a two-input Sum of two distinct tensors.
 bool isTwoInputAdd(const Op *op);
 /// An Add or two-input Sum of \p producerOf(one input)'s result and a tensor r of its shape
-/// becomes that producer with popart_residual = 1 and r as input 3 (after an optional bias).
+/// becomes that producer with Fusion::residual and r as input 3 (after an optional bias).
 bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Tensor &)> &producerOf);
 
 /// Calls \p tryAt on the ops in schedule order, starting again after every rewrite, until none

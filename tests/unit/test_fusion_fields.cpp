@@ -99,3 +99,32 @@ TEST(FusionFields, TheStringAttributeAFieldReplacedIsAnError) {
   EXPECT_NE(e.find("MatMul 'mm' has attribute 'popart_scale', which is now a typed fusion field"), std::string::npos)
       << e;
 }
+
+TEST(FusionFields, BiasAndResidualNeedTheirInputs) {
+  {
+    ir::Graph g;
+    scaledProduct(g);
+    only(g, "MatMul").fusion.bias = true; // a MatMul of two inputs
+    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+    EXPECT_NE(e.find("MatMul 'mm': fusion field 'bias' needs a bias as input 2, which is missing"), std::string::npos)
+        << e;
+  }
+  {
+    ir::Graph g;
+    scaledProduct(g);
+    only(g, "MatMul").fusion.residual = true;
+    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+    EXPECT_NE(e.find("MatMul 'mm': fusion field 'residual' needs the residual as input 3, which is missing"),
+              std::string::npos)
+        << e;
+  }
+  {
+    ir::Graph g;
+    scaledProduct(g);
+    only(g, "Div").fusion.residual = true;
+    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+    EXPECT_NE(e.find("Div 'scale' carries fusion field 'residual', which ai.onnx::Div does not declare"),
+              std::string::npos)
+        << e;
+  }
+}

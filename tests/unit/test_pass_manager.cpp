@@ -205,7 +205,7 @@ TEST(PassManager, DumpIrAfterSeesTheGraphAfterThatPass) {
   EXPECT_NE(dumps[0].second.find("Add"), std::string::npos) << dumps[0].second; // not fused yet
   EXPECT_EQ(dumps[1].first, "fuseMatMulScale");
   EXPECT_EQ(dumps[1].second.find("Add"), std::string::npos) << dumps[1].second; // fused by fuseMatMulBias before it
-  EXPECT_NE(dumps[1].second.find("popart_bias"), std::string::npos) << dumps[1].second;
+  EXPECT_NE(dumps[1].second.find("fused{bias}"), std::string::npos) << dumps[1].second;
 }
 
 TEST(Verifier, AWellFormedGraphPasses) {
