@@ -2,6 +2,8 @@
 // verifier rejects a field on an op whose definition does not declare it, a value that does not
 // fit the op, and the string attribute a field replaced, each time naming the op and the field.
 
+#include "thrown.hpp"
+
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/verify.hpp"
@@ -16,16 +18,6 @@
 using namespace popart;
 
 namespace {
-
-/// What \p f throws ("" if nothing).
-template <typename F> std::string thrown(F f) {
-  try {
-    f();
-  } catch (const std::exception &e) {
-    return e.what();
-  }
-  return "";
-}
 
 /// q [2, 3] · k [3, 4] / 8 → y: an attention score that fuseMatMulScale turns into one MatMul.
 void scaledProduct(ir::Graph &g) {
@@ -100,31 +92,24 @@ TEST(FusionFields, TheStringAttributeAFieldReplacedIsAnError) {
       << e;
 }
 
-TEST(FusionFields, BiasAndResidualNeedTheirInputs) {
-  {
+TEST(FusionFields, BiasAndResidualNeedTheirInputsAndADeclaringOp) {
+  struct Case {
+    const char *op;
+    void (*set)(ir::Fusion &);
+    const char *error;
+  };
+  for (const Case &c : {
+           Case{"MatMul", [](ir::Fusion &f) { f.bias = true; }, // a MatMul of two inputs
+                "MatMul 'mm': fusion field 'bias' needs a bias as input 2, which is missing"},
+           Case{"MatMul", [](ir::Fusion &f) { f.residual = true; },
+                "MatMul 'mm': fusion field 'residual' needs the residual as input 3, which is missing"},
+           Case{"Div", [](ir::Fusion &f) { f.residual = true; },
+                "Div 'scale' carries fusion field 'residual', which ai.onnx::Div does not declare"},
+       }) {
     ir::Graph g;
     scaledProduct(g);
-    only(g, "MatMul").fusion.bias = true; // a MatMul of two inputs
+    c.set(only(g, c.op).fusion);
     std::string e = thrown([&] { ir::verifyGraph(g, ""); });
-    EXPECT_NE(e.find("MatMul 'mm': fusion field 'bias' needs a bias as input 2, which is missing"), std::string::npos)
-        << e;
-  }
-  {
-    ir::Graph g;
-    scaledProduct(g);
-    only(g, "MatMul").fusion.residual = true;
-    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
-    EXPECT_NE(e.find("MatMul 'mm': fusion field 'residual' needs the residual as input 3, which is missing"),
-              std::string::npos)
-        << e;
-  }
-  {
-    ir::Graph g;
-    scaledProduct(g);
-    only(g, "Div").fusion.residual = true;
-    std::string e = thrown([&] { ir::verifyGraph(g, ""); });
-    EXPECT_NE(e.find("Div 'scale' carries fusion field 'residual', which ai.onnx::Div does not declare"),
-              std::string::npos)
-        << e;
+    EXPECT_NE(e.find(c.error), std::string::npos) << e;
   }
 }

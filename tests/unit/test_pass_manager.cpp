@@ -3,6 +3,8 @@
 // pattern alone, --dump-ir-after's callback sees the IR after that pass, every pass is timed, and
 // the verifier names what a broken graph breaks (and which pass broke it).
 
+#include "thrown.hpp"
+
 #include "ir/graph.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "ir/verify.hpp"
@@ -21,16 +23,6 @@
 using namespace popart;
 
 namespace {
-
-/// What \p f throws ("" if nothing).
-template <typename F> std::string thrown(F f) {
-  try {
-    f();
-  } catch (const std::exception &e) {
-    return e.what();
-  }
-  return "";
-}
 
 int countType(const ir::Graph &g, const std::string &type) {
   int n = 0;
