@@ -27,6 +27,7 @@ const char *fusionFieldName(FusionField field) {
   case FusionField::Scale: return "scale";
   case FusionField::Bias: return "bias";
   case FusionField::Residual: return "residual";
+  case FusionField::Pool: return "pool";
   }
   return "?";
 }
@@ -41,6 +42,11 @@ std::string Fusion::toString() const {
     auto end = std::to_chars(buf, buf + sizeof buf, *scale).ptr; // shortest form that reads back exactly
     add(FusionField::Scale);
     s += "=" + std::string(buf, end);
+  }
+  if (pool) {
+    add(FusionField::Pool);
+    s += "(kernel " + popart::toString(pool->kernel) + " strides " + popart::toString(pool->strides) + " pads " +
+         popart::toString(pool->pads) + " of " + popart::toString(pool->input) + ")";
   }
   return s;
 }

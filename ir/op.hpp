@@ -21,6 +21,19 @@ struct Placement {
   bool recompute = false;
 };
 
+class Op;
+
+/// A max pool that fuseConvPool moved into the Conv before it: its kernel, strides and pads
+/// (begin..., end...; explicit, no dilation, floor rounding), and the shape of the convolution's
+/// own result (\p input).
+struct FusedPool {
+  std::vector<int64_t> kernel, strides, pads;
+  Shape input;
+  /// The pooled shape; throws naming \p op if a window does not fit (ir/ops/window.cpp).
+  Shape output(const Op &op) const;
+  bool operator==(const FusedPool &) const = default;
+};
+
 /// A fused computation's typed fields, set by the fusion passes and read by the kernels: the
 /// verifier checks that an op carries only the fields its OpDef declares (OpDef::fusionFields)
 /// and that their values fit its inputs. Never string attributes: a typo fails to compile.
@@ -32,11 +45,13 @@ struct Fusion {
   bool residual = false;
   /// MatMul (fuseMatMulScale): the product times this, a finite non-zero constant.
   std::optional<float> scale;
+  /// Conv (fuseConvPool): the max pool applied to the convolution's result.
+  std::optional<FusedPool> pool;
 
   bool operator==(const Fusion &) const = default;
   /// True when no field is set (an unfused op).
   bool empty() const { return *this == Fusion{}; }
-  /// "bias residual scale=0.125", for Graph::dump; "" when empty().
+  /// "bias residual scale=0.125 pool=...", for Graph::dump; "" when empty().
   std::string toString() const;
 };
 
@@ -45,6 +60,7 @@ enum class FusionField : uint32_t {
   Scale = 1u << 0,
   Bias = 1u << 1,
   Residual = 1u << 2,
+  Pool = 1u << 3,
 };
 
 /// The name of \p field in dumps and verifier messages ("scale").

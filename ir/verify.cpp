@@ -25,6 +25,7 @@ std::vector<FusionField> fusionFieldsOf(const Op &op) {
   if (op.fusion.bias) fields.push_back(FusionField::Bias);
   if (op.fusion.residual) fields.push_back(FusionField::Residual);
   if (op.fusion.scale) fields.push_back(FusionField::Scale);
+  if (op.fusion.pool) fields.push_back(FusionField::Pool);
   return fields;
 }
 
@@ -42,7 +43,18 @@ void verifyFusion(const Op &op, const std::string &context) {
     fail(context, op.debugName() + ": fusion field 'bias' needs a bias as input 2, which is missing");
   if (op.fusion.residual && !op.hasInput(3))
     fail(context, op.debugName() + ": fusion field 'residual' needs the residual as input 3, which is missing");
-  for (const char *replaced : {"popart_scale", "popart_bias", "popart_residual"})
+  if (const auto &pool = op.fusion.pool) {
+    size_t nsp = pool->kernel.size();
+    if (pool->strides.size() != nsp || pool->pads.size() != 2 * nsp || pool->input.size() != nsp + 2 ||
+        (op.hasInput(0) && op.inInfo(0).dataType() != DataType::UNDEFINED &&
+         op.inInfo(0).rank() != static_cast<int64_t>(nsp + 2)))
+      fail(context, op.debugName() + ": fusion field 'pool' has " + std::to_string(nsp) + " kernel axes, " +
+                        std::to_string(pool->strides.size()) + " strides, " + std::to_string(pool->pads.size()) +
+                        " pads and a rank-" + std::to_string(pool->input.size()) +
+                        " input shape, which do not fit the op's input");
+  }
+  for (const char *replaced : {"popart_scale", "popart_bias", "popart_residual", "popart_pool_kernel",
+                               "popart_pool_strides", "popart_pool_pads", "popart_pool_input_shape"})
     if (op.attrs.has(replaced))
       fail(context, op.debugName() + " has attribute '" + replaced + "', which is now a typed fusion field");
 }

@@ -61,7 +61,7 @@ int foldTransposesIntoMatMul(Graph &graph);
 int fuseRelu(Graph &graph, bool convolutions = true);
 
 /// A Conv whose result only feeds a MaxPool (no Indices output, floor rounding, no dilation)
-/// pools it itself (attributes popart_pool_*, see ir::FusedPool) and writes the pool's output:
+/// pools it itself (Fusion::pool, an ir::FusedPool) and writes the pool's output:
 /// oneDNN then pools in the convolution's blocked layout and reorders only the pooled result.
 /// Returns how many were fused.
 int fuseConvPool(Graph &graph);

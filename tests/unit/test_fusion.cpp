@@ -1052,11 +1052,8 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
   expectError(wrongResidual, "the residual input 3 must be FLOAT[4,6], got FLOAT[8,6]");
   g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
   g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
-  ir::Attributes pool;
-  pool.set("popart_pool_kernel", std::vector<int64_t>{2, 2});
-  pool.set("popart_pool_strides", std::vector<int64_t>{2, 2});
-  pool.set("popart_pool_input_shape", std::vector<int64_t>{1, 3, 5, 5});
-  ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", pool, {"x", "w"}, {"y2"});
+  ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", {}, {"x", "w"}, {"y2"});
+  wrongPool.fusion.pool = ir::FusedPool{{2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 3, 5, 5}};
   expectError(wrongPool, "is not the convolution's result shape");
   ir::Op &convResidual = g.addOp("Conv", "", 13, "bad_conv_residual", {}, {"x", "w", "", "x"}, {"y5"});
   convResidual.fusion = residual;

@@ -92,7 +92,7 @@ TEST(FusionFields, TheStringAttributeAFieldReplacedIsAnError) {
       << e;
 }
 
-TEST(FusionFields, BiasAndResidualNeedTheirInputsAndADeclaringOp) {
+TEST(FusionFields, BiasResidualAndPoolNeedTheirInputsAndADeclaringOp) {
   struct Case {
     const char *op;
     void (*set)(ir::Fusion &);
@@ -105,6 +105,11 @@ TEST(FusionFields, BiasAndResidualNeedTheirInputsAndADeclaringOp) {
                 "MatMul 'mm': fusion field 'residual' needs the residual as input 3, which is missing"},
            Case{"Div", [](ir::Fusion &f) { f.residual = true; },
                 "Div 'scale' carries fusion field 'residual', which ai.onnx::Div does not declare"},
+           Case{"MatMul",
+                [](ir::Fusion &f) {
+                  f.pool = ir::FusedPool{{2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 3, 4, 4}};
+                },
+                "MatMul 'mm' carries fusion field 'pool', which ai.onnx::MatMul does not declare"},
        }) {
     ir::Graph g;
     scaledProduct(g);
@@ -112,4 +117,26 @@ TEST(FusionFields, BiasAndResidualNeedTheirInputsAndADeclaringOp) {
     std::string e = thrown([&] { ir::verifyGraph(g, ""); });
     EXPECT_NE(e.find(c.error), std::string::npos) << e;
   }
+}
+
+TEST(FusionFields, APoolOfTheWrongRankIsAnErrorNamingOpAndField) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
+  g.addInput("x");
+  g.addConst("w", TensorData(TensorInfo(DataType::FLOAT, {3, 2, 3, 3})));
+  ir::Op &conv = g.addOp("Conv", "", 13, "conv", {}, {"x", "w"}, {"y"});
+  g.addOutput("y");
+  ir::inferShapes(g, nullptr);
+  conv.fusion.pool = ir::FusedPool{{2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 3, 4, 4}};
+  EXPECT_NO_THROW(ir::verifyGraph(g, ""));
+  EXPECT_NE(g.dump().find("fused{pool(kernel [2,2] strides [2,2] pads [0,0,0,0] of [1,3,4,4])}"), std::string::npos)
+      << g.dump();
+  conv.fusion.pool = ir::FusedPool{{2}, {2}, {0, 0}, {1, 3, 4}}; // one spatial axis for a 2-D Conv
+  std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+  EXPECT_NE(e.find("Conv 'conv': fusion field 'pool' has 1 kernel axes, 1 strides, 2 pads and a rank-3 input shape, "
+                   "which do not fit the op's input"),
+            std::string::npos)
+      << e;
 }
