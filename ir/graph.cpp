@@ -141,6 +141,7 @@ std::unique_ptr<Graph> Graph::clone() const {
     for (const Tensor *t : op->outputs)
       outs.push_back(t ? t->id() : "");
     Op &c = g->addOp(op->type, op->domain, op->version, op->name, op->attrs, ins, outs);
+    c.fusion = op->fusion;
     c.placement = op->placement;
     c.phase = op->phase;
   }
@@ -256,6 +257,7 @@ std::string Graph::dump() const {
     os << ")";
     std::string attrs = op->attrs.toString();
     if (!attrs.empty()) os << " {" << attrs << "}";
+    if (!op->fusion.empty()) os << " fused{" << op->fusion.toString() << "}";
     os << "\n";
   }
   for (const auto &id : outputs_)

@@ -63,10 +63,11 @@ public:
   /// Checks every consumed tensor is a graph input, a constant/variable or produced by an op.
   void checkConnected() const;
   /// A copy of this graph: tensors (Const and Variable data shared, not copied), ops with
-  /// their attributes, inputs, outputs and opsets. Subgraph attributes are shared too (nothing
+  /// their attributes, fusions, inputs, outputs and opsets. Subgraph attributes are shared too (nothing
   /// edits them). Used to specialise subgraphs for the infos they are run with.
   std::unique_ptr<Graph> clone() const;
-  /// A text dump: inputs, tensors with kinds and infos, ops in schedule order.
+  /// A text dump: inputs, tensors with kinds and infos, ops in schedule order (with their
+  /// attributes and fused{...} fields).
   std::string dump() const;
 
 private:

@@ -4,6 +4,7 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 namespace popart::ir {
@@ -16,6 +17,46 @@ namespace {
 
 bool contains(const std::vector<TensorId> &ids, const TensorId &id) {
   return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+/// The Fusion fields \p op carries.
+std::vector<FusionField> fusionFieldsOf(const Op &op) {
+  std::vector<FusionField> fields;
+  if (op.fusion.bias) fields.push_back(FusionField::Bias);
+  if (op.fusion.residual) fields.push_back(FusionField::Residual);
+  if (op.fusion.scale) fields.push_back(FusionField::Scale);
+  if (op.fusion.pool) fields.push_back(FusionField::Pool);
+  return fields;
+}
+
+/// Checks that \p op carries only the Fusion fields its definition declares, with values that fit
+/// it, and none of the string attributes those fields replaced.
+void verifyFusion(const Op &op, const std::string &context) {
+  for (FusionField f : fusionFieldsOf(op))
+    if (!op.def->declares(f))
+      fail(context, op.debugName() + " carries fusion field '" + fusionFieldName(f) + "', which " + op.domain +
+                        "::" + op.type + " does not declare");
+  if (op.fusion.scale && (!std::isfinite(*op.fusion.scale) || *op.fusion.scale == 0.f))
+    fail(context, op.debugName() + ": fusion field 'scale' must be finite and non-zero, not " +
+                      std::to_string(*op.fusion.scale));
+  if (op.fusion.bias && !op.hasInput(2))
+    fail(context, op.debugName() + ": fusion field 'bias' needs a bias as input 2, which is missing");
+  if (op.fusion.residual && !op.hasInput(3))
+    fail(context, op.debugName() + ": fusion field 'residual' needs the residual as input 3, which is missing");
+  if (const auto &pool = op.fusion.pool) {
+    size_t nsp = pool->kernel.size();
+    if (pool->strides.size() != nsp || pool->pads.size() != 2 * nsp || pool->input.size() != nsp + 2 ||
+        (op.hasInput(0) && op.inInfo(0).dataType() != DataType::UNDEFINED &&
+         op.inInfo(0).rank() != static_cast<int64_t>(nsp + 2)))
+      fail(context, op.debugName() + ": fusion field 'pool' has " + std::to_string(nsp) + " kernel axes, " +
+                        std::to_string(pool->strides.size()) + " strides, " + std::to_string(pool->pads.size()) +
+                        " pads and a rank-" + std::to_string(pool->input.size()) +
+                        " input shape, which do not fit the op's input");
+  }
+  for (const char *replaced : {"popart_scale", "popart_bias", "popart_residual", "popart_pool_kernel",
+                               "popart_pool_strides", "popart_pool_pads", "popart_pool_input_shape"})
+    if (op.attrs.has(replaced))
+      fail(context, op.debugName() + " has attribute '" + replaced + "', which is now a typed fusion field");
 }
 
 } // namespace
@@ -32,6 +73,7 @@ void verifyGraph(const Graph &graph, const std::string &context, const VerifyOpt
     const Op &op = *p;
     if (!op.def) fail(context, op.debugName() + " has no op definition");
     if (op.graph != &graph) fail(context, op.debugName() + " belongs to another graph");
+    verifyFusion(op, context);
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const Tensor *t = op.inputs[i];
       if (!t) continue;

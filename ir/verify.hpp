@@ -19,7 +19,8 @@ struct VerifyOptions {
 /// disagree with the tensors' producer and consumer lists (counted per input slot), a tensor
 /// linked to an op not in the graph, a consumed tensor that nothing produces and that is no graph
 /// input, constant or variable, an activation that nothing produces or reads and that is no graph
-/// input or output (dangling), an op output without a known type (with \p options.outputInfos),
+/// input or output (dangling), a Fusion field the op's definition does not declare or whose value
+/// does not fit the op (naming the op and the field), an op output without a known type (with \p options.outputInfos),
 /// a graph input or output that does not exist, or a cycle.
 void verifyGraph(const Graph &graph, const std::string &context, const VerifyOptions &options = {});
 

@@ -202,7 +202,7 @@ ConvSetup convSetup(const ir::Op &op) {
   // to and from the plain buffers around it.
   // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
   // once that layout is known), then the Relu (fuseRelu).
-  s.hasResidual = op.attrs.getInt("popart_residual", 0) != 0;
+  s.hasResidual = op.fusion.residual;
   const ir::FusedActivation act = ir::fusedActivation(op);
   auto setPostOps = [&](const memory::desc *residual) {
     post_ops po;

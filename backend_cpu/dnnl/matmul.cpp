@@ -114,7 +114,7 @@ public:
     memory::desc mdBias =
         hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
     primitive_attr attr;
-    float scale = op.attrs.getFloat("popart_scale", 1.f); // fused by fuseMatMulScale (never with a bias)
+    float scale = op.fusion.scale.value_or(1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
     post_ops po;
     if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after the bias
@@ -287,8 +287,8 @@ private:
     if (choice == MatMulOperands::Auto) {
       std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") +
                         (hasBias_ ? "+bias" : "") + (hasResidual_ ? "+residual" : "") +
-                        op.attrs.getString("popart_activation", "") +
-                        std::to_string(op.attrs.getFloat("popart_scale", 1.f)) + (op.input(1).isConst() ? "const" : "");
+                        op.attrs.getString("popart_activation", "") + std::to_string(op.fusion.scale.value_or(1.f)) +
+                        (op.input(1).isConst() ? "const" : "");
       for (const char *perm : {"popart_permA", "popart_permB", "popart_permY"})
         if (op.attrs.has(perm)) key += std::string(" ") + (perm + 7) + toString(Shape(op.attrs.getInts(perm)));
       choice = tunedWay(context, key, [&] { return timeOperands(build); });

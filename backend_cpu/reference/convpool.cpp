@@ -40,7 +40,7 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
   const ir::FusedActivation act = ir::fusedActivation(op);    // fused by fuseRelu / fuseConvActivation
-  bool residual = op.attrs.getInt("popart_residual", 0) != 0; // fused by fuseConvResidual
+  bool residual = op.fusion.residual;                         // fused by fuseConvResidual
   ir::FusedPool pool;
   bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
   Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};

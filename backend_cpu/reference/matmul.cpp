@@ -14,7 +14,7 @@ public:
   explicit MatMulKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()) {
     // Operands and result through strides (popart_transA/B, popart_permA/B/Y; matmul_layout.hpp).
     ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
-    scale_ = op.attrs.getFloat("popart_scale", 1.f);
+    scale_ = op.fusion.scale.value_or(1.f);
     relu_ = op.attrs.getString("popart_activation", "") == "Relu";
     bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
     if (aVec) { // [k] is [1, k]; the result has no m axis

@@ -78,7 +78,7 @@ Shape windowOutput(const Op &op, const Shape &in, const std::vector<int64_t> &ke
 }
 
 void setupConv(Op &op) {
-  const bool residual = op.attrs.getInt("popart_residual", 0) != 0;
+  const bool residual = op.fusion.residual;
   requireInputCount(op, residual ? 4 : 2, residual ? 4 : 3);
   requireType(op, 0, kFloatTypes);
   requireSpatialInput(op, "Conv");
@@ -106,17 +106,16 @@ void setupConv(Op &op) {
   Shape y{x[0], w[0]};
   y.insert(y.end(), out.begin(), out.end());
   (void)nsp;
-  // popart_residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
+  // Fusion::residual (set by fuseConvResidual): input 3, of the result's shape, is added to it
   // after the bias and before a fused activation.
-  if (residual &&
-      (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) || op.attrs.has("popart_pool_kernel")))
+  if (residual && (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) || op.fusion.pool))
     throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
                 " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
   // fuseRelu / fuseConvActivation: a known activation with its parameters.
   (void)fusedActivation(op);
   if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
     if (pool.input != y)
-      throw error(op.debugName(), ": popart_pool_input_shape ", toString(pool.input),
+      throw error(op.debugName(), ": fused pool input shape ", toString(pool.input),
                   " is not the convolution's result shape ", toString(y));
     y = pool.output(op);
   }
@@ -229,6 +228,7 @@ double convTransposeFlops(const Op &op) {
 
 void registerConvPoolOps(OpRegistry &r) {
   OpDef conv = makeDef("Conv", 1, 1000, setupConv);
+  conv.fusionFields = static_cast<uint32_t>(FusionField::Residual) | static_cast<uint32_t>(FusionField::Pool);
   conv.flops = convFlops;
   r.add(conv);
   OpDef convTranspose = makeDef("ConvTranspose", 1, 1000, setupConvTranspose);

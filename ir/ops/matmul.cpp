@@ -62,8 +62,8 @@ bool matMulPermuted(const Op &op) {
 namespace {
 
 void setupMatMul(Op &op) {
-  bool residual = op.attrs.getInt("popart_residual", 0) != 0;
-  requireInputCount(op, residual ? 4 : 2, residual ? 4 : op.attrs.getInt("popart_bias", 0) ? 3 : 2);
+  bool residual = op.fusion.residual;
+  requireInputCount(op, residual ? 4 : 2, residual ? 4 : op.fusion.bias ? 3 : 2);
   if (op.inInfo(0).shape().empty() || op.inInfo(1).shape().empty())
     throw error(op.debugName(), ": MatMul inputs must have rank >= 1");
   if (op.inInfo(0).dataType() != op.inInfo(1).dataType())
@@ -84,7 +84,7 @@ void setupMatMul(Op &op) {
   Shape out = broadcastShapes(batchA, batchB, op);
   if (!aVec) out.push_back(a[a.size() - 2]);
   if (!bVec) out.push_back(b.back());
-  // popart_bias (set by fuseMatMulBias): input 2 is a bias of the output's last dimension.
+  // Fusion::bias (set by fuseMatMulBias): input 2 is a bias of the output's last dimension.
   if (op.hasInput(2)) {
     const TensorInfo &bias = op.inInfo(2);
     if (bVec || bias.shape() != Shape{out.back()} || bias.dataType() != op.inInfo(0).dataType())
@@ -104,7 +104,7 @@ void setupMatMul(Op &op) {
     out = stored;
   }
   TensorInfo y(op.inInfo(0).dataType(), out);
-  // popart_residual (set by fuseMatMulResidual): input 3, of the output's shape, is added last.
+  // Fusion::residual (set by fuseMatMulResidual): input 3, of the output's shape, is added last.
   if (residual && (!op.hasInput(3) || op.inInfo(3) != y || bVec))
     throw error(op.debugName(), ": the residual input 3 must be ", y.toString(), ", got ",
                 op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
@@ -152,6 +152,8 @@ double gemmFlops(const Op &op) {
 void registerMatMulOps(OpRegistry &r) {
   OpDef matmul = makeDef("MatMul", 1, 1000, setupMatMul);
   matmul.flops = matMulFlops;
+  matmul.fusionFields = static_cast<uint32_t>(FusionField::Scale) | static_cast<uint32_t>(FusionField::Bias) |
+                        static_cast<uint32_t>(FusionField::Residual);
   r.add(matmul);
   OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
   gemm.flops = gemmFlops;

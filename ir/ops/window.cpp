@@ -8,13 +8,8 @@
 namespace popart::ir {
 
 bool fusedPool(const Op &op, FusedPool &pool) {
-  if (!op.attrs.has("popart_pool_kernel")) return false;
-  pool.kernel = op.attrs.getInts("popart_pool_kernel");
-  size_t nsp = pool.kernel.size();
-  pool.strides = op.attrs.getInts("popart_pool_strides", std::vector<int64_t>(nsp, 1));
-  pool.pads = op.attrs.getInts("popart_pool_pads", std::vector<int64_t>(2 * nsp, 0));
-  std::vector<int64_t> in = op.attrs.getInts("popart_pool_input_shape", {});
-  pool.input.assign(in.begin(), in.end());
+  if (!op.fusion.pool) return false;
+  pool = *op.fusion.pool;
   return true;
 }
 

@@ -28,17 +28,7 @@ struct WindowGeometry {
 WindowGeometry resolveWindow(const Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
                              bool transposed);
 
-/// A max pool that fuseConvPool moved into the Conv before it: attributes popart_pool_kernel,
-/// popart_pool_strides and popart_pool_pads (begin..., end...; explicit, no dilation, floor
-/// rounding), and popart_pool_input_shape, the shape of the convolution's own result.
-struct FusedPool {
-  std::vector<int64_t> kernel, strides, pads;
-  Shape input;
-  /// The pooled shape; throws naming \p op if a window does not fit.
-  Shape output(const Op &op) const;
-};
-
-/// The pool fused into Conv \p op; false if it has none.
+/// The pool fused into Conv \p op (Fusion::pool, ir::FusedPool); false if it has none.
 bool fusedPool(const Op &op, FusedPool &pool);
 
 /// The shape Conv \p op convolves to: its output's, or with a fused pool that pool's input.

@@ -16,8 +16,8 @@ namespace popart::ir {
 /// pool, activation or residual yet.
 static Op *bareConvOf(const Graph &graph, const Tensor &t) {
   Op *c = t.producer();
-  if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") ||
-      c->attrs.has("popart_pool_kernel") || c->attrs.has("popart_residual"))
+  if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") || c->fusion.pool ||
+      c->fusion.residual)
     return nullptr;
   if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
   return c;
@@ -53,6 +53,7 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
                                const TensorId &out) {
   std::vector<TensorId> ins = inputIds(conv), gone{conv.output(0).id()};
   Attributes attrs = conv.attrs;
+  Fusion fusion = conv.fusion; // conv is removed below
   act.store(attrs);
   std::string name = conv.name;
   int version = conv.version, phase = conv.phase;
@@ -64,14 +65,13 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
   graph.removeOp(conv);
   for (const auto &id : gone)
     graph.removeTensor(id);
-  addRewrittenOp(graph, phase, "Conv", "ai.onnx", version, name, std::move(attrs), ins, {out});
+  addRewrittenOp(graph, phase, "Conv", "ai.onnx", version, name, std::move(attrs), ins, {out}, fusion);
 }
 
 int fuseConvActivation(Graph &graph) {
   using K = FusedActivation::Kind;
   return rewriteAll(graph, [&](Op &conv) {
-    if (!isOnnxOp(&conv, "Conv") || !conv.hasOutput(0) || conv.attrs.has("popart_activation") ||
-        conv.attrs.has("popart_pool_kernel"))
+    if (!isOnnxOp(&conv, "Conv") || !conv.hasOutput(0) || conv.attrs.has("popart_activation") || conv.fusion.pool)
       return false;
     const Tensor &y = conv.output(0);
     if (isGraphOutput(graph, y) || y.info().dataType() != DataType::FLOAT) return false;
@@ -145,7 +145,7 @@ int foldBatchNormIntoConv(Graph &graph) {
     ins.resize(3);
     ins[1] = wId;
     ins[2] = bId;
-    replacePair(graph, *conv, bn, conv->attrs, ins);
+    replacePair(graph, *conv, bn, conv->attrs, conv->fusion, ins);
     return true;
   });
 }
@@ -161,9 +161,7 @@ int fuseConvPool(Graph &graph) {
     if (p->type != "MaxPool" || p->domain != "ai.onnx" || !p->hasInput(0) || !p->hasOutput(0) || p->hasOutput(1))
       return false;
     Op *c = p->input(0).producer();
-    if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->attrs.has("popart_pool_kernel") ||
-        c->attrs.has("popart_residual"))
-      return false;
+    if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->fusion.pool || c->fusion.residual) return false;
     const Tensor &convOut = c->output(0);
     if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) return false;
     const Shape &x = p->inInfo(0).shape();
@@ -177,13 +175,10 @@ int fuseConvPool(Graph &graph) {
       plain = plain && w.dilations[i] == 1 && w.padBegin[i] >= 0 && w.padEnd[i] >= 0 && w.padBegin[i] < kernel[i] &&
               w.padEnd[i] < kernel[i];
     if (!plain) return false;
-    Attributes attrs = c->attrs;
-    attrs.set("popart_pool_kernel", w.kernel);
-    attrs.set("popart_pool_strides", w.strides);
-    attrs.set("popart_pool_pads", w.pads());
-    attrs.set("popart_pool_input_shape", std::vector<int64_t>(x.begin(), x.end()));
+    Fusion fusion = c->fusion;
+    fusion.pool = FusedPool{w.kernel, w.strides, w.pads(), x};
     Shape pooled = p->outInfo(0).shape();
-    Op &op = replacePair(graph, *c, *p, std::move(attrs), inputIds(*c));
+    Op &op = replacePair(graph, *c, *p, c->attrs, fusion, inputIds(*c));
     if (op.outInfo(0).shape() != pooled) throw error(op.debugName(), ": fused pool changed the output shape");
     return true;
   });

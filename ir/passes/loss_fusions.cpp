@@ -90,7 +90,7 @@ int fuseLossWithGradient(Graph &graph) {
     std::vector<TensorId> ins = inputIds(*g),
                           outs{g->output(0).id(), g->hasOutput(1) ? g->output(1).id() : "", f->output(0).id()};
     // Named and phased as the forward; its unused log_prob goes with it.
-    replaceOps(graph, {f, g}, g->type, g->domain, g->version, g->attrs, ins, outs);
+    replaceOps(graph, {f, g}, g->type, g->domain, g->version, g->attrs, ins, outs, g->fusion);
     return true;
   });
 }

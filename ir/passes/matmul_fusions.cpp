@@ -16,9 +16,9 @@ int fuseMatMulBias(Graph &graph) {
     for (size_t side = 0; side < 2; ++side) {
       Op *mm = add->input(side).producer();
       const Tensor &bias = add->input(1 - side);
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.getInt("popart_bias", 0) ||
-          mm->attrs.has("popart_scale") || mm->attrs.has("popart_activation") || // they would apply before it
-          mm->attrs.has("popart_residual"))
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.bias || mm->fusion.scale ||
+          mm->attrs.has("popart_activation") || // they would apply before it
+          mm->fusion.residual)
         continue;
       const Tensor &product = mm->output(0);
       if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -26,9 +26,9 @@ int fuseMatMulBias(Graph &graph) {
       if (y.size() < 2 || mm->inInfo(1).rank() < 2 || add->outInfo(0).shape() != y) continue;
       if (bias.info().shape() != Shape{y.back()} || bias.info().dataType() != product.info().dataType()) continue;
       if (bias.info().dataType() != DataType::FLOAT) continue;
-      Attributes attrs = mm->attrs;
-      attrs.set("popart_bias", int64_t{1});
-      replacePair(graph, *mm, *add, std::move(attrs), {mm->input(0).id(), mm->input(1).id(), bias.id()});
+      Fusion fusion = mm->fusion;
+      fusion.bias = true;
+      replacePair(graph, *mm, *add, mm->attrs, fusion, {mm->input(0).id(), mm->input(1).id(), bias.id()});
       return true;
     }
     return false;
@@ -42,16 +42,16 @@ int fuseMatMulScale(Graph &graph) {
     for (size_t side = 0; side < (div ? 1u : 2u); ++side) {
       Op *mm = op.input(side).producer();
       double c = 0;
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->attrs.has("popart_scale") ||
-          mm->attrs.has("popart_activation") || mm->attrs.has("popart_residual"))
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.scale || mm->attrs.has("popart_activation") ||
+          mm->fusion.residual)
         continue;
       if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
       const Tensor &product = mm->output(0);
       if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
       if (product.info().dataType() != DataType::FLOAT || op.outInfo(0).shape() != product.info().shape()) continue;
-      Attributes attrs = mm->attrs;
-      attrs.set("popart_scale", static_cast<float>(div ? 1.0 / c : c));
-      replacePair(graph, *mm, op, std::move(attrs), {mm->input(0).id(), mm->input(1).id()});
+      Fusion fusion = mm->fusion;
+      fusion.scale = static_cast<float>(div ? 1.0 / c : c);
+      replacePair(graph, *mm, op, mm->attrs, fusion, {mm->input(0).id(), mm->input(1).id()});
       return true;
     }
     return false;
@@ -132,7 +132,7 @@ static bool addBeforeReshape(Graph &graph, Op &op) {
 
 /// A float Gemm (alpha 1; no C, or a [N] bias with beta 1) whose result only feeds an Add or a
 /// two-input Sum with a tensor of its shape becomes the MatMul it is (popart_transA/B,
-/// popart_bias), so that fuseMatMulResidual folds the residual into it.
+/// Fusion::bias), so that fuseMatMulResidual folds the residual into it.
 static bool gemmBeforeResidual(Graph &graph, Op &op) {
   if (!isOnnxOp(&op, "Gemm") || !op.hasOutput(0) || op.attrs.getFloat("alpha", 1.f) != 1.f) return false;
   const Tensor &y = op.output(0);
@@ -146,14 +146,15 @@ static bool gemmBeforeResidual(Graph &graph, Op &op) {
   Attributes attrs;
   if (op.attrs.getInt("transA", 0)) attrs.set("popart_transA", int64_t{1});
   if (op.attrs.getInt("transB", 0)) attrs.set("popart_transB", int64_t{1});
-  if (bias) attrs.set("popart_bias", int64_t{1});
+  Fusion fusion;
+  fusion.bias = bias;
   if (op.attrs.has("popart_activation")) attrs.set("popart_activation", op.attrs.getString("popart_activation"));
   std::vector<TensorId> ins = inputIds(op);
   TensorId out = y.id();
   std::string name = op.name;
   int phase = op.phase;
   graph.removeOp(op);
-  addRewrittenOp(graph, phase, "MatMul", "ai.onnx", 13, name, std::move(attrs), ins, {out});
+  addRewrittenOp(graph, phase, "MatMul", "ai.onnx", 13, name, std::move(attrs), ins, {out}, fusion);
   return true;
 }
 
@@ -167,9 +168,9 @@ int fuseMatMulResidual(Graph &graph) {
 }
 
 void registerMatMulFusionPasses(PassRegistry &r) {
-  r.add(optionalPass("fuseMatMulBias", "a MatMul adds the [N] bias of the Add that is its only reader (popart_bias)",
+  r.add(optionalPass("fuseMatMulBias", "a MatMul adds the [N] bias of the Add that is its only reader (Fusion::bias)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulBias(g); }));
-  r.add(optionalPass("fuseMatMulScale", "a MatMul applies a constant Mul or Div of its product (popart_scale)",
+  r.add(optionalPass("fuseMatMulScale", "a MatMul applies a constant Mul or Div of its product (Fusion::scale)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulScale(g); }));
   r.add(optionalPass("fuseMatMulResidual",
                      "a MatMul adds the other input of the Add or Sum that is its only reader (last MatMul fusion)",

@@ -40,7 +40,7 @@ static bool foldTransposedProduct(Graph &graph) {
     if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !t->hasOutput(0)) continue;
     Op *m = t->input(0).producer();
     if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2 || m->attrs.has("popart_permY") ||
-        m->attrs.has("popart_activation") || m->attrs.has("popart_scale"))
+        m->attrs.has("popart_activation") || m->fusion.scale)
       continue;
     const Tensor &product = m->output(0);
     if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -66,7 +66,7 @@ static bool foldTransposedProduct(Graph &graph) {
     if (tb) attrs.set("popart_transB", int64_t{1});
     copyLayoutAttrs(*m, attrs, swap);
     if (!isIdentity(perm)) attrs.set("popart_permY", perm);
-    replacePair(graph, *m, *t, std::move(attrs), inputs);
+    replacePair(graph, *m, *t, std::move(attrs), m->fusion, inputs);
     return true;
   }
   return false;

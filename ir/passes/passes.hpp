@@ -61,7 +61,7 @@ int foldTransposesIntoMatMul(Graph &graph);
 int fuseRelu(Graph &graph, bool convolutions = true);
 
 /// A Conv whose result only feeds a MaxPool (no Indices output, floor rounding, no dilation)
-/// pools it itself (attributes popart_pool_*, see ir::FusedPool) and writes the pool's output:
+/// pools it itself (Fusion::pool, an ir::FusedPool) and writes the pool's output:
 /// oneDNN then pools in the convolution's blocked layout and reorders only the pooled result.
 /// Returns how many were fused.
 int fuseConvPool(Graph &graph);
@@ -77,20 +77,20 @@ int fuseMaxPoolGradRelu(Graph &graph);
 int fuseBatchNormRelu(Graph &graph);
 
 /// A float MatMul (A [..., M, K] times a matrix B) whose product only feeds an Add of a [N] bias
-/// adds the bias itself (popart_bias = 1, bias as input 2: oneDNN's matmul bias) and writes the
+/// adds the bias itself (Fusion::bias, bias as input 2: oneDNN's matmul bias) and writes the
 /// Add's output. After autodiff. Returns how many were fused.
 int fuseMatMulBias(Graph &graph);
 
 /// A float MatMul (B a matrix) whose product only feeds an Add or a two-input Sum with a tensor r
 /// of the product's shape (a residual connection, or a gradient summed with another) adds r
-/// itself (popart_residual = 1, r as input 3 after an optional bias: a oneDNN binary post-op,
+/// itself (Fusion::residual, r as input 3 after an optional bias: a oneDNN binary post-op,
 /// applied last) and writes the Add's output. Also through a Reshape of the product (the
 /// gradient of a 3-D activation from a 2-D product): r is viewed in the product's shape and the
 /// result reshaped to the Add's. A Sum of three or more same-shaped inputs is first split into
 /// two-input Sums, one per such product (Sum(a, p, q) = Sum(Sum(a, p), q)), so that each
 /// product adds the sum before it. A Gemm (alpha 1, no C or a [N] bias with beta 1, maybe
 /// with a fused Relu) followed by such an Add first becomes its MatMul (popart_transA/B,
-/// popart_bias). After autodiff and after the other MatMul fusions, which cannot apply after
+/// Fusion::bias). After autodiff and after the other MatMul fusions, which cannot apply after
 /// it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
 
@@ -127,13 +127,13 @@ int inferenceDropoutAsIdentity(Graph &graph);
 
 /// A float Conv (no fused pool or activation) whose result only feeds an Add or a two-input Sum
 /// with a tensor r of the result's shape (a ResNet block's shortcut) adds r itself
-/// (popart_residual = 1, r as input 3 after an optional bias: oneDNN's sum post-op, before a
+/// (Fusion::residual, r as input 3 after an optional bias: oneDNN's sum post-op, before a
 /// Relu that fuseRelu fuses after it) and writes the Add's output. Inference, before fuseRelu.
 /// Returns how many were fused.
 int fuseConvResidual(Graph &graph);
 
 /// A float MatMul without a bias whose product only feeds a Mul or Div by a constant scalar c
-/// scales it itself (popart_scale = c or 1/c: oneDNN's output scale) and writes that output
+/// scales it itself (Fusion::scale = c or 1/c: oneDNN's output scale) and writes that output
 /// (attention's 1/√d). A division becomes a product with 1/c, which may differ in the last bit
 /// unless c is a power of two. After autodiff. Returns how many were fused.
 int fuseMatMulScale(Graph &graph);

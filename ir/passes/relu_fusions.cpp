@@ -13,7 +13,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     Op *c = r->input(0).producer();
     if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
     // A MatMul adds its residual after its post-ops; a Conv adds it before them.
-    if (c->attrs.has("popart_residual") && c->type != "Conv") return false;
+    if (c->fusion.residual && c->type != "Conv") return false;
     // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
     // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
     bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
@@ -24,7 +24,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     std::vector<TensorId> ins = inputIds(*c);
     Attributes attrs = c->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *c, *r, std::move(attrs), ins);
+    replacePair(graph, *c, *r, std::move(attrs), c->fusion, ins);
     return true;
   });
 }
@@ -44,7 +44,7 @@ int fuseMaxPoolGradRelu(Graph &graph) {
     if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) return false;
     Attributes attrs = m->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *m, *a, std::move(attrs), {m->input(0).id(), m->input(1).id()});
+    replacePair(graph, *m, *a, std::move(attrs), m->fusion, {m->input(0).id(), m->input(1).id()});
     return true;
   });
 }
@@ -61,7 +61,7 @@ int fuseBatchNormRelu(Graph &graph) {
       outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
     Attributes attrs = bn->attrs;
     attrs.set("popart_activation", std::string("Relu"));
-    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs);
+    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs, bn->fusion);
     return true;
   });
 }

@@ -14,21 +14,24 @@ bool isGraphOutput(const Graph &graph, const Tensor &t) {
 
 Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::string &domain, int version,
                    const std::string &name, Attributes attrs, const std::vector<TensorId> &inputs,
-                   const std::vector<TensorId> &outputs) {
+                   const std::vector<TensorId> &outputs, const Fusion &fusion) {
   Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
+  op.fusion = fusion;
   op.phase = phase;
   op.def->setup(op);
   return op;
 }
 
-Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const std::vector<TensorId> &inputs) {
+Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const Fusion &fusion,
+                const std::vector<TensorId> &inputs) {
+  Fusion fused = fusion; // may be the producer's own, removed here
   TensorId out = consumer.output(0).id(), mid = producer.output(0).id();
   std::string type = producer.type, domain = producer.domain, name = producer.name;
   int version = producer.version, phase = producer.phase;
   graph.removeOp(consumer);
   graph.removeOp(producer);
   graph.removeTensor(mid);
-  return addRewrittenOp(graph, phase, type, domain, version, name, std::move(attrs), inputs, {out});
+  return addRewrittenOp(graph, phase, type, domain, version, name, std::move(attrs), inputs, {out}, fused);
 }
 
 std::vector<TensorId> inputIds(const Op &op) {
@@ -64,8 +67,10 @@ bool withScalar(const Op *op, const Tensor &known, double value, double tol) {
 }
 
 Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std::string domain, int version,
-               Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs) {
+               Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs,
+               const Fusion &fusion) {
   // type and domain are copies: they may be those of an op removed here.
+  Fusion fused = fusion;
   std::string name = ops[0]->name;
   int phase = ops[0]->phase;
   std::vector<TensorId> inner;
@@ -86,6 +91,7 @@ Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std
         std::find(graph.initializers().begin(), graph.initializers().end(), t->id()) == graph.initializers().end())
       graph.removeTensor(t->id());
   Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
+  op.fusion = fused;
   op.phase = phase;
   op.def->setup(op);
   return op;
@@ -102,12 +108,12 @@ bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Tensor &)
     Op *producer = producerOf(op.input(side));
     const Tensor &residual = op.input(1 - side);
     if (!producer || residual.info() != op.input(side).info() || op.outInfo(0) != residual.info()) continue;
-    Attributes attrs = producer->attrs;
-    attrs.set("popart_residual", int64_t{1});
+    Fusion fusion = producer->fusion;
+    fusion.residual = true;
     std::vector<TensorId> ins = inputIds(*producer);
     ins.resize(3);
     ins.push_back(residual.id());
-    replacePair(graph, *producer, op, std::move(attrs), ins);
+    replacePair(graph, *producer, op, producer->attrs, fusion, ins);
     return true;
   }
   return false;

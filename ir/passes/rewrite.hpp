@@ -14,19 +14,22 @@ namespace popart::ir {
 bool isOnnxOp(const Op *op, const char *type);
 /// True when \p t is one of \p graph's outputs.
 bool isGraphOutput(const Graph &graph, const Tensor &t);
-/// Adds an op that replaces part of a rewritten graph: in \p phase, its outputs set up.
+/// Adds an op that replaces part of a rewritten graph: in \p phase, with \p fusion, its outputs
+/// set up.
 Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::string &domain, int version,
                    const std::string &name, Attributes attrs, const std::vector<TensorId> &inputs,
-                   const std::vector<TensorId> &outputs);
+                   const std::vector<TensorId> &outputs, const Fusion &fusion = {});
 /// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
-/// \p producer's type, domain, version, name and phase that reads \p inputs and writes
-/// \p consumer's output 0.
-Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const std::vector<TensorId> &inputs);
+/// \p producer's type, domain, version, name and phase, with \p attrs and \p fusion (each caller
+/// says what the fused op carries), that reads \p inputs and writes \p consumer's output 0.
+Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const Fusion &fusion,
+                const std::vector<TensorId> &inputs);
 /// Replaces \p ops, whose outputs other than \p outputs are read only among them, by one op that
-/// reads \p inputs and writes \p outputs (existing tensors or new ids). The new op takes the name
-/// and phase of ops[0].
+/// reads \p inputs and writes \p outputs (existing tensors or new ids), with \p fusion. The new op
+/// takes the name and phase of ops[0].
 Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std::string domain, int version,
-               Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs);
+               Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs,
+               const Fusion &fusion = {});
 /// The ids of \p op's inputs ("" where one is omitted).
 std::vector<TensorId> inputIds(const Op &op);
 
@@ -50,7 +53,7 @@ bool withScalar(const Op *op, const Tensor &known, double value, double tol);
 /// An Add or a two-input Sum of two distinct tensors.
 bool isTwoInputAdd(const Op *op);
 /// An Add or two-input Sum of \p producerOf(one input)'s result and a tensor r of its shape
-/// becomes that producer with popart_residual = 1 and r as input 3 (after an optional bias).
+/// becomes that producer with Fusion::residual and r as input 3 (after an optional bias).
 bool foldResidual(Graph &graph, Op &op, const std::function<Op *(const Tensor &)> &producerOf);
 
 /// Calls \p tryAt on the ops in schedule order, starting again after every rewrite, until none

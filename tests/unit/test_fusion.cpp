@@ -1022,7 +1022,7 @@ TEST(FuseRelu, ABiasOrScaleAfterTheActivationIsNotFusedIntoIt) {
 }
 
 TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
-  // The popart_* attributes can also arrive in a model file: setup names what is wrong.
+  // The popart_* attributes (and the typed fusion fields) can be malformed: setup names what is wrong.
   ir::registerBuiltinOps();
   auto expectError = [](ir::Op &op, const std::string &what) {
     try {
@@ -1039,25 +1039,24 @@ TEST(FusedAttributes, SetupRejectsMalformedInternalAttributes) {
   g.addTensor("bias5", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {5}));
   ir::Op &noFlag = g.addOp("MatMul", "", 13, "three_inputs", {}, {"a", "b", "bias5"}, {"y0"});
   expectError(noFlag, "three_inputs");
-  ir::Attributes bias;
-  bias.set("popart_bias", int64_t{1});
-  ir::Op &wrongBias = g.addOp("MatMul", "", 13, "bad_bias", bias, {"a", "b", "bias5"}, {"y1"});
+  ir::Op &wrongBias = g.addOp("MatMul", "", 13, "bad_bias", {}, {"a", "b", "bias5"}, {"y1"});
+  wrongBias.fusion.bias = true;
   expectError(wrongBias, "must be 1-D of the output's last dimension 6");
-  ir::Attributes residual;
-  residual.set("popart_residual", int64_t{1});
-  ir::Op &noResidual = g.addOp("MatMul", "", 13, "no_residual", residual, {"a", "b"}, {"y3"});
+  ir::Fusion residual;
+  residual.residual = true;
+  ir::Op &noResidual = g.addOp("MatMul", "", 13, "no_residual", {}, {"a", "b"}, {"y3"});
+  noResidual.fusion = residual;
   expectError(noResidual, "no_residual");
-  ir::Op &wrongResidual = g.addOp("MatMul", "", 13, "bad_residual", residual, {"a", "b", "", "b"}, {"y4"});
+  ir::Op &wrongResidual = g.addOp("MatMul", "", 13, "bad_residual", {}, {"a", "b", "", "b"}, {"y4"});
+  wrongResidual.fusion = residual;
   expectError(wrongResidual, "the residual input 3 must be FLOAT[4,6], got FLOAT[8,6]");
   g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
   g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
-  ir::Attributes pool;
-  pool.set("popart_pool_kernel", std::vector<int64_t>{2, 2});
-  pool.set("popart_pool_strides", std::vector<int64_t>{2, 2});
-  pool.set("popart_pool_input_shape", std::vector<int64_t>{1, 3, 5, 5});
-  ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", pool, {"x", "w"}, {"y2"});
+  ir::Op &wrongPool = g.addOp("Conv", "", 13, "bad_pool", {}, {"x", "w"}, {"y2"});
+  wrongPool.fusion.pool = ir::FusedPool{{2, 2}, {2, 2}, {0, 0, 0, 0}, {1, 3, 5, 5}};
   expectError(wrongPool, "is not the convolution's result shape");
-  ir::Op &convResidual = g.addOp("Conv", "", 13, "bad_conv_residual", residual, {"x", "w", "", "x"}, {"y5"});
+  ir::Op &convResidual = g.addOp("Conv", "", 13, "bad_conv_residual", {}, {"x", "w", "", "x"}, {"y5"});
+  convResidual.fusion = residual;
   expectError(convResidual, "the residual input 3 must be FLOAT[1,3,4,4] without a fused pool, got FLOAT[1,2,6,6]");
 }
 
