@@ -22,16 +22,15 @@ Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::
   return op;
 }
 
-Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const Fusion &fusion,
+Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, Fusion fusion,
                 const std::vector<TensorId> &inputs) {
-  Fusion fused = fusion; // may be the producer's own, removed here
   TensorId out = consumer.output(0).id(), mid = producer.output(0).id();
   std::string type = producer.type, domain = producer.domain, name = producer.name;
   int version = producer.version, phase = producer.phase;
   graph.removeOp(consumer);
   graph.removeOp(producer);
   graph.removeTensor(mid);
-  return addRewrittenOp(graph, phase, type, domain, version, name, std::move(attrs), inputs, {out}, fused);
+  return addRewrittenOp(graph, phase, type, domain, version, name, std::move(attrs), inputs, {out}, fusion);
 }
 
 std::vector<TensorId> inputIds(const Op &op) {
@@ -68,9 +67,8 @@ bool withScalar(const Op *op, const Tensor &known, double value, double tol) {
 
 Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std::string domain, int version,
                Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs,
-               const Fusion &fusion) {
-  // type and domain are copies: they may be those of an op removed here.
-  Fusion fused = fusion;
+               Fusion fusion) {
+  // type, domain and fusion are copies: they may be those of an op removed here.
   std::string name = ops[0]->name;
   int phase = ops[0]->phase;
   std::vector<TensorId> inner;
@@ -91,7 +89,7 @@ Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std
         std::find(graph.initializers().begin(), graph.initializers().end(), t->id()) == graph.initializers().end())
       graph.removeTensor(t->id());
   Op &op = graph.addOp(type, domain, version, name, std::move(attrs), inputs, outputs);
-  op.fusion = fused;
+  op.fusion = std::move(fusion);
   op.phase = phase;
   op.def->setup(op);
   return op;

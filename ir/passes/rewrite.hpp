@@ -22,14 +22,15 @@ Op &addRewrittenOp(Graph &graph, int phase, const std::string &type, const std::
 /// Replaces \p producer and \p consumer, the only reader of \p producer's output 0, by one op of
 /// \p producer's type, domain, version, name and phase, with \p attrs and \p fusion (each caller
 /// says what the fused op carries), that reads \p inputs and writes \p consumer's output 0.
-Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, const Fusion &fusion,
+/// \p fusion is taken by value: it may be \p producer's own, which this removes.
+Op &replacePair(Graph &graph, Op &producer, Op &consumer, Attributes attrs, Fusion fusion,
                 const std::vector<TensorId> &inputs);
 /// Replaces \p ops, whose outputs other than \p outputs are read only among them, by one op that
 /// reads \p inputs and writes \p outputs (existing tensors or new ids), with \p fusion. The new op
-/// takes the name and phase of ops[0].
+/// takes the name and phase of ops[0]. \p fusion is a copy: it may be that of an op removed here.
 Op &replaceOps(Graph &graph, const std::vector<Op *> &ops, std::string type, std::string domain, int version,
                Attributes attrs, const std::vector<TensorId> &inputs, const std::vector<TensorId> &outputs,
-               const Fusion &fusion = {});
+               Fusion fusion = {});
 /// The ids of \p op's inputs ("" where one is omitted).
 std::vector<TensorId> inputIds(const Op &op);
 
