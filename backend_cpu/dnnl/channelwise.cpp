@@ -28,19 +28,11 @@ constexpr int64_t kThreadedElements = 32768;
 /// aBcd8b / aBcd16b (channels may be padded to the block), 0 for anything else.
 int64_t blockOf(const TensorLayout &layout, const Shape &shape) {
   if (std::strcmp(layout.provider, "dnnl") != 0 || shape.size() != 4) return 0;
-  const dnnl_memory_desc_t &d = static_cast<const memory::desc *>(layout.desc.get())->data;
-  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
+  const auto &md = *static_cast<const memory::desc *>(layout.desc.get());
   for (int i = 0; i < 4; ++i)
-    if (d.dims[i] != shape[static_cast<size_t>(i)]) return 0;
-  const auto &bl = d.format_desc.blocking;
-  if (bl.inner_nblks != 1 || bl.inner_idxs[0] != 1 || (bl.inner_blks[0] != 8 && bl.inner_blks[0] != 16)) return 0;
-  const int64_t block = bl.inner_blks[0];
-  const dnnl_dim_t *p = d.padded_dims;
-  if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
-  if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
-      bl.strides[0] != p[1] * p[2] * p[3])
-    return 0;
-  return block;
+    if (md.data.dims[i] != shape[static_cast<size_t>(i)]) return 0;
+  int64_t block = dnnl_util::channelBlock(md);
+  return block > 1 ? block : 0; // plain is not a blocked layout
 }
 
 /// GlobalAveragePool of [N, C, H, W], plain or in blocked channels; writes plain [N, C, 1, 1].

@@ -98,25 +98,6 @@ bool trained(const ir::Op &op) {
   return readBy(0, "ConvWeightGrad") || readBy(1, "ConvDataGrad");
 }
 
-/// The channel block of \p md when it is plain NCHW (1) or NCHW with channels blocked by 8 or
-/// 16 innermost (aBcd8b, aBcd16b) and nothing else padded; 0 for any other layout.
-int64_t channelBlock(const memory::desc &md) {
-  const dnnl_memory_desc_t &d = md.data;
-  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
-  const auto &bl = d.format_desc.blocking;
-  int64_t block = 1;
-  if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 1 && (bl.inner_blks[0] == 8 || bl.inner_blks[0] == 16))
-    block = bl.inner_blks[0];
-  else if (bl.inner_nblks != 0)
-    return 0;
-  const dnnl_dim_t *p = d.padded_dims;
-  if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
-  if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
-      bl.strides[0] != p[1] * p[2] * p[3])
-    return 0;
-  return block;
-}
-
 /// A Conv or ConvTranspose in oneDNN's terms: the primitive descriptors its ConvKernel runs,
 /// chosen without creating a primitive or throwing, or why oneDNN cannot run it.
 struct ConvSetup {
@@ -252,7 +233,7 @@ ConvSetup convSetup(const ir::Op &op) {
     }
   }
   s.pd = pd;
-  const bool blockedPool = s.pooled && channelBlock(pd.dst_desc()) > 0 && s.pool.kernel.size() == 2 &&
+  const bool blockedPool = s.pooled && dnnl_util::channelBlock(pd.dst_desc()) > 0 && s.pool.kernel.size() == 2 &&
                            std::all_of(s.pool.pads.begin(), s.pool.pads.end(), [](int64_t p) { return p == 0; });
   if (s.pooled && !blockedPool) {
     s.poolPd = fusedPoolPd(op, s.pool, pd.dst_desc());
@@ -394,7 +375,7 @@ private:
     if (!s.poolPd) { // vec::maxPoolBlocked on the convolution's layout (convSetup)
       // oneDNN 2.6's AVX2 pooling of blocked channels ran the CNN's first pool (8 MB) in 0.83 ms,
       // about 10 GB/s; vec::maxPoolBlocked on the same layout takes 0.3 ms.
-      int64_t block = channelBlock(src);
+      int64_t block = dnnl_util::channelBlock(src);
       poolBlock_ = block;
       poolGeom_ = {src.data.padded_dims[0] * src.data.padded_dims[1] / block, y[2], y[3], out[2], out[3],
                    pool.kernel[0], pool.kernel[1], pool.strides[0], pool.strides[1]};

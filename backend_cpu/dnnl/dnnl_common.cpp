@@ -96,4 +96,21 @@ dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &t
   return dnnl::reorder(pd);
 }
 
+int64_t channelBlock(const dnnl::memory::desc &md) {
+  const dnnl_memory_desc_t &d = md.data;
+  if (d.ndims != 4 || d.format_kind != dnnl_blocked || d.offset0 != 0 || d.data_type != dnnl_f32) return 0;
+  const auto &bl = d.format_desc.blocking;
+  int64_t block = 1;
+  if (bl.inner_nblks == 1 && bl.inner_idxs[0] == 1 && (bl.inner_blks[0] == 8 || bl.inner_blks[0] == 16))
+    block = bl.inner_blks[0];
+  else if (bl.inner_nblks != 0)
+    return 0;
+  const dnnl_dim_t *p = d.padded_dims;
+  if (p[0] != d.dims[0] || p[2] != d.dims[2] || p[3] != d.dims[3] || p[1] % block != 0) return 0;
+  if (bl.strides[3] != block || bl.strides[2] != p[3] * block || bl.strides[1] != p[2] * p[3] * block ||
+      bl.strides[0] != p[1] * p[2] * p[3])
+    return 0;
+  return block;
+}
+
 } // namespace popart::backend_cpu::dnnl_util

@@ -92,4 +92,8 @@ private:
   bool inPlace_ = false;
 };
 
+/// The channel block of \p md when it is plain NCHW f32 (1) or NCHW with channels blocked by 8
+/// or 16 innermost (aBcd8b, aBcd16b) and nothing else padded; 0 for any other layout.
+int64_t channelBlock(const dnnl::memory::desc &md);
+
 } // namespace popart::backend_cpu::dnnl_util
