@@ -398,10 +398,10 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
   std::mt19937 rng(34);
   TensorData x = randomFloats({2, 5, 11, 11}, rng);
   std::vector<PoolCase> fusing{
-      {{2, 2}, {2, 2}, {}},                      // the CNN's pool; 11 → 5 drops the last row
-      {{3, 3}, {2, 2}, {1, 1, 1, 1}},            // padded windows
-      {{2, 3}, {1, 2}, {0, 1, 1, 0}, false},     // uneven, no Relu before it
-      {{2, 2}, {2, 2}, {}, true, true},          // a SAME_UPPER convolution
+      {{2, 2}, {2, 2}, {}},                  // the CNN's pool; 11 → 5 drops the last row
+      {{3, 3}, {2, 2}, {1, 1, 1, 1}},        // padded windows
+      {{2, 3}, {1, 2}, {0, 1, 1, 0}, false}, // uneven, no Relu before it
+      {{2, 2}, {2, 2}, {}, true, true},      // a SAME_UPPER convolution
   };
   for (size_t i = 0; i < fusing.size(); ++i) {
     ir::Graph plain, fused;
@@ -419,8 +419,9 @@ TEST(FuseConvPool, FusedMatchesConvThenPool) {
       expectNear(runGraph(fused, p, x), expected, 1e-5f, "case " + std::to_string(i));
   }
   // Left alone: the conv result read elsewhere, the Indices output, ceil rounding.
-  for (PoolCase c : {PoolCase{{2, 2}, {2, 2}, {}, true, false, true}, PoolCase{{2, 2}, {2, 2}, {}, true, false, false, true},
-                     PoolCase{{2, 2}, {2, 2}, {}, true, false, false, false, true}}) {
+  for (PoolCase c :
+       {PoolCase{{2, 2}, {2, 2}, {}, true, false, true}, PoolCase{{2, 2}, {2, 2}, {}, true, false, false, true},
+        PoolCase{{2, 2}, {2, 2}, {}, true, false, false, false, true}}) {
     ir::Graph g;
     buildConvPool(g, c);
     ir::fuseRelu(g);
@@ -435,8 +436,8 @@ TEST(FuseConvPool, ChunksOfTheBatchMatchTheWholeBatch) {
   const int64_t batch = 7;
   std::mt19937 rng(39);
   TensorData x = randomFloats({batch, 5, 11, 11}, rng);
-  for (const PoolCase &c : {PoolCase{{2, 2}, {2, 2}, {}}, PoolCase{{3, 3}, {2, 2}, {}}, PoolCase{{2, 3}, {1, 2}, {}, false},
-                            PoolCase{{3, 3}, {2, 2}, {1, 1, 1, 1}}}) {
+  for (const PoolCase &c : {PoolCase{{2, 2}, {2, 2}, {}}, PoolCase{{3, 3}, {2, 2}, {}},
+                            PoolCase{{2, 3}, {1, 2}, {}, false}, PoolCase{{3, 3}, {2, 2}, {1, 1, 1, 1}}}) {
     ir::Graph plain, fused;
     buildConvPool(plain, c, batch);
     buildConvPool(fused, c, batch);
@@ -465,8 +466,8 @@ TEST(BlockedMaxPool, MatchesAPoolOfEachChannel) {
   struct Case {
     int64_t block, h, w, kh, kw, sh, sw;
   };
-  for (const Case &c : {Case{8, 6, 6, 2, 2, 2, 2}, Case{16, 7, 5, 3, 3, 2, 2}, Case{3, 5, 8, 2, 3, 1, 2},
-                        Case{8, 9, 4, 3, 1, 3, 1}}) {
+  for (const Case &c :
+       {Case{8, 6, 6, 2, 2, 2, 2}, Case{16, 7, 5, 3, 3, 2, 2}, Case{3, 5, 8, 2, 3, 1, 2}, Case{8, 9, 4, 3, 1, 3, 1}}) {
     int64_t oh = (c.h - c.kh) / c.sh + 1, ow = (c.w - c.kw) / c.sw + 1;
     std::mt19937 rng(40);
     std::uniform_int_distribution<int> small(-4, 4);
@@ -580,7 +581,9 @@ struct TiledPoolCase {
 /// Pools whose windows tile: 2×2 / 2 (the CNN's), an odd size that leaves a row and column
 /// uncovered, 3×3 / 3, and windows with gaps between them (2×2 / 3).
 std::vector<TiledPoolCase> tiledPoolCases() {
-  return {{{2, 3, 8, 10}, {2, 2}, {2, 2}}, {{2, 3, 9, 7}, {2, 2}, {2, 2}}, {{1, 2, 9, 9}, {3, 3}, {3, 3}},
+  return {{{2, 3, 8, 10}, {2, 2}, {2, 2}},
+          {{2, 3, 9, 7}, {2, 2}, {2, 2}},
+          {{1, 2, 9, 9}, {3, 3}, {3, 3}},
           {{1, 2, 8, 8}, {2, 2}, {3, 3}}};
 }
 } // namespace
@@ -667,7 +670,8 @@ TEST(FuseBatchNormRelu, TrainingGradientsAndStatisticsMatchTheUnfusedGraph) {
       for (size_t k = 0; k < plain.size(); ++k) {
         ASSERT_EQ(fused[k].size(), plain[k].size());
         for (size_t i = 0; i < plain[k].size(); ++i)
-          ASSERT_NEAR(fused[k][i], plain[k][i], 1e-5 * (1 + std::fabs(plain[k][i]))) << "output " << k << " element " << i;
+          ASSERT_NEAR(fused[k][i], plain[k][i], 1e-5 * (1 + std::fabs(plain[k][i])))
+              << "output " << k << " element " << i;
       }
     }
 }
@@ -840,7 +844,8 @@ void expectSame(const std::vector<std::vector<double>> &got, const std::vector<s
   for (size_t k = 0; k < want.size(); ++k) {
     ASSERT_EQ(got[k].size(), want[k].size()) << what;
     for (size_t i = 0; i < want[k].size(); ++i)
-      ASSERT_NEAR(got[k][i], want[k][i], 1e-6 * (1 + std::fabs(want[k][i]))) << what << " output " << k << " element " << i;
+      ASSERT_NEAR(got[k][i], want[k][i], 1e-6 * (1 + std::fabs(want[k][i])))
+          << what << " output " << k << " element " << i;
   }
 }
 
@@ -1204,9 +1209,9 @@ TEST(FoldBatchNormIntoConv, FoldedConvolutionMatchesConvThenBatchNorm) {
     bool bias, streamScale, sharedResult, trainingOutputs;
     int folds;
   };
-  for (const Case &c : {Case{true, false, false, false, 1}, Case{false, false, false, false, 1},
-                        Case{true, true, false, false, 0}, Case{true, false, true, false, 0},
-                        Case{true, false, false, true, 0}}) {
+  for (const Case &c :
+       {Case{true, false, false, false, 1}, Case{false, false, false, false, 1}, Case{true, true, false, false, 0},
+        Case{true, false, true, false, 0}, Case{true, false, false, true, 0}}) {
     std::string what = std::string(c.bias ? "bias" : "no bias") + (c.streamScale ? " streamed scale" : "") +
                        (c.sharedResult ? " shared" : "") + (c.trainingOutputs ? " training outputs" : "");
     const int64_t ch = 16;
@@ -1310,8 +1315,8 @@ TEST(FuseConvResidual, ResidualAddedByTheConvolutionMatchesTheAdd) {
       }
       // With r computed, the block's result goes on to a Neg (no graph output either).
       TensorId result = c.rComputed ? "z" : "y", sum = c.relu ? "s" : result;
-      g.addOp(c.op, "", 13, "residual", {}, c.residualFirst ? std::vector<TensorId>{r, cv} : std::vector<TensorId>{cv, r},
-              {sum});
+      g.addOp(c.op, "", 13, "residual", {},
+              c.residualFirst ? std::vector<TensorId>{r, cv} : std::vector<TensorId>{cv, r}, {sum});
       if (c.relu) g.addOp("Relu", "", 13, "relu", {}, {sum}, {result});
       if (c.rComputed) g.addOp("Neg", "", 13, "after", {}, {result}, {"y"});
       g.addOutput("y");
@@ -1411,18 +1416,16 @@ TEST(MatMulOperands, EveryOperandLayoutMatchesTheReference) {
                        backend_cpu::MatMulOperands::SwappedCopy, backend_cpu::MatMulOperands::FlippedPointwise}) {
         backend_cpu::KernelContext context;
         context.matmulOperands = way;
-        std::string what = std::string(transposedA ? "Xt·dY" : "X·dY") + (bias ? " + b" : "") + " way " +
-                           std::to_string(int(way));
+        std::string what =
+            std::string(transposedA ? "Xt·dY" : "X·dY") + (bias ? " + b" : "") + " way " + std::to_string(int(way));
         {
           backend_cpu::ExecutionPlan plan(g, {KernelProvider::Dnnl}, context);
           // Pointwise needs a row-major A and FlippedPointwise a transposed one (else the product
           // runs as stored); both reorder B. The swapped ways do not take a bias.
-          bool swapped =
-              way == backend_cpu::MatMulOperands::Swapped || way == backend_cpu::MatMulOperands::SwappedCopy;
+          bool swapped = way == backend_cpu::MatMulOperands::Swapped || way == backend_cpu::MatMulOperands::SwappedCopy;
           bool reorders = way != backend_cpu::MatMulOperands::AsStored &&
                           !(way == backend_cpu::MatMulOperands::Pointwise && transposedA) &&
-                          !(way == backend_cpu::MatMulOperands::FlippedPointwise && !transposedA) &&
-                          !(swapped && bias);
+                          !(way == backend_cpu::MatMulOperands::FlippedPointwise && !transposedA) && !(swapped && bias);
           EXPECT_EQ(plan.memoryPlan().scratchOffsets.at(0) >= 0, reorders) << what;
         }
         expectNear(runFeeds(g, KernelProvider::Dnnl, feeds, context), want, 1e-5f, what);
@@ -1602,15 +1605,15 @@ void attentionPermutations(ir::Graph &g) {
   transpose("q", {0, 2, 1, 3}, "Q");
   transpose("k", {0, 2, 3, 1}, "Kt");
   transpose("v", {0, 2, 1, 3}, "V");
-  g.addOp("MatMul", "", 13, "scores", {}, {"Q", "Kt"}, {"S"});   // [2, 3, 5, 5]
-  g.addOp("MatMul", "", 13, "context", {}, {"S", "V"}, {"O"});   // [2, 3, 5, 4]
-  transpose("O", {0, 2, 1, 3}, "merged");                         // [2, 5, 3, 4]
-  transpose("q", {0, 2, 3, 1}, "Qt");                             // [2, 3, 4, 5]
-  g.addOp("MatMul", "", 13, "w", {}, {"Qt", "S"}, {"W"});         // [2, 3, 4, 5]
-  transpose("W", {0, 3, 1, 2}, "Wt");                             // [2, 5, 3, 4]
+  g.addOp("MatMul", "", 13, "scores", {}, {"Q", "Kt"}, {"S"}); // [2, 3, 5, 5]
+  g.addOp("MatMul", "", 13, "context", {}, {"S", "V"}, {"O"}); // [2, 3, 5, 4]
+  transpose("O", {0, 2, 1, 3}, "merged");                      // [2, 5, 3, 4]
+  transpose("q", {0, 2, 3, 1}, "Qt");                          // [2, 3, 4, 5]
+  g.addOp("MatMul", "", 13, "w", {}, {"Qt", "S"}, {"W"});      // [2, 3, 4, 5]
+  transpose("W", {0, 3, 1, 2}, "Wt");                          // [2, 5, 3, 4]
   g.addOp("Add", "", 13, "add", {}, {"merged", "Wt"}, {"y"});
-  transpose("q", {3, 1, 2, 0}, "U");                              // [4, 5, 3, 2]
-  g.addOp("MatMul", "", 13, "u", {}, {"U", "e"}, {"u"});          // [4, 5, 3, 6]
+  transpose("q", {3, 1, 2, 0}, "U");                     // [4, 5, 3, 2]
+  g.addOp("MatMul", "", 13, "u", {}, {"U", "e"}, {"u"}); // [4, 5, 3, 6]
   ir::inferShapes(g, nullptr);
   TensorId loss = gradcheck::weightedSumLoss(2)(g, {"y", "u"}, 13);
   ir::inferShapes(g, nullptr);
@@ -1666,15 +1669,16 @@ TEST(FoldTransposes, HeadPermutationsAreReadAndWrittenThroughStrides) {
       ASSERT_EQ(got.size(), want.size());
       for (size_t k = 0; k < want.size(); ++k)
         expectNear(got[k], want[k], 1e-5f,
-                   "output " + built.outputs()[k] + " provider " + std::to_string(int(p)) + " way " + std::to_string(int(way)));
+                   "output " + built.outputs()[k] + " provider " + std::to_string(int(p)) + " way " +
+                       std::to_string(int(way)));
     }
 }
 
 TEST(FoldTransposes, BadPermutationsAreErrors) {
   ir::registerBuiltinOps();
   for (const char *attr : {"popart_permA", "popart_permY"})
-    for (std::vector<int64_t> perm : {std::vector<int64_t>{0, 1, 1}, std::vector<int64_t>{1, 0, 2, 3},
-                                      std::vector<int64_t>{0, 2, 1}}) {
+    for (std::vector<int64_t> perm :
+         {std::vector<int64_t>{0, 1, 1}, std::vector<int64_t>{1, 0, 2, 3}, std::vector<int64_t>{0, 2, 1}}) {
       if (std::string(attr) == "popart_permA" && perm == std::vector<int64_t>{0, 2, 1}) continue; // valid
       ir::Graph g;
       g.opsets()["ai.onnx"] = 13;
@@ -1758,9 +1762,8 @@ TEST(FuseMatMulResidual, SumOfSeveralProductsBecomesAChain) {
   EXPECT_EQ(ir::fuseMatMulResidual(fused), 3);
   EXPECT_EQ(countType(fused, "Sum"), 0);
   std::mt19937 rng(55);
-  std::map<TensorId, TensorData> feeds{{"x", randomFloats({6, 8}, rng)},
-                                       {"x3", randomFloats({2, 3, 8}, rng)},
-                                       {"r", randomFloats({2, 3, 5}, rng)}};
+  std::map<TensorId, TensorData> feeds{
+      {"x", randomFloats({6, 8}, rng)}, {"x3", randomFloats({2, 3, 8}, rng)}, {"r", randomFloats({2, 3, 5}, rng)}};
   std::vector<float> want = runFeeds(plain, KernelProvider::Reference, feeds);
   for (auto p : {KernelProvider::Reference, KernelProvider::Any})
     expectNear(runFeeds(fused, p, feeds), want, 1e-5f, "chain");
@@ -2066,6 +2069,33 @@ TEST(FuseChannelShuffle, ConcatShuffleAndChunksBecomeOneCopy) {
       std::vector<float> want = runGraph(plain, KernelProvider::Reference, x, id);
       std::vector<float> got = runGraph(fused, KernelProvider::Any, x, id);
       ASSERT_EQ(got, want) << what << ", output " << id; // a copy: bit-exact
+    }
+  }
+}
+
+TEST(FuseChannelShuffle, BadGroupOrOutputCountIsAnErrorNamingIt) {
+  // An ai.graphcore ChannelShuffle (from a model or a pass) whose group or output count does not
+  // divide the channels is refused at shape inference, naming the op and the numbers.
+  for (int variant = 0; variant < 2; ++variant) {
+    ir::registerBuiltinOps();
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.opsets()["ai.graphcore"] = 1;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 12, 3, 3}));
+    g.addInput("x");
+    ir::Attributes a;
+    a.set("group", int64_t{variant == 0 ? 5 : 2});
+    std::vector<TensorId> outs =
+        variant == 0 ? std::vector<TensorId>{"y"} : std::vector<TensorId>{"y0", "y1", "y2", "y3", "y4"};
+    g.addOp("ChannelShuffle", "ai.graphcore", 1, "shuffle", a, {"x"}, outs);
+    try {
+      ir::inferShapes(g, nullptr);
+      FAIL() << "variant " << variant << " was accepted";
+    } catch (const error &e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("shuffle"), std::string::npos) << m;
+      EXPECT_NE(m.find(variant == 0 ? "group 5" : "5 outputs"), std::string::npos) << m;
+      EXPECT_NE(m.find("12 channels"), std::string::npos) << m;
     }
   }
 }
