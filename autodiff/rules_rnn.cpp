@@ -16,6 +16,7 @@
 // no peepholes, and sequence_lens only when it is a constant holding the full length everywhere.
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/internal_attributes.hpp"
 
 #include <popart/error.hpp>
 
@@ -86,7 +87,7 @@ void recurrentRule(GradContext &c) {
   attrs.set("direction", op.attrs.getString("direction", "forward"));
   attrs.set("hidden_size", c.inShape(2)[2]);
   attrs.set("layout", op.attrs.getInt("layout", 0));
-  attrs.set("popart_forward", op.id);
+  attrs.set(ir::internal_attr::kForward, op.id);
   if (op.type == "GRU") attrs.set("linear_before_reset", op.attrs.getInt("linear_before_reset", 0));
   ir::Op &grad = g.addOp(op.type + "Grad", "ai.graphcore", 1, "", std::move(attrs), inputs, outs);
   grad.def->setup(grad);

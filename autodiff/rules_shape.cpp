@@ -1,6 +1,7 @@
 // Gradient rules: shape ops (data movement only, so every gradient is a linear re-arrangement).
 
 #include "autodiff/grad_rules.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/dropout.hpp"
 #include <popart/error.hpp>
 
@@ -225,7 +226,7 @@ void dropoutRule(GradContext &c) {
   if (training == false || ratio == 0.0) return c.setInGrad(0, dy);
   if (op.hasInput(3) || op.attrs.has("seed")) {
     ir::Attributes gradAttrs = op.attrs;
-    gradAttrs.set("popart_salt", ir::dropoutSalt(op));
+    gradAttrs.set(ir::internal_attr::kSalt, ir::dropoutSalt(op));
     std::vector<TensorId> inputs{dy};
     for (size_t i = 1; i < op.inputCount(); ++i)
       inputs.push_back(op.hasInput(i) ? c.in(i) : "");

@@ -3,6 +3,7 @@
 
 #include "autodiff/training_passes.hpp"
 #include "autodiff/autodiff.hpp"
+#include "ir/internal_attributes.hpp"
 #include <popart/error.hpp>
 
 #include <mutex>
@@ -36,7 +37,7 @@ int updateBatchNormStatistics(ir::Graph &g, ir::PassContext &c) {
   for (const auto &op : g.ops())
     if (op->def->trainingState && !op->def->trainingState(*op).empty()) stateful.push_back(op.get());
   for (ir::Op *op : stateful) {
-    op->attrs.set("popart_unbiased_running_var", int64_t{options.unbiasedRunningVariance ? 1 : 0});
+    op->attrs.set(ir::internal_attr::kUnbiasedRunningVar, int64_t{options.unbiasedRunningVariance ? 1 : 0});
     for (const ir::OpDef::InPlace &kept : op->def->trainingState(*op)) {
       ir::Tensor &stat = op->input(static_cast<size_t>(kept.input));
       if (stat.kind() != ir::TensorKind::Variable) continue;

@@ -25,8 +25,8 @@ namespace popart::backend_cpu {
 /// transposes it into Y (SwappedCopy: with Bᵀ first copied row-major): the head's weight gradient
 /// [8000, 2048]ᵀ·[2048, 256] runs as [256, 2048]·[2048, 8000] at 170 GFLOP/s, not 140.
 /// FlippedPointwise copies a transposed A row-major, then runs Pointwise (weight gradients).
-/// Unpermuted copies the operands a MatMul reads through popart_permA/B (attention's head
-/// split) into plain layouts and writes a popart_permY result through a plain buffer: as fast
+/// Unpermuted copies the operands a MatMul reads through Fusion::permA/B (attention's head
+/// split) into plain layouts and writes a Fusion::permY result through a plain buffer: as fast
 /// on AVX2's gemm as the strided product, but oneDNN's AVX-512 brgemm ran strided heads 50-70%
 /// slower, so the tuning decides.
 enum class MatMulOperands {

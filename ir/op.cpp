@@ -22,35 +22,6 @@ void Tensor::removeConsumer(Op *op) {
   if (it != consumers_.end()) consumers_.erase(it);
 }
 
-const char *fusionFieldName(FusionField field) {
-  switch (field) {
-  case FusionField::Scale: return "scale";
-  case FusionField::Bias: return "bias";
-  case FusionField::Residual: return "residual";
-  case FusionField::Pool: return "pool";
-  }
-  return "?";
-}
-
-std::string Fusion::toString() const {
-  std::string s;
-  auto add = [&](FusionField f) { s += (s.empty() ? "" : " ") + std::string(fusionFieldName(f)); };
-  if (bias) add(FusionField::Bias);
-  if (residual) add(FusionField::Residual);
-  if (scale) {
-    char buf[32];
-    auto end = std::to_chars(buf, buf + sizeof buf, *scale).ptr; // shortest form that reads back exactly
-    add(FusionField::Scale);
-    s += "=" + std::string(buf, end);
-  }
-  if (pool) {
-    add(FusionField::Pool);
-    s += "(kernel " + popart::toString(pool->kernel) + " strides " + popart::toString(pool->strides) + " pads " +
-         popart::toString(pool->pads) + " of " + popart::toString(pool->input) + ")";
-  }
-  return s;
-}
-
 std::string Op::debugName() const {
   if (!name.empty()) return type + " '" + name + "'";
   return type + " #" + std::to_string(id);

@@ -2,6 +2,7 @@
 // An op of the IR: a generic node whose meaning comes from its registered OpDef.
 
 #include "ir/attributes.hpp"
+#include "ir/fusion.hpp"
 #include "ir/tensor.hpp"
 
 #include <cstdint>
@@ -22,49 +23,6 @@ struct Placement {
 };
 
 class Op;
-
-/// A max pool that fuseConvPool moved into the Conv before it: its kernel, strides and pads
-/// (begin..., end...; explicit, no dilation, floor rounding), and the shape of the convolution's
-/// own result (\p input).
-struct FusedPool {
-  std::vector<int64_t> kernel, strides, pads;
-  Shape input;
-  /// The pooled shape; throws naming \p op if a window does not fit (ir/ops/window.cpp).
-  Shape output(const Op &op) const;
-  bool operator==(const FusedPool &) const = default;
-};
-
-/// A fused computation's typed fields, set by the fusion passes and read by the kernels: the
-/// verifier checks that an op carries only the fields its OpDef declares (OpDef::fusionFields)
-/// and that their values fit its inputs. Never string attributes: a typo fails to compile.
-struct Fusion {
-  /// MatMul (fuseMatMulBias): input 2 is a bias of the output's last dimension.
-  bool bias = false;
-  /// MatMul (fuseMatMulResidual), Conv (fuseConvResidual): input 3, of the output's shape, is
-  /// added (a MatMul's after its activation, a Conv's before it).
-  bool residual = false;
-  /// MatMul (fuseMatMulScale): the product times this, a finite non-zero constant.
-  std::optional<float> scale;
-  /// Conv (fuseConvPool): the max pool applied to the convolution's result.
-  std::optional<FusedPool> pool;
-
-  bool operator==(const Fusion &) const = default;
-  /// True when no field is set (an unfused op).
-  bool empty() const { return *this == Fusion{}; }
-  /// "bias residual scale=0.125 pool=...", for Graph::dump; "" when empty().
-  std::string toString() const;
-};
-
-/// The fields of Fusion, as bits of OpDef::fusionFields.
-enum class FusionField : uint32_t {
-  Scale = 1u << 0,
-  Bias = 1u << 1,
-  Residual = 1u << 2,
-  Pool = 1u << 3,
-};
-
-/// The name of \p field in dumps and verifier messages ("scale").
-const char *fusionFieldName(FusionField field);
 
 /// One node of a Graph.
 class Op {
@@ -149,6 +107,10 @@ struct OpDef {
   /// {input, output} pairs whose output value training writes back into the input Variable
   /// (autodiff's updateBatchNormStatistics); empty for \p op's form when it trains nothing.
   std::vector<InPlace> (*trainingState)(const Op &op) = nullptr;
+  /// Internal attributes (named popart_*) that the runtime sets on ops of this definition and
+  /// the op reads: the importer refuses them on a model's nodes and the verifier on any op
+  /// whose definition does not list them (a misspelt one fails there).
+  std::vector<std::string> internalAttributes;
   /// The Fusion fields ops of this definition may carry (bits of FusionField); the verifier
   /// rejects any other.
   uint32_t fusionFields = 0;

@@ -26,16 +26,48 @@ std::vector<FusionField> fusionFieldsOf(const Op &op) {
   if (op.fusion.residual) fields.push_back(FusionField::Residual);
   if (op.fusion.scale) fields.push_back(FusionField::Scale);
   if (op.fusion.pool) fields.push_back(FusionField::Pool);
+  if (op.fusion.relu())
+    fields.push_back(FusionField::Relu);
+  else if (op.fusion.activated())
+    fields.push_back(FusionField::Activation);
+  if (op.fusion.transA || op.fusion.transB) fields.push_back(FusionField::Transpose);
+  if (op.fusion.permuted()) fields.push_back(FusionField::Permute);
   return fields;
 }
 
+bool isPermutation(const std::vector<int64_t> &perm) {
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i)
+    if (sorted[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+/// Checks \p op's MatMul layout fields: each permutation one of its tensor's axes.
+void verifyLayout(const Op &op, const std::string &context) {
+  auto check = [&](const std::vector<int64_t> &perm, const char *field, const Tensor *t) {
+    if (perm.empty()) return;
+    bool fits = isPermutation(perm) && (!t || t->info().dataType() == DataType::UNDEFINED ||
+                                        t->info().rank() == static_cast<int64_t>(perm.size()));
+    if (!fits)
+      fail(context, op.debugName() + ": fusion field '" + field + "' " + popart::toString(perm) +
+                        " is not a permutation of its tensor's axes");
+  };
+  check(op.fusion.permA, "permA", op.hasInput(0) ? &op.input(0) : nullptr);
+  check(op.fusion.permB, "permB", op.hasInput(1) ? &op.input(1) : nullptr);
+  check(op.fusion.permY, "permY", op.hasOutput(0) ? &op.output(0) : nullptr);
+}
+
 /// Checks that \p op carries only the Fusion fields its definition declares, with values that fit
-/// it, and none of the string attributes those fields replaced.
+/// it.
 void verifyFusion(const Op &op, const std::string &context) {
   for (FusionField f : fusionFieldsOf(op))
-    if (!op.def->declares(f))
-      fail(context, op.debugName() + " carries fusion field '" + fusionFieldName(f) + "', which " + op.domain +
-                        "::" + op.type + " does not declare");
+    if (!op.def->declares(f) && !(f == FusionField::Relu && op.def->declares(FusionField::Activation)))
+      fail(context,
+           op.debugName() + " carries fusion field '" + fusionFieldName(f) +
+               (f == FusionField::Activation ? std::string(" ") + FusedActivation::name(op.fusion.activation.kind) + "'"
+                                             : std::string("'")) +
+               ", which " + op.domain + "::" + op.type + " does not declare");
   if (op.fusion.scale && (!std::isfinite(*op.fusion.scale) || *op.fusion.scale == 0.f))
     fail(context, op.debugName() + ": fusion field 'scale' must be finite and non-zero, not " +
                       std::to_string(*op.fusion.scale));
@@ -43,6 +75,14 @@ void verifyFusion(const Op &op, const std::string &context) {
     fail(context, op.debugName() + ": fusion field 'bias' needs a bias as input 2, which is missing");
   if (op.fusion.residual && !op.hasInput(3))
     fail(context, op.debugName() + ": fusion field 'residual' needs the residual as input 3, which is missing");
+  const FusedActivation &act = op.fusion.activation;
+  if (!FusedActivation::parameterised(act.kind) && (act.alpha != 0.f || act.beta != 0.f))
+    fail(context,
+         op.debugName() + ": fusion field 'activation' " + FusedActivation::name(act.kind) + " takes no alpha or beta");
+  if (act.kind == FusedActivation::Kind::Clip && !(act.alpha <= act.beta))
+    fail(context, op.debugName() + ": fusion field 'activation' Clip needs alpha <= beta, not " +
+                      std::to_string(act.alpha) + " and " + std::to_string(act.beta));
+  verifyLayout(op, context);
   if (const auto &pool = op.fusion.pool) {
     size_t nsp = pool->kernel.size();
     if (pool->strides.size() != nsp || pool->pads.size() != 2 * nsp || pool->input.size() != nsp + 2 ||
@@ -53,10 +93,18 @@ void verifyFusion(const Op &op, const std::string &context) {
                         " pads and a rank-" + std::to_string(pool->input.size()) +
                         " input shape, which do not fit the op's input");
   }
-  for (const char *replaced : {"popart_scale", "popart_bias", "popart_residual", "popart_pool_kernel",
-                               "popart_pool_strides", "popart_pool_pads", "popart_pool_input_shape"})
-    if (op.attrs.has(replaced))
-      fail(context, op.debugName() + " has attribute '" + replaced + "', which is now a typed fusion field");
+}
+
+/// Checks that every internal (popart_) attribute of \p op is one its definition declares
+/// (OpDef::internalAttributes): the fused forms of old string attributes are typed fields now.
+void verifyAttributes(const Op &op, const std::string &context) {
+  for (const auto &[name, value] : op.attrs.all()) {
+    if (name.rfind("popart_", 0) != 0) continue;
+    const auto &declared = op.def->internalAttributes;
+    if (std::find(declared.begin(), declared.end(), name) == declared.end())
+      fail(context, op.debugName() + " has internal attribute '" + name + "', which " + op.domain + "::" + op.type +
+                        " does not declare (OpDef::internalAttributes)");
+  }
 }
 
 } // namespace
@@ -74,6 +122,7 @@ void verifyGraph(const Graph &graph, const std::string &context, const VerifyOpt
     if (!op.def) fail(context, op.debugName() + " has no op definition");
     if (op.graph != &graph) fail(context, op.debugName() + " belongs to another graph");
     verifyFusion(op, context);
+    verifyAttributes(op, context);
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const Tensor *t = op.inputs[i];
       if (!t) continue;

@@ -1,5 +1,6 @@
 #include "onnx_import/onnx_import.hpp"
 #include "core/log.hpp"
+#include "ir/internal_attributes.hpp"
 #include <popart/error.hpp>
 
 #include <onnx/checker.h>
@@ -11,8 +12,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 namespace popart::onnx_import {
@@ -149,8 +150,8 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
 }
 
 /// Converts a subgraph attribute; appends the outer-scope tensors it reads to \p captures.
-using SubgraphImporter = std::function<std::shared_ptr<const ir::Graph>(const onnx::GraphProto &,
-                                                                        std::vector<std::string> &captures)>;
+using SubgraphImporter =
+    std::function<std::shared_ptr<const ir::Graph>(const onnx::GraphProto &, std::vector<std::string> &captures)>;
 
 TensorInfo infoFromType(const onnx::TypeProto &type, const std::string &name);
 
@@ -158,6 +159,10 @@ ir::Attributes convertAttributes(const onnx::NodeProto &node, const std::string 
                                  const SubgraphImporter &subgraph, std::vector<std::string> &captures) {
   ir::Attributes attrs;
   for (const auto &a : node.attribute()) {
+    // The runtime's own attributes (OpDef::internalAttributes) are never read from a model.
+    if (a.name().rfind("popart_", 0) == 0)
+      throw error("node '", node.name(), "' (", node.op_type(), "): attribute '", a.name(),
+                  "' is reserved: names starting with popart_ are the runtime's internal attributes");
     switch (a.type()) {
     case onnx::AttributeProto::FLOAT: attrs.set(a.name(), a.f()); break;
     case onnx::AttributeProto::INT: attrs.set(a.name(), static_cast<int64_t>(a.i())); break;
@@ -226,8 +231,7 @@ TensorInfo infoFromTensorType(const onnx::TypeProto::Tensor &tt) {
 TensorInfo infoFromType(const onnx::TypeProto &type, const std::string &name) {
   if (type.has_tensor_type()) return infoFromTensorType(type.tensor_type());
   auto sequenceOf = [&](const onnx::TypeProto &elem, ValueKind kind) {
-    if (!elem.has_tensor_type())
-      throw error("'", name, "' is a sequence of non-tensors, which is not supported");
+    if (!elem.has_tensor_type()) throw error("'", name, "' is a sequence of non-tensors, which is not supported");
     TensorInfo e = infoFromTensorType(elem.tensor_type());
     return TensorInfo(kind, e.dataType(), e.shape());
   };
@@ -258,8 +262,8 @@ struct Scope {
 
 /// Makes \p name usable in \p graph, a subgraph enclosed by \p outer: an outer constant is
 /// shared, anything else becomes a captured input of the subgraph (listed in \p captures).
-void resolveOuterName(ir::Graph &graph, const Scope *outer, const std::string &name,
-                      std::vector<std::string> &captures, const std::string &where) {
+void resolveOuterName(ir::Graph &graph, const Scope *outer, const std::string &name, std::vector<std::string> &captures,
+                      const std::string &where) {
   if (name.empty() || graph.hasTensor(name)) return;
   const ir::Tensor *t = outer ? outer->find(name) : nullptr;
   if (!t) throw error(where, ": tensor '", name, "' is not defined in its graph or an enclosing one");
@@ -299,8 +303,7 @@ void addNodes(const onnx::GraphProto &g, ir::Graph &graph, const Scope *outer, c
       sub->addOutput(output.name());
     }
     for (const auto &name : inner)
-      if (std::find(nodeCaptures.begin(), nodeCaptures.end(), name) == nodeCaptures.end())
-        nodeCaptures.push_back(name);
+      if (std::find(nodeCaptures.begin(), nodeCaptures.end(), name) == nodeCaptures.end()) nodeCaptures.push_back(name);
     return std::shared_ptr<const ir::Graph>(std::move(sub));
   };
   for (const auto &node : g.node()) {
@@ -318,7 +321,7 @@ void addNodes(const onnx::GraphProto &g, ir::Graph &graph, const Scope *outer, c
     if (!nodeCaptures.empty()) {
       // Outer-scope tensors the node's subgraphs read become inputs of the node, so that
       // scheduling, liveness and dead-code removal see them.
-      attrs.set("popart_captures", nodeCaptures);
+      attrs.set(ir::internal_attr::kCaptures, nodeCaptures);
       ins.insert(ins.end(), nodeCaptures.begin(), nodeCaptures.end());
     }
     if (outer)

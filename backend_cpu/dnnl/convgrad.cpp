@@ -7,9 +7,9 @@
 // says why it declines.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
-#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include <popart/error.hpp>
 
 #include <array>
@@ -73,8 +73,7 @@ public:
       dnnl_util::execute(prim_, args_, {{arg0_, a}, {arg1_, b}, {argOut_, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
     else
       dnnl_util::execute(prim_, args_, {{arg0_, a}, {argOut_, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
-    if (innerOut_)
-      dnnl_util::execute(reorderOut_, reorderArgs_[2], {{DNNL_ARG_FROM, innerOut_}, {DNNL_ARG_TO, out_}});
+    if (innerOut_) dnnl_util::execute(reorderOut_, reorderArgs_[2], {{DNNL_ARG_FROM, innerOut_}, {DNNL_ARG_TO, out_}});
   }
 
 protected:
@@ -157,17 +156,17 @@ template <typename Backward, bool weights> ConvGradSetup<Backward> convGradSetup
   s.x = d.x, s.y = d.y, s.w = d.w;
   s.whyNot = dnnl_util::negativePadReason(d.win);
   if (!s.whyNot.empty()) return s;
-  auto make = [&](const memory::desc &x, const memory::desc &w,
-                  const memory::desc &y) -> typename Backward::primitive_desc {
-    if (!dnnl_util::backwardConvolutionValid(weights, x, w, y, d.win)) return {};
-    auto hint = d.forward(x, w, y);
-    if (!hint) return {};
-    typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
-                               d.win.padR);
-    typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), hint, true);
-    if (pd) dnnl_util::skipBrgconv(pd);
-    return pd;
-  };
+  auto make = [&](const memory::desc &x, const memory::desc &w, const memory::desc &y) ->
+      typename Backward::primitive_desc {
+        if (!dnnl_util::backwardConvolutionValid(weights, x, w, y, d.win)) return {};
+        auto hint = d.forward(x, w, y);
+        if (!hint) return {};
+        typename Backward::desc bd(algorithm::convolution_direct, x, w, y, d.win.strides, d.win.dilates, d.win.padL,
+                                   d.win.padR);
+        typename Backward::primitive_desc pd(bd, userScratchpad(), dnnl_util::engine(), hint, true);
+        if (pd) dnnl_util::skipBrgconv(pd);
+        return pd;
+      };
   auto isRef = [](const typename Backward::primitive_desc &pd) { return !pd || dnnl_util::implIs(pd, "ref"); };
   // Pointwise: on plain layouts oneDNN runs one GEMM per image (no im2col) at the speed of its
   // blocked jit_1x1 kernel, without the reorders of dY, X and the result around it, which
@@ -307,8 +306,8 @@ MaxPoolGradSetup maxPoolGradSetup(const ir::Op &op) {
                               win.kernel, win.dilates, win.padL, win.padR);
   s.fpd = pooling_v2_forward::primitive_desc(fd, userScratchpad(), eng, true);
   if (s.fpd) {
-    pooling_v2_backward::desc bd(algorithm::pooling_max, s.mdX, s.mdY, win.strides, win.kernel, win.dilates,
-                                 win.padL, win.padR);
+    pooling_v2_backward::desc bd(algorithm::pooling_max, s.mdX, s.mdY, win.strides, win.kernel, win.dilates, win.padL,
+                                 win.padR);
     s.bpd = pooling_v2_backward::primitive_desc(bd, userScratchpad(), eng, s.fpd, true);
   }
   if (!s.bpd)
@@ -394,7 +393,7 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
            // Tiling windows: the reference family's vectorised kernel is one pass, without
            // rerunning the forward; a fused Relu gradient only it applies.
            if (tiledMaxPoolGrad(op)) return Support::no("tiling windows: the reference's one pass is faster");
-           if (op.attrs.has("popart_activation")) return Support::no("a fused Relu gradient");
+           if (op.fusion.activated()) return Support::no("a fused Relu gradient");
            return supports<MaxPoolGradKernel>(op);
          },
          makeKernel<MaxPoolGradKernel>});

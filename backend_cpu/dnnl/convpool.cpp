@@ -8,11 +8,10 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/vecloops.hpp"
 #include "core/log.hpp"
-#include "ir/ops/activation.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -114,8 +113,7 @@ struct ConvSetup {
 
   /// The convolution from \p x with weights \p wt into \p y; empty if oneDNN has no
   /// implementation for those layouts.
-  convolution_forward::primitive_desc make(const memory::desc &x, const memory::desc &wt,
-                                           const memory::desc &y) const {
+  convolution_forward::primitive_desc make(const memory::desc &x, const memory::desc &wt, const memory::desc &y) const {
     if (!dnnl_util::forwardConvolutionValid(x, wt, mdB, y, w)) return {};
     convolution_forward::desc d(prop_kind::forward_inference, algorithm::convolution_direct, x, wt, mdB, y, w.strides,
                                 w.dilates, w.padL, w.padR);
@@ -184,7 +182,7 @@ ConvSetup convSetup(const ir::Op &op) {
   // Post-ops: the residual (fuseConvResidual: a binary add of it in the result's layout, set
   // once that layout is known), then the Relu (fuseRelu).
   s.hasResidual = op.fusion.residual;
-  const ir::FusedActivation act = ir::fusedActivation(op);
+  const ir::FusedActivation act = op.fusion.activation;
   auto setPostOps = [&](const memory::desc *residual) {
     post_ops po;
     if (residual) po.append_binary(algorithm::binary_add, *residual);
@@ -305,25 +303,37 @@ public:
     if (hasResidual_ && hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
-                          {kResidualArg, residual_}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+                         {{DNNL_ARG_SRC, x},
+                          {DNNL_ARG_WEIGHTS, wt},
+                          {DNNL_ARG_BIAS, b_},
+                          {DNNL_ARG_DST, y},
+                          {kResidualArg, residual_},
+                          {DNNL_ARG_SCRATCHPAD, scratch_}});
     } else if (hasResidual_) {
       dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {kResidualArg, residual_},
+                         {{DNNL_ARG_SRC, x},
+                          {DNNL_ARG_WEIGHTS, wt},
+                          {DNNL_ARG_DST, y},
+                          {kResidualArg, residual_},
                           {DNNL_ARG_SCRATCHPAD, scratch_}});
     } else if (hasBias_) {
       b_.set_data_handle(const_cast<void *>(args.inputs[2]));
       dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, y},
+                         {{DNNL_ARG_SRC, x},
+                          {DNNL_ARG_WEIGHTS, wt},
+                          {DNNL_ARG_BIAS, b_},
+                          {DNNL_ARG_DST, y},
                           {DNNL_ARG_SCRATCHPAD, scratch_}});
     } else {
-      dnnl_util::execute(prim_, args_,
-                         {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
+      dnnl_util::execute(
+          prim_, args_,
+          {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}, {DNNL_ARG_SCRATCHPAD, scratch_}});
     }
     if (pooled_) {
       const memory &dst = poolDst_ ? poolDst_ : y_;
       if (poolBlock_)
-        blockedPool(static_cast<const float *>(inner_[2].get_data_handle()), static_cast<float *>(dst.get_data_handle()));
+        blockedPool(static_cast<const float *>(inner_[2].get_data_handle()),
+                    static_cast<float *>(dst.get_data_handle()));
       else
         dnnl_util::execute(pool_, poolArgs_,
                            {{DNNL_ARG_SRC, inner_[2]}, {DNNL_ARG_DST, dst}, {DNNL_ARG_SCRATCHPAD, poolScratch_}});
@@ -377,8 +387,15 @@ private:
       // about 10 GB/s; vec::maxPoolBlocked on the same layout takes 0.3 ms.
       int64_t block = dnnl_util::channelBlock(src);
       poolBlock_ = block;
-      poolGeom_ = {src.data.padded_dims[0] * src.data.padded_dims[1] / block, y[2], y[3], out[2], out[3],
-                   pool.kernel[0], pool.kernel[1], pool.strides[0], pool.strides[1]};
+      poolGeom_ = {src.data.padded_dims[0] * src.data.padded_dims[1] / block,
+                   y[2],
+                   y[3],
+                   out[2],
+                   out[3],
+                   pool.kernel[0],
+                   pool.kernel[1],
+                   pool.strides[0],
+                   pool.strides[1]};
       if (block > 1) {
         memory::dims dims = dnnl_util::toDims(out);
         poolDst_ = memory(memory::desc(dims, memory::data_type::f32,
@@ -453,7 +470,8 @@ private:
     }
     xImageBytes_ = static_cast<int64_t>(full.src_desc().get_size()) / n;
     dstImageBytes_ = (poolDst_ ? static_cast<int64_t>(poolDst_.get_desc().get_size())
-                              : op.outInfo(0).elementCount() * static_cast<int64_t>(sizeof(float))) / n;
+                               : op.outInfo(0).elementCount() * static_cast<int64_t>(sizeof(float))) /
+                     n;
     parts_ = std::move(parts);
     inner_[2] = memory(); // the chunks' buffer replaces the whole batch's
   }
@@ -467,12 +485,15 @@ private:
       p.x.set_data_handle(xBase + start * xImageBytes_);
       if (bias)
         dnnl_util::execute(p.conv, p.args,
-                           {{DNNL_ARG_SRC, p.x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_BIAS, b_}, {DNNL_ARG_DST, p.y},
+                           {{DNNL_ARG_SRC, p.x},
+                            {DNNL_ARG_WEIGHTS, wt},
+                            {DNNL_ARG_BIAS, b_},
+                            {DNNL_ARG_DST, p.y},
                             {DNNL_ARG_SCRATCHPAD, p.scratch}});
       else
-        dnnl_util::execute(p.conv, p.args,
-                           {{DNNL_ARG_SRC, p.x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, p.y},
-                            {DNNL_ARG_SCRATCHPAD, p.scratch}});
+        dnnl_util::execute(
+            p.conv, p.args,
+            {{DNNL_ARG_SRC, p.x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, p.y}, {DNNL_ARG_SCRATCHPAD, p.scratch}});
       blockedPool(static_cast<const float *>(p.y.get_data_handle()),
                   reinterpret_cast<float *>(dstBase + start * dstImageBytes_), p.mb);
       start += p.mb;
@@ -504,9 +525,9 @@ private:
   primitive prim_;
   std::vector<dnnl_exec_arg_t> args_;
   memory x_, w_, b_, y_, r_, scratch_; ///< r_: the residual (input 3), plain
-  memory residual_;                   ///< the residual in the result's layout (the binary post-op's)
-  memory inner_[3];           ///< [0] src, [2] dst in oneDNN's chosen layout (empty: plain); weights: weights_
-  primitive toInner_[2], fromInner_; ///< [0] src, [1] the residual into dst's layout
+  memory residual_;                    ///< the residual in the result's layout (the binary post-op's)
+  memory inner_[3];                    ///< [0] src, [2] dst in oneDNN's chosen layout (empty: plain); weights: weights_
+  primitive toInner_[2], fromInner_;   ///< [0] src, [1] the residual into dst's layout
   std::vector<dnnl_exec_arg_t> reorderArgs_[3];
 };
 

@@ -49,7 +49,7 @@ public:
       mdC_ = dnnl_util::plainDesc(op.inInfo(2).shape(), 2);
       po.append_binary(algorithm::binary_add, mdC_);
     }
-    if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after C
+    if (op.fusion.relu()) // fused by fuseRelu, after C
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
     if (po.len() > 0) attr.set_post_ops(po);
     auto make = [&](const memory::desc &weights) {
@@ -99,7 +99,7 @@ private:
     if (mode == MatMulOperands::Auto && 2.0 * static_cast<double>(m * n * k) < kTuneFlops) return;
     PointwiseProduct::Spec spec;
     spec.m = m, spec.k = k, spec.n = n, spec.bTransposed = tb, spec.constB = constB, spec.scale = alpha;
-    spec.relu = op.attrs.getString("popart_activation", "") == "Relu";
+    spec.relu = op.fusion.relu();
     if (hasC_) {
       const Shape &c = op.inInfo(2).shape();
       bool row = shapeElementCount(c) == n && (c.size() == 1 || (c.size() == 2 && c[0] == 1));

@@ -81,10 +81,10 @@ constexpr int64_t kShift = 16;
 class MatMulKernel : public Kernel {
 public:
   MatMulKernel(const ir::Op &op, const KernelContext &context) {
-    // The logical operands (popart_transA/B and popart_permA/B applied; matmul_layout.hpp).
+    // The logical operands (Fusion::transA/B and permA/B applied; matmul_layout.hpp).
     Shape a = ir::matMulOperand(op, 0).shape, b = ir::matMulOperand(op, 1).shape;
-    bool ta = op.attrs.getInt("popart_transA", 0) != 0 && a.size() >= 2;
-    bool tb = op.attrs.getInt("popart_transB", 0) != 0 && b.size() >= 2;
+    bool ta = op.fusion.transA && a.size() >= 2;
+    bool tb = op.fusion.transB && b.size() >= 2;
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
     size_t rank = std::max(a.size(), b.size());
@@ -98,12 +98,12 @@ public:
     y[rank - 2] = a[rank - 2];
     y[rank - 1] = b[rank - 1];
     auto mdA = storedDesc(a, rank, ta), mdB = storedDesc(b, rank, tb), mdY = dnnl_util::plainDesc(y, rank);
-    const bool permuted = ir::matMulPermuted(op); // popart_permA/B/Y: every operand through its strides
+    const bool permuted = op.fusion.permuted(); // Fusion::permA/B/Y: every operand through its strides
     if (permuted) {
       // Unpermuted's plain layouts of the permuted tensors (transposes stay strides).
-      if (op.attrs.has("popart_permA")) unpermuted_[0] = dnnl_util::plainDesc(a, rank);
-      if (op.attrs.has("popart_permB")) unpermuted_[1] = dnnl_util::plainDesc(b, rank);
-      if (op.attrs.has("popart_permY")) unpermuted_[2] = mdY;
+      if (!op.fusion.permA.empty()) unpermuted_[0] = dnnl_util::plainDesc(a, rank);
+      if (!op.fusion.permB.empty()) unpermuted_[1] = dnnl_util::plainDesc(b, rank);
+      if (!op.fusion.permY.empty()) unpermuted_[2] = mdY;
       mdA = stridedDesc(ir::matMulOperand(op, 0), rank);
       mdB = stridedDesc(ir::matMulOperand(op, 1), rank);
       mdY = stridedDesc(ir::matMulResult(op), rank);
@@ -117,7 +117,7 @@ public:
     float scale = op.fusion.scale.value_or(1.f); // fused by fuseMatMulScale (never with a bias)
     if (scale != 1.f) attr.set_output_scales(0, {scale});
     post_ops po;
-    if (op.attrs.getString("popart_activation", "") == "Relu") // fused by fuseRelu, after the bias
+    if (op.fusion.relu()) // fused by fuseRelu, after the bias
       po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
     hasResidual_ = op.hasInput(3); // fused by fuseMatMulResidual: added last
     if (hasResidual_) {
@@ -151,7 +151,7 @@ public:
       pointwiseSpec_.bTransposed = tb;
       pointwiseSpec_.constB = constB;
       pointwiseSpec_.bias = hasBias_;
-      pointwiseSpec_.relu = op.attrs.getString("popart_activation", "") == "Relu";
+      pointwiseSpec_.relu = op.fusion.relu();
       pointwiseSpec_.addAfter = hasResidual_;
       pointwiseSpec_.scale = scale;
     }
@@ -287,10 +287,12 @@ private:
     if (choice == MatMulOperands::Auto) {
       std::string key = toString(a) + (ta ? "T" : "") + "x" + toString(b) + (tb ? "T" : "") +
                         (hasBias_ ? "+bias" : "") + (hasResidual_ ? "+residual" : "") +
-                        op.attrs.getString("popart_activation", "") + std::to_string(op.fusion.scale.value_or(1.f)) +
+                        (op.fusion.relu() ? "Relu" : "") + std::to_string(op.fusion.scale.value_or(1.f)) +
                         (op.input(1).isConst() ? "const" : "");
-      for (const char *perm : {"popart_permA", "popart_permB", "popart_permY"})
-        if (op.attrs.has(perm)) key += std::string(" ") + (perm + 7) + toString(Shape(op.attrs.getInts(perm)));
+      // (The key's form predates Fusion and is kept: checkpoints store tuned ways by it.)
+      for (const auto &[name, perm] : {std::pair{"permA", &op.fusion.permA}, std::pair{"permB", &op.fusion.permB},
+                                       std::pair{"permY", &op.fusion.permY}})
+        if (!perm->empty()) key += std::string(" ") + name + toString(*perm);
       choice = tunedWay(context, key, [&] { return timeOperands(build); });
       timed_ = true;
       logging::logger().debug("{}: {} operands for {}", op.debugName(),
@@ -354,7 +356,7 @@ private:
     return best;
   }
 
-  /// Unpermuted: the operands that popart_permA/B permute copied into plain layouts, the product
+  /// Unpermuted: the operands that Fusion::permA/B permute copied into plain layouts, the product
   /// into a plain buffer and copied into the permuted output (for a oneDNN whose strided product
   /// is slower than the copies). Not with a residual (read in the output's permuted layout).
   bool buildUnpermuted() {

@@ -38,7 +38,7 @@ Support supportsBatchNorm(const ir::Op &op) {
   int64_t r = op.inInfo(0).rank();
   if (r < 2 || r > 5) return Support::no("rank other than 2-5");
   if (op.attrs.getInt("spatial", 1) == 0) return Support::no("spatial = 0");
-  if (op.attrs.has("popart_activation")) return Support::no("a fused activation (the reference kernel's)");
+  if (op.fusion.activated()) return Support::no("a fused activation (the reference kernel's)");
   for (size_t i = 1; i < op.outputCount(); ++i)
     if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return Support::no("statistics not f32");
   if (genericBatchNorm(op.inInfo(0).shape()))

@@ -138,13 +138,13 @@ std::unique_ptr<Kernel> createAveragePoolGrad(const ir::Op &op) {
 /// Each output's gradient goes to the first maximum of its window, in window order: the
 /// comparison is the forward MaxPool's, so ties (and NaNs) resolve as its Indices do. Windows
 /// wholly in the padding took no input and pass nothing on.
-/// MaxPoolGrad(X, dY); with popart_activation = "Relu" (fuseMaxPoolGradRelu) X is a Relu's
+/// MaxPoolGrad(X, dY); with a fused Relu (fuseMaxPoolGradRelu) X is a Relu's
 /// output and dX is also the Relu's input gradient: zero where X is not > 0.
 std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape(), &dy = op.inInfo(1).shape();
   Geom g = makeGeom(op, x, dy, op.attrs.getInts("kernel_shape"), false);
   int64_t planes = x[0] * x[1];
-  bool relu = op.attrs.getString("popart_activation", "") == "Relu";
+  bool relu = op.fusion.relu();
   if (tiledMaxPoolGrad(op)) {
     std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
     int64_t h = x[2], w = x[3], oh = dy[2], ow = dy[3];

@@ -1,11 +1,10 @@
 // Reference kernels: Conv, ConvTranspose and the pools, as plain loops over N-D windows.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
+#include "backend_cpu/reference/vecloops.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
-#include "ir/ops/activation.hpp"
 
 #include <cmath>
 #include <functional>
@@ -39,8 +38,8 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
-  const ir::FusedActivation act = ir::fusedActivation(op);    // fused by fuseRelu / fuseConvActivation
-  bool residual = op.fusion.residual;                         // fused by fuseConvResidual
+  const ir::FusedActivation act = op.fusion.activation; // fused by fuseRelu / fuseConvActivation
+  bool residual = op.fusion.residual;                   // fused by fuseConvResidual
   ir::FusedPool pool;
   bool pooled = ir::fusedPool(op, pool); // fused by fuseConvPool: the convolution goes to a buffer
   Geom pg = pooled ? fusedPoolGeom(pool, op.outInfo(0).shape()) : Geom{};
@@ -76,7 +75,8 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
         for (int64_t o = 0; o < pg.outSize; ++o) {
           outCoords(pg, o, oc);
           C best = std::numeric_limits<C>::lowest();
-          forWindow(pg, oc, [&](int64_t, int64_t inf) { best = std::max(best, static_cast<C>(Y[p * pg.inSize + inf])); });
+          forWindow(pg, oc,
+                    [&](int64_t, int64_t inf) { best = std::max(best, static_cast<C>(Y[p * pg.inSize + inf])); });
           P[p * pg.outSize + o] = static_cast<T>(best);
         }
     });

@@ -12,10 +12,10 @@ namespace {
 class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()) {
-    // Operands and result through strides (popart_transA/B, popart_permA/B/Y; matmul_layout.hpp).
+    // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp).
     ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
     scale_ = op.fusion.scale.value_or(1.f);
-    relu_ = op.attrs.getString("popart_activation", "") == "Relu";
+    relu_ = op.fusion.relu();
     bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
     if (aVec) { // [k] is [1, k]; the result has no m axis
       a.shape.insert(a.shape.begin(), 1);
@@ -74,7 +74,7 @@ public:
       T *y = args.out<T>(0);
       const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr;     // fused by fuseMatMulBias
       const T *residual = args.hasInput(3) ? args.in<T>(3) : nullptr; // fused by fuseMatMulResidual
-      const auto scale = static_cast<C>(scale_);                    // fused by fuseMatMulScale
+      const auto scale = static_cast<C>(scale_);                      // fused by fuseMatMulScale
       for (int64_t bi = 0; bi < batches_; ++bi) {
         const T *pa = a + offsetA_[bi];
         const T *pb = b + offsetB_[bi];
@@ -84,7 +84,7 @@ public:
             for (int64_t p = 0; p < k_; ++p)
               acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
             C v = scale_ == 1.f ? acc : acc * scale;
-            if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
+            if (relu_ && v < C(0)) v = C(0);               // fused by fuseRelu; NaN stays NaN
             int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
             if (residual) v += static_cast<C>(residual[at]);
             y[at] = static_cast<T>(v);
@@ -107,7 +107,7 @@ public:
   explicit GemmKernel(const ir::Op &op)
       : type_(op.outInfo(0).dataType()), transA_(op.attrs.getInt("transA", 0) != 0),
         transB_(op.attrs.getInt("transB", 0) != 0), alpha_(op.attrs.getFloat("alpha", 1.f)),
-        beta_(op.attrs.getFloat("beta", 1.f)), relu_(op.attrs.getString("popart_activation", "") == "Relu") {
+        beta_(op.attrs.getFloat("beta", 1.f)), relu_(op.fusion.relu()) {
     m_ = op.outInfo(0).dim(0);
     n_ = op.outInfo(0).dim(1);
     k_ = transA_ ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);

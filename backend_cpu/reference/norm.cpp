@@ -52,7 +52,7 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   if (training && perPosition) throw error(op.debugName(), ": training statistics with spatial=0 are not supported");
   double varFactor = training ? ir::runningVarianceFactor(op, n * s) : 1.0;
   int64_t params = perPosition ? c * s : c;
-  bool relu = op.attrs.getString("popart_activation", "") == "Relu"; // fused by fuseBatchNormRelu
+  bool relu = op.fusion.relu(); // fused by fuseBatchNormRelu
   if (op.inInfo(0).dataType() == DataType::FLOAT && !perPosition) {
     // f32: channels in parallel, each (batch, channel) plane vectorised; statistics in double.
     auto scratch = std::make_shared<std::vector<double>>(2 * c);

@@ -3,6 +3,7 @@
 // specialisation into a nested plan (see docs/architecture.md, "Subgraphs and sequences").
 
 #include "ir/ops/controlflow.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 #include <popart/error.hpp>
@@ -19,12 +20,12 @@ void setSubgraphFolder(const ConstEvaluator *folder) { folder_ = folder; }
 const ConstEvaluator *subgraphFolder() { return folder_; }
 
 size_t ownInputCount(const Op &op) {
-  size_t captured = op.attrs.getStrings("popart_captures").size();
+  size_t captured = op.attrs.getStrings(ir::internal_attr::kCaptures).size();
   return op.inputs.size() >= captured ? op.inputs.size() - captured : 0;
 }
 
 std::vector<int> subgraphInputSources(const Op &op, const Graph &body) {
-  std::vector<std::string> captures = op.attrs.getStrings("popart_captures");
+  std::vector<std::string> captures = op.attrs.getStrings(ir::internal_attr::kCaptures);
   size_t own = ownInputCount(op);
   std::vector<int> sources;
   for (const TensorId &id : body.inputs()) {
@@ -52,7 +53,7 @@ std::vector<TensorInfo> subgraphInputInfos(const Op &op, const Graph &body, cons
     }
     if (f >= formal.size())
       throw error(op.debugName(), ": its subgraph has more inputs (", sources.size(), ") than the op provides (",
-                  formal.size(), " and ", op.attrs.getStrings("popart_captures").size(), " captured)");
+                  formal.size(), " and ", op.attrs.getStrings(ir::internal_attr::kCaptures).size(), " captured)");
     infos.push_back(formal[f++]);
   }
   if (f != formal.size())
@@ -328,11 +329,16 @@ ScanLayout scanLayout(const Op &op) {
 }
 
 void registerControlFlowOps(OpRegistry &r) {
-  r.add(makeDef("If", 1, 1000, setupIf));
-  r.add(makeDef("Scan", 8, 1000, setupScan));
-  r.add(makeDef("SequenceMap", 17, 1000, setupSequenceMap));
+  // popart_captures (the importer): the outer-scope tensors the subgraphs read, appended as inputs.
+  for (OpDef d : {makeDef("If", 1, 1000, setupIf), makeDef("Scan", 8, 1000, setupScan),
+                  makeDef("SequenceMap", 17, 1000, setupSequenceMap)}) {
+    d.internalAttributes = {ir::internal_attr::kCaptures};
+    r.add(d);
+  }
   OpDef loop = makeDef("Loop", 1, 1000, setupLoop);
   loop.valueInputsOf = loopValueInputs;
+  // popart_not_unrolled (unrollLoops): why the Loop was kept, for autodiff's error message.
+  loop.internalAttributes = {ir::internal_attr::kCaptures, ir::internal_attr::kNotUnrolled};
   r.add(loop);
 }
 

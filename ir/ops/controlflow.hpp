@@ -20,7 +20,7 @@ const ConstEvaluator *subgraphFolder();
 /// Where each input of subgraph attribute \p attr of \p op comes from: -1 for a formal input
 /// (the op's semantics give it: Loop's iteration number, a Scan slice ...), else the index of the
 /// op input holding the outer-scope tensor it captures (the importer appends captured tensors
-/// after the op's own inputs and names them in attribute "popart_captures").
+/// after the op's own inputs and names them in internal_attr::kCaptures).
 std::vector<int> subgraphInputSources(const Op &op, const Graph &body);
 /// Number of formal (not captured) inputs of \p body.
 size_t formalInputCount(const Op &op, const Graph &body);

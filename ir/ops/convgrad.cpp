@@ -147,8 +147,9 @@ void registerConvGradOps(OpRegistry &r) {
   weightGrad.flops = [](const Op &op) {
     return op.hasInput(0) && op.hasOutput(0) ? convMacFlops(op.output(0), op.input(0)) : outputElementCount(op);
   };
-  for (OpDef d : {dataGrad, weightGrad, makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad),
-                  makeDef("MaxPoolGrad", 1, 1000, setupMaxPoolGrad)}) {
+  OpDef maxPoolGrad = makeDef("MaxPoolGrad", 1, 1000, setupMaxPoolGrad);
+  maxPoolGrad.fusionFields = fusionFieldBits({FusionField::Relu}); // fuseMaxPoolGradRelu
+  for (OpDef d : {dataGrad, weightGrad, makeDef("AveragePoolGrad", 1, 1000, setupAveragePoolGrad), maxPoolGrad}) {
     d.domain = "ai.graphcore";
     r.add(d);
   }

@@ -3,7 +3,6 @@
 // output sizes; kernels re-derive the padding from (input, output, attributes), so the op keeps
 // its attributes exactly as imported.
 
-#include "ir/ops/activation.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 #include "ir/ops/window.hpp"
@@ -111,8 +110,6 @@ void setupConv(Op &op) {
   if (residual && (!op.hasInput(3) || op.inInfo(3) != TensorInfo(op.inInfo(0).dataType(), y) || op.fusion.pool))
     throw error(op.debugName(), ": the residual input 3 must be ", TensorInfo(op.inInfo(0).dataType(), y).toString(),
                 " without a fused pool, got ", op.hasInput(3) ? op.inInfo(3).toString() : std::string("none"));
-  // fuseRelu / fuseConvActivation: a known activation with its parameters.
-  (void)fusedActivation(op);
   if (FusedPool pool; fusedPool(op, pool)) { // fuseConvPool: the output is the pooled result
     if (pool.input != y)
       throw error(op.debugName(), ": fused pool input shape ", toString(pool.input),
@@ -228,7 +225,7 @@ double convTransposeFlops(const Op &op) {
 
 void registerConvPoolOps(OpRegistry &r) {
   OpDef conv = makeDef("Conv", 1, 1000, setupConv);
-  conv.fusionFields = static_cast<uint32_t>(FusionField::Residual) | static_cast<uint32_t>(FusionField::Pool);
+  conv.fusionFields = fusionFieldBits({FusionField::Residual, FusionField::Pool, FusionField::Activation});
   conv.flops = convFlops;
   r.add(conv);
   OpDef convTranspose = makeDef("ConvTranspose", 1, 1000, setupConvTranspose);

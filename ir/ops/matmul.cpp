@@ -23,11 +23,11 @@ bool isPermutation(const std::vector<int64_t> &perm, size_t rank) {
 StridedShape matMulOperand(const Op &op, size_t i) {
   const Shape &stored = op.inInfo(i).shape();
   StridedShape s{stored, rowMajorStrides(stored)};
-  std::vector<int64_t> perm = op.attrs.getInts(i == 0 ? "popart_permA" : "popart_permB", {});
+  const std::vector<int64_t> &perm = i == 0 ? op.fusion.permA : op.fusion.permB;
   if (!perm.empty()) {
     if (!isPermutation(perm, stored.size()))
-      throw error(op.debugName(), ": ", i == 0 ? "popart_permA" : "popart_permB", " is not a permutation of input ", i,
-                  "'s ", stored.size(), " axes");
+      throw error(op.debugName(), ": fusion field ", i == 0 ? "permA" : "permB", " ", toString(perm),
+                  " is not a permutation of input ", i, "'s ", stored.size(), " axes");
     StridedShape p{stored, s.strides};
     for (size_t j = 0; j < perm.size(); ++j) {
       p.shape[j] = stored[static_cast<size_t>(perm[j])];
@@ -35,7 +35,7 @@ StridedShape matMulOperand(const Op &op, size_t i) {
     }
     s = p;
   }
-  if (op.attrs.getInt(i == 0 ? "popart_transA" : "popart_transB", 0) && s.shape.size() >= 2) {
+  if ((i == 0 ? op.fusion.transA : op.fusion.transB) && s.shape.size() >= 2) {
     std::swap(s.shape[s.shape.size() - 1], s.shape[s.shape.size() - 2]);
     std::swap(s.strides[s.strides.size() - 1], s.strides[s.strides.size() - 2]);
   }
@@ -45,7 +45,7 @@ StridedShape matMulOperand(const Op &op, size_t i) {
 StridedShape matMulResult(const Op &op) {
   const Shape &stored = op.outInfo(0).shape();
   StridedShape s{stored, rowMajorStrides(stored)};
-  std::vector<int64_t> perm = op.attrs.getInts("popart_permY", {});
+  const std::vector<int64_t> &perm = op.fusion.permY;
   if (perm.empty()) return s;
   StridedShape p{stored, s.strides};
   for (size_t j = 0; j < perm.size() && j < stored.size(); ++j) { // stored axis j is product axis perm[j]
@@ -53,10 +53,6 @@ StridedShape matMulResult(const Op &op) {
     p.strides[static_cast<size_t>(perm[j])] = s.strides[j];
   }
   return p;
-}
-
-bool matMulPermuted(const Op &op) {
-  return op.attrs.has("popart_permA") || op.attrs.has("popart_permB") || op.attrs.has("popart_permY");
 }
 
 namespace {
@@ -69,7 +65,7 @@ void setupMatMul(Op &op) {
   if (op.inInfo(0).dataType() != op.inInfo(1).dataType())
     throw error(op.debugName(), ": input types differ (", toString(op.inInfo(0).dataType()), " and ",
                 toString(op.inInfo(1).dataType()), ")");
-  // popart_transA/B and popart_permA/B (set by foldTransposesIntoMatMul): the input holds the
+  // Fusion::transA/B and permA/B (set by foldTransposesIntoMatMul): the input holds the
   // operand transposed (matmul_layout.hpp).
   Shape a = matMulOperand(op, 0).shape;
   Shape b = matMulOperand(op, 1).shape;
@@ -91,13 +87,13 @@ void setupMatMul(Op &op) {
       throw error(op.debugName(), ": bias ", bias.toString(), " must be 1-D of the output's last dimension ",
                   out.empty() ? int64_t{0} : out.back(), " in ", toString(op.inInfo(0).dataType()));
   }
-  // popart_permY (set by foldTransposesIntoMatMul): the output holds the product transposed,
+  // Fusion::permY (set by foldTransposesIntoMatMul): the output holds the product transposed,
   // its last axis kept last (so a bias stays on it).
-  std::vector<int64_t> permY = op.attrs.getInts("popart_permY", {});
+  const std::vector<int64_t> &permY = op.fusion.permY;
   if (!permY.empty()) {
     if (!isPermutation(permY, out.size()) || permY.back() != static_cast<int64_t>(out.size()) - 1)
-      throw error(op.debugName(), ": popart_permY must be a permutation of the product's ", out.size(),
-                  " axes that keeps the last one last");
+      throw error(op.debugName(), ": fusion field permY ", toString(permY), " must be a permutation of the product's ",
+                  out.size(), " axes that keeps the last one last");
     Shape stored(out.size());
     for (size_t j = 0; j < out.size(); ++j)
       stored[j] = out[static_cast<size_t>(permY[j])];
@@ -152,11 +148,12 @@ double gemmFlops(const Op &op) {
 void registerMatMulOps(OpRegistry &r) {
   OpDef matmul = makeDef("MatMul", 1, 1000, setupMatMul);
   matmul.flops = matMulFlops;
-  matmul.fusionFields = static_cast<uint32_t>(FusionField::Scale) | static_cast<uint32_t>(FusionField::Bias) |
-                        static_cast<uint32_t>(FusionField::Residual);
+  matmul.fusionFields = fusionFieldBits({FusionField::Scale, FusionField::Bias, FusionField::Residual,
+                                         FusionField::Relu, FusionField::Transpose, FusionField::Permute});
   r.add(matmul);
   OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
   gemm.flops = gemmFlops;
+  gemm.fusionFields = fusionFieldBits({FusionField::Relu});
   r.add(gemm);
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// How a MatMul reads its operands and writes its result (popart_transA/B, popart_permA/B/Y, set by
+// How a MatMul reads its operands and writes its result (Fusion::transA/B, permA/B/Y, set by
 // foldTransposesIntoMatMul): logical shapes with element strides into the stored tensors. Shared
 // by the op's setup, the kernels and the profiler's FLOP count.
 
@@ -17,15 +17,12 @@ struct StridedShape {
 };
 
 /// MatMul input \p i (0: A, 1: B) as the product reads it: the stored input transposed by
-/// popart_permA/B (logical axis j is stored axis perm[j]), then its last two axes swapped if
-/// popart_transA/B is set. Throws naming \p op if the permutation is not one of the input's axes.
+/// Fusion::permA/B (logical axis j is stored axis perm[j]), then its last two axes swapped if
+/// Fusion::transA/B is set. Throws naming \p op if the permutation is not one of the input's axes.
 StridedShape matMulOperand(const Op &op, size_t i);
 
-/// The product before popart_permY, with strides into the stored output (the output is
-/// Transpose(product, popart_permY)). Needs the output's info.
+/// The product before Fusion::permY, with strides into the stored output (the output is
+/// Transpose(product, Fusion::permY)). Needs the output's info.
 StridedShape matMulResult(const Op &op);
-
-/// Whether \p op (a MatMul) reads or writes any tensor through popart_permA/B/Y.
-bool matMulPermuted(const Op &op);
 
 } // namespace popart::ir

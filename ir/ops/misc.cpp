@@ -1,6 +1,7 @@
 // Misc ops: Dropout, Einsum, MatMulInteger, QuantizeLinear, DequantizeLinear,
 // DynamicQuantizeLinear, Det.
 
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/dropout.hpp"
 #include "ir/ops/einsum.hpp"
 #include "ir/ops/families.hpp"
@@ -39,7 +40,7 @@ void setupDropout(Op &op) {
 } // namespace
 
 int64_t dropoutSalt(const Op &op) {
-  if (op.attrs.has("popart_salt")) return op.attrs.getInt("popart_salt");
+  if (op.attrs.has(ir::internal_attr::kSalt)) return op.attrs.getInt(ir::internal_attr::kSalt);
   if (op.attrs.has("seed")) return op.attrs.getInt("seed");
   // FNV-1a of the output's name: stable across runs and processes, unlike std::hash.
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -287,11 +288,14 @@ void registerMiscOps(OpRegistry &r) {
   // Training connects the session's {seed, counter} as input 3 (autodiff's seedDropout).
   OpDef dropoutOld = makeDef("Dropout", 1, 11, setupDropout);
   dropoutOld.randomInput = 3;
+  // popart_salt (Dropout's gradient rule): the forward op's salt, so the gradient redraws its mask.
+  dropoutOld.internalAttributes = {ir::internal_attr::kSalt};
   r.add(dropoutOld);
   // From opset 12 training_mode may be true at run time, which makes the op random.
   OpDef dropout = makeDef("Dropout", 12, 1000, setupDropout);
   dropout.foldable = false;
   dropout.randomInput = 3;
+  dropout.internalAttributes = {ir::internal_attr::kSalt};
   r.add(dropout);
   r.add(makeDef("Einsum", 12, 1000, setupEinsum));
   r.add(makeDef("MatMulInteger", 10, 1000, setupMatMulInteger));

@@ -1,6 +1,7 @@
 // Normalisation ops: BatchNormalization, LayerNormalization, InstanceNormalization, LRN,
 // MeanVarianceNormalization, and ai.graphcore BatchNormalizationGrad (training-mode backward).
 
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 
@@ -134,6 +135,8 @@ void registerNormOps(OpRegistry &r) {
     if (op.version < 14 || op.attrs.getInt("training_mode", 0) == 0) return std::vector<OpDef::InPlace>{};
     return std::vector<OpDef::InPlace>{{1, 3}, {2, 4}};
   };
+  bn.internalAttributes = {ir::internal_attr::kUnbiasedRunningVar}; // runningVarianceFactor (norm.hpp)
+  bn.fusionFields = fusionFieldBits({FusionField::Relu});
   r.add(bn);
   OpDef bnGrad = makeDef("BatchNormalizationGrad", 1, 1000, setupBatchNormGrad);
   bnGrad.domain = "ai.graphcore";

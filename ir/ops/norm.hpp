@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the BatchNormalization kernels and its gradient rule.
 
+#include "ir/internal_attributes.hpp"
 #include "ir/op.hpp"
 #include <popart/error.hpp>
 
@@ -19,7 +20,7 @@ inline bool batchNormTraining(const Op &op) {
 /// ONNX spec, N/(N−1) with popart_unbiased_running_var=1 (PyTorch); \p count is N, the number of
 /// values per channel. Throws naming \p op if the unbiased variance is asked for with N = 1.
 inline double runningVarianceFactor(const Op &op, int64_t count) {
-  if (op.attrs.getInt("popart_unbiased_running_var", 0) == 0) return 1.0;
+  if (op.attrs.getInt(ir::internal_attr::kUnbiasedRunningVar, 0) == 0) return 1.0;
   if (count < 2)
     throw error(op.debugName(), ": popart_unbiased_running_var needs more than one value per channel, got ", count);
   return static_cast<double>(count) / static_cast<double>(count - 1);

@@ -13,6 +13,7 @@
 // does not match stays correct (see rules_rnn.cpp).
 
 #include "ir/ops/rnn.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 
@@ -53,7 +54,7 @@ std::pair<TensorInfo, TensorInfo> recurrentInfos(const Op &op) {
 }
 
 TensorInfo savedInfo(const Op &op) {
-  int64_t bytes = op.attrs.getInt("popart_saved_bytes", 0);
+  int64_t bytes = op.attrs.getInt(ir::internal_attr::kSavedBytes, 0);
   if (bytes <= 0) throw error(op.debugName(), ": the saved-state output needs popart_saved_bytes > 0");
   return TensorInfo(DataType::UINT8, {bytes});
 }
@@ -114,16 +115,16 @@ int saveRecurrentState(Graph &graph, const std::function<int64_t(const Op &)> &s
   for (const auto &grad : graph.ops()) {
     if (grad->domain != "ai.graphcore" ||
         (grad->type != "LSTMGrad" && grad->type != "GRUGrad" && grad->type != "RNNGrad") || grad->hasInput(9) ||
-        !grad->attrs.has("popart_forward"))
+        !grad->attrs.has(ir::internal_attr::kForward))
       continue;
-    auto it = byId.find(grad->attrs.getInt("popart_forward"));
+    auto it = byId.find(grad->attrs.getInt(ir::internal_attr::kForward));
     if (it == byId.end()) continue;
     Op &fwd = *it->second;
     size_t index = recurrentSavedOutput(fwd);
     if (fwd.hasOutput(index)) continue; // a second grad op of the same forward recomputes
     int64_t bytes = savedBytes(fwd);
     if (bytes <= 0) continue;
-    fwd.attrs.set("popart_saved_bytes", bytes);
+    fwd.attrs.set(ir::internal_attr::kSavedBytes, bytes);
     while (fwd.outputs.size() <= index)
       fwd.outputs.push_back(nullptr);
     Tensor &saved = graph.addTensor(graph.uniqueId(fwd.outputs[0] ? fwd.outputs[0]->id() + "_saved" : "rnn_saved"),
@@ -154,12 +155,14 @@ void registerRnnOps(OpRegistry &r) {
   for (const char *t : {"RNN", "GRU", "LSTM"}) {
     OpDef d = makeDef(t, 7, 1000, setupRecurrent);
     d.flops = [](const Op &op) { return recurrentFlops(op, false); };
+    d.internalAttributes = {ir::internal_attr::kSavedBytes}; // the saved-state output's size (training)
     r.add(d);
   }
   for (const char *t : {"RNNGrad", "GRUGrad", "LSTMGrad"}) {
     OpDef d = makeDef(t, 1, 1000, setupRecurrentGrad);
     d.domain = "ai.graphcore";
     d.flops = [](const Op &op) { return recurrentFlops(op, true); };
+    d.internalAttributes = {ir::internal_attr::kForward}; // the forward op's id
     r.add(d);
   }
 }

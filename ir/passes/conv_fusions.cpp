@@ -2,7 +2,6 @@
 // first), the residual addition (fuseConvResidual, before fuseRelu), activations as oneDNN
 // post-ops (fuseConvActivation, after fuseRelu) and the MaxPool that reads the result (fuseConvPool).
 
-#include "ir/ops/activation.hpp"
 #include "ir/ops/window.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
@@ -16,8 +15,7 @@ namespace popart::ir {
 /// pool, activation or residual yet.
 static Op *bareConvOf(const Graph &graph, const Tensor &t) {
   Op *c = t.producer();
-  if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->attrs.has("popart_activation") || c->fusion.pool ||
-      c->fusion.residual)
+  if (!isOnnxOp(c, "Conv") || c->inputCount() > 3 || c->fusion.activated() || c->fusion.pool || c->fusion.residual)
     return nullptr;
   if (t.consumers().size() != 1 || isGraphOutput(graph, t) || t.info().dataType() != DataType::FLOAT) return nullptr;
   return c;
@@ -54,7 +52,7 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
   std::vector<TensorId> ins = inputIds(conv), gone{conv.output(0).id()};
   Attributes attrs = conv.attrs;
   Fusion fusion = conv.fusion; // conv is removed below
-  act.store(attrs);
+  fusion.activation = act;
   std::string name = conv.name;
   int version = conv.version, phase = conv.phase;
   for (Op *op : ops) {
@@ -71,8 +69,7 @@ static void convWithActivation(Graph &graph, Op &conv, const std::vector<Op *> &
 int fuseConvActivation(Graph &graph) {
   using K = FusedActivation::Kind;
   return rewriteAll(graph, [&](Op &conv) {
-    if (!isOnnxOp(&conv, "Conv") || !conv.hasOutput(0) || conv.attrs.has("popart_activation") || conv.fusion.pool)
-      return false;
+    if (!isOnnxOp(&conv, "Conv") || !conv.hasOutput(0) || conv.fusion.activated() || conv.fusion.pool) return false;
     const Tensor &y = conv.output(0);
     if (isGraphOutput(graph, y) || y.info().dataType() != DataType::FLOAT) return false;
     const auto &readers = y.consumers();

@@ -17,7 +17,7 @@ int fuseMatMulBias(Graph &graph) {
       Op *mm = add->input(side).producer();
       const Tensor &bias = add->input(1 - side);
       if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.bias || mm->fusion.scale ||
-          mm->attrs.has("popart_activation") || // they would apply before it
+          mm->fusion.activated() || // they would apply before it
           mm->fusion.residual)
         continue;
       const Tensor &product = mm->output(0);
@@ -42,7 +42,7 @@ int fuseMatMulScale(Graph &graph) {
     for (size_t side = 0; side < (div ? 1u : 2u); ++side) {
       Op *mm = op.input(side).producer();
       double c = 0;
-      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.scale || mm->attrs.has("popart_activation") ||
+      if (!isOnnxOp(mm, "MatMul") || mm->inputCount() != 2 || mm->fusion.scale || mm->fusion.activated() ||
           mm->fusion.residual)
         continue;
       if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
@@ -131,7 +131,7 @@ static bool addBeforeReshape(Graph &graph, Op &op) {
 }
 
 /// A float Gemm (alpha 1; no C, or a [N] bias with beta 1) whose result only feeds an Add or a
-/// two-input Sum with a tensor of its shape becomes the MatMul it is (popart_transA/B,
+/// two-input Sum with a tensor of its shape becomes the MatMul it is (Fusion::transA/B,
 /// Fusion::bias), so that fuseMatMulResidual folds the residual into it.
 static bool gemmBeforeResidual(Graph &graph, Op &op) {
   if (!isOnnxOp(&op, "Gemm") || !op.hasOutput(0) || op.attrs.getFloat("alpha", 1.f) != 1.f) return false;
@@ -143,18 +143,17 @@ static bool gemmBeforeResidual(Graph &graph, Op &op) {
   if (!isTwoInputAdd(add)) return false;
   const Tensor &other = &add->input(0) == &y ? add->input(1) : add->input(0);
   if (other.info() != y.info() || add->outInfo(0) != y.info()) return false;
-  Attributes attrs;
-  if (op.attrs.getInt("transA", 0)) attrs.set("popart_transA", int64_t{1});
-  if (op.attrs.getInt("transB", 0)) attrs.set("popart_transB", int64_t{1});
   Fusion fusion;
+  fusion.transA = op.attrs.getInt("transA", 0) != 0;
+  fusion.transB = op.attrs.getInt("transB", 0) != 0;
   fusion.bias = bias;
-  if (op.attrs.has("popart_activation")) attrs.set("popart_activation", op.attrs.getString("popart_activation"));
+  fusion.activation = op.fusion.activation;
   std::vector<TensorId> ins = inputIds(op);
   TensorId out = y.id();
   std::string name = op.name;
   int phase = op.phase;
   graph.removeOp(op);
-  addRewrittenOp(graph, phase, "MatMul", "ai.onnx", 13, name, std::move(attrs), ins, {out}, fusion);
+  addRewrittenOp(graph, phase, "MatMul", "ai.onnx", 13, name, {}, ins, {out}, fusion);
   return true;
 }
 

@@ -1,5 +1,5 @@
 // foldTransposesIntoMatMul: a MatMul reads its operands and writes its product through strides
-// (popart_transA/B, popart_permA/B/Y), so that the Transposes around it never run.
+// (Fusion::transA/B, permA/B/Y), so that the Transposes around it never run.
 
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
@@ -24,23 +24,16 @@ static bool isIdentity(const std::vector<int64_t> &perm) {
   return true;
 }
 
-/// The MatMul attributes that describe operand layouts, for a rewrite that keeps them.
-static void copyLayoutAttrs(const Op &from, Attributes &to, bool swapOperands) {
-  const char *a = swapOperands ? "popart_permB" : "popart_permA", *b = swapOperands ? "popart_permA" : "popart_permB";
-  if (from.attrs.has(a)) to.set("popart_permA", from.attrs.getInts(a));
-  if (from.attrs.has(b)) to.set("popart_permB", from.attrs.getInts(b));
-}
-
 /// A Transpose of a MatMul's only use that keeps the product's last axis among its last two:
 /// the MatMul writes the transposed result itself. One that moves the last axis to second last
 /// uses (A·B)ᵀ = Bᵀ·Aᵀ (for a Transpose of the last two axes only, that is all); what remains
-/// keeps the last axis last (popart_permY).
+/// keeps the last axis last (Fusion::permY).
 static bool foldTransposedProduct(Graph &graph) {
   for (Op *t : graph.schedule()) {
     if (t->type != "Transpose" || t->domain != "ai.onnx" || !t->hasInput(0) || !t->hasOutput(0)) continue;
     Op *m = t->input(0).producer();
-    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2 || m->attrs.has("popart_permY") ||
-        m->attrs.has("popart_activation") || m->fusion.scale)
+    if (!m || m->type != "MatMul" || m->domain != "ai.onnx" || m->inputCount() != 2 || !m->fusion.permY.empty() ||
+        m->fusion.activated() || m->fusion.scale)
       continue;
     const Tensor &product = m->output(0);
     if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
@@ -51,9 +44,9 @@ static bool foldTransposedProduct(Graph &graph) {
     int64_t last = static_cast<int64_t>(r) - 1;
     bool swap = perm[r - 1] == last - 1;
     if (perm[r - 1] != last && !swap) continue;
-    Attributes attrs;
     std::vector<TensorId> inputs{m->input(0).id(), m->input(1).id()};
-    bool ta = m->attrs.getInt("popart_transA", 0) != 0, tb = m->attrs.getInt("popart_transB", 0) != 0;
+    Fusion fusion = m->fusion;
+    bool ta = fusion.transA, tb = fusion.transB;
     if (swap) { // product = (Bᵀ·Aᵀ)ᵀ: the Transpose of Bᵀ·Aᵀ by σ∘perm keeps the last axis last
       std::swap(inputs[0], inputs[1]);
       std::swap(ta, tb);
@@ -62,11 +55,11 @@ static bool foldTransposedProduct(Graph &graph) {
       for (auto &p : perm)
         p = p == last ? last - 1 : p == last - 1 ? last : p;
     }
-    if (ta) attrs.set("popart_transA", int64_t{1});
-    if (tb) attrs.set("popart_transB", int64_t{1});
-    copyLayoutAttrs(*m, attrs, swap);
-    if (!isIdentity(perm)) attrs.set("popart_permY", perm);
-    replacePair(graph, *m, *t, std::move(attrs), m->fusion, inputs);
+    fusion.transA = ta;
+    fusion.transB = tb;
+    if (swap) std::swap(fusion.permA, fusion.permB);
+    if (!isIdentity(perm)) fusion.permY = perm;
+    replacePair(graph, *m, *t, m->attrs, fusion, inputs);
     return true;
   }
   return false;
@@ -77,9 +70,9 @@ static bool foldTransposedProduct(Graph &graph) {
 static bool foldTransposeIntoOperand(Op &op, size_t i, Op &t) {
   size_t rank = static_cast<size_t>(op.inInfo(i).rank());
   if (static_cast<size_t>(t.inInfo(0).rank()) != rank || rank < 2) return false;
-  const char *transAttr = i == 0 ? "popart_transA" : "popart_transB";
-  const char *permAttr = i == 0 ? "popart_permA" : "popart_permB";
-  std::vector<int64_t> outer = op.attrs.getInts(permAttr, {}), inner = transposePerm(t);
+  bool &trans = i == 0 ? op.fusion.transA : op.fusion.transB;
+  std::vector<int64_t> &storedPerm = i == 0 ? op.fusion.permA : op.fusion.permB;
+  std::vector<int64_t> outer = storedPerm, inner = transposePerm(t);
   if (outer.empty())
     for (size_t j = 0; j < rank; ++j)
       outer.push_back(static_cast<int64_t>(j));
@@ -90,7 +83,6 @@ static bool foldTransposeIntoOperand(Op &op, size_t i, Op &t) {
     perm[j] = inner[static_cast<size_t>(outer[j])];
   auto storedLast = std::find(perm.begin(), perm.end(), static_cast<int64_t>(rank) - 1) - perm.begin();
   if (static_cast<size_t>(storedLast) + 2 < rank) return false;
-  bool trans = op.attrs.getInt(transAttr, 0) != 0;
   std::vector<int64_t> swapped(rank);
   for (size_t j = 0; j < rank; ++j)
     swapped[j] = static_cast<int64_t>(j);
@@ -101,10 +93,7 @@ static bool foldTransposeIntoOperand(Op &op, size_t i, Op &t) {
   } else if (isIdentity(perm)) {
     perm.clear();
   }
-  op.attrs.erase(permAttr);
-  op.attrs.erase(transAttr);
-  if (!perm.empty()) op.attrs.set(permAttr, perm);
-  if (trans) op.attrs.set(transAttr, int64_t{1});
+  storedPerm = perm;
   return true;
 }
 
@@ -157,7 +146,7 @@ int foldTransposesIntoMatMul(Graph &graph) {
 void registerMatMulTransposePasses(PassRegistry &r) {
   r.add(optionalPass("foldTransposesIntoMatMul",
                      "MatMuls read transposed operands and write transposed products through strides "
-                     "(popart_transA/B, popart_permA/B/Y)",
+                     "(Fusion::transA/B, permA/B/Y)",
                      OutputsFixed, [](Graph &g, PassContext &) { return foldTransposesIntoMatMul(g); }));
 }
 

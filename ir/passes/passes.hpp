@@ -50,13 +50,13 @@ void inferShapes(Graph &graph, const ConstEvaluator *folder);
 void removeDeadCode(Graph &graph, const std::vector<TensorId> &keep = {});
 
 /// Where a MatMul input comes from a Transpose that swaps only its last two axes, the MatMul
-/// reads the Transpose's input instead, marked popart_transA / popart_transB (the kernels read it
+/// reads the Transpose's input instead, marked Fusion::transA / transB (the kernels read it
 /// through strides). Transposes left without consumers are removed. Returns how many inputs
 /// were folded. Shapes must be known.
 int foldTransposesIntoMatMul(Graph &graph);
 
 /// A float Gemm or MatMul, or with \p convolutions a Conv, whose result only feeds a Relu computes
-/// the Relu itself (popart_activation = "Relu", a oneDNN post-op after any bias) and writes the
+/// the Relu itself (Fusion::activation Relu, a oneDNN post-op after any bias) and writes the
 /// Relu's output. Returns how many were fused.
 int fuseRelu(Graph &graph, bool convolutions = true);
 
@@ -67,11 +67,11 @@ int fuseRelu(Graph &graph, bool convolutions = true);
 int fuseConvPool(Graph &graph);
 
 /// Training: a MaxPoolGrad whose result only feeds the ActivationGrad of the Relu that produced
-/// the pool's input applies that Relu's gradient itself (popart_activation = "Relu": zero where
+/// the pool's input applies that Relu's gradient itself (Fusion::activation Relu: zero where
 /// the pool's input is not > 0) and writes its output. Returns how many were fused.
 int fuseMaxPoolGradRelu(Graph &graph);
 
-/// A BatchNormalization whose output only feeds a Relu applies it (popart_activation = "Relu")
+/// A BatchNormalization whose output only feeds a Relu applies it (Fusion::activation Relu)
 /// and writes the Relu's output; its other outputs stay. After autodiff (the gradients read the
 /// Relu's output and BatchNormalization's input, not the normalised value). Returns the count.
 int fuseBatchNormRelu(Graph &graph);
@@ -89,7 +89,7 @@ int fuseMatMulBias(Graph &graph);
 /// result reshaped to the Add's. A Sum of three or more same-shaped inputs is first split into
 /// two-input Sums, one per such product (Sum(a, p, q) = Sum(Sum(a, p), q)), so that each
 /// product adds the sum before it. A Gemm (alpha 1, no C or a [N] bias with beta 1, maybe
-/// with a fused Relu) followed by such an Add first becomes its MatMul (popart_transA/B,
+/// with a fused Relu) followed by such an Add first becomes its MatMul (Fusion::transA/B,
 /// Fusion::bias). After autodiff and after the other MatMul fusions, which cannot apply after
 /// it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
@@ -104,7 +104,7 @@ int foldBatchNormIntoConv(Graph &graph);
 /// Inference: a float Conv (no fused pool or activation) whose result only feeds a Relu, a Clip
 /// with constant bounds (ReLU6), a HardSigmoid, a HardSwish or a Sigmoid, or only feeds a Sigmoid
 /// (or HardSigmoid with alpha 1/6, beta 1/2) and the Mul of the result by it (SiLU, hard swish as
-/// exported), applies that activation itself (popart_activation, ir::FusedActivation: oneDNN
+/// exported), applies that activation itself (Fusion::activation, an ir::FusedActivation: oneDNN
 /// eltwise post-ops after any bias and residual) and writes its output. After fuseConvResidual
 /// and fuseRelu. Returns how many were fused.
 int fuseConvActivation(Graph &graph);
@@ -181,7 +181,7 @@ struct UnrollOptions {
 /// iteration; captured tensors become the outer tensors the op read, the op's outputs keep their
 /// ids (Identity of the last copy's values). Nested control flow is unrolled too, outside in.
 /// Ops that cannot be unrolled are left alone, with the reason in their attribute
-/// "popart_not_unrolled", for autodiff's error message only. Shapes must be known.
+/// internal_attr::kNotUnrolled ("popart_not_unrolled"), for autodiff's error message only. Shapes must be known.
 /// Returns how many ops were unrolled.
 int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots = {}, const UnrollOptions &options = {});
 

@@ -11,7 +11,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     Op *r = &candidate;
     if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) return false;
     Op *c = r->input(0).producer();
-    if (!c || c->domain != "ai.onnx" || c->attrs.has("popart_activation")) return false;
+    if (!c || c->domain != "ai.onnx" || c->fusion.activated()) return false;
     // A MatMul adds its residual after its post-ops; a Conv adds it before them.
     if (c->fusion.residual && c->type != "Conv") return false;
     // oneDNN post-ops. Not Gelu after MatMul: oneDNN 2.6's brgemm with an eltwise_gelu_erf
@@ -22,9 +22,9 @@ int fuseRelu(Graph &graph, bool convolutions) {
     const Tensor &pre = c->output(0);
     if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) return false;
     std::vector<TensorId> ins = inputIds(*c);
-    Attributes attrs = c->attrs;
-    attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *c, *r, std::move(attrs), c->fusion, ins);
+    Fusion fusion = c->fusion;
+    fusion.activation.kind = FusedActivation::Kind::Relu;
+    replacePair(graph, *c, *r, c->attrs, fusion, ins);
     return true;
   });
 }
@@ -36,15 +36,14 @@ int fuseMaxPoolGradRelu(Graph &graph) {
       return false;
     if (!a->hasInput(0) || !a->hasInput(1) || !a->hasOutput(0)) return false;
     Op *m = a->input(1).producer();
-    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->attrs.has("popart_activation"))
-      return false;
+    if (!m || m->type != "MaxPoolGrad" || m->domain != "ai.graphcore" || m->fusion.activated()) return false;
     // The Relu's output must be what the pool read: dX of the pool is then masked by it.
     if (!m->hasInput(0) || &m->input(0) != &a->input(0)) return false;
     const Tensor &pooled = m->output(0);
     if (pooled.consumers().size() != 1 || isGraphOutput(graph, pooled)) return false;
-    Attributes attrs = m->attrs;
-    attrs.set("popart_activation", std::string("Relu"));
-    replacePair(graph, *m, *a, std::move(attrs), m->fusion, {m->input(0).id(), m->input(1).id()});
+    Fusion fusion = m->fusion;
+    fusion.activation.kind = FusedActivation::Kind::Relu;
+    replacePair(graph, *m, *a, m->attrs, fusion, {m->input(0).id(), m->input(1).id()});
     return true;
   });
 }
@@ -54,14 +53,14 @@ int fuseBatchNormRelu(Graph &graph) {
     Op *r = &candidate;
     if (!isOnnxOp(r, "Relu") || !r->hasInput(0) || !r->hasOutput(0)) return false;
     Op *bn = r->input(0).producer();
-    if (!isOnnxOp(bn, "BatchNormalization") || bn->attrs.has("popart_activation")) return false;
+    if (!isOnnxOp(bn, "BatchNormalization") || bn->fusion.activated()) return false;
     if (bn->output(0).consumers().size() != 1 || isGraphOutput(graph, bn->output(0))) return false;
     std::vector<TensorId> ins = inputIds(*bn), outs{r->output(0).id()};
     for (size_t i = 1; i < bn->outputs.size(); ++i)
       outs.push_back(bn->hasOutput(i) ? bn->output(i).id() : "");
-    Attributes attrs = bn->attrs;
-    attrs.set("popart_activation", std::string("Relu"));
-    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, std::move(attrs), ins, outs, bn->fusion);
+    Fusion fusion = bn->fusion;
+    fusion.activation.kind = FusedActivation::Kind::Relu;
+    replaceOps(graph, {bn, r}, bn->type, bn->domain, bn->version, bn->attrs, ins, outs, fusion);
     return true;
   });
 }

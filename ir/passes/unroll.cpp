@@ -3,6 +3,7 @@
 // the rules of the ops inside (docs/training.md, "Control flow").
 
 #include "core/log.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/controlflow.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include <popart/error.hpp>
@@ -403,7 +404,7 @@ int unrollControlFlow(Graph &graph, const std::vector<TensorId> &roots, const Un
       blocked.insert(op);
       // For the error autodiff gives if the loss needs a gradient through it (under this pass's
       // limit, which the gradient rule does not know); nothing else reads it.
-      op->attrs.set("popart_not_unrolled", e.obstacle);
+      op->attrs.set(ir::internal_attr::kNotUnrolled, e.obstacle);
     }
     if (!target) return count;
     budget -= e.ops;

@@ -15,6 +15,7 @@
 #include "backend_cpu/reference/vecloops.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/verify.hpp"
 #include <popart/error.hpp>
 
 #include <gtest/gtest.h>
@@ -992,7 +993,7 @@ TEST(FuseRelu, MatMulWithBiasAndReluMatchesTheUnfusedGraph) {
     ASSERT_EQ(ir::fuseRelu(fused), gelu ? 0 : 1);
     ASSERT_EQ(fused.ops().size(), gelu ? 2u : 1u);
     if (!gelu) {
-      EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), "Relu");
+      EXPECT_TRUE(fused.ops()[0]->fusion.relu());
     }
     std::mt19937 rng(48);
     TensorData x = randomFloats({2, 5, 8}, rng, -3, 3);
@@ -1657,7 +1658,7 @@ TEST(FoldTransposes, HeadPermutationsAreReadAndWrittenThroughStrides) {
   EXPECT_EQ(countType(folded, "Transpose"), 2) << "of " << transposes;
   int permuted = 0;
   for (const auto &op : folded.ops())
-    permuted += op->attrs.has("popart_permA") || op->attrs.has("popart_permB") || op->attrs.has("popart_permY");
+    permuted += op->fusion.permuted();
   EXPECT_GE(permuted, 6);
   auto want = runOutputs(built, KernelProvider::Reference);
   // Any: oneDNN's MatMul, reading through the strides or (Unpermuted) copying to plain layouts.
@@ -1676,24 +1677,23 @@ TEST(FoldTransposes, HeadPermutationsAreReadAndWrittenThroughStrides) {
 
 TEST(FoldTransposes, BadPermutationsAreErrors) {
   ir::registerBuiltinOps();
-  for (const char *attr : {"popart_permA", "popart_permY"})
+  for (std::string field : {"permA", "permY"})
     for (std::vector<int64_t> perm :
          {std::vector<int64_t>{0, 1, 1}, std::vector<int64_t>{1, 0, 2, 3}, std::vector<int64_t>{0, 2, 1}}) {
-      if (std::string(attr) == "popart_permA" && perm == std::vector<int64_t>{0, 2, 1}) continue; // valid
+      if (field == "permA" && perm == std::vector<int64_t>{0, 2, 1}) continue; // valid
       ir::Graph g;
       g.opsets()["ai.onnx"] = 13;
       g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 3}));
       g.addTensor("b", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 3}));
       g.addInput("a");
       g.addInput("b");
-      ir::Attributes a;
-      a.set(attr, perm);
-      g.addOp("MatMul", "", 13, "mm", a, {"a", "b"}, {"y"});
+      ir::Op &mm = g.addOp("MatMul", "", 13, "mm", {}, {"a", "b"}, {"y"});
+      (field == "permA" ? mm.fusion.permA : mm.fusion.permY) = perm;
       try {
         ir::inferShapes(g, nullptr);
-        FAIL() << attr << " " << toString(Shape(perm.begin(), perm.end()));
+        FAIL() << field << " " << toString(Shape(perm.begin(), perm.end()));
       } catch (const error &e) {
-        EXPECT_NE(std::string(e.what()).find(attr), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("MatMul 'mm': fusion field " + field), std::string::npos) << e.what();
       }
     }
 }
@@ -1850,7 +1850,7 @@ TEST(FuseConvActivation, ActivationAppliedByTheConvolutionMatchesTheOps) {
     ASSERT_EQ(ir::fuseConvActivation(fused), fuses ? 1 : 0) << what;
     if (!fuses) continue;
     ASSERT_EQ(fused.ops().size(), 1u) << what;
-    EXPECT_EQ(fused.ops()[0]->attrs.getString("popart_activation"), c.kind) << what;
+    EXPECT_STREQ(ir::FusedActivation::name(fused.ops()[0]->fusion.activation.kind), c.kind) << what;
     EXPECT_EQ(ir::fuseConvActivation(fused) + ir::fuseRelu(fused), 0) << what;
     std::mt19937 rng(57);
     std::map<TensorId, TensorData> feeds{{"x", randomFloats(xs, rng, -3, 3)}};
@@ -1860,24 +1860,60 @@ TEST(FuseConvActivation, ActivationAppliedByTheConvolutionMatchesTheOps) {
   }
 }
 
-TEST(FuseConvActivation, SetupRejectsUnknownActivations) {
+TEST(FuseConvActivation, VerifierRejectsAnActivationTheOpCannotApply) {
+  // A Conv applies any kind; MatMul, Gemm, BatchNormalization and MaxPoolGrad only a Relu; the
+  // parameters must fit the kind; the old string attribute is refused.
   ir::registerBuiltinOps();
-  ir::Graph g;
-  g.opsets()["ai.onnx"] = 13;
-  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
-  g.addTensor("w", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 2, 3, 3}));
-  ir::Attributes unknown, clip;
-  unknown.set("popart_activation", std::string("Softsign"));
-  clip.set("popart_activation", std::string("Clip"));
-  int n = 0;
-  for (auto &[attrs, message] :
-       {std::pair{unknown, "'Softsign' is not one of"}, std::pair{clip, "needs popart_activation_alpha"}}) {
-    ir::Op &op = g.addOp("Conv", "", 13, "bad", attrs, {"x", "w"}, {n++ ? "y1" : "y0"});
+  using K = ir::FusedActivation::Kind;
+  struct Case {
+    const char *op;
+    ir::FusedActivation act;
+    const char *attribute; // set instead of the field when not null
+    const char *error;     // "" if the graph is valid
+  };
+  for (const Case &c : {
+           Case{"Conv", {K::Clip, 0.f, 6.f}, nullptr, ""},
+           Case{"Conv", {K::HardSwish, 0.f, 0.f}, nullptr, ""},
+           Case{"MatMul", {K::Relu, 0.f, 0.f}, nullptr, ""},
+           Case{"MatMul",
+                {K::Clip, 0.f, 6.f},
+                nullptr,
+                "MatMul 'mm' carries fusion field 'activation Clip', which ai.onnx::MatMul does not declare"},
+           Case{"Conv",
+                {K::Clip, 6.f, 0.f},
+                nullptr,
+                "Conv 'conv': fusion field 'activation' Clip needs alpha <= beta, not 6.000000 and 0.000000"},
+           Case{"Conv", {K::Relu, 0.5f, 0.f}, nullptr, "Conv 'conv': fusion field 'activation' Relu takes no alpha"},
+           Case{"Conv",
+                {},
+                "popart_activation",
+                "Conv 'conv' has internal attribute 'popart_activation', which ai.onnx::Conv does not declare"},
+       }) {
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1, 2, 6, 6}));
+    g.addInput("x");
+    g.addConst("w", TensorData(TensorInfo(DataType::FLOAT, {3, 2, 3, 3})));
+    g.addConst("m", TensorData(TensorInfo(DataType::FLOAT, {4, 5})));
+    ir::Op &conv = g.addOp("Conv", "", 13, "conv", {}, {"x", "w"}, {"c"});
+    ir::Op &mm = g.addOp("MatMul", "", 13, "mm", {}, {"c", "m"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    ir::Op &op = std::string(c.op) == "Conv" ? conv : mm;
+    if (c.attribute)
+      op.attrs.set(c.attribute, std::string("Relu"));
+    else
+      op.fusion.activation = c.act;
+    std::string what = std::string(c.op) + " " + ir::FusedActivation::name(c.act.kind);
+    if (!*c.error) {
+      EXPECT_NO_THROW(ir::verifyGraph(g, "")) << what;
+      continue;
+    }
     try {
-      op.def->setup(op);
-      FAIL() << "expected an error containing: " << message;
+      ir::verifyGraph(g, "");
+      FAIL() << what << ": expected an error containing: " << c.error;
     } catch (const error &e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.error), std::string::npos) << e.what();
     }
   }
 }

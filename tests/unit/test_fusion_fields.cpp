@@ -1,6 +1,7 @@
 // Typed fusion fields (ir::Fusion): the passes set them, Graph::clone and dump carry them, and the
 // verifier rejects a field on an op whose definition does not declare it, a value that does not
-// fit the op, and the string attribute a field replaced, each time naming the op and the field.
+// fit the op, and any internal (popart_*) attribute its definition does not declare, such as the
+// string attribute a field replaced, each time naming the op and the field.
 
 #include "thrown.hpp"
 
@@ -88,7 +89,69 @@ TEST(FusionFields, TheStringAttributeAFieldReplacedIsAnError) {
   scaledProduct(g);
   only(g, "MatMul").attrs.set("popart_scale", 0.125f); // what fuseMatMulScale wrote before
   std::string e = thrown([&] { ir::verifyGraph(g, ""); });
-  EXPECT_NE(e.find("MatMul 'mm' has attribute 'popart_scale', which is now a typed fusion field"), std::string::npos)
+  EXPECT_NE(e.find("MatMul 'mm' has internal attribute 'popart_scale', which ai.onnx::MatMul does not declare"),
+            std::string::npos)
+      << e;
+}
+
+TEST(FusionFields, InternalAttributesAreThoseTheDefinitionDeclares) {
+  // BatchNormalization declares popart_unbiased_running_var and Dropout popart_salt; a misspelt
+  // name, or one on an op that does not declare it, fails naming op, attribute and definition.
+  ir::registerBuiltinOps();
+  struct Case {
+    const char *op, *attribute, *error;
+  };
+  for (const Case &c : {
+           Case{"BatchNormalization", "popart_unbiased_running_var", ""},
+           Case{"BatchNormalization", "popart_unbiased_runing_var",
+                "BatchNormalization 'op' has internal attribute 'popart_unbiased_runing_var', which "
+                "ai.onnx::BatchNormalization does not declare"},
+           Case{"Dropout", "popart_salt", ""},
+           Case{"Relu", "popart_salt", "Relu 'op' has internal attribute 'popart_salt', which ai.onnx::Relu does not"},
+       }) {
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 15;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 4}));
+    g.addInput("x");
+    std::vector<TensorId> ins{"x"};
+    if (std::string(c.op) == "BatchNormalization") {
+      for (const char *p : {"s", "b", "mean", "var"}) {
+        g.addConst(p, TensorData(TensorInfo(DataType::FLOAT, {3})));
+        ins.emplace_back(p);
+      }
+    }
+    ir::Attributes a;
+    a.set(c.attribute, int64_t{1});
+    g.addOp(c.op, "", 15, "op", a, ins, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    std::string e = *c.error ? thrown([&] { ir::verifyGraph(g, ""); }) : "";
+    if (!*c.error)
+      EXPECT_NO_THROW(ir::verifyGraph(g, "")) << c.op << " " << c.attribute;
+    else
+      EXPECT_NE(e.find(c.error), std::string::npos) << e;
+  }
+}
+
+TEST(FusionFields, ActivationAndLayoutFieldsAreDumpedAndDeclared) {
+  // MatMul declares transpose and permute; Div declares neither; dump prints both.
+  ir::Graph g;
+  scaledProduct(g);
+  ir::Op &mm = only(g, "MatMul");
+  mm.fusion.transB = true;
+  mm.fusion.activation.kind = ir::FusedActivation::Kind::Relu;
+  EXPECT_NO_THROW(ir::verifyGraph(g, ""));
+  EXPECT_NE(g.dump().find("fused{Relu transB}"), std::string::npos) << g.dump();
+  mm.fusion.permA = {1, 0, 2}; // q is [2, 3]
+  std::string e = thrown([&] { ir::verifyGraph(g, ""); });
+  EXPECT_NE(e.find("MatMul 'mm': fusion field 'permA' [1,0,2] is not a permutation of its tensor's axes"),
+            std::string::npos)
+      << e;
+  mm.fusion = {};
+  only(g, "Div").fusion.transA = true;
+  e = thrown([&] { ir::verifyGraph(g, ""); });
+  EXPECT_NE(e.find("Div 'scale' carries fusion field 'transpose', which ai.onnx::Div does not declare"),
+            std::string::npos)
       << e;
 }
 

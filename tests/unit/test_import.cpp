@@ -161,6 +161,20 @@ TEST(Import, UnsupportedOpAndOpsetAreNamed) {
   EXPECT_NE(msg.find("opset 19"), std::string::npos) << msg;
 }
 
+TEST(Import, InternalAttributesAreRefusedOnAModelsNodes) {
+  // popart_* attributes are the runtime's own (OpDef::internalAttributes): a model cannot set
+  // one, e.g. a fused activation a kernel would then apply unasked.
+  auto m = reluModel();
+  auto *attr = m.mutable_graph()->mutable_node(0)->add_attribute();
+  attr->set_name("popart_activation");
+  attr->set_type(onnx::AttributeProto::STRING);
+  attr->set_s("Relu");
+  onnx_import::ImportOptions noCheck;
+  noCheck.check = false;
+  std::string msg = expectError([&] { onnx_import::importModelBytes(m.SerializeAsString(), ".", noCheck, "m"); });
+  EXPECT_NE(msg.find("node 'relu1' (Relu): attribute 'popart_activation' is reserved"), std::string::npos) << msg;
+}
+
 TEST(Import, CycleIsRejectedWithTheTensorNamed) {
   auto m = reluModel();
   auto *g = m.mutable_graph();
