@@ -19,7 +19,19 @@ void KernelRegistry::add(KernelEntry entry) {
 }
 
 const char *kernelProviderName(KernelProvider provider) {
-  return provider == KernelProvider::Dnnl ? "oneDNN" : provider == KernelProvider::Reference ? "reference" : "any";
+  switch (provider) {
+  case KernelProvider::Dnnl: return "oneDNN";
+  case KernelProvider::Fast: return "fast";
+  case KernelProvider::Reference: return "reference";
+  case KernelProvider::Any: break;
+  }
+  return "any";
+}
+
+KernelProvider kernelProviderFromName(const std::string &name) {
+  for (KernelProvider p : {KernelProvider::Any, KernelProvider::Reference, KernelProvider::Fast, KernelProvider::Dnnl})
+    if (name == (p == KernelProvider::Dnnl ? "dnnl" : kernelProviderName(p))) return p;
+  throw error("kernels must be any, reference, fast or dnnl, got '", name, "'");
 }
 
 std::string KernelChoice::explanation() const {
@@ -29,11 +41,18 @@ std::string KernelChoice::explanation() const {
   return declined.empty() ? s : s + ")";
 }
 
+namespace {
+
+/// Preference among the providers an op's entries come from: oneDNN, fast, reference.
+int rank(KernelProvider provider) {
+  return provider == KernelProvider::Dnnl ? 0 : provider == KernelProvider::Fast ? 1 : 2;
+}
+
+} // namespace
+
 KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) const {
   KernelChoice choice;
-  const KernelEntry *fallback = nullptr;
   bool dnnlEntry = false;
-  std::vector<std::string> declined;
   for (const auto &e : entries_) {
     if (e.type != op.type || e.domain != op.domain) continue;
     if (provider != KernelProvider::Any && e.provider != provider) continue;
@@ -41,33 +60,27 @@ KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) c
     if (e.supports) {
       Support s = e.supports(op);
       if (!s) {
-        declined.push_back(std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
+        choice.declined.push_back(std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
         continue;
       }
     }
-    if (e.provider == KernelProvider::Dnnl) {
-      choice.entry = &e;
-      break;
-    }
-    if (!fallback) fallback = &e;
+    if (!choice.entry || rank(e.provider) < rank(choice.entry->provider)) choice.entry = &e;
   }
-  if (!choice.entry) choice.entry = fallback;
-  if (!dnnlEntry && provider != KernelProvider::Reference)
-    declined.insert(declined.begin(), "oneDNN: no kernel for " + op.type);
-  choice.declined = std::move(declined);
+  if (!dnnlEntry && (provider == KernelProvider::Any || provider == KernelProvider::Dnnl))
+    choice.declined.insert(choice.declined.begin(), "oneDNN: no kernel for " + op.type);
   return choice;
 }
 
 const KernelEntry *KernelRegistry::find(const ir::Op &op, KernelProvider provider) const {
-  const KernelEntry *fallback = nullptr;
+  const KernelEntry *best = nullptr;
   for (const auto &e : entries_) {
     if (e.type != op.type || e.domain != op.domain) continue;
     if (provider != KernelProvider::Any && e.provider != provider) continue;
+    if (best && rank(e.provider) >= rank(best->provider)) continue;
     if (e.supports && !e.supports(op)) continue;
-    if (e.provider == KernelProvider::Dnnl) return &e;
-    if (!fallback) fallback = &e;
+    best = &e;
   }
-  return fallback;
+  return best;
 }
 
 void registerBuiltinKernels() {
@@ -75,6 +88,7 @@ void registerBuiltinKernels() {
   std::call_once(once, [] {
     KernelRegistry &r = KernelRegistry::instance();
     registerReferenceKernels(r);
+    registerFastKernels(r);
     registerDnnlKernels(r);
     // Subgraph ops fold constants in their subgraphs with the reference kernels too.
     static ReferenceEvaluator folder(false);

@@ -1,6 +1,7 @@
 #pragma once
 // A kernel runs one op on host buffers; kernels are chosen through a registry keyed by op
-// type, with a capability check, oneDNN first and the reference kernel as fallback.
+// type, with a capability check: oneDNN first, then the fast kernels, the reference kernel as
+// fallback.
 
 #include "backend_cpu/kernel_context.hpp"
 #include "ir/op.hpp"
@@ -73,8 +74,15 @@ public:
   virtual std::string choice() const { return {}; }
 };
 
-/// Which kernel implementations may be chosen.
-enum class KernelProvider { Any, Reference, Dnnl };
+/// Which kernel implementations may be chosen. Any prefers oneDNN, then the fast kernels, then
+/// the reference ones:
+/// - Reference (backend_cpu/reference/): plain loops, every op and type; the oracle the others
+///   are tested against (threaded over independent outputs, but no vector code, approximate
+///   math or tiling).
+/// - Fast (backend_cpu/fast/): vectorised and tiled loops for the f32 hot paths oneDNN lacks
+///   or runs slower (vecloops.hpp), each tested against the reference.
+/// - Dnnl (backend_cpu/dnnl/): oneDNN primitives.
+enum class KernelProvider { Any, Reference, Dnnl, Fast };
 
 /// A capability check's verdict: supported, or why not ("oneDNN has no f64 matmul"), for the
 /// debug log and popart-run --explain-kernels.
@@ -149,21 +157,24 @@ struct KernelEntry {
 /// The entry chosen for an op, and why the entries before it in preference were not.
 struct KernelChoice {
   const KernelEntry *entry = nullptr;
-  /// "oneDNN: no kernel for Gather", "reference: ..." for each provider not chosen.
+  /// "oneDNN: no kernel for Gather", "fast declined: ..." for each provider not chosen.
   std::vector<std::string> declined;
   /// "oneDNN (reference declined: ...)", "reference (oneDNN: no kernel for Gather)".
   std::string explanation() const;
 };
 
-/// "oneDNN" or "reference".
+/// "oneDNN", "fast" or "reference".
 const char *kernelProviderName(KernelProvider provider);
+/// \p provider parsed from its name ("any", "reference", "fast", "dnnl"); throws naming the
+/// choices otherwise.
+KernelProvider kernelProviderFromName(const std::string &name);
 
 /// All kernels, filled once by registerBuiltinKernels().
 class KernelRegistry {
 public:
   static KernelRegistry &instance();
   void add(KernelEntry entry);
-  /// The best entry for \p op allowed by \p provider: oneDNN before reference. Null if none.
+  /// The best entry for \p op allowed by \p provider: oneDNN, then fast, then reference. Null if none.
   const KernelEntry *find(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
   /// As find, with the reasons of the providers that declined \p op.
   KernelChoice choose(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
@@ -173,7 +184,7 @@ private:
   std::vector<KernelEntry> entries_;
 };
 
-/// Registers the reference and oneDNN kernels; safe to call more than once.
+/// Registers the reference, fast and oneDNN kernels; safe to call more than once.
 void registerBuiltinKernels();
 
 /// Creates the kernel for \p op with \p context; throws naming the op if no implementation

@@ -1,11 +1,13 @@
 #pragma once
-// One registration function per kernel family (backend_cpu/reference/*.cpp, backend_cpu/dnnl/*.cpp).
+// One registration function per kernel family (backend_cpu/reference/*.cpp, backend_cpu/fast/*.cpp,
+// backend_cpu/dnnl/*.cpp).
 
 #include "backend_cpu/kernel.hpp"
 
 namespace popart::backend_cpu {
 
 void registerReferenceKernels(KernelRegistry &registry);
+void registerFastKernels(KernelRegistry &registry);
 void registerDnnlKernels(KernelRegistry &registry);
 
 void registerReferenceElementwiseKernels(KernelRegistry &registry);
@@ -29,6 +31,17 @@ void registerReferenceConvGradKernels(KernelRegistry &registry);
 void registerReferenceActGradKernels(KernelRegistry &registry);
 void registerReferenceSequenceKernels(KernelRegistry &registry);
 void registerReferenceControlFlowKernels(KernelRegistry &registry);
+
+void registerFastNormKernels(KernelRegistry &registry);
+void registerFastReduceKernels(KernelRegistry &registry);
+void registerFastLossKernels(KernelRegistry &registry);
+void registerFastSoftmaxKernels(KernelRegistry &registry);
+void registerFastConvPoolKernels(KernelRegistry &registry);
+void registerFastConvGradKernels(KernelRegistry &registry);
+void registerFastElementwiseKernels(KernelRegistry &registry);
+void registerFastActGradKernels(KernelRegistry &registry);
+void registerFastGatherKernels(KernelRegistry &registry);
+void registerFastVarUpdateKernels(KernelRegistry &registry);
 
 /// Bytes of the saved state (ir::saveRecurrentState) through which the oneDNN kernels of LSTM,
 /// GRU or RNN op \p op and of its grad op pass the forward's workspace; 0 if oneDNN does not

@@ -12,9 +12,6 @@
 namespace popart::session {
 
 namespace {
-const char *providerName(backend_cpu::KernelProvider p) {
-  return p == backend_cpu::KernelProvider::Dnnl ? "oneDNN" : "reference";
-}
 
 std::string megabytes(int64_t bytes) {
   char buf[32];
@@ -37,7 +34,7 @@ void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string 
                       {"pid", 1},
                       {"tid", 1},
                       {"args",
-                       {{"provider", providerName(plan.stepProviders()[e.step])},
+                       {{"provider", backend_cpu::kernelProviderName(plan.stepProviders()[e.step])},
                         {"phase", info.phase},
                         {"flops", info.flops},
                         {"bytes", info.bytes}}}});
@@ -86,7 +83,7 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
     rates(double(times[i].first), infos[i].flops, double(infos[i].bytes), times[i].second, r, sizeof r);
     std::snprintf(line, sizeof line, "  %5.1f%% %s  %-9s  %s\n",
                   totalNs ? 100.0 * double(times[i].first) / double(totalNs) : 0.0, r,
-                  providerName(plan.stepProviders()[i]), infos[i].name.c_str());
+                  backend_cpu::kernelProviderName(plan.stepProviders()[i]), infos[i].name.c_str());
     s += line;
   }
   if (order.size() > topOps) s += "  ... " + std::to_string(order.size() - topOps) + " more ops\n";

@@ -48,12 +48,11 @@ TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, cons
 
 backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
   backend_cpu::CompileOptions co;
-  if (options.kernels == "reference")
-    co.provider = backend_cpu::KernelProvider::Reference;
-  else if (options.kernels == "dnnl")
-    co.provider = backend_cpu::KernelProvider::Dnnl;
-  else if (options.kernels != "any")
-    throw error("SessionOptions.kernels must be any, reference or dnnl, got '", options.kernels, "'");
+  try {
+    co.provider = backend_cpu::kernelProviderFromName(options.kernels);
+  } catch (const error &e) {
+    throw error("SessionOptions.", e.what());
+  }
   co.mergeUpdates = options.fuseOps; // --no-fusion runs the updates op by op too
   return co;
 }

@@ -1,4 +1,5 @@
-# Fails if ir/ includes oneDNN or onnx headers, or backend_cpu/ includes onnx headers,
+# Fails if ir/ includes oneDNN or onnx headers, or backend_cpu/ includes onnx headers, or the
+# reference kernels use the fast or oneDNN ones or vector code, or the fast kernels use oneDNN,
 # or a widely included header pulls in onnx/protobuf.
 file(GLOB_RECURSE IR_FILES ${SOURCE_DIR}/ir/*.hpp ${SOURCE_DIR}/ir/*.cpp)
 file(GLOB_RECURSE BACKEND_FILES ${SOURCE_DIR}/backend_cpu/*.hpp ${SOURCE_DIR}/backend_cpu/*.cpp)
@@ -13,6 +14,23 @@ foreach(f ${IR_FILES})
 endforeach()
 foreach(f ${BACKEND_FILES})
   file(STRINGS ${f} lines REGEX "#include [<\"](onnx/|google/protobuf|onnx_import/)")
+  if(lines)
+    list(APPEND bad "${f}: ${lines}")
+  endif()
+endforeach()
+# The reference kernels are the oracle the fast and oneDNN kernels are tested against: plain
+# loops that use neither of them nor vector intrinsics.
+file(GLOB_RECURSE REFERENCE_FILES ${SOURCE_DIR}/backend_cpu/reference/*.hpp ${SOURCE_DIR}/backend_cpu/reference/*.cpp)
+foreach(f ${REFERENCE_FILES})
+  file(STRINGS ${f} lines REGEX "#include [<\"](backend_cpu/fast/|backend_cpu/dnnl/|oneapi/|dnnl|[a-z]*intrin)|target_clones|omp simd")
+  if(lines)
+    list(APPEND bad "${f}: ${lines}")
+  endif()
+endforeach()
+# The fast kernels are oneDNN-free.
+file(GLOB_RECURSE FAST_FILES ${SOURCE_DIR}/backend_cpu/fast/*.hpp ${SOURCE_DIR}/backend_cpu/fast/*.cpp)
+foreach(f ${FAST_FILES})
+  file(STRINGS ${f} lines REGEX "#include [<\"](backend_cpu/dnnl/|oneapi/|dnnl)")
   if(lines)
     list(APPEND bad "${f}: ${lines}")
   endif()

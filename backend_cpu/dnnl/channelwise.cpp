@@ -8,7 +8,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 
 #include <algorithm>
 #include <cstring>

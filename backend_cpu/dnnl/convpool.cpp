@@ -10,7 +10,7 @@
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
 

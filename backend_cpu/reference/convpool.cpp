@@ -2,7 +2,7 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
 

@@ -1,7 +1,7 @@
 // Reference kernels: SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>

@@ -5,7 +5,7 @@
 #include "ir/ops/norm.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>

@@ -1,7 +1,7 @@
 // Reference kernels: Reduce family (Reduce*, ArgMax/ArgMin, CumSum, TopK), every numeric dtype.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <algorithm>

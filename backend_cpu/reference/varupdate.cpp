@@ -3,7 +3,7 @@
 // torch.optim (1.13) step for step; docs/training.md lists the hyperparameter layouts.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>

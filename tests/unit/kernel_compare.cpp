@@ -17,8 +17,9 @@ double maxRelDiff(const TensorData &a, const TensorData &b) {
   return worst;
 }
 
-void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
-                                const std::function<float(size_t input, std::mt19937 &rng)> &fill) {
+void expectProviderMatchesReference(backend_cpu::KernelProvider provider, const ir::Op &op, std::mt19937 &rng,
+                                    const std::function<float(size_t input, std::mt19937 &rng)> &fill,
+                                    double tolerance) {
   using backend_cpu::KernelProvider;
   std::vector<TensorData> inputs;
   std::vector<const void *> in;
@@ -48,12 +49,13 @@ void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
     outp.push_back(out.back().data());
   }
   backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), refp.data(), refp.size()});
-  auto kernel = backend_cpu::createKernel(op, KernelProvider::Dnnl);
+  auto kernel = backend_cpu::createKernel(op, provider);
   kernel->run({in.data(), in.size(), outp.data(), outp.size()});
   kernel->run({in.data(), in.size(), outp.data(), outp.size()}); // a second run must not accumulate
   for (size_t i = 0; i < op.outputCount(); ++i)
     if (op.hasOutput(i)) {
-      EXPECT_LT(maxRelDiff(out[i], ref[i]), 1e-4) << op.type << " output " << i;
+      EXPECT_LT(maxRelDiff(out[i], ref[i]), tolerance)
+          << op.type << " output " << i << " (" << backend_cpu::kernelProviderName(provider) << ")";
     }
 }
 

@@ -1,6 +1,7 @@
 #pragma once
-// oneDNN kernels checked against the reference kernels of the same op on random fp32 data.
+// oneDNN and fast kernels checked against the reference kernels of the same op on random fp32 data.
 
+#include "backend_cpu/kernel.hpp"
 #include "ir/op.hpp"
 
 #include <algorithm>
@@ -25,10 +26,18 @@ inline double worseOf(double worst, double diff) {
 /// tolerance fails then.
 double maxRelDiff(const TensorData &a, const TensorData &b);
 
-/// Runs \p op (set up, fp32; omitted inputs and outputs are null) with the reference kernel and with oneDNN's on the
-/// same inputs, input i's values drawn by \p fill(i, rng); oneDNN runs twice (a second run must not accumulate) and
-/// both kernels' outputs start as garbage. Expects every output to agree within 1e-4 relative.
-void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
-                                const std::function<float(size_t input, std::mt19937 &rng)> &fill);
+/// Runs \p op (set up, fp32; omitted inputs and outputs are null) with the reference kernel and with \p provider's
+/// (oneDNN's or a fast one) on the same inputs, input i's values drawn by \p fill(i, rng); the tested kernel runs
+/// twice (a second run must not accumulate) and both kernels' outputs start as garbage. Expects every output to
+/// agree within \p tolerance relative; fails if \p provider has no kernel that accepts the op.
+void expectProviderMatchesReference(backend_cpu::KernelProvider provider, const ir::Op &op, std::mt19937 &rng,
+                                    const std::function<float(size_t input, std::mt19937 &rng)> &fill,
+                                    double tolerance = 1e-4);
+
+/// expectProviderMatchesReference for oneDNN.
+inline void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
+                                       const std::function<float(size_t input, std::mt19937 &rng)> &fill) {
+  expectProviderMatchesReference(backend_cpu::KernelProvider::Dnnl, op, rng, fill);
+}
 
 } // namespace popart::kernel_compare

@@ -12,7 +12,7 @@
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/plan.hpp"
-#include "backend_cpu/reference/vecloops.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/verify.hpp"

@@ -1,8 +1,8 @@
 // Built with -fno-trapping-math (CMakeLists.txt) so that GCC if-converts the selects in
 // vecmath.hpp; nothing in the runtime reads floating-point exception flags.
 
-#include "backend_cpu/reference/vecloops.hpp"
-#include "backend_cpu/reference/vecmath.hpp"
+#include "backend_cpu/fast/vecloops.hpp"
+#include "backend_cpu/fast/vecmath.hpp"
 #include <algorithm>
 #include <cmath>
 
