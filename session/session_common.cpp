@@ -1,10 +1,12 @@
 #include "session/session_common.hpp"
 #include "session/pipelines.hpp"
 #include "session/threads.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +64,20 @@ void fuseForInference(ir::Graph &g) {
   ir::PassContext context;
   context.keep = g.outputs();
   ir::runPipeline("inference", inferencePipeline(), g, context, pipelineOptions(SessionOptions()));
+}
+
+void fuseAfterGradients(ir::Graph &g) {
+  registerAllPasses();
+  const std::vector<std::string> &pipeline = trainingPipeline();
+  auto tail = std::find(pipeline.begin(), pipeline.end(), "applyOptimizer");
+  if (tail == pipeline.end()) throw error("the training pipeline has no applyOptimizer pass");
+  ir::PassContext context;
+  context.keep = g.outputs();
+  context.training = true;
+  context.recurrentSavedBytes = [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); };
+  ir::PipelineOptions options = pipelineOptions(SessionOptions());
+  options.entryStages = ir::stagesAfter({pipeline.begin(), tail + 1});
+  ir::runPipeline("training", {tail + 1, pipeline.end()}, g, context, options);
 }
 
 backend_cpu::KernelContext kernelContext(const SessionOptions &options) {

@@ -35,6 +35,12 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
 /// session's order); tests/alloc/plan_allocations compiles through it too.
 void fuseForInference(ir::Graph &g);
 
+/// Runs the part of TrainingSession's pipeline that follows the optimiser (dead code removed
+/// keeping \p g's outputs, the training fusions, recurrent state saving) on \p g, a graph whose
+/// gradients were built by hand; tests/alloc/grad_allocations compiles through it, so that the
+/// kernels it counts are the fused ones training runs.
+void fuseAfterGradients(ir::Graph &g);
+
 /// The kernel context of a session with \p options: its settings, and a MatMul tuning record of
 /// its own. Throws naming an option with a value it does not take.
 backend_cpu::KernelContext kernelContext(const SessionOptions &options);

@@ -63,10 +63,19 @@ const Pass &PassRegistry::get(const std::string &name) const {
   throw error("unknown pass '", name, "' (known passes: ", known, ")");
 }
 
+unsigned stagesAfter(const std::vector<std::string> &pipeline) {
+  unsigned stages = 0;
+  for (const std::string &name : pipeline) {
+    const Pass &pass = PassRegistry::instance().get(name);
+    stages = (stages & ~pass.invalidates) | pass.establishes;
+  }
+  return stages;
+}
+
 void checkPipeline(const std::string &pipelineName, const std::vector<std::string> &pipeline,
                    const PipelineOptions &options) {
   const PassRegistry &registry = PassRegistry::instance();
-  unsigned stages = 0;
+  unsigned stages = options.entryStages;
   for (const std::string &name : pipeline) {
     const Pass &pass = registry.get(name);
     if (unsigned missing = pass.needs & ~stages)
@@ -92,7 +101,7 @@ std::vector<PassRecord> runPipeline(const std::string &pipelineName, const std::
   checkPipeline(pipelineName, pipeline, options);
   const PassRegistry &registry = PassRegistry::instance();
   std::vector<PassRecord> records;
-  unsigned stages = 0;
+  unsigned stages = options.entryStages;
   for (const std::string &name : pipeline) {
     const Pass &pass = registry.get(name);
     PassRecord record;

@@ -118,6 +118,9 @@ void registerIrPasses();
 
 /// How runPipeline runs a pipeline.
 struct PipelineOptions {
+  /// Stages that hold before the first pass: a pipeline's tail run on a graph that its head's
+  /// work already prepared (stagesAfter gives them).
+  unsigned entryStages = 0;
   /// Optional passes to skip (names; an unknown or non-optional name is an error).
   std::set<std::string> disabled;
   /// Skip every optional pass (SessionOptions::fuseOps = false, --no-fusion).
@@ -148,6 +151,9 @@ struct PassRecord {
 /// (disabled ones optional). \p pipelineName is for messages.
 void checkPipeline(const std::string &pipelineName, const std::vector<std::string> &pipeline,
                    const PipelineOptions &options);
+
+/// The stages that hold after the passes of \p pipeline run in order from none.
+unsigned stagesAfter(const std::vector<std::string> &pipeline);
 
 /// Checks and runs \p pipeline on \p graph. \returns one record per pass, in order.
 std::vector<PassRecord> runPipeline(const std::string &pipelineName, const std::vector<std::string> &pipeline,

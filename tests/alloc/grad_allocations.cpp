@@ -1,6 +1,7 @@
 // Like plan_allocations, for backward graphs, which the ONNX node tests do not contain: fp32
 // Conv, ConvTranspose, AveragePool, MaxPool, (Log)Softmax, LayerNormalization, activation and recurrent graphs with
-// their gradients are compiled and run twice,
+// their gradients, after the training pipeline's fusions (session::fuseAfterGradients, so that
+// fused kernels such as MaxPoolGrad applying a Relu's gradient are counted), are compiled and run twice,
 // and the second run's heap allocations are counted per kernel. The grad-op steps must be
 // oneDNN's (this checks their supports() too; except where a case says otherwise), with at most
 // oneDNN's execution bookkeeping.
@@ -10,6 +11,7 @@
 
 #include "autodiff/autodiff.hpp"
 #include "ir/passes/passes.hpp"
+#include "session/session_common.hpp"
 
 #include <iostream>
 
@@ -33,6 +35,13 @@ struct Case {
   /// an LSTM forward 1976 bytes at 5 steps and 5816 at 20, the same for 8× the batch and 16× the
   /// hidden size; forward_training and backward together about 750 bytes per step).
   long extraDnnlBytes = 0;
+  /// A unary op applied to the first input before the op (Relu before MaxPool: the training
+  /// fusion fuseMaxPoolGradRelu), and one applied to its first output after it (Relu after
+  /// MatMul: fuseRelu); null for none.
+  const char *before = nullptr;
+  const char *after = nullptr;
+  /// A training fusion the case is about: fails if the fused graph has no op carrying it.
+  bool expectFusedRelu = false;
 };
 
 /// Returns the number of failures of \p c.
@@ -60,11 +69,27 @@ int check(const Case &c) {
     outs.push_back(std::to_string(i));
     outs.back().insert(outs.back().begin(), 'y');
   }
+  if (c.before) {
+    g.addOp(c.before, "", c.opset, "before", {}, {ins[0]}, {"pre"});
+    ins[0] = "pre";
+  }
+  if (c.after) outs[0] = "mid";
   g.addOp(c.type, "", c.opset, "fwd", a, ins, outs);
+  if (c.after) g.addOp(c.after, "", c.opset, "after", {}, {"mid"}, {"y"});
   ir::inferShapes(g, nullptr);
   for (const auto &id : autodiff::buildGradients(g, "y", xs))
     g.addOutput(id);
   ir::inferShapes(g, nullptr);
+  session::fuseAfterGradients(g);
+  if (c.expectFusedRelu) {
+    bool fused = false;
+    for (const auto &op : g.ops())
+      fused = fused || op->fusion.relu();
+    if (!fused) {
+      std::cout << c.type << ": the training fusions left no op applying a Relu\n";
+      return 1;
+    }
+  }
   backend_cpu::ExecutionPlan plan(g, {});
   plan.run();
   int failures = 0, gradSteps = 0;
@@ -144,6 +169,17 @@ int main() {
                      14,
                      true,
                      rnnBytes});
+  // Training fusions: MaxPoolGrad applies the gradient of the Relu its pool read (a fast kernel
+  // for tiling windows, so not oneDNN's); a MatMul applies the Relu after it.
+  Case reluPool{"MaxPool", {{2, 4, 8, 8}}, {{"kernel_shape", Ints{2, 2}}, {"strides", Ints{2, 2}}}};
+  reluPool.before = "Relu";
+  reluPool.dnnlGrads = false;
+  reluPool.expectFusedRelu = true;
+  failures += check(reluPool);
+  Case matmulRelu{"MatMul", {{6, 8}, {8, 5}}, {}};
+  matmulRelu.after = "Relu";
+  matmulRelu.expectFusedRelu = true;
+  failures += check(matmulRelu);
   std::cout << "grad allocations: " << failures << " failures\n";
   return failures == 0 ? 0 : 1;
 }
