@@ -110,6 +110,25 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
                   sec > 0 ? a.flops / sec / 1e9 : 0.0, sec > 0 ? a.bytes / sec / 1e9 : 0.0, a.ops, type.c_str());
     s += line;
   }
+  // Reference code in production: the op types whose plain-loop kernels ran, by time.
+  std::map<std::string, int64_t> referenceNs;
+  int64_t referenceTotal = 0;
+  for (size_t i = 0; i < infos.size(); ++i)
+    if (plan.stepProviders()[i] == backend_cpu::KernelProvider::Reference) {
+      referenceNs[infos[i].type] += times[i].first;
+      referenceTotal += times[i].first;
+    }
+  std::vector<std::pair<std::string, int64_t>> reference(referenceNs.begin(), referenceNs.end());
+  std::sort(reference.begin(), reference.end(), [](const auto &a, const auto &b) { return a.second > b.second; });
+  std::snprintf(line, sizeof line, "reference kernels: %.1f%% of op time",
+                totalNs ? 100.0 * double(referenceTotal) / double(totalNs) : 0.0);
+  s += line;
+  for (size_t k = 0; k < reference.size(); ++k) {
+    std::snprintf(line, sizeof line, "%s%s %.1f%%", k ? ", " : " (", reference[k].first.c_str(),
+                  totalNs ? 100.0 * double(reference[k].second) / double(totalNs) : 0.0);
+    s += line;
+  }
+  s += reference.empty() ? "\n" : ")\n";
   int64_t total = 0;
   for (const auto &part : memory)
     total += part.second;

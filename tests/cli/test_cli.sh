@@ -117,6 +117,9 @@ if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); el
   echo "FAIL: resumed training differs from uninterrupted training"; failures=$((failures + 1)); fi
 # The profiler: a Chrome trace with one span per op run, a per-op summary and a memory report.
 expect 0 "by op type:" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations 3 --profile "$TMP/infer.json"
+# It names the op types that ran reference (plain-loop) kernels, with their share of op time.
+expect 0 "reference kernels: [0-9.]+% of op time \(Gather [0-9.]+%\)" -- "$RUN" "$DATA/node/test_gather_0/model.onnx" --iterations 3 --profile "$TMP/gather.json"
+expect 0 "reference kernels: 0.0% of op time$" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations 3 --profile "$TMP/infer.json"
 expect 0 "memory: planned peak [0-9.]* MB: activation arena .*kernels .*weights .*optimiser state" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --steps 3 --profile "$TMP/train.json"
 if /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert len(t) == 3 and t[0]['ph'] == 'X' and t[0]['name'].startswith('Relu')" "$TMP/infer.json" &&
    /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert any('AdamUpdate' in e['cat'] for e in t)" "$TMP/train.json"; then
