@@ -42,6 +42,7 @@ void registerFastElementwiseKernels(KernelRegistry &registry);
 void registerFastActGradKernels(KernelRegistry &registry);
 void registerFastGatherKernels(KernelRegistry &registry);
 void registerFastVarUpdateKernels(KernelRegistry &registry);
+void registerFastBroadcastKernels(KernelRegistry &registry);
 
 /// Bytes of the saved state (ir::saveRecurrentState) through which the oneDNN kernels of LSTM,
 /// GRU or RNN op \p op and of its grad op pass the forward's workspace; 0 if oneDNN does not

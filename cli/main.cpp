@@ -386,8 +386,9 @@ static int runMain(int argc, char **argv) {
   app.add_option("--convpool-chunk", opt.convPoolChunk,
                  "images per chunk of a fused Conv + MaxPool (default 0: about 512 KiB of result per chunk)")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--explain-kernels", opt.explainKernels,
-               "print the kernel that runs each op (oneDNN or reference, and what it chose) and why the others declined");
+  app.add_flag(
+      "--explain-kernels", opt.explainKernels,
+      "print the kernel that runs each op (oneDNN or reference, and what it chose) and why the others declined");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;

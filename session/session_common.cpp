@@ -1,9 +1,9 @@
 #include "session/session_common.hpp"
-#include "session/pipelines.hpp"
-#include "session/threads.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
 #include "ir/passes/passes.hpp"
+#include "session/pipelines.hpp"
+#include "session/threads.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>

@@ -1,10 +1,9 @@
 // f32 kernels of our own that read oneDNN's blocked channel layouts, registered with the oneDNN
 // ones: GlobalAveragePool (and ReduceMean over H and W) and the Mul of a feature map [N, C, H, W] by per-channel gates
 // [N or 1, C, 1, 1], so that a squeeze-excitation block (GlobalAveragePool → Conv → act → Conv →
-// gate → Mul with the feature map) keeps the feature map in the convolutions' 16-channel blocks;
-// and broadcast Add/Sub/Mul/Div where oneDNN 2.6's binary would run its reference code (a
-// broadcast over a middle axis, as in Swin's attention mask [1, 64, 3, 49, 49] +
-// [1, 64, 1, 49, 49], took 29 ms that way).
+// gate → Mul with the feature map) keeps the feature map in the convolutions' 16-channel blocks.
+// (Broadcast Add/Sub/Mul/Div where oneDNN's binary declines are the fast family's:
+// backend_cpu/fast/broadcast.cpp.)
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -143,120 +142,12 @@ bool supportsChannelScale(const ir::Op &op) {
          (y[2] * y[3] > 1 || s == y);
 }
 
-/// Add, Sub, Mul, Div of f32 with numpy broadcasting, by contiguous runs: the output's innermost
-/// axes where neither input broadcasts (or where the second is one value per run), threaded over
-/// the runs. Input 0 must not be broadcast within a run (Add and Mul swap their inputs for that).
-class BroadcastBinaryKernel : public Kernel {
-public:
-  explicit BroadcastBinaryKernel(const ir::Op &op) {
-    op_ = op.type == "Add" ? 0 : op.type == "Sub" ? 1 : op.type == "Mul" ? 2 : 3;
-    plan(op, swapped_, axes_);
-  }
-  void run(const KernelArgs &args) override {
-    const auto *a = static_cast<const float *>(args.inputs[swapped_ ? 1 : 0]);
-    const auto *b = static_cast<const float *>(args.inputs[swapped_ ? 0 : 1]);
-    auto *y = static_cast<float *>(args.outputs[0]);
-    const int64_t runs = runs_, run = run_, bStride = bRunStride_;
-    const std::vector<Axis> &axes = axes_;
-#pragma omp parallel for schedule(static) if (runs > 1 && runs * run > kThreadedElements)
-    for (int64_t r = 0; r < runs; ++r) {
-      int64_t ia = 0, ib = 0;
-      for (int64_t rest = r, k = static_cast<int64_t>(axes.size()) - 1; k >= 0; --k) {
-        const Axis &ax = axes[static_cast<size_t>(k)];
-        const int64_t i = rest % ax.size;
-        rest /= ax.size;
-        ia += i * ax.a;
-        ib += i * ax.b;
-      }
-      vec::binary(op_, a + ia, b + ib, bStride, y + r * run, run);
-    }
-  }
-
-  struct Axis {
-    int64_t size, a, b; ///< extent and the inputs' element strides (0: broadcast)
-  };
-  /// The run and the outer axes of \p op's broadcast; false if input 0 (after a swap for Add
-  /// and Mul) would be broadcast within a run.
-  bool plan(const ir::Op &op, bool &swapped, std::vector<Axis> &outer) {
-    const Shape &y = op.outInfo(0).shape();
-    auto stridesOf = [&](const Shape &s) {
-      std::vector<int64_t> st(y.size(), 0);
-      int64_t acc = 1;
-      for (size_t k = 0; k < s.size(); ++k) {
-        size_t ax = y.size() - 1 - k, sk = s.size() - 1 - k;
-        st[ax] = s[sk] == 1 ? 0 : acc;
-        acc *= s[sk];
-      }
-      return st;
-    };
-    std::vector<int64_t> sa = stridesOf(op.inInfo(0).shape()), sb = stridesOf(op.inInfo(1).shape());
-    swapped = false;
-    // Input 0 must have the innermost axis (of extent > 1) in full.
-    auto innerFull = [&](const std::vector<int64_t> &s) {
-      for (size_t k = y.size(); k-- > 0;)
-        if (y[k] > 1) return s[k] != 0;
-      return true;
-    };
-    if (!innerFull(sa)) {
-      if ((op_ != 0 && op_ != 2) || !innerFull(sb)) return false;
-      std::swap(sa, sb);
-      swapped = true;
-    }
-    // The run: innermost axes where a is contiguous and b either is contiguous too or is
-    // broadcast throughout.
-    run_ = 1;
-    size_t k = y.size();
-    int bMode = -1; // 1: b contiguous with a, 0: b broadcast over the run
-    while (k > 0) {
-      size_t ax = k - 1;
-      if (y[ax] == 1) {
-        --k;
-        continue;
-      }
-      if (sa[ax] != run_) break;
-      int mode = sb[ax] == 0 ? 0 : sb[ax] == run_ ? 1 : -1;
-      if (mode < 0 || (bMode >= 0 && mode != bMode)) break;
-      bMode = mode;
-      run_ *= y[ax];
-      --k;
-    }
-    bRunStride_ = bMode == 0 ? 0 : 1;
-    outer.clear();
-    runs_ = 1;
-    for (size_t ax = 0; ax < k; ++ax)
-      if (y[ax] > 1) {
-        outer.push_back({y[ax], sa[ax], sb[ax]});
-        runs_ *= y[ax];
-      }
-    return true;
-  }
-
-private:
-  int op_ = 0;
-  bool swapped_ = false;
-  std::vector<Axis> axes_;
-  int64_t runs_ = 1, run_ = 1, bRunStride_ = 1;
-};
-
-bool supportsBroadcastBinary(const ir::Op &op) {
-  if (op.inputCount() != 2 || !dnnl_util::allFloat(op) || op.outInfo(0).elementCount() == 0) return false;
-  BroadcastBinaryKernel k(op);
-  bool swapped = false;
-  std::vector<BroadcastBinaryKernel::Axis> axes;
-  return k.plan(op, swapped, axes);
-}
-
 } // namespace
 
 void registerDnnlChannelwiseKernels(KernelRegistry &r) {
   for (const char *t : {"GlobalAveragePool", "ReduceMean"})
     r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsGlobalAveragePool, makeKernel<GlobalAveragePoolKernel>});
   r.add({"ai.onnx", "Mul", KernelProvider::Dnnl, supportsChannelScale, makeKernel<ChannelScaleKernel>});
-}
-
-void registerDnnlBroadcastKernels(KernelRegistry &r) {
-  for (const char *t : {"Add", "Sub", "Mul", "Div"})
-    r.add({"ai.onnx", t, KernelProvider::Dnnl, supportsBroadcastBinary, makeKernel<BroadcastBinaryKernel>});
 }
 
 } // namespace popart::backend_cpu

@@ -6,7 +6,6 @@ namespace popart::backend_cpu {
 void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlChannelwiseKernels(r); // before the binary Mul: found first
   registerDnnlElementwiseKernels(r);
-  registerDnnlBroadcastKernels(r); // after it: where oneDNN's binary declines
   registerDnnlMatMulKernels(r);
   registerDnnlGemmKernels(r);
   registerDnnlConvPoolKernels(r);

@@ -19,6 +19,5 @@ void registerDnnlRnnKernels(KernelRegistry &registry);
 /// Ours on oneDNN's blocked layouts: GlobalAveragePool, Mul by per-channel gates.
 void registerDnnlChannelwiseKernels(KernelRegistry &registry);
 /// Ours: broadcast Add/Sub/Mul/Div where oneDNN's binary has only its reference code.
-void registerDnnlBroadcastKernels(KernelRegistry &registry);
 
 } // namespace popart::backend_cpu

@@ -21,9 +21,9 @@ struct EltwiseSpec {
 bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
   const auto &a = op.attrs;
   static const std::map<std::string, algorithm> simple{
-      {"Relu", algorithm::eltwise_relu},          {"Tanh", algorithm::eltwise_tanh},
-      {"Sigmoid", algorithm::eltwise_logistic},   {"Exp", algorithm::eltwise_exp},
-      {"Sqrt", algorithm::eltwise_sqrt},          {"Abs", algorithm::eltwise_abs},
+      {"Relu", algorithm::eltwise_relu},           {"Tanh", algorithm::eltwise_tanh},
+      {"Sigmoid", algorithm::eltwise_logistic},    {"Exp", algorithm::eltwise_exp},
+      {"Sqrt", algorithm::eltwise_sqrt},           {"Abs", algorithm::eltwise_abs},
       {"HardSwish", algorithm::eltwise_hardswish}, {"Gelu", algorithm::eltwise_gelu_erf}};
   if (auto it = simple.find(op.type); it != simple.end()) {
     spec = {it->second, 0.f, 0.f};
@@ -84,13 +84,20 @@ private:
   memory x_, y_;
 };
 
-bool supportsHardSigmoid(const ir::Op &op) {
-  return op.inInfo(0).dataType() == DataType::FLOAT && op.inInfo(0).elementCount() > 0;
+/// Why a one-input op of \p op's type and shape is not oneDNN's: not f32, or empty ("" if neither).
+std::string notFloatOrEmpty(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT) return std::string("input is ") + toString(op.inInfo(0).dataType());
+  if (op.inInfo(0).elementCount() == 0) return "empty input";
+  return "";
 }
 
-bool supportsEltwise(const ir::Op &op) {
+Support supportsHardSigmoid(const ir::Op &op) { return Support::unless(notFloatOrEmpty(op)); }
+
+Support supportsEltwise(const ir::Op &op) {
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
   EltwiseSpec spec;
-  return op.inInfo(0).dataType() == DataType::FLOAT && op.inInfo(0).elementCount() > 0 && eltwiseSpec(op, spec);
+  if (!eltwiseSpec(op, spec)) return Support::no("no oneDNN eltwise algorithm for these attributes");
+  return Support::yes();
 }
 
 std::unique_ptr<Kernel> createEltwise(const ir::Op &op) {
@@ -111,15 +118,17 @@ algorithm binaryAlgorithm(const std::string &type) {
   return algorithm::binary_min;
 }
 
-bool supportsBinary(const ir::Op &op) {
-  if (op.inputCount() != 2) return false;
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT) return false;
-  if (op.outInfo(0).elementCount() == 0) return false;
+Support supportsBinary(const ir::Op &op) {
+  if (op.inputCount() != 2) return Support::no("not two inputs");
+  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT)
+    return Support::no("inputs not f32");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("empty output");
   // oneDNN broadcasts src1 only: src0 must already have the output shape.
   const Shape &out = op.outInfo(0).shape();
-  if (op.inInfo(0).shape() != out && op.inInfo(1).shape() != out) return false;
-  if (op.type == "Max" || op.type == "Min") return false; // NaN propagation differs from ONNX
-  return true;
+  if (op.inInfo(0).shape() != out && op.inInfo(1).shape() != out)
+    return Support::no("both inputs broadcast (oneDNN broadcasts one)");
+  if (op.type == "Max" || op.type == "Min") return Support::no("oneDNN's NaN propagation differs from ONNX's");
+  return Support::yes();
 }
 
 class BinaryKernel : public Kernel {
@@ -153,12 +162,13 @@ private:
   memory a_, b_, y_;
 };
 
-bool supportsBinaryKernel(const ir::Op &op) {
-  if (!supportsBinary(op)) return false;
+Support supportsBinaryKernel(const ir::Op &op) {
+  if (Support s = supportsBinary(op); !s) return s;
   // Sub and Div are not commutative: need input 0 at the output shape.
-  if ((op.type == "Sub" || op.type == "Div") && op.inInfo(0).shape() != op.outInfo(0).shape()) return false;
+  if ((op.type == "Sub" || op.type == "Div") && op.inInfo(0).shape() != op.outInfo(0).shape())
+    return Support::no("input 0 broadcasts (Sub and Div do not commute)");
   // oneDNN 2.6 runs some broadcasts (over a middle axis) in its reference code, 25× slower than
-  // a loop: registerDnnlBroadcastKernels takes those.
+  // a loop: the fast family's broadcast kernel (backend_cpu/fast/broadcast.cpp) takes those.
   const Shape &out = op.outInfo(0).shape();
   size_t rank = std::max<size_t>(out.size(), 1);
   bool swapped = op.inInfo(0).shape() != out;
@@ -166,16 +176,21 @@ bool supportsBinaryKernel(const ir::Op &op) {
       binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
                    dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank), dnnl_util::plainDesc(out, rank)),
       dnnl_util::engine(), true);
-  return pd && !dnnl_util::implIs(pd, "ref");
+  if (!pd) return Support::no("oneDNN has no binary primitive for these shapes");
+  if (dnnl_util::implIs(pd, "ref"))
+    return Support::no("oneDNN would run its reference code (the broadcast loop is faster)");
+  return Support::yes();
 }
 
 /// Pow with a constant scalar exponent: oneDNN's eltwise_pow (x^beta).
-bool supportsPow(const ir::Op &op) {
-  if (op.inputCount() != 2 || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).elementCount() == 0)
-    return false;
+Support supportsPow(const ir::Op &op) {
+  if (op.inputCount() != 2) return Support::no("not two inputs");
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
   const ir::Tensor &e = op.input(1);
-  return e.isConst() && e.info().elementCount() == 1 && op.outInfo(0).shape() == op.inInfo(0).shape() &&
-         isFloatingPoint(e.info().dataType());
+  if (!e.isConst() || e.info().elementCount() != 1 || !isFloatingPoint(e.info().dataType()))
+    return Support::no("exponent not a constant floating-point scalar");
+  if (op.outInfo(0).shape() != op.inInfo(0).shape()) return Support::no("the exponent broadcasts the base");
+  return Support::yes();
 }
 
 std::unique_ptr<Kernel> createPow(const ir::Op &op) {
@@ -189,11 +204,14 @@ std::unique_ptr<Kernel> createPow(const ir::Op &op) {
 
 /// Sum and Mean of same-shape inputs: oneDNN's sum primitive (scales 1 or 1/n). The gradient of a
 /// tensor with several consumers is such a Sum.
-bool supportsSum(const ir::Op &op) {
-  if (op.inputCount() < 2 || op.outInfo(0).elementCount() == 0 || !dnnl_util::allFloat(op)) return false;
+Support supportsSum(const ir::Op &op) {
+  if (op.inputCount() < 2) return Support::no("fewer than two inputs");
+  if (op.outInfo(0).elementCount() == 0) return Support::no("empty output");
+  if (!dnnl_util::allFloat(op)) return Support::no("not all f32");
   for (size_t i = 0; i < op.inputCount(); ++i)
-    if (!op.hasInput(i) || op.inInfo(i).shape() != op.outInfo(0).shape()) return false;
-  return true;
+    if (!op.hasInput(i) || op.inInfo(i).shape() != op.outInfo(0).shape())
+      return Support::no("input " + std::to_string(i) + " broadcasts");
+  return Support::yes();
 }
 
 class SumKernel : public Kernel {
@@ -215,9 +233,9 @@ public:
     for (size_t i = 0; i + 1 < mems_.size(); ++i)
       mems_[i].set_data_handle(const_cast<void *>(args.inputs[i]));
     mems_.back().set_data_handle(args.outputs[0]);
-    dnnl::error::wrap_c_api(dnnl_primitive_execute(prim_.get(), dnnl_util::stream().get(),
-                                                   static_cast<int>(args_.size()), args_.data()),
-                            "could not execute a primitive");
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(prim_.get(), dnnl_util::stream().get(), static_cast<int>(args_.size()), args_.data()),
+        "could not execute a primitive");
     dnnl_util::stream().wait();
   }
   int inPlaceInput() const override { return 0; } // oneDNN's sum: dst over src 0

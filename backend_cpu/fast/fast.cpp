@@ -17,6 +17,7 @@ void registerFastKernels(KernelRegistry &r) {
   registerFastActGradKernels(r);
   registerFastGatherKernels(r);
   registerFastVarUpdateKernels(r);
+  registerFastBroadcastKernels(r);
 }
 
 } // namespace popart::backend_cpu

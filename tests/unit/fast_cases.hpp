@@ -24,6 +24,6 @@ inline bool declare(const char *domain, const char *type) {
 #define POPART_FAST_CASE_CAT(a, b) POPART_FAST_CASE_CAT2(a, b)
 /// Declares that this file's tests compare the fast kernel of \p domain::\p type with the
 /// reference (ExpectProviderMatchesReference or the equivalent through a plan).
-#define POPART_FAST_KERNEL_COMPARED(domain, type)                                                                     \
+#define POPART_FAST_KERNEL_COMPARED(domain, type)                                                                      \
   [[maybe_unused]] static const bool POPART_FAST_CASE_CAT(popartFastCase, __LINE__) =                                  \
       ::popart::fast_cases::declare(domain, type)

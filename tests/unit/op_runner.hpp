@@ -3,8 +3,8 @@
 // comparing a fast or oneDNN kernel with the reference through the real plan (scratch, threads).
 
 #include "backend_cpu/kernel.hpp"
-#include "ir/attributes.hpp"
 #include "core/tensordata.hpp"
+#include "ir/attributes.hpp"
 
 #include <random>
 #include <string>

@@ -1,11 +1,12 @@
 // Our f32 kernels registered with oneDNN's (backend_cpu/dnnl/channelwise.cpp) against the
-// reference kernels: GlobalAveragePool (and ReduceMean over H, W), Mul by per-channel gates,
-// broadcast Add/Sub/Mul/Div where oneDNN's binary would run its reference code; oneDNN's Clip and
+// reference kernels: GlobalAveragePool (and ReduceMean over H, W), Mul by per-channel gates; the
+// fast broadcast Add/Sub/Mul/Div where oneDNN's binary would run its reference code; oneDNN's Clip and
 // HardSigmoid; and a squeeze-excitation block whose feature map stays in the convolutions' blocked
 // layout through the pool and the Mul.
 
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/plan.hpp"
+#include "fast_cases.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 #include "kernel_compare.hpp"
@@ -34,15 +35,22 @@ ir::Op &addOp(ir::Graph &g, const std::string &type, const std::vector<Shape> &s
   return op;
 }
 
-void expectFastMatches(const std::string &type, const std::vector<Shape> &shapes) {
+/// Checks that \p provider's kernel runs \p type of inputs \p shapes and matches the reference.
+void expectFastMatches(const std::string &type, const std::vector<Shape> &shapes,
+                       KernelProvider provider = KernelProvider::Dnnl) {
   SCOPED_TRACE(type + " of " + std::to_string(shapes.size()) + " inputs, first rank " +
                std::to_string(shapes[0].size()));
   ir::Graph g;
   ir::Op &op = addOp(g, type, shapes);
-  ASSERT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, KernelProvider::Dnnl);
+  // oneDNN's own choice among its binary implementations depends on the CPU, so a fast kernel
+  // is run directly where oneDNN might also take the op.
+  if (provider == KernelProvider::Fast)
+    ASSERT_NE(backend_cpu::KernelRegistry::instance().find(op, provider), nullptr);
+  else
+    ASSERT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, provider);
   std::mt19937 rng(61);
   std::uniform_real_distribution<float> d(0.5f, 2.f); // no division by ~0
-  kernel_compare::expectDnnlMatchesReference(op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
+  kernel_compare::expectProviderMatchesReference(provider, op, rng, [&](size_t, std::mt19937 &r) { return d(r); });
 }
 
 TensorData randomFloats(const Shape &shape, std::mt19937 &rng, float lo, float hi) {
@@ -87,14 +95,34 @@ TEST(ChannelwiseKernels, ReduceMeanOverTheSpatialAxesMatchesTheReference) {
     }
 }
 
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Add");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Sub");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Mul");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Div");
+
 TEST(BroadcastBinary, MiddleAxisBroadcastsMatchTheReference) {
-  // Swin's attention mask, and broadcasts on either side, inner and outer.
-  expectFastMatches("Add", {{1, 4, 3, 7, 7}, {1, 4, 1, 7, 7}});
-  expectFastMatches("Add", {{1, 4, 1, 7, 7}, {1, 4, 3, 7, 7}});
-  expectFastMatches("Sub", {{2, 3, 5, 6}, {2, 1, 5, 6}});
-  expectFastMatches("Div", {{2, 3, 5, 6}, {1, 3, 1, 1}});
-  expectFastMatches("Mul", {{2, 3, 5, 6}, {2, 3, 5, 1}});
-  expectFastMatches("Div", {{4, 1, 6}, {4, 5, 6}});
+  // Swin's attention mask, and broadcasts on either side, inner and outer: the fast kernel.
+  const auto fast = KernelProvider::Fast;
+  expectFastMatches("Add", {{1, 4, 3, 7, 7}, {1, 4, 1, 7, 7}}, fast);
+  expectFastMatches("Add", {{1, 4, 1, 7, 7}, {1, 4, 3, 7, 7}}, fast);
+  expectFastMatches("Sub", {{2, 3, 5, 6}, {2, 1, 5, 6}}, fast);
+  expectFastMatches("Div", {{2, 3, 5, 6}, {1, 3, 1, 1}}, fast);
+  expectFastMatches("Mul", {{2, 3, 5, 6}, {2, 3, 5, 1}}, fast);
+  expectFastMatches("Div", {{4, 1, 6}, {4, 5, 6}}, fast);
+  // Runs of one element (b varies along the innermost axis too), and a threaded size.
+  expectFastMatches("Mul", {{3, 1, 5}, {3, 4, 1}}, fast);
+  expectFastMatches("Add", {{8, 64, 2, 49}, {8, 1, 2, 49}}, fast);
+}
+
+TEST(BroadcastBinary, TheFastKernelTakesWhatOneDnnsBinaryDeclines) {
+  // Both inputs broadcast: oneDNN's binary broadcasts one only, so the fast kernel runs it.
+  ir::Graph g;
+  ir::Op &op = addOp(g, "Mul", {{3, 1, 5}, {3, 4, 1}});
+  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op)->provider, KernelProvider::Fast);
+  EXPECT_NE(backend_cpu::KernelRegistry::instance().choose(op).explanation().find(
+                "oneDNN declined: both inputs broadcast (oneDNN broadcasts one)"),
+            std::string::npos)
+      << backend_cpu::KernelRegistry::instance().choose(op).explanation();
 }
 
 TEST(BroadcastBinary, OneDnnReferenceBinaryIsNeverChosen) {

@@ -30,8 +30,8 @@ TEST(FastProvider, EveryFastKernelIsComparedWithTheReference) {
         << " kernel is compared with the reference by no test (POPART_FAST_KERNEL_COMPARED)";
     bool reference = false;
     for (const auto &r : backend_cpu::KernelRegistry::instance().all())
-      reference = reference || (r.provider == backend_cpu::KernelProvider::Reference && r.domain == e.domain &&
-                                r.type == e.type);
+      reference = reference ||
+                  (r.provider == backend_cpu::KernelProvider::Reference && r.domain == e.domain && r.type == e.type);
     EXPECT_TRUE(reference) << "the fast " << e.domain << "::" << e.type << " kernel has no reference kernel";
   }
   EXPECT_GT(fast, 0) << "no fast kernels registered";
