@@ -70,18 +70,22 @@ private:
   int64_t block_ = 0; ///< 0: plain NCHW
 };
 
-bool supportsGlobalAveragePool(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4 || op.inInfo(0).elementCount() == 0)
-    return false;
-  if (op.type == "GlobalAveragePool") return true;
+Support supportsGlobalAveragePool(const ir::Op &op) {
+  if (op.inInfo(0).dataType() != DataType::FLOAT) return Support::no("input not f32");
+  if (op.inInfo(0).rank() != 4) return Support::no("input not 4-D");
+  if (op.inInfo(0).elementCount() == 0) return Support::no("empty input");
+  if (op.type == "GlobalAveragePool") return Support::yes();
   // ReduceMean over the spatial axes (x.mean([2, 3]) in MNASNet and ShuffleNet): the same.
   const ir::Tensor *axes = op.inputCount() > 1 && op.hasInput(1) ? &op.input(1) : nullptr;
-  if (!axes || !axes->isConst() || axes->info().dataType() != DataType::INT64) return false;
+  if (!axes || !axes->isConst() || axes->info().dataType() != DataType::INT64)
+    return Support::no("axes not a constant input");
   std::vector<int64_t> a = axes->data()->toInt64Vector();
   for (auto &v : a)
     v = v < 0 ? v + 4 : v;
   std::sort(a.begin(), a.end());
-  return a == std::vector<int64_t>{2, 3} && op.attrs.getInt("noop_with_empty_axes", 0) == 0;
+  if (a != std::vector<int64_t>{2, 3} || op.attrs.getInt("noop_with_empty_axes", 0) != 0)
+    return Support::no("not a mean over H and W");
+  return Support::yes();
 }
 
 /// Mul of [N, C, H, W] by [N or 1, C, 1, 1] (either order): plain, or with the feature map in
@@ -131,15 +135,15 @@ private:
   int64_t block_ = 0;
 };
 
-bool supportsChannelScale(const ir::Op &op) {
-  if (op.inputCount() != 2 || !dnnl_util::allFloat(op) || op.outInfo(0).rank() != 4 ||
-      op.outInfo(0).elementCount() == 0)
-    return false;
+Support supportsChannelScale(const ir::Op &op) {
+  if (op.inputCount() != 2 || !dnnl_util::allFloat(op)) return Support::no("not two f32 inputs");
+  if (op.outInfo(0).rank() != 4 || op.outInfo(0).elementCount() == 0) return Support::no("output not 4-D or empty");
   const Shape &y = op.outInfo(0).shape();
   size_t map = op.inInfo(0).shape() == y ? 0 : 1;
   const Shape &x = op.inInfo(map).shape(), &s = op.inInfo(1 - map).shape();
-  return x == y && s.size() == 4 && (s[0] == 1 || s[0] == y[0]) && s[1] == y[1] && s[2] == 1 && s[3] == 1 &&
-         (y[2] * y[3] > 1 || s == y);
+  bool gates = x == y && s.size() == 4 && (s[0] == 1 || s[0] == y[0]) && s[1] == y[1] && s[2] == 1 && s[3] == 1 &&
+               (y[2] * y[3] > 1 || s == y);
+  return Support::unless(gates ? "" : "not a feature map times per-channel gates");
 }
 
 } // namespace
