@@ -142,7 +142,6 @@ std::unique_ptr<Graph> Graph::clone() const {
       outs.push_back(t ? t->id() : "");
     Op &c = g->addOp(op->type, op->domain, op->version, op->name, op->attrs, ins, outs);
     c.fusion = op->fusion;
-    c.placement = op->placement;
     c.phase = op->phase;
   }
   g->inputs_ = inputs_;

@@ -15,13 +15,6 @@ namespace popart::ir {
 struct OpDef;
 class Graph;
 
-/// Where an op runs, for the later replication / pipelining work; the CPU backend ignores it.
-struct Placement {
-  std::optional<int64_t> virtualGraph;
-  std::optional<int64_t> pipelineStage;
-  bool recompute = false;
-};
-
 class Op;
 
 /// One node of a Graph.
@@ -38,7 +31,6 @@ public:
   std::vector<Tensor *> inputs;  ///< null where an optional input is omitted
   std::vector<Tensor *> outputs; ///< null where an optional output is omitted
   const OpDef *def = nullptr;
-  Placement placement;
   /// When the op runs within a training step: phase 0 runs once per micro-batch; phases 1, 2, ...
   /// run once per step after every micro-batch, in order (gradient clipping, optimiser updates,
   /// resetting accumulators). The schedule places all ops of a phase before those of the next.

@@ -207,7 +207,6 @@ std::vector<TensorId> inlineGraph(Graph &g, const Graph &body, const std::vector
     Op &added =
         g.addOp(op->type, op->domain, op->version, op->name.empty() ? "" : prefix + op->name, op->attrs, ins, outs);
     added.fusion = op->fusion;
-    added.placement = op->placement;
     added.def->setup(added);
   }
   std::vector<TensorId> outputs;
