@@ -20,7 +20,7 @@ using namespace dnnl;
 using dnnl_util::allFloat;
 
 /// Whether oneDNN would normalise plain \p x with its generic C++ loops (ncsp_bnorm, bnorm_ref: 2.6
-/// on NCHW); our vectorised reference kernel is several times faster there.
+/// on NCHW); our fast kernel (backend_cpu/fast/norm.cpp) is several times faster there.
 bool genericBatchNorm(const Shape &x) {
   if (x.size() < 3) return false; // (N, C): one value per plane, where our loops gain nothing
   auto md = dnnl_util::plainDesc(x, x.size());
@@ -38,7 +38,7 @@ Support supportsBatchNorm(const ir::Op &op) {
   int64_t r = op.inInfo(0).rank();
   if (r < 2 || r > 5) return Support::no("rank other than 2-5");
   if (op.attrs.getInt("spatial", 1) == 0) return Support::no("spatial = 0");
-  if (op.fusion.activated()) return Support::no("a fused activation (the reference kernel's)");
+  if (op.fusion.activated()) return Support::no("a fused activation (the fast and reference kernels')");
   for (size_t i = 1; i < op.outputCount(); ++i)
     if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return Support::no("statistics not f32");
   if (genericBatchNorm(op.inInfo(0).shape()))

@@ -1,11 +1,10 @@
 // Reference kernels: BatchNormalization, LayerNormalization, InstanceNormalization, LRN,
-// MeanVarianceNormalization and ai.graphcore BatchNormalizationGrad. Statistics are accumulated
-// in double.
+// MeanVarianceNormalization and ai.graphcore BatchNormalizationGrad: plain loops for every float
+// type, statistics accumulated in double (the fast family has the f32 BatchNormalization ones).
 
 #include "ir/ops/norm.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -53,49 +52,6 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   double varFactor = training ? ir::runningVarianceFactor(op, n * s) : 1.0;
   int64_t params = perPosition ? c * s : c;
   bool relu = op.fusion.relu(); // fused by fuseBatchNormRelu
-  if (op.inInfo(0).dataType() == DataType::FLOAT && !perPosition) {
-    // f32: channels in parallel, each (batch, channel) plane vectorised; statistics in double.
-    auto scratch = std::make_shared<std::vector<double>>(2 * c);
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const float *X = a.in<float>(0), *scale = a.in<float>(1), *B = a.in<float>(2), *mean = a.in<float>(3),
-                  *var = a.in<float>(4);
-      float *Y = a.out<float>(0);
-      double *bm = scratch->data(), *bv = scratch->data() + c;
-      const double count = static_cast<double>(n * s);
-#pragma omp parallel for schedule(static)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        double m = mean[ch], v = var[ch];
-        if (training) {
-          double sum = 0, sq = 0;
-          for (int64_t b = 0; b < n; ++b)
-            sum += vec::sum(X + (b * c + ch) * s, s);
-          m = count > 0 ? sum / count : 0.0;
-          for (int64_t b = 0; b < n; ++b)
-            sq += vec::sumSquaredDiff(X + (b * c + ch) * s, m, s);
-          v = count > 0 ? sq / count : 0.0;
-          bm[ch] = m;
-          bv[ch] = v;
-        }
-        auto inv = static_cast<float>(1.0 / std::sqrt(v + eps));
-        for (int64_t b = 0; b < n; ++b) {
-          float *y = Y + (b * c + ch) * s;
-          vec::centerScaleShift(X + (b * c + ch) * s, static_cast<float>(m), inv * scale[ch], B[ch], y, s);
-          if (relu)
-#pragma omp simd
-            for (int64_t i = 0; i < s; ++i)
-              y[i] = y[i] < 0.f ? 0.f : y[i]; // NaN stays NaN, as ONNX Relu keeps it
-        }
-      }
-      if (!training) return;
-      for (int64_t ch = 0; ch < c; ++ch) {
-        if (a.hasOutput(1)) a.out<float>(1)[ch] = static_cast<float>(mean[ch] * momentum + bm[ch] * (1 - momentum));
-        if (a.hasOutput(2))
-          a.out<float>(2)[ch] = static_cast<float>(var[ch] * momentum + bv[ch] * varFactor * (1 - momentum));
-        if (a.hasOutput(3)) a.out<float>(3)[ch] = static_cast<float>(bm[ch]);
-        if (a.hasOutput(4)) a.out<float>(4)[ch] = static_cast<float>(bv[ch]);
-      }
-    });
-  }
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     auto scratch = std::make_shared<std::vector<double>>(2 * c);
@@ -148,43 +104,6 @@ std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t n = x[0], c = x[1], s = planeSize(x);
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
-  if (op.inInfo(0).dataType() == DataType::FLOAT) {
-    // f32: the same formulas, channels in parallel, planes vectorised, sums in double.
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const float *X = a.in<float>(0), *scale = a.in<float>(1), *dY = a.in<float>(2);
-      const bool givenStats = a.hasInput(3);
-      const double count = static_cast<double>(n * s);
-#pragma omp parallel for schedule(static)
-      for (int64_t ch = 0; ch < c; ++ch) {
-        double mean = 0, var = 0;
-        if (givenStats) {
-          mean = a.in<float>(3)[ch];
-          var = a.in<float>(4)[ch];
-        } else if (count > 0) {
-          for (int64_t b = 0; b < n; ++b)
-            mean += vec::sum(X + (b * c + ch) * s, s);
-          mean /= count;
-          for (int64_t b = 0; b < n; ++b)
-            var += vec::sumSquaredDiff(X + (b * c + ch) * s, mean, s);
-          var /= count;
-        }
-        double r = 1.0 / std::sqrt(var + eps), sumDy = 0, sumDyXc = 0;
-        for (int64_t b = 0; b < n; ++b) {
-          sumDy += vec::sum(dY + (b * c + ch) * s, s);
-          sumDyXc += vec::sumProductDiff(dY + (b * c + ch) * s, X + (b * c + ch) * s, mean, s);
-        }
-        double sumDyXhat = sumDyXc * r;
-        if (a.hasOutput(1)) a.out<float>(1)[ch] = static_cast<float>(sumDyXhat);
-        if (a.hasOutput(2)) a.out<float>(2)[ch] = static_cast<float>(sumDy);
-        if (!a.hasOutput(0) || count == 0) continue;
-        for (int64_t b = 0; b < n; ++b)
-          vec::batchNormBackward(X + (b * c + ch) * s, dY + (b * c + ch) * s, static_cast<float>(mean),
-                                 static_cast<float>(r), static_cast<float>(scale[ch] * r),
-                                 static_cast<float>(sumDy / count), static_cast<float>(sumDyXhat / count),
-                                 a.out<float>(0) + (b * c + ch) * s, s);
-      }
-    });
-  }
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {

@@ -1,7 +1,8 @@
-// Reference kernels: Reduce family (Reduce*, ArgMax/ArgMin, CumSum, TopK), every numeric dtype.
+// Reference kernels: Reduce family (Reduce*, ArgMax/ArgMin, CumSum, TopK), every numeric dtype:
+// one row-major walk over the input, floats accumulated in double (the fast family has the f32
+// ReduceSum/ReduceMean over [A, R, B]).
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <algorithm>
@@ -84,11 +85,6 @@ public:
     acc_.resize(static_cast<size_t>(outCount_));
     if (kind_ == ReduceKind::LogSumExp) maxes_.resize(static_cast<size_t>(outCount_));
     index_.resize(shape_.size());
-    if constexpr (std::is_same_v<T, float>)
-      if (!identity_ && (kind_ == ReduceKind::Sum || kind_ == ReduceKind::Mean)) {
-        fast_ = splitKeptReducedKept(reduced);
-        if (fast_) planSlices();
-      }
   }
 
   void run(const KernelArgs &args) override {
@@ -99,8 +95,6 @@ public:
       if (outCount_ > 0) std::memcpy(y, x, static_cast<size_t>(outCount_) * sizeof(T));
       return;
     }
-    if constexpr (std::is_same_v<T, float>)
-      if (fast_) return sumF32(x, y);
     std::fill(acc_.begin(), acc_.end(), initial());
     if (kind_ == ReduceKind::LogSumExp) {
       std::fill(maxes_.begin(), maxes_.end(), lowest());
@@ -196,77 +190,6 @@ private:
     }
   }
 
-  /// Whether the input is [A kept, R reduced, B kept] once size-1 axes are dropped and neighbours
-  /// of the same kind merged (bias gradients, row sums, means over one axis); sets A, R, B.
-  bool splitKeptReducedKept(const std::vector<bool> &reduced) {
-    std::vector<std::pair<bool, int64_t>> groups; // (reduced, elements)
-    for (size_t d = 0; d < shape_.size(); ++d) {
-      if (shape_[d] == 1) continue;
-      if (!groups.empty() && groups.back().first == reduced[d])
-        groups.back().second *= shape_[d];
-      else
-        groups.emplace_back(reduced[d], shape_[d]);
-    }
-    a_ = r_ = b_ = 1;
-    size_t g = 0;
-    if (g < groups.size() && !groups[g].first) a_ = groups[g++].second;
-    if (g < groups.size() && groups[g].first) r_ = groups[g++].second;
-    if (g < groups.size() && !groups[g].first) b_ = groups[g++].second;
-    return g == groups.size() && inCount_ > 0;
-  }
-
-  /// Sum or mean over R of [A, R, B], in double: each output is summed in a fixed order, B in
-  /// blocks of kBlock columns so that the accumulators stay in registers/L1. When that leaves
-  /// fewer than kMinTasks blocks (a bias gradient: [2048, 256] is one block), R is cut into
-  /// slices too, each summed into its own partial row, and the slices are added in order: the
-  /// cut depends on the shape only, so the result does not depend on the thread count.
-  void sumF32(const float *x, float *y) {
-    const double div = kind_ == ReduceKind::Mean ? static_cast<double>(reducedCount_) : 1.0;
-    if (b_ == 1) {
-#pragma omp parallel for schedule(static) if (a_ > 1 && inCount_ > 32768)
-      for (int64_t a = 0; a < a_; ++a)
-        y[a] = static_cast<float>(vec::sum(x + a * r_, r_) / div);
-      return;
-    }
-    const int64_t blocks = (b_ + kBlock - 1) / kBlock, slices = slices_;
-    const int64_t sliceRows = (r_ + slices - 1) / slices;
-    double *partial = partial_.data();
-#pragma omp parallel for schedule(static) if (inCount_ > 32768)
-    for (int64_t t = 0; t < a_ * blocks * slices; ++t) {
-      int64_t s = t % slices, ab = t / slices;
-      int64_t a = ab / blocks, b0 = (ab % blocks) * kBlock, len = std::min(kBlock, b_ - b0);
-      double local[kBlock] = {};
-      double *acc = slices > 1 ? partial + (s * a_ + a) * b_ + b0 : local;
-      if (slices > 1) std::fill(acc, acc + len, 0.0);
-      const float *base = x + a * r_ * b_ + b0;
-      for (int64_t r = s * sliceRows; r < std::min(r_, (s + 1) * sliceRows); ++r)
-        vec::accumulate(base + r * b_, acc, len);
-      if (slices == 1)
-        for (int64_t j = 0; j < len; ++j)
-          y[a * b_ + b0 + j] = static_cast<float>(acc[j] / div);
-    }
-    if (slices == 1) return;
-#pragma omp parallel for schedule(static) if (a_ * b_ > 4096)
-    for (int64_t o = 0; o < a_ * b_; ++o) {
-      double sum = 0;
-      for (int64_t s = 0; s < slices; ++s)
-        sum += partial[s * a_ * b_ + o];
-      y[o] = static_cast<float>(sum / div);
-    }
-  }
-
-  /// Slices of R for sumF32 (see there), and their partial sums.
-  void planSlices() {
-    const int64_t blocks = (b_ + kBlock - 1) / kBlock;
-    slices_ = 1;
-    if (b_ > 1 && a_ * blocks < kMinTasks) slices_ = std::min<int64_t>(kMinTasks / (a_ * blocks), std::max<int64_t>(1, r_ / 64));
-    if (slices_ > 1) partial_.assign(static_cast<size_t>(slices_ * a_ * b_), 0.0);
-  }
-
-  static constexpr int64_t kBlock = 512, kMinTasks = 8;
-  int64_t slices_ = 1;
-  std::vector<double> partial_;
-
   /// Calls f(inputOffset, outputOffset) for every input element, in row-major order.
   template <typename F> void walk(F &&f) {
     if (inCount_ == 0) return;
@@ -295,8 +218,7 @@ private:
   }
 
   ReduceKind kind_;
-  bool identity_ = false, fast_ = false;
-  int64_t a_ = 1, r_ = 1, b_ = 1;
+  bool identity_ = false;
   Shape shape_;
   std::vector<int64_t> outStrides_;
   int64_t inCount_ = 0, outCount_ = 0, reducedCount_ = 1;

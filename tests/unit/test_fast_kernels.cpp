@@ -151,54 +151,6 @@ TEST(VecMath, ErfMatchesLibm) {
   EXPECT_EQ(out[3], 0.f);
 }
 
-TEST(FastKernels, FloatReduceSumAndMeanMatchTheDoubleKernel) {
-  // f32 takes the [A, R, B] fast path where it applies; f64 always takes the generic walk.
-  std::mt19937 rng(21);
-  struct Case {
-    Shape shape;
-    std::vector<int64_t> axes;
-  };
-  std::vector<Case> cases{{{2048, 77}, {0}},
-                          {{64, 3000}, {1}},
-                          {{5, 6, 7}, {1}},
-                          {{5, 6, 7}, {0, 1}},
-                          {{5, 6, 7}, {1, 2}},
-                          {{3, 1, 700, 2}, {2}},
-                          {{4, 5, 6}, {}},
-                          {{1, 1, 9}, {0}},
-                          {{6, 1100, 3}, {1}},
-                          {{4, 5, 6}, {0, 2}},
-                          {{2, 3, 4, 5}, {0, 2}},
-                          // bias gradients: R cut into slices (fewer than 8 column blocks)
-                          {{16, 128, 256}, {0, 1}},
-                          {{2048, 1024}, {0}},
-                          {{3, 70, 600}, {1}}};
-  for (const Case &c : cases)
-    for (const char *type : {"ReduceSum", "ReduceMean"})
-      for (int keep : {0, 1}) {
-        std::vector<double> r32, r64;
-        TensorData x32 = randomTensor(DataType::FLOAT, c.shape, rng, -3, 3);
-        TensorData x64 = TensorData::fromDoubles(DataType::DOUBLE, c.shape, [&] {
-          std::vector<double> v;
-          for (int64_t i = 0; i < x32.info().elementCount(); ++i)
-            v.push_back(x32.valueAsDouble(i));
-          return v;
-        }());
-        bool sum = std::string(type) == "ReduceSum";
-        ir::Attributes attrs;
-        attrs.set("keepdims", int64_t{keep});
-        std::vector<Input> consts;
-        if (sum && !c.axes.empty())
-          consts.push_back({"axes", TensorData::fromInt64({static_cast<int64_t>(c.axes.size())}, c.axes)});
-        if (!sum && !c.axes.empty()) attrs.set("axes", c.axes);
-        auto y32 = runOp(type, 13, attrs, {{"x", x32}}, consts);
-        auto y64 = runOp(type, 13, attrs, {{"x", x64}}, consts);
-        ASSERT_EQ(y32[0].info().shape(), y64[0].info().shape()) << type;
-        EXPECT_LE(kernel_compare::maxRelDiff(y32[0], y64[0]), 1e-6)
-            << type << " keepdims " << keep << " over " << c.axes.size() << " axes of shape " << c.shape.size() << "-d";
-      }
-}
-
 TEST(FastKernels, FloatSoftmaxCrossEntropyMatchesTheDoubleKernel) {
   std::mt19937 rng(22);
   const int64_t n = 37, classes = 1001;
@@ -397,56 +349,6 @@ TEST(FuseConvRelu, FusedConvMatchesConvThenRelu) {
       }
       EXPECT_EQ(negatives, 0);
     }
-}
-
-TEST(FastKernels, FloatBatchNormMatchesTheDoubleKernel) {
-  // NCHW-like f32 inputs take the vectorised kernel (oneDNN declines them); f64 the generic loop.
-  std::mt19937 rng(41);
-  auto toDouble = [](const TensorData &t) {
-    std::vector<double> v;
-    for (int64_t i = 0; i < t.info().elementCount(); ++i)
-      v.push_back(t.valueAsDouble(i));
-    return TensorData::fromDoubles(DataType::DOUBLE, t.info().shape(), v);
-  };
-  for (const Shape &x : std::vector<Shape>{{2, 4, 7}, {3, 2, 4, 5}, {2, 3, 4, 2, 3}, {4, 16, 9, 9}}) {
-    Shape c{x[1]};
-    TensorData X = randomTensor(DataType::FLOAT, x, rng, -2, 3), scale = randomTensor(DataType::FLOAT, c, rng, 0.5, 2),
-               bias = randomTensor(DataType::FLOAT, c, rng, -1, 1), mean = randomTensor(DataType::FLOAT, c, rng, -1, 1),
-               var = randomTensor(DataType::FLOAT, c, rng, 0.5, 2), dY = randomTensor(DataType::FLOAT, x, rng, -1, 1);
-    for (int training : {0, 1}) {
-      ir::Attributes a;
-      a.set("epsilon", 1e-3f);
-      a.set("training_mode", int64_t{training});
-      size_t outs = training ? 3 : 1;
-      auto f =
-          runOp("BatchNormalization", 15, a, {{"x", X}, {"s", scale}, {"b", bias}, {"m", mean}, {"v", var}}, {}, outs);
-      auto d = runOp("BatchNormalization", 15, a,
-                     {{"x", toDouble(X)},
-                      {"s", toDouble(scale)},
-                      {"b", toDouble(bias)},
-                      {"m", toDouble(mean)},
-                      {"v", toDouble(var)}},
-                     {}, outs);
-      for (size_t i = 0; i < outs; ++i)
-        EXPECT_LE(kernel_compare::maxRelDiff(f[i], d[i]), 2e-6)
-            << "output " << i << (training ? " training" : " inference");
-    }
-    for (bool given : {false, true}) {
-      ir::Attributes a;
-      a.set("epsilon", 1e-3f);
-      std::vector<Input> in{{"x", X}, {"s", scale}, {"dy", dY}},
-          in64{{"x", toDouble(X)}, {"s", toDouble(scale)}, {"dy", toDouble(dY)}};
-      if (given) {
-        in.insert(in.end(), {{"m", mean}, {"v", var}});
-        in64.insert(in64.end(), {{"m", toDouble(mean)}, {"v", toDouble(var)}});
-      }
-      auto f = runOp("BatchNormalizationGrad", 1, a, in, {}, 3, "ai.graphcore");
-      auto d = runOp("BatchNormalizationGrad", 1, a, in64, {}, 3, "ai.graphcore");
-      for (size_t i = 0; i < 3; ++i)
-        EXPECT_LE(kernel_compare::maxRelDiff(f[i], d[i]), 1e-5)
-            << "grad output " << i << (given ? " given statistics" : "");
-    }
-  }
 }
 
 TEST(PlanInPlace, ElementwiseOutputsTakeTheBytesOfInputsThatAreDead) {
