@@ -1,7 +1,7 @@
-// Reference kernels: SoftmaxCrossEntropyLoss and NegativeLogLikelihoodLoss.
+// Reference kernels: SoftmaxCrossEntropyLoss, NegativeLogLikelihoodLoss and
+// SoftmaxCrossEntropyLossGrad, plain loops in double (fast/loss.cpp has the vectorised f32 ones).
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -39,11 +39,6 @@ public:
       : LossShape(op), name_(op.debugName()), type_(op.inInfo(0).dataType()), labelType_(op.inInfo(1).dataType()),
         softmax_(op.type == "SoftmaxCrossEntropyLoss"), hasWeights_(op.hasInput(2)) {
     logProb_.resize(static_cast<size_t>(softmax_ ? c_ : 0));
-    rowsF32_ = softmax_ && d_ == 1 && type_ == DataType::FLOAT;
-    if (rowsF32_) {
-      rowLoss_.resize(static_cast<size_t>(n_));
-      rowWeight_.resize(static_cast<size_t>(n_));
-    }
   }
 
   void run(const KernelArgs &a) override {
@@ -68,38 +63,7 @@ private:
     return w ? toDouble(w[l]) : 1.0;
   }
 
-  /// f32 scores [N, C]: rows in parallel with vectorised exp, each row's loss kept apart and
-  /// summed in row order afterwards, so the result does not depend on the thread count.
-  template <typename L> void computeRowsF32(const KernelArgs &a) {
-    const float *x = a.in<float>(0);
-    const L *labels = a.in<L>(1);
-    const float *w = hasWeights_ ? a.in<float>(2) : nullptr;
-    float *loss = a.out<float>(0);
-    float *logProbOut = a.hasOutput(1) ? a.out<float>(1) : nullptr;
-    for (int64_t n = 0; n < n_; ++n)
-      rowWeight_[n] = labelWeight(labels[n], n, w);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < n_; ++n) {
-      const float *row = x + n * c_;
-      float m = vec::max(row, c_);
-      float lse = m + std::log(vec::expSubSum(row, m, nullptr, c_));
-      if (logProbOut) vec::addScalar(row, -lse, logProbOut + n * c_, c_);
-      auto label = static_cast<int64_t>(labels[n]); // in range unless ignored (checked above)
-      rowLoss_[n] = ignore_ && label == *ignore_ ? 0.0 : -(static_cast<double>(row[label]) - lse) * rowWeight_[n];
-    }
-    double total = 0, weightSum = 0;
-    for (int64_t n = 0; n < n_; ++n) {
-      if (reduction_ == 0) loss[n] = static_cast<float>(rowLoss_[n]);
-      total += rowLoss_[n];
-      weightSum += rowWeight_[n];
-    }
-    if (reduction_ == 1) loss[0] = static_cast<float>(total);
-    if (reduction_ == 2) loss[0] = static_cast<float>(total / weightSum);
-  }
-
   template <typename T, typename L> void compute(const KernelArgs &a) {
-    if constexpr (std::is_same_v<T, float>)
-      if (rowsF32_) return computeRowsF32<L>(a);
     const T *x = a.in<T>(0);
     const L *labels = a.in<L>(1);
     const T *w = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -124,8 +88,7 @@ private:
         }
         int64_t label = static_cast<int64_t>(labels[n * d_ + d]);
         double weight = labelWeight(labels[n * d_ + d], n * d_ + d, w), value = 0;
-        if (!(ignore_ && label == *ignore_))
-          value = -(softmax_ ? logProb_[label] : toDouble(px[label * d_])) * weight;
+        if (!(ignore_ && label == *ignore_)) value = -(softmax_ ? logProb_[label] : toDouble(px[label * d_])) * weight;
         if (reduction_ == 0) loss[n * d_ + d] = fromDouble<T>(value);
         total += value;
         weightSum += weight;
@@ -136,24 +99,22 @@ private:
 
   std::string name_;
   DataType type_, labelType_;
-  bool softmax_, hasWeights_, rowsF32_ = false;
+  bool softmax_, hasWeights_;
   std::vector<double> logProb_;
-  std::vector<double> rowLoss_, rowWeight_;
 };
-
 
 /// dX = g·w·(softmax(x) − onehot(label)) per position, with w the label's class weight (0 for the
 /// ignored class and labels out of range) and g = dY, dY / Σw (mean) or dY[n, d] (none): the
-/// gradient of SoftmaxCrossEntropyLoss in one pass, without materialising the one-hot mask.
+/// gradient of SoftmaxCrossEntropyLoss in one pass, without materialising the one-hot mask, in
+/// double. Optional outputs: the class sums of dX (fuseLossGradClassSums) and the forward's loss
+/// (fuseLossWithGradient).
 template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
 public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
-      : LossShape(op), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
-    if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ * d_ + kBlock - 1) / kBlock * c_), T(0));
+      : LossShape(op), name_(op.debugName()), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
     if (op.hasOutput(2)) positionLoss_.assign(static_cast<size_t>(n_ * d_), 0.0);
-    name_ = op.debugName();
   }
-  int inPlaceInput() const override { return 0; } // dX over the logits, row by row
+  int inPlaceInput() const override { return 0; } // each x is read before its dX is written
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
     const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
@@ -164,120 +125,74 @@ public:
     };
     auto weight = [&](int64_t l) -> double {
       if (l < 0 || l >= c_ || (ignore_ && l == *ignore_)) return 0.0;
-      return weights ? static_cast<double>(weights[l]) : 1.0;
+      return weights ? toDouble(weights[l]) : 1.0;
     };
+    const int64_t positions = n_ * d_;
     double denom = 1.0;
     if (reduction_ == 2) {
       denom = 0.0;
-      for (int64_t k = 0; k < n_ * d_; ++k)
+      for (int64_t k = 0; k < positions; ++k)
         denom += weight(label(k));
     }
-    const int64_t positions = n_ * d_;
-    const bool withLoss = a.hasOutput(2); // fuseLossWithGradient: the forward's loss too
+    const bool withLoss = a.hasOutput(2);
     if (withLoss)
       for (int64_t k = 0; k < positions; ++k) {
         int64_t l = label(k);
         if ((l < 0 || l >= c_) && !(ignore_ && l == *ignore_))
           throw error(name_, ": label ", l, " at position ", k, " is out of range [0, ", c_, ")");
       }
-    // Position k's gradient (a row of C classes, strided by D), written over x when the plan
-    // runs this kernel in place (inPlaceInput), and added to \p part when that is not null.
-    auto position = [&](int64_t k, T *part) {
+#pragma omp parallel for schedule(static)
+    for (int64_t k = 0; k < positions; ++k) {
       int64_t n = k / d_, i = k % d_;
-      const T *xs = x + n * c_ * d_ + i;
+      const T *xs = x + n * c_ * d_ + i; // class c at xs[c * d_]
       T *out = dx + n * c_ * d_ + i;
       int64_t l = label(k);
       double w = weight(l);
       if (withLoss) positionLoss_[static_cast<size_t>(k)] = 0.0;
       if (w == 0.0) {
         for (int64_t c = 0; c < c_; ++c)
-          out[c * d_] = T(0);
-        return;
+          out[c * d_] = fromDouble<T>(0.0);
+        continue;
       }
-      double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
-      const double xl = static_cast<double>(xs[l * d_]); // read before out overwrites it
-      if constexpr (std::is_same_v<T, float>) {
-        if (d_ == 1) { // contiguous class row: vectorised
-          float mx = vec::max(xs, c_);
-          float sum = vec::expSubSum(xs, mx, out, c_);
-          if (withLoss) // as the forward kernel: -(x_l − log Σ e^x)·w
-            positionLoss_[static_cast<size_t>(k)] = -(xl - (mx + std::log(sum))) * w;
-          if (part) vec::scaleAccumulate(out, static_cast<float>(g) / sum, out, part, c_);
-          else vec::scale(out, static_cast<float>(g) / sum, out, c_);
-          out[l] -= static_cast<float>(g);
-          if (part) part[l] -= static_cast<float>(g);
-          return;
-        }
-      }
-      T mx = xs[0];
-      for (int64_t c = 1; c < c_; ++c)
-        mx = std::max(mx, xs[c * d_]);
-      T sum = 0;
-      for (int64_t c = 0; c < c_; ++c) {
-        T e = std::exp(xs[c * d_] - mx);
-        out[c * d_] = e;
-        sum += e;
-      }
-      if (withLoss)
-        positionLoss_[static_cast<size_t>(k)] =
-            -(xl - (static_cast<double>(mx) + std::log(static_cast<double>(sum)))) * w;
-      T scale = static_cast<T>(g) / sum;
+      double g = toDouble(reduction_ == 0 ? dy[k] : dy[0]) * w / denom;
+      double m = -std::numeric_limits<double>::infinity();
       for (int64_t c = 0; c < c_; ++c)
-        out[c * d_] *= scale;
-      out[l * d_] -= static_cast<T>(g);
-      if (part)
-        for (int64_t c = 0; c < c_; ++c)
-          part[c] += out[c * d_];
-    };
-
-    if (!a.hasOutput(1)) {
-#pragma omp parallel for schedule(static)
-      for (int64_t k = 0; k < positions; ++k)
-        position(k, nullptr);
-      if (withLoss) writeLoss(a.out<T>(2), denom);
-      return;
+        m = std::max(m, toDouble(xs[c * d_]));
+      double sum = 0;
+      for (int64_t c = 0; c < c_; ++c)
+        sum += std::exp(toDouble(xs[c * d_]) - m);
+      double lse = m + std::log(sum);
+      if (withLoss) positionLoss_[static_cast<size_t>(k)] = -(toDouble(xs[l * d_]) - lse) * w;
+      for (int64_t c = 0; c < c_; ++c) // x[c] is read before dX[c] overwrites it (in place)
+        out[c * d_] = fromDouble<T>(g * (std::exp(toDouble(xs[c * d_]) - lse) - (c == l ? 1.0 : 0.0)));
     }
-    // With the class sums (fuseLossGradClassSums): each block of kBlock positions sums its rows
-    // while they are in cache, then the blocks are added in order in double, so the result does
-    // not depend on the thread count.
-    const int64_t blocks = (positions + kBlock - 1) / kBlock;
-    T *partial = partial_.data();
+    if (a.hasOutput(1)) {
+      T *sums = a.out<T>(1);
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      T *part = partial + b * c_;
-      std::fill(part, part + c_, T(0));
-      for (int64_t k = b * kBlock; k < std::min(positions, (b + 1) * kBlock); ++k)
-        position(k, part);
+      for (int64_t c = 0; c < c_; ++c) {
+        double s = 0;
+        for (int64_t k = 0; k < positions; ++k)
+          s += toDouble(dx[(k / d_) * c_ * d_ + c * d_ + k % d_]);
+        sums[c] = fromDouble<T>(s);
+      }
     }
-    T *sums = a.out<T>(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < c_; ++c) {
-      double s = 0;
-      for (int64_t b = 0; b < blocks; ++b)
-        s += static_cast<double>(partial[b * c_ + c]);
-      sums[c] = static_cast<T>(s);
+    if (withLoss) {
+      T *loss = a.out<T>(2);
+      double total = 0;
+      for (int64_t k = 0; k < positions; ++k) {
+        if (reduction_ == 0) loss[k] = fromDouble<T>(positionLoss_[static_cast<size_t>(k)]);
+        total += positionLoss_[static_cast<size_t>(k)];
+      }
+      if (reduction_ == 1) loss[0] = fromDouble<T>(total);
+      if (reduction_ == 2) loss[0] = fromDouble<T>(total / denom);
     }
-    if (withLoss) writeLoss(a.out<T>(2), denom);
   }
 
 private:
-  /// The forward's loss from the positions' terms, summed in order (as the forward kernel).
-  void writeLoss(T *loss, double denom) const {
-    double total = 0;
-    for (int64_t k = 0; k < n_ * d_; ++k) {
-      if (reduction_ == 0) loss[k] = static_cast<T>(positionLoss_[static_cast<size_t>(k)]);
-      total += positionLoss_[static_cast<size_t>(k)];
-    }
-    if (reduction_ == 1) loss[0] = static_cast<T>(total);
-    if (reduction_ == 2) loss[0] = static_cast<T>(total / denom);
-  }
-
-  static constexpr int64_t kBlock = 32;
   std::string name_;
-  std::vector<double> positionLoss_;
   DataType labelType_;
   bool hasWeights_;
-  std::vector<T> partial_; ///< per block of kBlock positions: its rows' sum
+  std::vector<double> positionLoss_; ///< each position's term of the forward's loss
 };
 
 std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {

@@ -151,49 +151,6 @@ TEST(VecMath, ErfMatchesLibm) {
   EXPECT_EQ(out[3], 0.f);
 }
 
-TEST(FastKernels, FloatSoftmaxCrossEntropyMatchesTheDoubleKernel) {
-  std::mt19937 rng(22);
-  const int64_t n = 37, classes = 1001;
-  std::uniform_int_distribution<int64_t> label(0, classes - 1);
-  std::vector<int64_t> labels(n);
-  for (auto &l : labels)
-    l = label(rng);
-  labels[3] = 7; // ignored below
-  TensorData x32 = randomTensor(DataType::FLOAT, {n, classes}, rng, -8, 8);
-  TensorData w32 = randomTensor(DataType::FLOAT, {classes}, rng, 0.1, 2);
-  auto toDouble = [](const TensorData &t) {
-    std::vector<double> v;
-    for (int64_t i = 0; i < t.info().elementCount(); ++i)
-      v.push_back(t.valueAsDouble(i));
-    return TensorData::fromDoubles(DataType::DOUBLE, t.info().shape(), v);
-  };
-  TensorData lab = TensorData::fromInt64({n}, labels);
-  for (const char *reduction : {"mean", "sum", "none"})
-    for (bool weighted : {false, true}) {
-      ir::Attributes attrs;
-      attrs.set("reduction", std::string(reduction));
-      attrs.set("ignore_index", int64_t{7});
-      std::vector<Input> in32{{"x", x32}, {"l", lab}}, in64{{"x", toDouble(x32)}, {"l", lab}};
-      if (weighted) {
-        in32.push_back({"w", w32});
-        in64.push_back({"w", toDouble(w32)});
-      }
-      auto y32 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in32, {}, 2);
-      auto y64 = runOp("SoftmaxCrossEntropyLoss", 13, attrs, in64, {}, 2);
-      EXPECT_LE(kernel_compare::maxRelDiff(y32[0], y64[0]), 2e-6) << reduction << (weighted ? " weighted" : "");
-      EXPECT_LE(kernel_compare::maxRelDiff(y32[1], y64[1]), 2e-6) << "log_prob, " << reduction;
-    }
-  // An out-of-range label is still an error naming it, from the parallel path too.
-  labels[5] = classes;
-  ir::Attributes attrs;
-  try {
-    runOp("SoftmaxCrossEntropyLoss", 13, attrs, {{"x", x32}, {"l", TensorData::fromInt64({n}, labels)}}, {});
-    FAIL() << "expected an error";
-  } catch (const std::exception &e) {
-    EXPECT_NE(std::string(e.what()).find("label 1001 at position 5 is out of range"), std::string::npos) << e.what();
-  }
-}
-
 TEST(PlanViews, ReshapeSharesItsInputBytesAndKeepsItAlive) {
   ir::registerBuiltinOps();
   ir::Graph g;
@@ -397,40 +354,4 @@ TEST(PlanInPlace, ElementwiseOutputsTakeTheBytesOfInputsThatAreDead) {
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 1e-6f * (1 + std::fabs(want[i]))) << (readAgain ? "read again " : "") << i;
   }
-}
-
-TEST(RowSoftmaxGrad, FloatRowPassMatchesTheDoubleLoop) {
-  // f32 over the last axis takes the threaded row pass (oneDNN declines it); DOUBLE the generic
-  // loop; axis 1 of a 3-D tensor stays with oneDNN.
-  std::mt19937 rng(71);
-  for (Shape shape : {Shape{3, 4, 128}, Shape{7, 33}, Shape{5}}) {
-    TensorData y64 = randomTensor(DataType::DOUBLE, shape, rng, 0.0, 1.0);
-    TensorData g64 = randomTensor(DataType::DOUBLE, shape, rng, -1.0, 1.0);
-    std::vector<double> yv(static_cast<size_t>(y64.info().elementCount())), gv(yv.size());
-    for (size_t i = 0; i < yv.size(); ++i) {
-      yv[i] = y64.valueAsDouble(static_cast<int64_t>(i));
-      gv[i] = g64.valueAsDouble(static_cast<int64_t>(i));
-    }
-    TensorData y32 = TensorData::fromDoubles(DataType::FLOAT, shape, yv),
-               g32 = TensorData::fromDoubles(DataType::FLOAT, shape, gv);
-    ir::Attributes attrs;
-    attrs.set("axis", int64_t{-1});
-    auto want = runOp("SoftmaxGrad", 13, attrs, {{"y", y64}, {"g", g64}}, {}, 1, "ai.graphcore");
-    auto got = runOp("SoftmaxGrad", 13, attrs, {{"y", y32}, {"g", g32}}, {}, 1, "ai.graphcore");
-    EXPECT_LE(kernel_compare::maxRelDiff(got[0], want[0]), 2e-6) << toString(shape);
-  }
-  ir::registerBuiltinOps();
-  ir::Graph g;
-  for (const char *id : {"y", "g"})
-    g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 4}));
-  ir::Attributes last, middle;
-  last.set("axis", int64_t{2});
-  middle.set("axis", int64_t{1});
-  ir::Op &a = g.addOp("SoftmaxGrad", "ai.graphcore", 1, "last", last, {"y", "g"}, {"dx"});
-  ir::Op &b = g.addOp("SoftmaxGrad", "ai.graphcore", 1, "middle", middle, {"y", "g"}, {"dx2"});
-  a.def->setup(a);
-  b.def->setup(b);
-  backend_cpu::registerBuiltinKernels();
-  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(a)->provider, backend_cpu::KernelProvider::Reference);
-  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(b)->provider, backend_cpu::KernelProvider::Dnnl);
 }
