@@ -49,17 +49,20 @@ void registerFastBroadcastKernels(KernelRegistry &registry);
 /// take the op.
 int64_t recurrentSavedBytes(const ir::Op &op);
 
-/// A depthwise ConvWeightGrad that the reference family's vectorised kernel runs (f32, 2-D, one
-/// input channel per group, no dilation), so oneDNN declines it: 2.6 runs 5×5 ones on GEMM
-/// (35 ms for one of EfficientNet-B0's at batch 8, 4 ms on ours), and its jit 3×3 one plus the
-/// reorders of X and dY to blocked channels took longer than ours on plain NCHW.
+/// A depthwise ConvWeightGrad that the fast family's kernel runs (f32, 2-D, one input channel
+/// per group, no dilation, no negative pads; backend_cpu/fast/convgrad.cpp), so oneDNN declines
+/// it: 2.6 runs 5×5 ones on GEMM (35 ms for one of EfficientNet-B0's at batch 8, 4 ms on ours),
+/// and its jit 3×3 one plus the reorders of X and dY to blocked channels took longer than ours on
+/// plain NCHW.
 bool depthwiseWeightGrad(const ir::Op &op);
-/// A MaxPoolGrad that the reference family's vectorised plane kernel runs (f32, 2-D, windows
-/// that tile without overlap or padding): one pass with no forward rerun, so oneDNN declines it.
+/// A MaxPoolGrad that the fast family's plane kernel runs (f32, 2-D, windows that tile without
+/// overlap, padding or dilation, each inside X; backend_cpu/fast/convpool.cpp): one pass with no
+/// forward rerun, which also applies a fused Relu gradient, so oneDNN declines it.
 bool tiledMaxPoolGrad(const ir::Op &op);
-/// The same for MaxPool without Indices: one vectorised pass at memory speed, where oneDNN 2.6
-/// without AVX-512 runs plain NCHW pooling in its generic simple_nchw code (10.7 ms against
-/// about 1 ms for the CNN benchmark's first pool), so oneDNN declines it too.
+/// The same for MaxPool without Indices (the fast family's MaxPool, backend_cpu/fast/convpool.cpp):
+/// one vectorised pass at memory speed, where oneDNN 2.6 without AVX-512 runs plain NCHW pooling
+/// in its generic simple_nchw code (10.7 ms against about 1 ms for the CNN benchmark's first
+/// pool), so oneDNN declines it too.
 bool tiledMaxPool(const ir::Op &op);
 /// A f32 SoftmaxGrad over the last axis: the fast family's threaded row pass (fast/softmax.cpp),
 /// where oneDNN 2.6 without AVX-512 took 3.8 ms per BERT attention softmax gradient (3.3 GB/s),

@@ -382,7 +382,7 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
          makeKernel<ConvDataGradKernel>});
   r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl,
          [](const ir::Op &op) {
-           if (depthwiseWeightGrad(op)) return Support::no("depthwise: the reference's vectorised kernel is faster");
+           if (depthwiseWeightGrad(op)) return Support::no("depthwise: the fast kernel is faster");
            return supports<ConvWeightGradKernel>(op);
          },
          makeKernel<ConvWeightGradKernel>});
@@ -390,9 +390,9 @@ void registerDnnlConvGradKernels(KernelRegistry &r) {
          makeKernel<AveragePoolGradKernel>});
   r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Dnnl,
          [](const ir::Op &op) {
-           // Tiling windows: the reference family's vectorised kernel is one pass, without
-           // rerunning the forward; a fused Relu gradient only it applies.
-           if (tiledMaxPoolGrad(op)) return Support::no("tiling windows: the reference's one pass is faster");
+           // Tiling windows: the fast family's vectorised kernel is one pass, without rerunning
+           // the forward; a fused Relu gradient only it and the reference apply.
+           if (tiledMaxPoolGrad(op)) return Support::no("tiling windows: the fast kernel's one pass is faster");
            if (op.fusion.activated()) return Support::no("a fused Relu gradient");
            return supports<MaxPoolGradKernel>(op);
          },

@@ -9,8 +9,8 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
 #include "backend_cpu/dnnl/window.hpp"
-#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
+#include "backend_cpu/kernel_families.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
@@ -601,7 +601,7 @@ Support supportsConv(const ir::Op &op) {
 Support supportsPool(const ir::Op &op) {
   if (std::string why = windowOpShapes(op); !why.empty()) return Support::no(why);
   if (op.type == "MaxPool" && op.hasOutput(1)) return Support::no("oneDNN gives no Indices");
-  if (tiledMaxPool(op)) return Support::no("tiling windows: the reference's vectorised pass is faster");
+  if (tiledMaxPool(op)) return Support::no("tiling windows: the fast kernel's vectorised pass is faster");
   // A dilated window can lie wholly in the padding, where ONNX and oneDNN disagree.
   const Shape &x = op.inInfo(0).shape();
   auto k = op.attrs.getInts("kernel_shape");

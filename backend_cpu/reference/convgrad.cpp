@@ -4,7 +4,6 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
 
@@ -55,26 +54,6 @@ template <bool weights> std::unique_ptr<Kernel> createConvGrad(const ir::Op &op)
   const Shape &dy = op.inInfo(0).shape(), &in1 = op.inInfo(1).shape(), &out = op.outInfo(0).shape();
   const Shape &x = weights ? in1 : out, &w = weights ? out : in1;
   Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  if constexpr (weights)
-    if (depthwiseWeightGrad(op)) {
-      // Threads over channels, each summing its batch in order: the same bits at any thread count.
-      int64_t batch = x[0], channels = x[1], inSize = g.inSize, outSize = g.outSize, taps = g.kSize;
-      int64_t scratch = vec::depthwiseWeightGradScratch(g.out[0], g.out[1], g.k[0], g.k[1], g.s[0], g.s[1]);
-      return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-        const float *dY = a.in<float>(0), *X = a.in<float>(1);
-        float *dW = a.out<float>(0);
-#pragma omp parallel
-        {
-          thread_local std::vector<float> buffer; // grows on the first run only
-          if (buffer.size() < static_cast<size_t>(scratch)) buffer.resize(static_cast<size_t>(scratch));
-#pragma omp for schedule(static)
-          for (int64_t c = 0; c < channels; ++c)
-            vec::depthwiseWeightGrad(X + c * inSize, channels * inSize, dY + c * outSize, channels * outSize, batch,
-                                     dW + c * taps, g.in[0], g.in[1], g.out[0], g.out[1], g.k[0], g.k[1], g.s[0],
-                                     g.s[1], g.pb[0], g.pb[1], buffer.data());
-        }
-      });
-    }
   ConvChannels ch = convChannels(op, x, dy);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
@@ -145,18 +124,6 @@ std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
   Geom g = makeGeom(op, x, dy, op.attrs.getInts("kernel_shape"), false);
   int64_t planes = x[0] * x[1];
   bool relu = op.fusion.relu();
-  if (tiledMaxPoolGrad(op)) {
-    std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
-    int64_t h = x[2], w = x[3], oh = dy[2], ow = dy[3];
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const float *X = a.in<float>(0), *dY = a.in<float>(1);
-      float *dX = a.out<float>(0);
-#pragma omp parallel for schedule(static)
-      for (int64_t p = 0; p < planes; ++p)
-        vec::maxPoolGradPlane(X + p * h * w, dY + p * oh * ow, dX + p * h * w, h, w, oh, ow, k[0], k[1], s[0], s[1],
-                              relu);
-    });
-  }
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -190,43 +157,6 @@ std::unique_ptr<Kernel> createMaxPoolGrad(const ir::Op &op) {
 }
 
 } // namespace
-
-namespace {
-bool tiledWindows(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4) return false;
-  std::vector<int64_t> k = op.attrs.getInts("kernel_shape", {}), s = op.attrs.getInts("strides", {});
-  std::vector<int64_t> d = op.attrs.getInts("dilations", {1, 1}), pads = op.attrs.getInts("pads", {0, 0, 0, 0});
-  if (k.size() != 2 || s.size() != 2) return false;
-  for (size_t i = 0; i < 2; ++i)
-    if (s[i] < k[i] || d[i] != 1) return false;
-  return std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; });
-}
-} // namespace
-
-bool depthwiseWeightGrad(const ir::Op &op) {
-  if (op.type != "ConvWeightGrad" || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() != 4)
-    return false;
-  const Shape &x = op.inInfo(1).shape(), &w = op.outInfo(0).shape(), &dy = op.inInfo(0).shape();
-  int64_t group = op.attrs.getInt("group", 1);
-  if (group != x[1] || w[1] != 1 || w[0] != group) return false;
-  Geom g = makeGeom(op, x, dy, spatialOf(w), false);
-  for (int i = 0; i < 2; ++i)
-    if (g.d[i] != 1 || g.pb[i] < 0 || g.pe[i] < 0) return false;
-  return true;
-}
-
-bool tiledMaxPoolGrad(const ir::Op &op) { return op.type == "MaxPoolGrad" && tiledWindows(op); }
-
-bool tiledMaxPool(const ir::Op &op) {
-  if (op.type != "MaxPool" || op.hasOutput(1) || !op.hasOutput(0) || !tiledWindows(op)) return false;
-  if (op.attrs.getString("auto_pad", "NOTSET") != "NOTSET") return false;
-  // Every output window lies inside the input (floor rounding, or ceil that adds none).
-  const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
-  std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
-  for (size_t i = 0; i < 2; ++i)
-    if ((y[i + 2] - 1) * s[i] + k[i] > x[i + 2]) return false;
-  return y[0] == x[0] && y[1] == x[1];
-}
 
 void registerReferenceConvGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Reference, nullptr, createConvGrad<false>});

@@ -2,7 +2,6 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/reference/window.hpp"
 #include "core/dispatch.hpp"
 
@@ -130,17 +129,6 @@ std::unique_ptr<Kernel> createConvTranspose(const ir::Op &op) {
 
 std::unique_ptr<Kernel> createMaxPool(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape(), &y = op.outInfo(0).shape();
-  if (tiledMaxPool(op)) {
-    std::vector<int64_t> k = op.attrs.getInts("kernel_shape"), s = op.attrs.getInts("strides");
-    int64_t planes = x[0] * x[1], h = x[2], w = x[3], oh = y[2], ow = y[3];
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const float *X = a.in<float>(0);
-      float *Y = a.out<float>(0);
-#pragma omp parallel for schedule(static)
-      for (int64_t p = 0; p < planes; ++p)
-        vec::maxPoolPlane(X + p * h * w, Y + p * oh * ow, h, w, oh, ow, k[0], k[1], s[0], s[1]);
-    });
-  }
   Geom g = makeGeom(op, x, y, op.attrs.getInts("kernel_shape"), false);
   int64_t planes = x[0] * x[1];
   bool colMajor = op.attrs.getInt("storage_order", 0) == 1;

@@ -257,7 +257,7 @@ TEST(DnnlVsReference, ConvGradKernels) {
 }
 
 TEST(DepthwiseWeightGrad, PlaneKernelMatchesTheDefinition) {
-  // The reference family's vectorised depthwise ConvWeightGrad (oneDNN declines it) against the sum that defines it,
+  // The fast family's vectorised depthwise ConvWeightGrad (oneDNN declines it) against the sum that defines it,
   // in double: dW[c, u, v] = Σ dY[b, c, r, j] · X[b, c, r·sh + u − pt, j·sw + v − pl].
   struct Geometry {
     Shape x, w;
@@ -288,7 +288,7 @@ TEST(DepthwiseWeightGrad, PlaneKernelMatchesTheDefinition) {
       std::fill(dw.as<float>(), dw.as<float>() + dw.info().elementCount(), 1e6f);
       const void *in[] = {dy.data(), x.data()};
       void *out[] = {dw.data()};
-      auto kernel = backend_cpu::createKernel(*op, KernelProvider::Reference);
+      auto kernel = backend_cpu::createKernel(*op, KernelProvider::Fast);
       kernel->run({in, 2, out, 1});
       kernel->run({in, 2, out, 1}); // a second run must not accumulate
       int64_t n = c.x[0], ch = c.x[1], h = c.x[2], w = c.x[3], oh = dyShape[2], ow = dyShape[3];
