@@ -5,8 +5,8 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/norm_grad.hpp"
+#include "backend_cpu/kernel_families.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -19,7 +19,12 @@ namespace {
 using namespace dnnl;
 
 /// FLOAT inputs, input 0 not empty.
-bool floatAndNotEmpty(const ir::Op &op) { return dnnl_util::inputsFloat(op) && op.inInfo(0).elementCount() > 0; }
+/// Why oneDNN does not take \p op's inputs: not all f32, or empty ("" if it does).
+std::string notFloatOrEmpty(const ir::Op &op) {
+  if (!dnnl_util::inputsFloat(op)) return "inputs not all f32";
+  if (op.inInfo(0).elementCount() == 0) return "empty input";
+  return "";
+}
 
 /// One backward primitive reading input 0 as \p dataArg (DST or SRC) and input 1 as DIFF_DST,
 /// writing output 0 as DIFF_SRC.
@@ -50,7 +55,7 @@ private:
 };
 
 Support supportsSoftmaxGrad(const ir::Op &op) {
-  if (!floatAndNotEmpty(op)) return Support::no("not f32, or an empty tensor");
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
   if (rowSoftmaxGrad(op)) return Support::no("f32 over the last axis: the fast kernel's row pass is faster");
   return Support::yes();
 }
@@ -69,7 +74,7 @@ std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   return std::make_unique<DiffKernel>(softmax_v2_backward(pd), DNNL_ARG_DST, md);
 }
 
-bool supportsLayerNormGrad(const ir::Op &op) { return floatAndNotEmpty(op); }
+Support supportsLayerNormGrad(const ir::Op &op) { return Support::unless(notFloatOrEmpty(op)); }
 
 /// oneDNN's backward pass wants the row mean and variance. Given the forward's Mean and InvStdDev,
 /// the variance is 1/InvStdDev² − ε (oneDNN adds ε back); else a statistics-only forward pass
@@ -162,9 +167,12 @@ bool eltwiseGradSpec(const ir::Op &op, EltwiseGradSpec &spec) {
   return true;
 }
 
-bool supportsActivationGrad(const ir::Op &op) {
+Support supportsActivationGrad(const ir::Op &op) {
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
   EltwiseGradSpec spec;
-  return floatAndNotEmpty(op) && eltwiseGradSpec(op, spec);
+  if (!eltwiseGradSpec(op, spec))
+    return Support::no("no oneDNN eltwise backward for activation " + op.attrs.getString("activation", "?"));
+  return Support::yes();
 }
 
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {

@@ -27,7 +27,7 @@ struct Case {
   std::vector<float> consts = {}; ///< scalar constant inputs after the streamed ones (Clip's bounds)
   size_t outputs = 1;             ///< outputs of the op; only the first is differentiated
   int opset = 17;
-  /// The grad ops run on oneDNN; false where the reference family's vectorised pass is preferred
+  /// The grad ops run on oneDNN; false where the fast kernel's vectorised pass is preferred
   /// (a last-axis f32 SoftmaxGrad, rowSoftmaxGrad), which must allocate nothing either.
   bool dnnlGrads = true;
   /// oneDNN bookkeeping beyond the argument maps that a oneDNN step may allocate per run. oneDNN

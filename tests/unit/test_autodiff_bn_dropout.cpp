@@ -241,8 +241,8 @@ ir::Op &addFloatOp(ir::Graph &g, const std::string &type, const std::string &dom
 }
 
 // oneDNN's kernels take (N, C) only: on plain rank 3-5 oneDNN 2.6 has only generic loops
-// (ncsp_bnorm, bnorm_ref), so they decline for our vectorised kernel, which test_fast_kernels.cpp
-// checks against the double kernel (DnnlDeclinesGenericBatchNorm below).
+// (ncsp_bnorm, bnorm_ref), so they decline for our fast kernel, which test_fast_norm.cpp checks
+// against the reference (DnnlDeclinesGenericBatchNorm below).
 const std::vector<Shape> kShapes{{5, 3}, {32, 8}, {7, 16}, {2, 4}};
 
 } // namespace

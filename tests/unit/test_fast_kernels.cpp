@@ -1,6 +1,6 @@
-// The vectorised f32 paths of the reference kernels (vecloops.cpp: exp, erf, row and column
-// sums, softmax cross-entropy) against libm in double and against the same kernels' generic
-// path run in double, and views (Reshape-like ops sharing their input's bytes) in the plan.
+// The fast kernels' vector math (backend_cpu/fast/vecloops.cpp: exp, erf) against libm in
+// double, and views (Reshape-like ops sharing their input's bytes) and in-place outputs in the
+// plan. The fast kernels themselves are compared with the reference in test_fast_*.cpp.
 
 #include "kernel_compare.hpp"
 #include "op_runner.hpp"
