@@ -60,9 +60,9 @@ bool tiledMaxPoolGrad(const ir::Op &op);
 /// without AVX-512 runs plain NCHW pooling in its generic simple_nchw code (10.7 ms against
 /// about 1 ms for the CNN benchmark's first pool), so oneDNN declines it too.
 bool tiledMaxPool(const ir::Op &op);
-/// A f32 SoftmaxGrad over the last axis: the reference family's threaded row pass, where oneDNN
-/// 2.6 without AVX-512 took 3.8 ms per BERT attention softmax gradient (3.3 GB/s), so oneDNN
-/// declines it.
+/// A f32 SoftmaxGrad over the last axis: the fast family's threaded row pass
+/// (backend_cpu/fast/actgrad.cpp), where oneDNN 2.6 without AVX-512 took 3.8 ms per BERT
+/// attention softmax gradient (3.3 GB/s), so oneDNN declines it.
 bool rowSoftmaxGrad(const ir::Op &op);
 
 } // namespace popart::backend_cpu

@@ -5,8 +5,8 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/dnnl/norm_grad.hpp"
+#include "backend_cpu/kernel_families.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -49,7 +49,11 @@ private:
   memory data_, diffDst_, diffSrc_;
 };
 
-bool supportsSoftmaxGrad(const ir::Op &op) { return floatAndNotEmpty(op) && !rowSoftmaxGrad(op); }
+Support supportsSoftmaxGrad(const ir::Op &op) {
+  if (!floatAndNotEmpty(op)) return Support::no("not f32, or an empty tensor");
+  if (rowSoftmaxGrad(op)) return Support::no("f32 over the last axis: the fast kernel's row pass is faster");
+  return Support::yes();
+}
 
 std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();

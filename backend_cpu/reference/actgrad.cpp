@@ -30,23 +30,6 @@ std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   int64_t outer = 0, n = 0, inner = 0;
   softmaxView(op, outer, n, inner);
   bool log = op.type == "LogSoftmaxGrad";
-  if (rowSoftmaxGrad(op)) // rows threaded, each summed by one thread in a fixed order
-    return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const float *y = a.in<float>(0), *dy = a.in<float>(1);
-      float *dx = a.out<float>(0);
-#pragma omp parallel for schedule(static)
-      for (int64_t o = 0; o < outer; ++o) {
-        const float *yr = y + o * n, *gr = dy + o * n;
-        float *dr = dx + o * n;
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t k = 0; k < n; ++k)
-          s += gr[k] * yr[k];
-#pragma omp simd
-        for (int64_t k = 0; k < n; ++k)
-          dr[k] = yr[k] * (gr[k] - s);
-      }
-    });
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
@@ -128,9 +111,9 @@ enum class Act { Relu, Elu, Tanh, Sigmoid, Exp, Sqrt, LeakyRelu, Abs, Clip, Gelu
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
   const std::string act = op.attrs.getString("activation");
   static const std::pair<const char *, Act> names[] = {
-      {"Relu", Act::Relu},           {"Elu", Act::Elu}, {"Tanh", Act::Tanh},
-      {"Sigmoid", Act::Sigmoid},     {"Exp", Act::Exp}, {"Sqrt", Act::Sqrt},
-      {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs}, {"Clip", Act::Clip}, {"Gelu", Act::Gelu}};
+      {"Relu", Act::Relu}, {"Elu", Act::Elu},   {"Tanh", Act::Tanh},           {"Sigmoid", Act::Sigmoid},
+      {"Exp", Act::Exp},   {"Sqrt", Act::Sqrt}, {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs},
+      {"Clip", Act::Clip}, {"Gelu", Act::Gelu}};
   Act kind = Act::Relu;
   bool found = false;
   for (const auto &[name, k] : names)
@@ -171,12 +154,6 @@ std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
 }
 
 } // namespace
-
-bool rowSoftmaxGrad(const ir::Op &op) {
-  if (op.type != "SoftmaxGrad" || op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(0).rank() < 1) return false;
-  int64_t rank = static_cast<int64_t>(op.inInfo(0).rank()), axis = op.attrs.getInt("axis", -1);
-  return axis == -1 || axis == rank - 1;
-}
 
 void registerReferenceActGradKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "SoftmaxGrad", KernelProvider::Reference, nullptr, createSoftmaxGrad});

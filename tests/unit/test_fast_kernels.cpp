@@ -5,8 +5,8 @@
 #include "kernel_compare.hpp"
 #include "op_runner.hpp"
 
-#include "backend_cpu/plan.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
+#include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 
@@ -495,40 +495,4 @@ TEST(PlanInPlace, ElementwiseOutputsTakeTheBytesOfInputsThatAreDead) {
     for (size_t i = 0; i < want.size(); ++i)
       ASSERT_NEAR(got[i], want[i], 1e-6f * (1 + std::fabs(want[i]))) << (readAgain ? "read again " : "") << i;
   }
-}
-
-TEST(RowSoftmaxGrad, FloatRowPassMatchesTheDoubleLoop) {
-  // f32 over the last axis takes the threaded row pass (oneDNN declines it); DOUBLE the generic
-  // loop; axis 1 of a 3-D tensor stays with oneDNN.
-  std::mt19937 rng(71);
-  for (Shape shape : {Shape{3, 4, 128}, Shape{7, 33}, Shape{5}}) {
-    TensorData y64 = randomTensor(DataType::DOUBLE, shape, rng, 0.0, 1.0);
-    TensorData g64 = randomTensor(DataType::DOUBLE, shape, rng, -1.0, 1.0);
-    std::vector<double> yv(static_cast<size_t>(y64.info().elementCount())), gv(yv.size());
-    for (size_t i = 0; i < yv.size(); ++i) {
-      yv[i] = y64.valueAsDouble(static_cast<int64_t>(i));
-      gv[i] = g64.valueAsDouble(static_cast<int64_t>(i));
-    }
-    TensorData y32 = TensorData::fromDoubles(DataType::FLOAT, shape, yv),
-               g32 = TensorData::fromDoubles(DataType::FLOAT, shape, gv);
-    ir::Attributes attrs;
-    attrs.set("axis", int64_t{-1});
-    auto want = runOp("SoftmaxGrad", 13, attrs, {{"y", y64}, {"g", g64}}, {}, 1, "ai.graphcore");
-    auto got = runOp("SoftmaxGrad", 13, attrs, {{"y", y32}, {"g", g32}}, {}, 1, "ai.graphcore");
-    EXPECT_LE(kernel_compare::maxRelDiff(got[0], want[0]), 2e-6) << toString(shape);
-  }
-  ir::registerBuiltinOps();
-  ir::Graph g;
-  for (const char *id : {"y", "g"})
-    g.addTensor(id, ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3, 4}));
-  ir::Attributes last, middle;
-  last.set("axis", int64_t{2});
-  middle.set("axis", int64_t{1});
-  ir::Op &a = g.addOp("SoftmaxGrad", "ai.graphcore", 1, "last", last, {"y", "g"}, {"dx"});
-  ir::Op &b = g.addOp("SoftmaxGrad", "ai.graphcore", 1, "middle", middle, {"y", "g"}, {"dx2"});
-  a.def->setup(a);
-  b.def->setup(b);
-  backend_cpu::registerBuiltinKernels();
-  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(a)->provider, backend_cpu::KernelProvider::Reference);
-  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(b)->provider, backend_cpu::KernelProvider::Dnnl);
 }
