@@ -111,9 +111,9 @@ enum class Act { Relu, Elu, Tanh, Sigmoid, Exp, Sqrt, LeakyRelu, Abs, Clip, Gelu
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
   const std::string act = op.attrs.getString("activation");
   static const std::pair<const char *, Act> names[] = {
-      {"Relu", Act::Relu},           {"Elu", Act::Elu}, {"Tanh", Act::Tanh},
-      {"Sigmoid", Act::Sigmoid},     {"Exp", Act::Exp}, {"Sqrt", Act::Sqrt},
-      {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs}, {"Clip", Act::Clip}, {"Gelu", Act::Gelu}};
+      {"Relu", Act::Relu}, {"Elu", Act::Elu},   {"Tanh", Act::Tanh},           {"Sigmoid", Act::Sigmoid},
+      {"Exp", Act::Exp},   {"Sqrt", Act::Sqrt}, {"LeakyRelu", Act::LeakyRelu}, {"Abs", Act::Abs},
+      {"Clip", Act::Clip}, {"Gelu", Act::Gelu}};
   Act kind = Act::Relu;
   bool found = false;
   for (const auto &[name, k] : names)

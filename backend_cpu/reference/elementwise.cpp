@@ -3,7 +3,6 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -252,15 +251,6 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
   Code type = codeOf(op.type);
   UnaryParams attrs = unaryParams(op.type, op.attrs);
   if (type == Code::Unknown) throw error(op.debugName(), ": no reference kernel for unary op ", op.type);
-  if (t == DataType::FLOAT && type == Code::Erf) // GELU's erf: vectorised, in parallel chunks
-    return std::make_unique<LoopKernel>([n](const KernelArgs &a) {
-      constexpr int64_t kChunk = 16384;
-      const float *x = a.in<float>(0);
-      float *y = a.out<float>(0);
-#pragma omp parallel for schedule(static) if (n > kChunk)
-      for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
-        vec::erf(x + c * kChunk, y + c * kChunk, std::min(kChunk, n - c * kChunk));
-    });
   return dispatchNumeric(t, op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
@@ -538,8 +528,7 @@ bool notString(const ir::Op &op) {
 } // namespace
 
 void registerReferenceElementwiseKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, KernelFactory create,
-                 bool (*supports)(const ir::Op &)) {
+  auto add = [&](const char *type, KernelFactory create, bool (*supports)(const ir::Op &)) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };
   for (const char *t : {"Abs",        "Neg",

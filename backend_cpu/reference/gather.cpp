@@ -7,9 +7,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
 #include <numeric>
 #include <optional>
+#include <type_traits>
 
 namespace popart::backend_cpu {
 
@@ -203,10 +203,9 @@ void applyUpdate(uint8_t *dst, const uint8_t *src, int64_t count, size_t size, D
   dispatchAll(type, "scatter reduction", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
-      if (r == Reduction::Add) { // the embedding gradient's rows: a vectorised add
+      if (r == Reduction::Add) { // the embedding gradient's rows: a plain add, which GCC vectorises
         auto *d = reinterpret_cast<T *>(dst);
         const auto *u = reinterpret_cast<const T *>(src);
-#pragma omp simd
         for (int64_t i = 0; i < count; ++i)
           d[i] += u[i];
         return;

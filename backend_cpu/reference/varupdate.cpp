@@ -3,7 +3,6 @@
 // torch.optim (1.13) step for step; docs/training.md lists the hyperparameter layouts.
 
 #include "backend_cpu/kernel_families.hpp"
-#include "backend_cpu/fast/vecloops.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -44,9 +43,7 @@ protected:
   int64_t n_;
   std::vector<bool> hasState_;
   /// State tensor \p k (input 4 + k, updated in place through output 1 + k); null if absent.
-  static float *state(const KernelArgs &a, size_t k) {
-    return a.hasOutput(1 + k) ? a.out<float>(1 + k) : nullptr;
-  }
+  static float *state(const KernelArgs &a, size_t k) { return a.hasOutput(1 + k) ? a.out<float>(1 + k) : nullptr; }
 };
 
 /// torch.optim.SGD with velocity scaling: hp = [lr, momentum, dampening, weightDecay,
@@ -62,7 +59,6 @@ public:
     const float *g = a.in<float>(1);
     float *w = a.out<float>(0);
     float *v = state(a, 0);
-#pragma omp simd
     for (int64_t i = begin; i < end; ++i) {
       float d = g[i] * gs + wd * w[i];
       if (v) {
@@ -84,8 +80,7 @@ private:
 class AdamKernel : public UpdateKernel {
 public:
   explicit AdamKernel(const ir::Op &op)
-      : UpdateKernel(op), mode_(op.attrs.getString("mode", "adam")),
-        decoupled_(op.attrs.getInt("decoupled", 1) != 0) {
+      : UpdateKernel(op), mode_(op.attrs.getString("mode", "adam")), decoupled_(op.attrs.getInt("decoupled", 1) != 0) {
     if (mode_ != "adam" && mode_ != "adamax" && mode_ != "lamb")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
     if (!op.hasOutput(1) || !op.hasOutput(2))
@@ -105,10 +100,12 @@ public:
     float *w = b.w, *m = b.m, *v = b.v;
     if (mode_ == "adam") {
       const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
-      // Vectorised for AVX2 (sqrt and divide): built for baseline x86-64 it ran BERT's AdamW at
-      // 13.5 GB/s, compute-bound; this host moves about 34 GB/s.
-      vec::adamStep(g + begin, w + begin, m + begin, v + begin, end - begin, gs, l2, b1, b2, decay, stepSize, bc2Sqrt,
-                    eps);
+      for (int64_t i = begin; i < end; ++i) {
+        float gi = g[i] * gs + l2 * w[i];
+        m[i] = b1 * m[i] + (1.0f - b1) * gi;
+        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
+        w[i] = w[i] * decay - stepSize * m[i] / (std::sqrt(v[i]) / bc2Sqrt + eps);
+      }
     } else { // adamax
       const float stepSize = lr / bc1, decay = 1.0f - lr * wd;
       for (int64_t i = begin; i < end; ++i) {
@@ -130,7 +127,8 @@ private:
   };
   Buffers buffers(const KernelArgs &a) const {
     const float *hp = a.in<float>(2);
-    return {hp[0], hp[1], hp[2], hp[3], hp[4], hp[5], hp[6], hp[7], *a.in<float>(3), decoupled_ ? 0.0f : hp[4],
+    return {hp[0],          hp[1],           hp[2],           hp[3],           hp[4],
+            hp[5],          hp[6],           hp[7],           *a.in<float>(3), decoupled_ ? 0.0f : hp[4],
             a.in<float>(1), a.out<float>(0), a.out<float>(1), a.out<float>(2)}; // both moments: checked at creation
   }
 

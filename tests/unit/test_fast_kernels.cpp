@@ -5,8 +5,8 @@
 #include "kernel_compare.hpp"
 #include "op_runner.hpp"
 
-#include "backend_cpu/plan.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
+#include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 
