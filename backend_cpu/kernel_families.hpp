@@ -39,8 +39,6 @@ void registerFastSoftmaxKernels(KernelRegistry &registry);
 void registerFastConvPoolKernels(KernelRegistry &registry);
 void registerFastConvGradKernels(KernelRegistry &registry);
 void registerFastElementwiseKernels(KernelRegistry &registry);
-void registerFastActGradKernels(KernelRegistry &registry);
-void registerFastGatherKernels(KernelRegistry &registry);
 void registerFastVarUpdateKernels(KernelRegistry &registry);
 void registerFastBroadcastKernels(KernelRegistry &registry);
 

@@ -1,6 +1,7 @@
 // The fast CPU kernels (KernelProvider::Fast): vectorised, threaded and tiled f32 loops
-// (vecloops.hpp) for hot paths oneDNN lacks or runs slower. Each family has a reference kernel
-// of plain loops, which tests/unit/test_fast_provider.cpp compares it with.
+// (vecloops.hpp) for hot paths oneDNN lacks or runs slower. Each has a reference kernel of plain
+// loops that a test compares it with (tests/unit/test_fast_*.cpp; test_fast_provider.cpp checks
+// that every fast kernel is).
 
 #include "backend_cpu/kernel_families.hpp"
 
@@ -14,8 +15,6 @@ void registerFastKernels(KernelRegistry &r) {
   registerFastConvPoolKernels(r);
   registerFastConvGradKernels(r);
   registerFastElementwiseKernels(r);
-  registerFastActGradKernels(r);
-  registerFastGatherKernels(r);
   registerFastVarUpdateKernels(r);
   registerFastBroadcastKernels(r);
 }

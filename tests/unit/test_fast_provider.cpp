@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 using namespace popart;
 
 namespace popart::fast_cases {
@@ -51,4 +53,37 @@ TEST(FastProvider, KernelProvidersParseByNameAndRejectOthers) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(FastProvider, AnyPrefersOneDnnThenFastThenReference) {
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  using backend_cpu::KernelProvider;
+  auto chosen = [](const std::string &type, DataType t, const std::vector<Shape> &shapes) {
+    ir::Graph g;
+    g.opsets()["ai.onnx"] = 13;
+    std::vector<TensorId> ins;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ins.push_back(std::string(1, static_cast<char>('a' + i)));
+      g.addTensor(ins.back(), ir::TensorKind::Stream, TensorInfo(t, shapes[i]));
+    }
+    ir::Op &op = g.addOp(type, "ai.onnx", 13, "", {}, ins, {"y"});
+    op.def->setup(op);
+    const auto &registry = backend_cpu::KernelRegistry::instance();
+    bool fast = registry.find(op, KernelProvider::Fast) != nullptr;
+    bool dnnl = registry.find(op, KernelProvider::Dnnl) != nullptr;
+    return std::tuple{registry.find(op)->provider, fast, dnnl};
+  };
+  // Same-shape f32 Add: oneDNN's binary and the fast broadcast loop both take it; oneDNN runs it.
+  auto [provider, fast, dnnl] = chosen("Add", DataType::FLOAT, {{4, 8}, {4, 8}});
+  EXPECT_TRUE(fast && dnnl);
+  EXPECT_EQ(provider, KernelProvider::Dnnl);
+  // Both inputs broadcast: oneDNN declines, the fast loop runs it before the reference.
+  std::tie(provider, fast, dnnl) = chosen("Add", DataType::FLOAT, {{4, 1}, {1, 8}});
+  EXPECT_TRUE(fast && !dnnl);
+  EXPECT_EQ(provider, KernelProvider::Fast);
+  // f64: only the reference.
+  std::tie(provider, fast, dnnl) = chosen("Add", DataType::DOUBLE, {{4, 1}, {1, 8}});
+  EXPECT_TRUE(!fast && !dnnl);
+  EXPECT_EQ(provider, KernelProvider::Reference);
 }
