@@ -6,6 +6,7 @@
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loss_shape.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -17,24 +18,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-/// What both kernels read from the op: scores [N, C, D...] as N·C·D, the reduction (0 none,
-/// 1 sum, 2 mean) and the optional ignored class.
-struct LossShape {
-  explicit LossShape(const ir::Op &op) {
-    const Shape &s = op.inInfo(0).shape();
-    n_ = s[0];
-    c_ = s[1];
-    for (size_t i = 2; i < s.size(); ++i)
-      d_ *= s[i];
-    std::string red = op.attrs.getString("reduction", "mean");
-    reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
-    if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
-  }
-  int64_t n_ = 0, c_ = 0, d_ = 1;
-  int reduction_ = 2;
-  std::optional<int64_t> ignore_;
-};
 
 /// Scores [N, C] in f32 with at least one class: the rows that RowSoftmaxCrossEntropyKernel takes.
 Support supportsRowSoftmaxCrossEntropy(const ir::Op &op) {

@@ -4,6 +4,7 @@
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/reduced_axes.hpp"
 
 #include <algorithm>
 #include <memory>
@@ -13,19 +14,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-/// Which axes of input 0 a ReduceSum/ReduceMean reduces; \p identity is set when it reduces none
-/// because of noop_with_empty_axes. Mirrors the op's setup(); axes is a constant input (1).
-std::vector<bool> reducedAxes(const ir::Op &op, bool &identity) {
-  size_t rank = op.inInfo(0).rank();
-  std::vector<int64_t> axes;
-  if (const TensorData *a = op.optionalConstInput(1, "axes")) axes = a->toInt64Vector();
-  identity = axes.empty() && op.attrs.getInt("noop_with_empty_axes", 0) != 0;
-  std::vector<bool> reduced(rank, axes.empty() && !identity);
-  for (int64_t a : axes)
-    reduced[static_cast<size_t>(a < 0 ? a + static_cast<int64_t>(rank) : a)] = true;
-  return reduced;
-}
 
 /// The [A, R, B] element counts of \p shape, if it is [A kept, R reduced, B kept] once size-1 axes
 /// are dropped and neighbours of the same kind merged; false otherwise (two runs of reduced axes,

@@ -6,6 +6,7 @@
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/update_kernel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -13,9 +14,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-/// Updates of weights with more elements than this are split across threads, as the reference's.
-constexpr int64_t kParallelElements = 1 << 16;
 
 bool floatInputs(const ir::Op &op) {
   for (const ir::Tensor *t : op.inputs)
@@ -34,21 +32,9 @@ Support supportsAdam(const ir::Op &op) {
 /// maxWeightNorm]; decoupled: weight decay as AdamW (1) or as L2 on the gradient (0). Large
 /// updates are split into chunks over the threads; the plan may merge it with others through
 /// runRange.
-class FastAdamKernel : public Kernel {
+class FastAdamKernel : public UpdateKernel {
 public:
-  explicit FastAdamKernel(const ir::Op &op)
-      : n_(op.inInfo(0).elementCount()), decoupled_(op.attrs.getInt("decoupled", 1) != 0) {}
-  int64_t rangeElements() const override { return n_; }
-  void run(const KernelArgs &a) override {
-    if (n_ <= kParallelElements) {
-      runRange(a, 0, n_);
-      return;
-    }
-    const int64_t chunks = (n_ + kParallelElements - 1) / kParallelElements;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      runRange(a, c * kParallelElements, std::min(n_, (c + 1) * kParallelElements));
-  }
+  explicit FastAdamKernel(const ir::Op &op) : UpdateKernel(op), decoupled_(op.attrs.getInt("decoupled", 1) != 0) {}
   void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
     const float *hp = a.in<float>(2);
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4], bc1 = hp[5], bc2 = hp[6];
@@ -59,7 +45,6 @@ public:
   }
 
 private:
-  int64_t n_;
   bool decoupled_;
 };
 

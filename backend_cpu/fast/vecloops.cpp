@@ -114,7 +114,7 @@ POPART_CLONES void batchNormBackward(const float *x, const float *dy, float m, f
 }
 
 POPART_CLONES void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh,
-                               int64_t kw, int64_t sh, int64_t sw) {
+                                int64_t kw, int64_t sh, int64_t sw) {
   if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && h >= 2 * oh && w >= 2 * ow) { // the common 2×2 pool
     for (int64_t r = 0; r < oh; ++r) {
       const float *x0 = x + 2 * r * w, *x1 = x0 + w;
@@ -143,9 +143,8 @@ namespace {
 /// maxPoolBlocked's loop for a block of B channels known when compiling, held as one GCC vector
 /// (in registers: each clone splits it into its own vector width).
 template <int64_t B>
-inline __attribute__((always_inline)) void maxPoolBlockedOf(const float *x, float *y, int64_t w, int64_t oh,
-                                                            int64_t ow, int64_t kh, int64_t kw, int64_t sh,
-                                                            int64_t sw) {
+inline __attribute__((always_inline)) void maxPoolBlockedOf(const float *x, float *y, int64_t w, int64_t oh, int64_t ow,
+                                                            int64_t kh, int64_t kw, int64_t sh, int64_t sw) {
   typedef float V __attribute__((vector_size(B * sizeof(float))));
   for (int64_t r = 0; r < oh; ++r)
     for (int64_t j = 0; j < ow; ++j) {
@@ -163,8 +162,8 @@ inline __attribute__((always_inline)) void maxPoolBlockedOf(const float *x, floa
 }
 } // namespace
 
-POPART_CLONES void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow,
-                                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t block) {
+POPART_CLONES void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh,
+                                  int64_t kw, int64_t sh, int64_t sw, int64_t block) {
   (void)h;
   if (block == 8) return maxPoolBlockedOf<8>(x, y, w, oh, ow, kh, kw, sh, sw);
   if (block == 16) return maxPoolBlockedOf<16>(x, y, w, oh, ow, kh, kw, sh, sw);
@@ -280,7 +279,7 @@ POPART_CLONES void depthwiseWeightGrad(const float *x, int64_t xStride, const fl
 }
 
 POPART_CLONES void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int64_t w, int64_t oh,
-                                   int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask) {
+                                    int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw, bool reluMask) {
   const float zero = 0.f;
   if (kh == 2 && kw == 2 && sh == 2 && sw == 2 && h == 2 * oh && w == 2 * ow) { // the common 2×2 pool
     for (int64_t r = 0; r < oh; ++r) {

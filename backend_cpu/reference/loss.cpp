@@ -2,6 +2,7 @@
 // SoftmaxCrossEntropyLossGrad, plain loops in double (fast/loss.cpp has the vectorised f32 ones).
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/loss_shape.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
@@ -14,24 +15,6 @@ namespace {
 
 template <typename T> double toDouble(T v) { return static_cast<double>(static_cast<compute_t<T>>(v)); }
 template <typename T> T fromDouble(double v) { return static_cast<T>(static_cast<compute_t<T>>(v)); }
-
-/// What both loss kernels read from the op: scores [N, C, D...] as N·C·D, the reduction
-/// (0 none, 1 sum, 2 mean) and the optional ignored class.
-struct LossShape {
-  explicit LossShape(const ir::Op &op) {
-    const Shape &s = op.inInfo(0).shape();
-    n_ = s[0];
-    c_ = s[1];
-    for (size_t i = 2; i < s.size(); ++i)
-      d_ *= s[i];
-    std::string red = op.attrs.getString("reduction", "mean");
-    reduction_ = red == "none" ? 0 : red == "sum" ? 1 : 2;
-    if (op.attrs.has("ignore_index")) ignore_ = op.attrs.getInt("ignore_index");
-  }
-  int64_t n_ = 0, c_ = 0, d_ = 1;
-  int reduction_ = 2;
-  std::optional<int64_t> ignore_;
-};
 
 class LossKernel : public Kernel, LossShape {
 public:

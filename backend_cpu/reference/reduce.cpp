@@ -3,6 +3,7 @@
 // ReduceSum/ReduceMean over [A, R, B]).
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/reduced_axes.hpp"
 #include "core/dispatch.hpp"
 
 #include <algorithm>
@@ -14,19 +15,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-/// Which axes of input 0 a Reduce* op reduces; \p identity is set when it reduces none
-/// because of noop_with_empty_axes. Mirrors the op's setup().
-std::vector<bool> reducedAxes(const ir::Op &op, bool &identity) {
-  size_t rank = op.inInfo(0).rank();
-  std::vector<int64_t> axes;
-  if (const TensorData *a = op.optionalConstInput(1, "axes")) axes = a->toInt64Vector();
-  identity = axes.empty() && op.attrs.getInt("noop_with_empty_axes", 0) != 0;
-  std::vector<bool> reduced(rank, axes.empty() && !identity);
-  for (int64_t a : axes)
-    reduced[static_cast<size_t>(a < 0 ? a + static_cast<int64_t>(rank) : a)] = true;
-  return reduced;
-}
 
 /// Splits a shape around \p axis into [outer, n, inner] element counts.
 void splitAt(const Shape &s, size_t axis, int64_t &outer, int64_t &n, int64_t &inner) {

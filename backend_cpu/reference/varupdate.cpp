@@ -3,6 +3,7 @@
 // torch.optim (1.13) step for step; docs/training.md lists the hyperparameter layouts.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "backend_cpu/reference/update_kernel.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -12,39 +13,6 @@
 namespace popart::backend_cpu {
 
 namespace {
-
-/// Updates of weights with more elements than this are split across threads; each element is
-/// independent, so the result does not depend on the thread count.
-constexpr int64_t kParallelElements = 1 << 16;
-
-/// Common parts of the update kernels: element count and the buffers of one run.
-class UpdateKernel : public Kernel {
-public:
-  explicit UpdateKernel(const ir::Op &op) : n_(op.inInfo(0).elementCount()) {
-    for (size_t i = 4; i < op.inputCount(); ++i)
-      hasState_.push_back(op.hasInput(i));
-  }
-
-  int64_t rangeElements() const override { return n_; }
-  /// Large updates are split into chunks over the threads; each element is independent, so the
-  /// result does not depend on the split.
-  void run(const KernelArgs &a) override {
-    if (n_ <= kParallelElements) {
-      runRange(a, 0, n_);
-      return;
-    }
-    const int64_t chunks = (n_ + kParallelElements - 1) / kParallelElements;
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < chunks; ++c)
-      runRange(a, c * kParallelElements, std::min(n_, (c + 1) * kParallelElements));
-  }
-
-protected:
-  int64_t n_;
-  std::vector<bool> hasState_;
-  /// State tensor \p k (input 4 + k, updated in place through output 1 + k); null if absent.
-  static float *state(const KernelArgs &a, size_t k) { return a.hasOutput(1 + k) ? a.out<float>(1 + k) : nullptr; }
-};
 
 /// torch.optim.SGD with velocity scaling: hp = [lr, momentum, dampening, weightDecay,
 /// velocityScaling, firstStep]. The velocity is stored multiplied by velocityScaling.
