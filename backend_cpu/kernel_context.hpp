@@ -81,6 +81,9 @@ struct KernelContext {
   int64_t convPoolChunk = 0;
   /// Ways Auto chose, shared by the session's compiles; null: timed for each kernel, not kept.
   std::shared_ptr<MatMulTuningCache> matmulTuning;
+  /// SessionOptions::randomSeed: the seed of random kernels that have none of their own (mixed
+  /// with each op's salt, so that two such ops differ); -1 draws one from the system per kernel.
+  int64_t randomSeed = -1;
 };
 
 } // namespace popart::backend_cpu

@@ -87,6 +87,9 @@ backend_cpu::KernelContext kernelContext(const SessionOptions &options) {
   if (options.convPoolChunk < 0)
     throw error("SessionOptions.convPoolChunk must be 0 (automatic) or an image count, got ", options.convPoolChunk);
   context.convPoolChunk = options.convPoolChunk;
+  if (options.randomSeed < -1)
+    throw error("SessionOptions.randomSeed must be -1 (drawn from the system) or a seed, got ", options.randomSeed);
+  context.randomSeed = options.randomSeed;
   context.matmulTuning = std::make_shared<backend_cpu::MatMulTuningCache>();
   return context;
 }

@@ -23,14 +23,24 @@ template <typename T> T fromDouble(double v) { return static_cast<T>(static_cast
 /// ir/ops/dropout.hpp; without it, the seed attribute's MT19937 stream as before (see run()).
 class DropoutKernel : public Kernel {
 public:
-  explicit DropoutKernel(const ir::Op &op)
+  DropoutKernel(const ir::Op &op, const KernelContext &context)
       : type_(op.inInfo(0).dataType()), maskType_(op.hasOutput(1) ? op.outInfo(1).dataType() : DataType::BOOL),
         n_(op.inInfo(0).elementCount()), ratio_(op.attrs.getFloat("ratio", 0.5f)),
         ratioType_(op.hasInput(1) ? op.inInfo(1).dataType() : DataType::FLOAT), seeded_(op.attrs.has("seed")),
         seed_(static_cast<std::mt19937::result_type>(op.attrs.getInt("seed", 0))),
-        rng_(seeded_ ? seed_ : std::random_device{}()), counterBased_(op.hasInput(3)),
+        rng_(seeded_ ? seed_ : unseeded(op, context)), counterBased_(op.hasInput(3)),
         salt_(static_cast<uint64_t>(ir::dropoutSalt(op))), trainsWithoutInput_(ir::dropoutTraining(op, false)),
         trainsWithInput_(ir::dropoutTraining(op, true)) {}
+
+  /// The MT19937 seed of an op without a seed attribute: the session's randomSeed mixed with the
+  /// op's salt, or one from the system when the session has none.
+  static std::mt19937::result_type unseeded(const ir::Op &op, const KernelContext &context) {
+    if (context.randomSeed < 0) return std::random_device{}();
+    uint64_t h =
+        static_cast<uint64_t>(context.randomSeed) * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ir::dropoutSalt(op));
+    h ^= h >> 29;
+    return static_cast<std::mt19937::result_type>(h ^ (h >> 32));
+  }
 
   void run(const KernelArgs &a) override {
     float ratio = ratio_;

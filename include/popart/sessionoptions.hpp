@@ -75,6 +75,12 @@ struct SessionOptions {
   /// a time so that the convolution's result stays in cache: 0 sizes chunks to about 512 KiB of
   /// result; N ≥ 1 forces N images (N ≥ the batch: all at once). Was POPART_CONVPOOL_CHUNK.
   int64_t convPoolChunk = 0;
+  /// Seed of the random ops that have no seed of their own and no training seed input: a
+  /// Dropout that an inference session runs with training_mode true and no seed attribute. -1
+  /// (the default) draws one from the system for each such op, as the ONNX spec leaves it; any
+  /// other value makes their masks the same in every session with that seed. (Training's random
+  /// ops draw from the session's {seed, counter} state, which checkpoints save.)
+  int64_t randomSeed = -1;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

@@ -1,6 +1,9 @@
 // The session's KernelContext: options that were environment variables, the MatMul ways chosen
-// by timing recorded in checkpoints (a resumed run is bit-identical), and the kernel report.
+// by timing recorded in checkpoints (a resumed run is bit-identical), the kernel report, and the
+// seed of random kernels that have none of their own.
 
+#include "backend_cpu/kernel.hpp"
+#include "ir/graph.hpp"
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -191,4 +194,41 @@ TEST(KernelContext, ForcedWaysAndBadOptionsAreNamed) {
   SessionOptions negative;
   negative.convPoolChunk = -2;
   EXPECT_THROW(trainer(largeMlp(), negative), error);
+}
+
+TEST(KernelContext, TheSessionSeedDecidesTheMaskOfADropoutWithoutOne) {
+  // An inference Dropout with training_mode true and no seed: the same context seed gives the same
+  // mask, another seed another; two ops of one session (different salts) differ too.
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4096}));
+  g.addConst("ratio", TensorData::fromDoubles(DataType::FLOAT, {}, {0.5}));
+  g.addConst("train", TensorData::fromDoubles(DataType::BOOL, {}, {1}));
+  ir::Op &a = g.addOp("Dropout", "", 13, "a", {}, {"x", "ratio", "train"}, {"ya"});
+  ir::Op &b = g.addOp("Dropout", "", 13, "b", {}, {"x", "ratio", "train"}, {"yb"});
+  a.def->setup(a);
+  b.def->setup(b);
+  std::vector<float> x(4096, 1.f);
+  auto run = [&](const ir::Op &op, int64_t seed) {
+    backend_cpu::KernelContext context;
+    context.randomSeed = seed;
+    auto kernel = backend_cpu::createKernel(op, backend_cpu::KernelProvider::Any, context);
+    std::vector<float> y(4096);
+    std::vector<const void *> in{x.data(), g.tensor("ratio").data()->data(), g.tensor("train").data()->data()};
+    std::vector<void *> out{y.data()};
+    kernel->run({in.data(), in.size(), out.data(), out.size()});
+    return y;
+  };
+  std::vector<float> first = run(a, 7);
+  int dropped = 0;
+  for (float v : first)
+    dropped += v == 0.f;
+  EXPECT_GT(dropped, 1800); // about half of 4096
+  EXPECT_LT(dropped, 2300);
+  EXPECT_EQ(run(a, 7), first);
+  EXPECT_NE(run(a, 8), first);
+  EXPECT_NE(run(b, 7), first);
+  EXPECT_NE(run(a, -1), first); // drawn from the system: equal with chance 2^-4096
 }
