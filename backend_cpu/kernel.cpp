@@ -103,6 +103,10 @@ std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider, 
     std::string types;
     for (const auto *t : op.inputs)
       types += (types.empty() ? "" : ", ") + (t ? t->info().toString() : std::string("-"));
+    if (provider != KernelProvider::Any)
+      throw error(op.debugName(), ": no ", kernelProviderName(provider), " kernel supports this op with inputs (",
+                  types, "), and the session allows only ", kernelProviderName(provider),
+                  " kernels (SessionOptions::kernels, --kernels)");
     throw error(op.debugName(), ": no CPU kernel supports this op with inputs (", types, ")");
   }
   return createKernel(*e, op, context);

@@ -117,6 +117,9 @@ if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); el
   echo "FAIL: resumed training differs from uninterrupted training"; failures=$((failures + 1)); fi
 # The profiler: a Chrome trace with one span per op run, a per-op summary and a memory report.
 expect 0 "by op type:" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations 3 --profile "$TMP/infer.json"
+# --kernels fast allows only the fast kernels, and says so where an op has none.
+expect 2 "Relu #0: no fast kernel supports this op with inputs \(FLOAT\[3,4,5\]\), and the session allows only fast kernels" -- "$RUN" "$DATA/node/test_relu/model.onnx" --kernels fast
+expect 0 "PASSED" -- "$RUN" "$DATA/node/test_add_bcast/model.onnx" --kernels fast --data-dir "$DATA/node/test_add_bcast/test_data_set_0"
 # It names the op types that ran reference (plain-loop) kernels, with their share of op time.
 expect 0 "reference kernels: [0-9.]+% of op time \(Gather [0-9.]+%\)" -- "$RUN" "$DATA/node/test_gather_0/model.onnx" --iterations 3 --profile "$TMP/gather.json"
 expect 0 "reference kernels: 0.0% of op time$" -- "$RUN" "$DATA/node/test_relu/model.onnx" --iterations 3 --profile "$TMP/infer.json"
