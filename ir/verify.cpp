@@ -1,6 +1,7 @@
 // The IR verifier (see verify.hpp): each check names the op or tensor at fault.
 
 #include "ir/verify.hpp"
+#include "ir/ops/matmul_layout.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -35,20 +36,12 @@ std::vector<FusionField> fusionFieldsOf(const Op &op) {
   return fields;
 }
 
-bool isPermutation(const std::vector<int64_t> &perm) {
-  std::vector<int64_t> sorted = perm;
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 0; i < sorted.size(); ++i)
-    if (sorted[i] != static_cast<int64_t>(i)) return false;
-  return true;
-}
-
 /// Checks \p op's MatMul layout fields: each permutation one of its tensor's axes.
 void verifyLayout(const Op &op, const std::string &context) {
   auto check = [&](const std::vector<int64_t> &perm, const char *field, const Tensor *t) {
     if (perm.empty()) return;
-    bool fits = isPermutation(perm) && (!t || t->info().dataType() == DataType::UNDEFINED ||
-                                        t->info().rank() == static_cast<int64_t>(perm.size()));
+    bool fits = isPermutation(perm, perm.size()) && (!t || t->info().dataType() == DataType::UNDEFINED ||
+                                                     t->info().rank() == static_cast<int64_t>(perm.size()));
     if (!fits)
       fail(context, op.debugName() + ": fusion field '" + field + "' " + popart::toString(perm) +
                         " is not a permutation of its tensor's axes");

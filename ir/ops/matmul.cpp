@@ -6,8 +6,6 @@
 
 namespace popart::ir {
 
-namespace {
-
 bool isPermutation(const std::vector<int64_t> &perm, size_t rank) {
   if (perm.size() != rank) return false;
   std::vector<bool> seen(rank, false);
@@ -17,8 +15,6 @@ bool isPermutation(const std::vector<int64_t> &perm, size_t rank) {
   }
   return true;
 }
-
-} // namespace
 
 StridedShape matMulOperand(const Op &op, size_t i) {
   const Shape &stored = op.inInfo(i).shape();

@@ -16,6 +16,9 @@ struct StridedShape {
   std::vector<int64_t> strides;
 };
 
+/// True if \p perm holds each of 0..rank-1 once (a permutation of \p rank axes).
+bool isPermutation(const std::vector<int64_t> &perm, size_t rank);
+
 /// MatMul input \p i (0: A, 1: B) as the product reads it: the stored input transposed by
 /// Fusion::permA/B (logical axis j is stored axis perm[j]), then its last two axes swapped if
 /// Fusion::transA/B is set. Throws naming \p op if the permutation is not one of the input's axes.

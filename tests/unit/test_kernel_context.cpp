@@ -194,6 +194,18 @@ TEST(KernelContext, ForcedWaysAndBadOptionsAreNamed) {
   SessionOptions negative;
   negative.convPoolChunk = -2;
   EXPECT_THROW(trainer(largeMlp(), negative), error);
+  SessionOptions badSeed;
+  badSeed.randomSeed = -2;
+  EXPECT_THROW(
+      {
+        try {
+          trainer(largeMlp(), badSeed)->prepareDevice();
+        } catch (const error &e) {
+          EXPECT_NE(std::string(e.what()).find("SessionOptions.randomSeed must be -1"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      error);
 }
 
 TEST(KernelContext, TheSessionSeedDecidesTheMaskOfADropoutWithoutOne) {
