@@ -182,6 +182,7 @@ int runFashionMnistExample(const FashionMnistOptions &opt) {
   so.numThreads = opt.threads;
   so.batchSize = batch;
   so.kernels = opt.kernels;
+  so.precision = opt.precision;
   Adam adam({{"defaultLearningRate", {lr, false}}}, AdamMode::Adam, WeightDecayMode::L2Regularization);
   auto session = TrainingSession::createFromOnnxModel(m.proto, DataFlow(1, {{m.loss, AnchorReturnType("FINAL")}}),
                                                       m.loss, adam, so);
@@ -301,6 +302,7 @@ FashionMnistOptions exampleOptions(const CLI::App &app, const TrainOptions &trai
   opt.threads = train.threads;
   opt.batch = train.batch;
   opt.kernels = train.kernels;
+  opt.precision = train.precision;
   return opt;
 }
 

@@ -36,6 +36,8 @@ struct FashionMnistOptions {
   int64_t steps = 0;
   /// "any", "reference" or "dnnl" (SessionOptions::kernels).
   std::string kernels = "any";
+  /// SessionOptions::precision.
+  std::string precision = "fp32";
   /// Print a progress line every this many steps.
   int64_t logEvery = 100;
   /// Also write the trained model here (ONNX).

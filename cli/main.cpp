@@ -41,6 +41,7 @@ struct Options {
   double atol = 1e-7;
   unsigned seed = 0;
   std::string kernels = "any";
+  std::string precision = "fp32";
   bool noFusion = false;
   std::vector<std::string> disabledPasses;
   std::vector<std::string> dumpIrAfter;
@@ -195,6 +196,7 @@ int run(const Options &opt) {
   so.numThreads = opt.threads;
   so.batchSize = opt.batch;
   so.kernels = opt.kernels;
+  so.precision = opt.precision;
   so.fuseOps = !opt.noFusion;
   so.disabledPasses = opt.disabledPasses;
   so.dumpIrAfter = opt.dumpIrAfter;
@@ -370,6 +372,10 @@ static int runMain(int argc, char **argv) {
                  "any (default: oneDNN, else a fast kernel, else the reference) | reference | fast | dnnl: "
                  "the only kernels allowed")
       ->check(CLI::IsMember({"any", "reference", "fast", "dnnl"}));
+  app.add_option("--precision", opt.precision,
+                 "fp32 (default: the model's types) | fp16.32 | fp16.16 | bf16: mixed precision as PopTorch names it "
+                 "(SessionOptions::precision, docs/precision.md)")
+      ->check(CLI::IsMember({"fp32", "fp16.32", "fp16.16", "bf16"}));
   app.add_flag("--no-fusion", opt.noFusion,
                "run the graph op by op: disables every optional pass of the pipeline (the fusions; see --passes) "
                "and merged optimiser updates");
@@ -416,6 +422,7 @@ static int runMain(int argc, char **argv) {
       train.threads = opt.threads;
       train.batch = opt.batch;
       train.kernels = opt.kernels;
+      train.precision = opt.precision;
       return cli::runFashionMnistExample(cli::exampleOptions(app, train, exampleOpt));
     }
     if (opt.model.empty()) throw error("no model given (usage: popart-run MODEL.onnx [options]; see --help)");
@@ -428,6 +435,7 @@ static int runMain(int argc, char **argv) {
       train.threads = opt.threads;
       train.batch = opt.batch;
       train.kernels = opt.kernels;
+      train.precision = opt.precision;
       train.fuseOps = !opt.noFusion;
       train.disabledPasses = opt.disabledPasses;
       train.dumpIrAfter = opt.dumpIrAfter;

@@ -260,6 +260,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.numThreads = o.threads;
   so.batchSize = o.batch;
   so.kernels = o.kernels;
+  so.precision = o.precision;
   so.fuseOps = o.fuseOps;
   so.disabledPasses = o.disabledPasses;
   so.dumpIrAfter = o.dumpIrAfter;

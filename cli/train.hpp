@@ -35,14 +35,15 @@ struct TrainOptions {
   int threads = 0;
   int64_t batch = 0;
   std::string kernels = "any";
+  std::string precision = "fp32"; ///< SessionOptions::precision
   bool fuseOps = true;
   std::vector<std::string> disabledPasses, dumpIrAfter; ///< pass names (--disable-pass, --dump-ir-after)
   bool verifyIr = false;
   std::string matmulTuning = "auto"; ///< SessionOptions::matmulTuning
-  int64_t convPoolChunk = 0;          ///< SessionOptions::convPoolChunk
-  std::string profile; ///< Chrome trace path ("" = no profiling)
-  bool dumpIr = false; ///< print the compiled training graph (forward, backward and updates)
-  bool explainKernels = false; ///< print the kernel of each op and why
+  int64_t convPoolChunk = 0;         ///< SessionOptions::convPoolChunk
+  std::string profile;               ///< Chrome trace path ("" = no profiling)
+  bool dumpIr = false;               ///< print the compiled training graph (forward, backward and updates)
+  bool explainKernels = false;       ///< print the kernel of each op and why
 };
 
 /// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by

@@ -111,6 +111,15 @@ void Graph::setOpInput(Op &op, size_t index, Tensor *t) {
   if (t) t->addConsumer(&op);
 }
 
+void Graph::setOpOutput(Op &op, size_t index, Tensor *t) {
+  if (t && t->producer())
+    throw error(op.debugName(), ": output tensor '", t->id(), "' is already produced by ", t->producer()->debugName());
+  if (index >= op.outputs.size()) op.outputs.resize(index + 1, nullptr);
+  if (op.outputs[index] && op.outputs[index]->producer() == &op) op.outputs[index]->setProducer(nullptr);
+  op.outputs[index] = t;
+  if (t) t->setProducer(&op);
+}
+
 void Graph::removeOp(Op &op) {
   for (Tensor *t : op.inputs)
     if (t) t->removeConsumer(&op);

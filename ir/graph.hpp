@@ -38,6 +38,9 @@ public:
   void removeOp(Op &op);
   /// Replaces input \p index of \p op by \p tensor (may be null).
   void setOpInput(Op &op, size_t index, Tensor *tensor);
+  /// Makes \p op write \p tensor (which has no producer) as output \p index; the tensor it wrote
+  /// before keeps no producer.
+  void setOpOutput(Op &op, size_t index, Tensor *tensor);
   const std::vector<std::unique_ptr<Op>> &ops() const { return ops_; }
   const std::map<TensorId, std::unique_ptr<Tensor>> &tensors() const { return tensors_; }
 

@@ -30,7 +30,7 @@ struct InferenceSession::Impl {
   std::vector<TensorId> inputIds, outputIds;
   std::set<TensorId> valueInputs; ///< stream inputs whose values decide shapes
 
-  std::unique_ptr<ir::Graph> graph; ///< specialised for the current input shapes
+  std::unique_ptr<ir::Graph> graph;         ///< specialised for the current input shapes
   backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
   std::map<TensorId, TensorInfo> compiledInfos;
@@ -75,6 +75,7 @@ struct InferenceSession::Impl {
         if (!g->hasTensor(a)) throw error("anchor '", a, "' is not a tensor of the model");
         context.keep.push_back(a);
       }
+    context.state<ir::PrecisionPolicy>() = session::precisionPolicy(options, false);
     passRecords =
         ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
@@ -123,6 +124,7 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.inputShapes = inputShapes;
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
+  session::precisionPolicy(options, false); // a bad mode is an error now, not at prepareDevice
   session::ModelSource src = session::loadModel(model);
   m.modelBytes = std::move(src.bytes);
   m.baseDir = std::move(src.baseDir);

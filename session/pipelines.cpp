@@ -30,6 +30,7 @@ const std::vector<std::string> &inferencePipeline() {
       "fuseChannelShuffle",
       "fuseMatMulResidual", // after bias, scale and Relu, which cannot follow it
       "fuseConvPool",
+      "convertPrecision", // after the fusions, which match fp32 patterns (BatchNorm into Conv...)
   };
   return pipeline;
 }
@@ -41,6 +42,7 @@ const std::vector<std::string> &trainingPipeline() {
       "unrollControlFlow",
       "fuseLayerNorm", // before autodiff, so that the fused ops' gradient rules apply
       "fuseGelu",
+      "convertPrecision", // before autodiff: gradients take the types of the forward tensors
       "seedDropout",
       "updateBatchNormStatistics",
       "findWeights",

@@ -59,6 +59,22 @@ backend_cpu::CompileOptions compileOptions(const SessionOptions &options) {
   return co;
 }
 
+ir::PrecisionPolicy precisionPolicy(const SessionOptions &options, bool training) {
+  std::string mode = options.precision;
+  std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+  ir::PrecisionPolicy policy;
+  if (mode == "fp32" || mode == "fp32.32") return policy;
+  if (mode == "fp16.32" || mode == "fp16.16")
+    policy.low = DataType::FLOAT16;
+  else if (mode == "bf16")
+    policy.low = DataType::BFLOAT16;
+  else
+    throw error("SessionOptions.precision is '", options.precision, "'; expected fp32, fp16.32, fp16.16 or bf16");
+  // Inference has no optimiser: its weights are constants, converted where they are read.
+  policy.masterWeights = training && mode != "fp16.16";
+  return policy;
+}
+
 void fuseForInference(ir::Graph &g) {
   registerAllPasses();
   ir::PassContext context;

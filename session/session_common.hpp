@@ -4,6 +4,7 @@
 
 #include "backend_cpu/plan.hpp"
 #include "ir/graph.hpp"
+#include "ir/passes/precision.hpp"
 #include <popart/dataflow.hpp>
 #include <popart/sessionoptions.hpp>
 #include <popart/stepio.hpp>
@@ -29,6 +30,10 @@ TensorInfo resolvedInputInfo(const ir::Graph &declared, const TensorId &id, cons
 
 /// The plan options SessionOptions asks for (kernels any / reference / dnnl).
 backend_cpu::CompileOptions compileOptions(const SessionOptions &options);
+
+/// What convertPrecision does for SessionOptions::precision in a training or an inference session;
+/// throws naming the option if its value is none of the modes.
+ir::PrecisionPolicy precisionPolicy(const SessionOptions &options, bool training);
 
 /// Runs InferenceSession's pipeline on \p g (shapes inferred again without folding, dead code
 /// removed keeping its outputs, then the fusions that SessionOptions::fuseOps turns on, in the

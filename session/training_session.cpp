@@ -76,6 +76,7 @@ void TrainingSession::Impl::compile() {
   // recomputing the forward pass.
   if (options.kernels != "reference")
     context.recurrentSavedBytes = [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); };
+  context.state<ir::PrecisionPolicy>() = session::precisionPolicy(options, true);
   passRecords =
       ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 
@@ -181,6 +182,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
+  session::precisionPolicy(options, true); // a bad mode is an error now, not at prepareDevice
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
   for (const auto &[id, info] : inputShapes.getAll())

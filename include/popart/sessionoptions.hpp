@@ -81,6 +81,12 @@ struct SessionOptions {
   /// other value makes their masks the same in every session with that seed. (Training's random
   /// ops draw from the session's {seed, counter} state, which checkpoints save.)
   int64_t randomSeed = -1;
+  /// Mixed precision with PopTorch's names (docs/precision.md): "fp32" (as the model is), "fp16.32"
+  /// (fp16 weights, activations and gradients; fp32 partials, master weights and optimiser state),
+  /// "fp16.16" (as fp16.32, but the weights and the optimiser state are fp16: no master copy) or
+  /// "bf16" (bfloat16 on oneDNN's bf16 kernels, fp32 master weights and state). Losses, batch
+  /// statistics and large reductions stay fp32; graph inputs and outputs keep their types.
+  std::string precision = "fp32";
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

@@ -18,6 +18,7 @@ void registerConvFusionPasses(PassRegistry &r);
 void registerChannelShufflePasses(PassRegistry &r);
 void registerLossFusionPasses(PassRegistry &r);
 void registerRecurrentStatePasses(PassRegistry &r);
+void registerPrecisionPasses(PassRegistry &r);
 
 void registerIrPasses() {
   static std::once_flag once;
@@ -35,6 +36,7 @@ void registerIrPasses() {
     registerChannelShufflePasses(r);
     registerLossFusionPasses(r);
     registerRecurrentStatePasses(r);
+    registerPrecisionPasses(r);
   });
 }
 

@@ -1,0 +1,209 @@
+// convertPrecision: the fp16.32, fp16.16 and bf16 modes as one graph rewrite (docs/precision.md).
+// Every float tensor is stored in the low type except where an op of fp32Ops() computes; each
+// tensor is cast once per type it is read in, so the casts sit on tensors, not on consumers.
+
+#include "ir/passes/precision.hpp"
+#include "ir/passes/pass_manager.hpp"
+#include "ir/passes/rewrite.hpp"
+
+#include <popart/error.hpp>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+namespace popart::ir {
+
+const std::vector<Fp32Op> &fp32Ops() {
+  static const std::vector<Fp32Op> ops{
+      {"SoftmaxCrossEntropyLoss", "a loss: log-softmax and a mean over the batch", false},
+      {"NegativeLogLikelihoodLoss", "a loss: a mean over the batch", false},
+      {"BatchNormalization", "batch statistics; the running mean and variance stay fp32", false},
+      {"InstanceNormalization", "per-instance statistics", false},
+      {"MeanVarianceNormalization", "statistics", false},
+      {"CumSum", "a running sum outgrows fp16's range and bf16's precision", false},
+      {"Range", "positions must stay exact integers", false},
+      {"ReduceSum", "a sum", true},
+      {"ReduceMean", "a sum", true},
+      {"ReduceSumSquare", "a sum of squares", true},
+      {"ReduceL1", "a sum", true},
+      {"ReduceL2", "a sum of squares", true},
+      {"ReduceLogSum", "a sum", true},
+      {"ReduceLogSumExp", "a sum of exponentials", true},
+      {"ReduceProd", "a product", true},
+  };
+  return ops;
+}
+
+namespace {
+
+bool isFloat16Or32(DataType t) { return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
+
+/// Elements summed into each output of \p op (0 when unknown).
+int64_t reductionLength(const Op &op) {
+  if (!op.hasInput(0) || !op.hasOutput(0) || !op.outInfo(0).isKnown()) return 0;
+  return op.inInfo(0).elementCount() / std::max<int64_t>(1, op.outInfo(0).elementCount());
+}
+
+const char *suffix(DataType t) {
+  switch (t) {
+  case DataType::FLOAT16: return "fp16";
+  case DataType::BFLOAT16: return "bf16";
+  default: return "fp32";
+  }
+}
+
+class Converter {
+public:
+  Converter(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep)
+      : graph_(graph), policy_(policy), kept_(keep.begin(), keep.end()) {
+    for (const auto &id : graph.outputs())
+      kept_.insert(id);
+    for (const auto &[t, use] : shapeDecidingTensors(graph))
+      shapeDeciding_.insert(t);
+  }
+
+  int run() {
+    if (policy_.low == DataType::UNDEFINED) return 0;
+    if (policy_.low != DataType::FLOAT16 && policy_.low != DataType::BFLOAT16)
+      throw error("convertPrecision: the low type must be FLOAT16 or BFLOAT16, got ", toString(policy_.low));
+    if (!policy_.masterWeights) convertVariablesInPlace();
+    for (Op *op : graph_.schedule())
+      convertOp(*op);
+    return changes_;
+  }
+
+private:
+  /// fp16.16: a FLOAT Variable read only in the low type becomes a low Variable (no master copy).
+  void convertVariablesInPlace() {
+    for (const auto &[id, t] : graph_.tensors()) {
+      if (t->kind() != TensorKind::Variable || t->info().dataType() != DataType::FLOAT || kept_.count(id) ||
+          shapeDeciding_.count(t.get()) || t->consumers().empty())
+        continue;
+      bool allLow = std::all_of(t->consumers().begin(), t->consumers().end(), [&](const Op *op) {
+        for (size_t i = 0; i < op->inputCount(); ++i)
+          if (op->inputs[i] == t.get() && wantedType(*op, i) != policy_.low) return false;
+        return true;
+      });
+      if (!allLow) continue;
+      if (t->data()) t->setData(std::make_shared<TensorData>(converted(*t->data(), policy_.low)));
+      t->setInfo(TensorInfo(policy_.low, t->info().shape()));
+      ++changes_;
+    }
+  }
+
+  /// The type input \p i of \p op is read in, or UNDEFINED to leave it as it is.
+  DataType wantedType(const Op &op, size_t i) const {
+    const Tensor *t = op.inputs[i];
+    if (!t || !isFloat16Or32(t->info().dataType()) || shapeDeciding_.count(t) || !readsValuesOf(op, i))
+      return DataType::UNDEFINED;
+    for (size_t v : valueInputIndices(op))
+      if (v == i) return DataType::UNDEFINED;
+    if (op.type == "Cast" || op.type == "CastLike") return DataType::UNDEFINED; // it converts anyway
+    if (op.type == "Dropout" && i == 1) return DataType::UNDEFINED;             // the ratio (T1)
+    return precisionClass(op) == PrecisionClass::Fp32 ? DataType::FLOAT : policy_.low;
+  }
+
+  static TensorData converted(const TensorData &data, DataType to) {
+    return TensorData::fromDoubles(to, data.info().shape(), data.toDoubleVector());
+  }
+
+  /// \p t read as \p to: itself, a converted constant, or the output of one Cast per (tensor, type).
+  Tensor *as(Tensor &t, DataType to) {
+    if (t.info().dataType() == to) return &t;
+    auto key = std::make_pair(t.id(), to);
+    if (auto it = casts_.find(key); it != casts_.end()) return &graph_.tensor(it->second);
+    TensorId id = graph_.uniqueId(t.id() + "_" + suffix(to));
+    if (t.isConst()) {
+      graph_.addConst(id, converted(*t.data(), to));
+    } else {
+      Attributes a;
+      a.set("to", static_cast<int64_t>(to));
+      Op &cast = graph_.addOp("Cast", "ai.onnx", 13, "", std::move(a), {t.id()}, {id});
+      if (t.producer()) cast.phase = t.producer()->phase;
+      cast.def->setup(cast);
+    }
+    ++changes_;
+    casts_[key] = id;
+    return &graph_.tensor(id);
+  }
+
+  void convertOp(Op &op) {
+    bool outputsShapeDeciding =
+        !op.outputs.empty() &&
+        std::all_of(op.outputs.begin(), op.outputs.end(), [&](Tensor *t) { return !t || shapeDeciding_.count(t); });
+    // Ops of other domains (training, custom) keep their inputs, but are set up again below.
+    bool convertInputs = !outputsShapeDeciding && (op.domain == "ai.onnx" || op.domain == "ai.onnx.ml");
+    std::vector<DataType> before;
+    for (Tensor *t : op.outputs)
+      before.push_back(t ? t->info().dataType() : DataType::UNDEFINED);
+    for (size_t i = 0; convertInputs && i < op.inputCount(); ++i) {
+      DataType want = wantedType(op, i);
+      if (want == DataType::UNDEFINED || op.inputs[i]->info().dataType() == want) continue;
+      graph_.setOpInput(op, i, as(*op.inputs[i], want));
+    }
+    if (convertInputs && op.type == "Cast" && op.attrs.getInt("to", 0) == static_cast<int64_t>(DataType::FLOAT) &&
+        !op.outputs.empty() && op.outputs[0] && !keptOutput(*op.outputs[0])) {
+      op.attrs.set("to", static_cast<int64_t>(policy_.low));
+      ++changes_;
+    }
+    // Every op is set up again: its inputs may have changed type upstream.
+    op.def->setup(op);
+    // Outputs that must keep their types: the op writes a new low tensor, which a Cast converts.
+    for (size_t j = 0; j < op.outputs.size(); ++j) {
+      Tensor *t = op.outputs[j];
+      if (!t || before[j] != DataType::FLOAT || t->info().dataType() == DataType::FLOAT || !keptOutput(*t)) continue;
+      TensorId id = t->id();
+      TensorInfo lowInfo = t->info();
+      TensorId lowId = graph_.uniqueId(id + "_" + suffix(lowInfo.dataType()));
+      graph_.setOpOutput(op, j, &graph_.addTensor(lowId, TensorKind::ActGrad, lowInfo));
+      t->setInfo(TensorInfo(DataType::FLOAT, lowInfo.shape()));
+      Attributes a;
+      a.set("to", static_cast<int64_t>(DataType::FLOAT));
+      Op &cast = graph_.addOp("Cast", "ai.onnx", 13, "", std::move(a), {lowId}, {id});
+      cast.phase = op.phase;
+      cast.def->setup(cast);
+      casts_[{id, lowInfo.dataType()}] = lowId; // readers in the low type read it directly
+      ++changes_;
+    }
+  }
+
+  bool keptOutput(const Tensor &t) const { return kept_.count(t.id()) != 0; }
+
+  Graph &graph_;
+  const PrecisionPolicy &policy_;
+  std::set<TensorId> kept_;
+  std::set<const Tensor *> shapeDeciding_;
+  std::map<std::pair<TensorId, DataType>, TensorId> casts_;
+  int changes_ = 0;
+};
+
+} // namespace
+
+PrecisionClass precisionClass(const Op &op) {
+  if (op.domain != "ai.onnx") return PrecisionClass::Low;
+  for (const Fp32Op &f : fp32Ops())
+    if (op.type == f.type) {
+      if (!f.onlyLargeReductions || reductionLength(op) > kLargeReduction) return PrecisionClass::Fp32;
+      break;
+    }
+  return PrecisionClass::Low;
+}
+
+int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep) {
+  return Converter(graph, policy, keep).run();
+}
+
+void registerPrecisionPasses(PassRegistry &r) {
+  r.add({
+      .name = "convertPrecision",
+      .purpose = "fp16/bf16 modes: float tensors in the low type except around the ops kept in fp32 "
+                 "(docs/precision.md), one Cast per tensor and type",
+      .needs = ShapesInferred,
+      .before = GradientsBuilt,
+      .run = [](Graph &g, PassContext &c) { return convertPrecision(g, c.state<PrecisionPolicy>(), c.keep); },
+  });
+}
+
+} // namespace popart::ir

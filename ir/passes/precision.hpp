@@ -1,0 +1,48 @@
+#pragma once
+// convertPrecision: PopART's convertFloatsToHalfs / PopTorch's model.half() with an fp32 list, for
+// the precision modes of SessionOptions::precision (docs/precision.md).
+
+#include "ir/graph.hpp"
+
+#include <string>
+#include <vector>
+
+namespace popart::ir {
+
+/// What convertPrecision does; the session fills it (PassContext::state<PrecisionPolicy>()).
+struct PrecisionPolicy {
+  /// The type float tensors are stored in: FLOAT16 or BFLOAT16; UNDEFINED (fp32 mode) converts nothing.
+  DataType low = DataType::UNDEFINED;
+  /// FLOAT Variables stay FLOAT (the master copy the optimiser updates) and the forward pass reads
+  /// them through one Cast each; false converts them in place (fp16.16: no master copy).
+  bool masterWeights = true;
+};
+
+/// How convertPrecision treats an op type (docs/precision.md lists them).
+enum class PrecisionClass {
+  Low,  ///< float inputs in the low type; the kernel accumulates in fp32 (the default)
+  Fp32, ///< float inputs cast to FLOAT: the op computes and writes fp32
+};
+
+/// The op types kept in fp32, with the reason for each, in the order docs/precision.md lists them.
+struct Fp32Op {
+  const char *type;
+  const char *reason;
+  /// Only when each output reduces more than kLargeReduction elements.
+  bool onlyLargeReductions;
+};
+const std::vector<Fp32Op> &fp32Ops();
+/// Reductions over more elements than this per output stay in fp32 (their sums overflow fp16).
+constexpr int64_t kLargeReduction = 4096;
+
+/// The class of \p op under convertPrecision.
+PrecisionClass precisionClass(const Op &op);
+
+/// Converts the float tensors of \p graph to \p policy.low: every op not in fp32Ops() reads its
+/// float inputs in the low type, those in it read FLOAT; each tensor is cast once per type it is
+/// read in (constants are converted, not cast), and the tensors in \p keep and the graph's outputs
+/// keep their types (a Cast writes them). Tensors that decide shapes are left alone. Returns the
+/// number of casts and conversions made.
+int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep);
+
+} // namespace popart::ir

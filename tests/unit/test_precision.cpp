@@ -1,0 +1,278 @@
+// Mixed precision (docs/precision.md): the convertPrecision pass on small graphs — which tensors
+// become fp16/bf16, the fp32 list, one Cast per tensor and type, constants converted, outputs and
+// shape inputs left alone, master weights — and the modes through the sessions, against fp32.
+
+#include "thrown.hpp"
+
+#include "core/half.hpp"
+#include "ir/graph.hpp"
+#include "ir/passes/passes.hpp"
+#include "ir/passes/precision.hpp"
+#include "ir/verify.hpp"
+#include <popart/builder.hpp>
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+
+using namespace popart;
+
+namespace {
+
+TensorData filled(DataType type, const Shape &shape, float start) {
+  TensorInfo info(DataType::FLOAT, shape);
+  std::vector<double> v;
+  for (int64_t i = 0; i < info.elementCount(); ++i)
+    v.push_back(start + 0.1 * static_cast<double>(i % 7) - 0.3);
+  return TensorData::fromDoubles(type, shape, v);
+}
+
+/// x [4, 8] · w [8, 8] → Relu → r; r · 0.5 → m; Softmax(m) → out; CumSum(r) twice (fp32 ops) → c1,
+/// c2; x also read by an Add; Resize(x, scales) → big, whose scales must stay FLOAT.
+void buildGraph(ir::Graph &g) {
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 8}));
+  g.addInput("x");
+  ir::Tensor &w = g.addTensor("w", ir::TensorKind::Variable, TensorInfo(DataType::FLOAT, {8, 8}));
+  w.setData(std::make_shared<TensorData>(filled(DataType::FLOAT, {8, 8}, 0.123f)));
+  g.addInitializer("w");
+  g.addConst("half", TensorData::scalarFloat(0.5f));
+  g.addConst("axis", TensorData::fromInt64({}, {1}));
+  g.addConst("scales", TensorData::fromDoubles(DataType::FLOAT, {4}, {1, 1, 2, 2}));
+  g.addConst("roi", TensorData::fromDoubles(DataType::FLOAT, {0}, {}));
+  g.addOp("MatMul", "", 13, "mm", {}, {"x", "w"}, {"h"});
+  g.addOp("Relu", "", 13, "relu", {}, {"h"}, {"r"});
+  g.addOp("Mul", "", 13, "scale", {}, {"r", "half"}, {"m"});
+  g.addOp("Softmax", "", 13, "softmax", {}, {"m"}, {"out"});
+  g.addOp("CumSum", "", 13, "cumsum1", {}, {"r", "axis"}, {"c1"});
+  g.addOp("CumSum", "", 13, "cumsum2", {}, {"r", "axis"}, {"c2"});
+  g.addOp("Add", "", 13, "addx", {}, {"x", "m"}, {"xm"});
+  g.addOp("Reshape", "", 13, "to4d", {}, {"xm", "shape4"}, {"x4"});
+  g.addOp("Resize", "", 13, "resize", {}, {"x4", "roi", "scales"}, {"big"});
+  for (const char *o : {"out", "c1", "c2", "big"})
+    g.addOutput(o);
+}
+
+void addShape4(ir::Graph &g) { g.addConst("shape4", TensorData::fromInt64({4}, {1, 1, 4, 8})); }
+
+ir::Op &opNamed(const ir::Graph &g, const std::string &name) {
+  for (const auto &op : g.ops())
+    if (op->name == name) return *op;
+  throw error("no op ", name);
+}
+
+DataType inType(const ir::Graph &g, const std::string &op, size_t i) { return opNamed(g, op).inInfo(i).dataType(); }
+
+} // namespace
+
+TEST(Precision, FloatTensorsBecomeLowExceptAroundTheFp32OpsWithOneCastPerTensor) {
+  for (DataType low : {DataType::FLOAT16, DataType::BFLOAT16}) {
+    ir::Graph g;
+    addShape4(g);
+    buildGraph(g);
+    ir::inferShapes(g, nullptr);
+    ir::PrecisionPolicy policy;
+    policy.low = low;
+    EXPECT_GT(ir::convertPrecision(g, policy, {}), 0);
+    ir::verifyGraph(g, "");
+    EXPECT_EQ(inType(g, "mm", 0), low);
+    EXPECT_EQ(inType(g, "mm", 1), low);
+    EXPECT_EQ(opNamed(g, "mm").outInfo(0).dataType(), low);
+    EXPECT_EQ(inType(g, "scale", 1), low) << "a constant is converted";
+    EXPECT_TRUE(opNamed(g, "scale").input(1).isConst()) << "converted in place of a Cast";
+    EXPECT_EQ(inType(g, "cumsum1", 0), DataType::FLOAT) << "CumSum is on the fp32 list";
+    EXPECT_EQ(&opNamed(g, "cumsum1").input(0), &opNamed(g, "cumsum2").input(0)) << "one Cast for both readers";
+    EXPECT_EQ(inType(g, "addx", 0), low);
+    EXPECT_EQ(&opNamed(g, "addx").input(0), &opNamed(g, "mm").input(0)) << "x is cast once for both readers";
+    EXPECT_EQ(inType(g, "resize", 0), low);
+    EXPECT_EQ(inType(g, "resize", 2), DataType::FLOAT) << "Resize's scales decide the shape";
+    EXPECT_EQ(g.tensor("w").info().dataType(), DataType::FLOAT) << "the master weight stays FLOAT";
+    for (const auto &id : g.outputs())
+      EXPECT_EQ(g.tensor(id).info().dataType(), DataType::FLOAT) << id << " keeps its type";
+    // One Cast per (tensor, type).
+    std::set<std::pair<std::string, int64_t>> casts;
+    for (const auto &op : g.ops())
+      if (op->type == "Cast") {
+        EXPECT_TRUE(casts.emplace(op->input(0).id(), op->attrs.getInt("to")).second)
+            << op->input(0).id() << " cast twice to " << op->attrs.getInt("to");
+      }
+    // x, w, r → FLOAT for the CumSums, and out, big back to FLOAT.
+    EXPECT_EQ(casts.size(), 5u) << g.dump();
+  }
+}
+
+TEST(Precision, WithoutMasterWeightsAVariableReadOnlyInTheLowTypeIsConverted) {
+  ir::Graph g;
+  addShape4(g);
+  buildGraph(g);
+  ir::inferShapes(g, nullptr);
+  const TensorData before = *g.tensor("w").data();
+  ir::PrecisionPolicy policy;
+  policy.low = DataType::FLOAT16;
+  policy.masterWeights = false;
+  ir::convertPrecision(g, policy, {});
+  ir::verifyGraph(g, "");
+  const ir::Tensor &w = g.tensor("w");
+  ASSERT_EQ(w.info().dataType(), DataType::FLOAT16);
+  ASSERT_EQ(w.data()->info().dataType(), DataType::FLOAT16);
+  for (int64_t i = 0; i < 64; ++i)
+    EXPECT_EQ(w.data()->as<Half>()[i].bits, floatToHalf(before.as<float>()[i])) << "element " << i;
+  EXPECT_EQ(&opNamed(g, "mm").input(1), &w) << "no Cast between the weight and its reader";
+}
+
+TEST(Precision, Fp32ModeAndTheUndefinedTypeChangeNothing) {
+  ir::Graph g;
+  addShape4(g);
+  buildGraph(g);
+  ir::inferShapes(g, nullptr);
+  std::string before = g.dump();
+  EXPECT_EQ(ir::convertPrecision(g, ir::PrecisionPolicy{}, {}), 0);
+  EXPECT_EQ(g.dump(), before);
+}
+
+TEST(Precision, LargeReductionsStayFp32AndSmallOnesDoNot) {
+  for (int64_t n : {int64_t{64}, ir::kLargeReduction + 1}) {
+    ir::Graph g;
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, n}));
+    g.addInput("x");
+    g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"r"});
+    g.addConst("axes", TensorData::fromInt64({1}, {1}));
+    g.addOp("ReduceSum", "", 13, "sum", {}, {"r", "axes"}, {"s"});
+    g.addOutput("s");
+    ir::inferShapes(g, nullptr);
+    ir::PrecisionPolicy policy;
+    policy.low = DataType::BFLOAT16;
+    ir::convertPrecision(g, policy, {});
+    EXPECT_EQ(inType(g, "sum", 0), n > ir::kLargeReduction ? DataType::FLOAT : DataType::BFLOAT16) << n;
+  }
+}
+
+namespace {
+
+/// x [16, 32] → Gemm(32→24) → Relu → Gemm(24→4) → SoftmaxCrossEntropyLoss with labels y.
+std::string mlp(TensorId *lossId = nullptr) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {16, 32}), "x");
+  TensorId y = b->addInputTensor(TensorInfo(DataType::INT64, {16}), "y");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.0f, 0.2f);
+  auto weights = [&](int64_t rows, int64_t cols, const char *name) {
+    std::vector<float> v(static_cast<size_t>(rows * cols));
+    for (auto &e : v)
+      e = n(rng);
+    return b->addInitializedInputTensor(v, {rows, cols}, name);
+  };
+  TensorId h = ai.relu({ai.gemm({x, weights(32, 24, "w1"), weights(1, 24, "b1")})});
+  TensorId logits = ai.gemm({h, weights(24, 4, "w2"), weights(1, 4, "b2")});
+  TensorId loss = ai.softmaxcrossentropyloss({logits, y}, ReductionType::Mean);
+  b->addOutputTensor(loss);
+  if (lossId) *lossId = loss;
+  return b->getModelProto();
+}
+
+struct Batch {
+  std::vector<float> x;
+  std::vector<int64_t> y;
+};
+
+Batch batch(int k) {
+  Batch b;
+  std::mt19937 rng(100 + k);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int i = 0; i < 16 * 32; ++i)
+    b.x.push_back(n(rng));
+  for (int i = 0; i < 16; ++i) // a learnable rule: the class of the largest of four features
+    b.y.push_back(std::max_element(b.x.begin() + i * 32, b.x.begin() + i * 32 + 4) - (b.x.begin() + i * 32));
+  return b;
+}
+
+struct Trained {
+  std::vector<float> losses;
+  std::map<std::string, std::vector<float>> weights;
+};
+
+Trained train(const std::string &precision, int steps) {
+  SessionOptions so;
+  so.precision = precision;
+  so.numThreads = 1;
+  so.verifyIr = true;
+  TensorId lossId;
+  std::string model = mlp(&lossId);
+  auto s = TrainingSession::createFromOnnxModel(model, DataFlow(1, {lossId}, AnchorReturnType("FINAL")), lossId,
+                                                SGD({{"defaultLearningRate", {0.1f, true}}}), so);
+  s->prepareDevice();
+  s->weightsFromHost();
+  Trained t;
+  for (int k = 0; k < steps; ++k) {
+    Batch b = batch(k);
+    float loss = 0;
+    NDArrayWrapper<float> xa(b.x.data(), {16, 32});
+    NDArrayWrapper<int64_t> ya(b.y.data(), {16});
+    NDArrayWrapper<float> la(&loss, {});
+    StepIO io({{"x", xa}, {"y", ya}}, {{s->getLossId(), la}});
+    s->run(io);
+    t.losses.push_back(loss);
+  }
+  for (auto [id, n] : std::map<std::string, int64_t>{{"w1", 32 * 24}, {"b1", 24}, {"w2", 24 * 4}, {"b2", 4}}) {
+    EXPECT_EQ(s->getInfo(id).dataType(), DataType::FLOAT) << precision << ": " << id << " is the fp32 master copy";
+    std::vector<float> v(static_cast<size_t>(n));
+    NDArrayWrapper<float> arr(v.data(), s->getInfo(id).shape());
+    WeightsIO io;
+    io.insert(id, arr);
+    s->readWeights(io);
+    t.weights[id] = v;
+  }
+  return t;
+}
+
+} // namespace
+
+TEST(Precision, Fp16And32AndBf16TrainLikeFp32WithFp32MasterWeights) {
+  const int steps = 8;
+  Trained ref = train("fp32", steps);
+  ASSERT_LT(ref.losses.back(), ref.losses.front()) << "the fp32 run must learn for the comparison to mean anything";
+  for (const char *mode : {"fp16.32", "bf16"}) {
+    Trained got = train(mode, steps);
+    const double eps = std::string(mode) == "bf16" ? 1.0 / 256 : 1.0 / 2048;
+    for (int k = 0; k < steps; ++k)
+      EXPECT_NEAR(got.losses[size_t(k)], ref.losses[size_t(k)], 0.01 * ref.losses[size_t(k)]) << mode << " step " << k;
+    for (const auto &[id, want] : ref.weights) {
+      const std::vector<float> &w = got.weights.at(id);
+      double worst = 0, scale = 0;
+      for (size_t i = 0; i < w.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(w[i]) - want[i]));
+        scale = std::max(scale, std::fabs(double(want[i])));
+      }
+      // The products round their inputs to the low type: a few units of its epsilon per step.
+      EXPECT_LT(worst, 20 * eps * std::max(1.0, scale)) << mode << " " << id;
+      EXPECT_NE(w, ref.weights.at(id)) << mode << " " << id << ": identical to fp32, so no low precision ran";
+    }
+  }
+}
+
+TEST(Precision, InferenceKeepsTheOutputTypeAndAnUnknownModeIsNamed) {
+  SessionOptions so;
+  so.precision = "fp8";
+  EXPECT_NE(thrown([&] {
+              InferenceSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), so);
+            }).find("SessionOptions.precision is 'fp8'"),
+            std::string::npos);
+  EXPECT_NE(thrown([&] {
+              TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", SGD(), so);
+            }).find("expected fp32, fp16.32, fp16.16 or bf16"),
+            std::string::npos);
+  so.precision = "bf16";
+  auto s = InferenceSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), so);
+  s->prepareDevice();
+  EXPECT_EQ(s->getInfo(s->getOutputIds().at(0)).dataType(), DataType::FLOAT);
+}
