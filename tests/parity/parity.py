@@ -26,6 +26,7 @@ import argparse
 import collections
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -397,12 +398,12 @@ class Lamb(torch.optim.Optimizer):
 # Cases: one optimiser configuration drives both the torch optimiser and the command line.
 
 
-Case = collections.namedtuple("Case", "name model opt hyper accumulate clip loss_scaling")
+Case = collections.namedtuple("Case", "name model opt hyper accumulate clip loss_scaling precision")
 
 
-def case(model, opt, tag="", accumulate=1, clip=0.0, loss_scaling=None, **hyper):
-    name = f"{model}-{opt}" + (f"-{tag}" if tag else "")
-    return Case(name, model, opt, hyper, accumulate, clip, loss_scaling)
+def case(model, opt, tag="", accumulate=1, clip=0.0, loss_scaling=None, precision="fp32", **hyper):
+    name = f"{model}-{opt}" + (f"-{tag}" if tag else "") + (f"-{precision}" if precision != "fp32" else "")
+    return Case(name, model, opt, hyper, accumulate, clip, loss_scaling, precision)
 
 
 SGD_MOMENTUM = dict(lr=0.05, momentum=0.9, dampening=0.1, weight_decay=0.01)
@@ -443,7 +444,23 @@ CASES = [
     case("gru", "adamw", **ADAMW),
     case("rnnloop", "sgd", "momentum", **SGD_MOMENTUM),
     case("rnnloop", "adamw", **ADAMW),
+    # Mixed precision (docs/precision.md): bf16 against torch.autocast("cpu", torch.bfloat16),
+    # fp16.32 against torch in fp32 (torch 1.13 has no fp16 matmul on the CPU); compared by
+    # PRECISION_TOLERANCES instead of RTOL/ATOL.
+    case("mlp", "sgd", "momentum", precision="bf16", **SGD_MOMENTUM),
+    case("mlp", "adamw", precision="bf16", **ADAMW),
+    case("cnn", "sgd", "momentum", precision="bf16", **SGD_MOMENTUM),
+    case("transformer", "adamw", precision="bf16", **ADAMW),
+    case("mlp", "sgd", "momentum", precision="fp16.32", **SGD_MOMENTUM),
+    case("cnn", "adamw", precision="fp16.32", **ADAMW),
+    case("transformer", "adamw", precision="fp16.32", **ADAMW),
 ]
+
+# Mixed-precision cases: (loss of every step, relative; weights: ||got - want|| / ||want - initial||
+# per tensor, i.e. the error in units of how far torch's training moved the tensor. A norm, not a
+# maximum: Adam's step is about lr whatever the gradient's size, so an element whose tiny gradient
+# rounds to the other sign moves 2 lr the other way in either run.)
+PRECISION_TOLERANCES = {"bf16": (0.01, 0.15), "fp16.32": (0.01, 0.1)}
 
 
 def torch_optimizer(c, params):
@@ -485,6 +502,8 @@ def cli_arguments(c):
             args += [flag, repr(value)]
     if c.loss_scaling is not None:
         args += ["--loss-scaling", repr(c.loss_scaling)]
+    if c.precision != "fp32":
+        args += ["--precision", c.precision]
     if c.clip:
         args += ["--clip-norm", repr(c.clip)]
     if getattr(MODELS[c.model], "dynamic_batch", False):
@@ -547,7 +566,8 @@ def train_torch(c, wrapper, data):
         optimizer.zero_grad()
         for micro in range(c.accumulate):
             k = step * c.accumulate + micro
-            loss = wrapper(*[t[k * batch:(k + 1) * batch] for t in tensors])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.precision == "bf16"):
+                loss = wrapper(*[t[k * batch:(k + 1) * batch] for t in tensors])
             losses.append(loss.item())
             (loss / c.accumulate).backward()
         if c.clip:
@@ -702,6 +722,8 @@ def run_case(c, args, workdir):
         raise Failure(f"popart-run exited with {result.returncode}:\n  {' '.join(command)}\n"
                       f"{result.stdout}{result.stderr}")
     trained = read_initializers(out_path)
+    if c.precision != "fp32":
+        return compare_mixed_precision(c, result.stdout, losses, expected, trained, state0)
 
     rows = []
     for k, want in expected.items():
@@ -721,6 +743,27 @@ def run_case(c, args, workdir):
             rows.append((k + " (not a parameter, changed)",
                          float(np.max(np.abs(trained[k].astype(np.float64) - initial[k]))),
                          float("nan"), 0.0, False))
+    return rows
+
+
+def compare_mixed_precision(c, stdout, losses, expected, trained, state0):
+    """Rows of a mixed-precision case: the loss of each step within the relative tolerance, and
+    each weight within the tolerance in units of how far torch moved it."""
+    loss_rtol, weight_tol = PRECISION_TOLERANCES[c.precision]
+    ours = [float(m) for m in re.findall(r"^step \d+/\d+ loss (\S+)", stdout, re.M)]
+    if len(ours) != len(losses):
+        raise Failure(f"popart-run printed {len(ours)} step losses, torch has {len(losses)}:\n{stdout}")
+    rows = []
+    for k, (got, want) in enumerate(zip(ours, losses)):
+        rel = abs(got - want) / abs(want)
+        rows.append((f"loss of step {k + 1} ({got:.5f}, torch {want:.5f})", abs(got - want), rel, 0.0,
+                     rel <= loss_rtol))
+    for k, want in expected.items():
+        got = trained[k].astype(np.float64)
+        want = want.numpy().astype(np.float64)
+        moved = float(np.linalg.norm(want - state0[k].numpy()))
+        err = float(np.linalg.norm(got - want))
+        rows.append((k, err, err / moved, moved, err <= weight_tol * moved))
     return rows
 
 

@@ -16,9 +16,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 
 using namespace popart;
@@ -275,4 +277,25 @@ TEST(Precision, InferenceKeepsTheOutputTypeAndAnUnknownModeIsNamed) {
   auto s = InferenceSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), so);
   s->prepareDevice();
   EXPECT_EQ(s->getInfo(s->getOutputIds().at(0)).dataType(), DataType::FLOAT);
+}
+
+TEST(Precision, DocsListEveryFp32Op) {
+  std::ifstream in(std::string(POPART_SOURCE_DIR) + "/docs/precision.md");
+  ASSERT_TRUE(in) << "docs/precision.md";
+  std::stringstream doc;
+  doc << in.rdbuf();
+  std::string text = doc.str();
+  for (const ir::Fp32Op &op : ir::fp32Ops()) {
+    // Each op is named in a table row of the fp32 list, with the reason the code gives.
+    std::string type = op.type;
+    size_t row = text.find("| " + type);
+    if (row == std::string::npos) row = text.find(", " + type + " ");
+    if (row == std::string::npos) row = text.find(", " + type + ",");
+    EXPECT_NE(row, std::string::npos) << type << " is kept in fp32 but docs/precision.md does not list it";
+    if (row == std::string::npos) continue;
+    std::string line = text.substr(row, text.find('\n', row) - row);
+    if (!op.onlyLargeReductions) {
+      EXPECT_NE(line.find(op.reason), std::string::npos) << line;
+    }
+  }
 }
