@@ -22,6 +22,49 @@ namespace popart::cli {
 
 namespace {
 
+/// The trained weights as they are now, to count at the end the elements training never changed
+/// (an fp16 gradient that underflowed, a frozen path, a bug): every weight is accounted for.
+std::map<TensorId, TensorData> readTrainedWeights(const TrainingSession &session) {
+  std::map<TensorId, TensorData> weights;
+  std::vector<RawArray> arrays;
+  std::vector<TensorId> ids = session.getWeightIds();
+  arrays.reserve(ids.size());
+  WeightsIO io;
+  for (const auto &id : ids) {
+    TensorData &t = weights.emplace(id, TensorData(session.getInfo(id))).first->second;
+    arrays.emplace_back(t.data(), t.info().dataType(), t.info().shape());
+    io.insert(id, arrays.back());
+  }
+  session.readWeights(io);
+  return weights;
+}
+
+/// "weights: all 1234 elements changed", or how many did not and where most of them are.
+std::string unchangedReport(const std::map<TensorId, TensorData> &before, const std::map<TensorId, TensorData> &after) {
+  int64_t total = 0, unchanged = 0, worstCount = 0;
+  TensorId worst;
+  for (const auto &[id, b] : before) {
+    const TensorData &a = after.at(id);
+    const size_t size = dataTypeSize(b.info().dataType());
+    const auto *pb = static_cast<const uint8_t *>(b.data());
+    const auto *pa = static_cast<const uint8_t *>(a.data());
+    int64_t n = b.info().elementCount(), same = 0;
+    for (int64_t i = 0; i < n; ++i)
+      same += std::memcmp(pb + size_t(i) * size, pa + size_t(i) * size, size) == 0 ? 1 : 0;
+    total += n;
+    unchanged += same;
+    if (same > worstCount) {
+      worstCount = same;
+      worst = id + " (" + std::to_string(same) + " of " + std::to_string(n) + ")";
+    }
+  }
+  if (unchanged == 0) return "weights: all " + std::to_string(total) + " elements changed";
+  char share[32];
+  std::snprintf(share, sizeof share, "%.1f%%", 100.0 * double(unchanged) / double(std::max<int64_t>(total, 1)));
+  return "weights: " + std::to_string(unchanged) + " of " + std::to_string(total) + " elements (" + share +
+         ") never changed, most in " + worst;
+}
+
 const char *const kTrainOnly[] = {"--loss",
                                   "--optimizer",
                                   "--lr",
@@ -420,6 +463,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
+  const std::map<TensorId, TensorData> weightsBefore = readTrainedWeights(*session);
   if (!o.profile.empty()) session->enableProfiling();
   auto t0 = clock::now();
   std::vector<double> stepMs;
@@ -460,6 +504,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     std::printf("skipped %lld steps with non-finite gradients; loss scale now %g\n",
                 (long long)session->getSkippedSteps(), session->getLossScale());
   std::printf("final loss: %.6g\n", lastLoss);
+  std::printf("%s\n", unchangedReport(weightsBefore, readTrainedWeights(*session)).c_str());
   if (!o.checkpoint.empty()) saveCheckpoint(total);
   if (!o.save.empty()) {
     session->modelToHost(o.save);

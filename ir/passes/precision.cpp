@@ -71,44 +71,62 @@ public:
     if (policy_.low == DataType::UNDEFINED) return 0;
     if (policy_.low != DataType::FLOAT16 && policy_.low != DataType::BFLOAT16)
       throw error("convertPrecision: the low type must be FLOAT16 or BFLOAT16, got ", toString(policy_.low));
-    if (!policy_.masterWeights) convertVariablesInPlace();
     for (Op *op : graph_.schedule())
       convertOp(*op);
+    if (!policy_.masterWeights) convertVariablesInPlace();
     return changes_;
   }
 
 private:
-  /// fp16.16: a FLOAT Variable read only in the low type becomes a low Variable (no master copy).
+  /// fp16.16: a FLOAT Variable read only through its Cast to the low type becomes a low Variable
+  /// (no master copy), which the Cast's readers read directly.
   void convertVariablesInPlace() {
-    for (const auto &[id, t] : graph_.tensors()) {
-      if (t->kind() != TensorKind::Variable || t->info().dataType() != DataType::FLOAT || kept_.count(id) ||
-          shapeDeciding_.count(t.get()) || t->consumers().empty())
+    std::vector<std::pair<TensorId, TensorId>> converted;
+    for (const auto &[key, castId] : casts_) {
+      Tensor *t = graph_.findTensor(key.first);
+      if (key.second != policy_.low || !t || t->kind() != TensorKind::Variable || kept_.count(t->id()) ||
+          t->consumers().size() != 1 || t->consumers()[0]->type != "Cast")
         continue;
-      bool allLow = std::all_of(t->consumers().begin(), t->consumers().end(), [&](const Op *op) {
-        for (size_t i = 0; i < op->inputCount(); ++i)
-          if (op->inputs[i] == t.get() && wantedType(*op, i) != policy_.low) return false;
-        return true;
-      });
-      if (!allLow) continue;
-      if (t->data()) t->setData(std::make_shared<TensorData>(converted(*t->data(), policy_.low)));
-      t->setInfo(TensorInfo(policy_.low, t->info().shape()));
-      ++changes_;
+      converted.emplace_back(key.first, castId);
+    }
+    for (const auto &[id, castId] : converted) {
+      Tensor &w = graph_.tensor(id);
+      Tensor &cast = graph_.tensor(castId);
+      for (Op *reader : std::vector<Op *>(cast.consumers()))
+        for (size_t i = 0; i < reader->inputCount(); ++i)
+          if (reader->inputs[i] == &cast) graph_.setOpInput(*reader, i, &w);
+      graph_.removeOp(*cast.producer());
+      graph_.removeTensor(castId);
+      if (w.data()) w.setData(std::make_shared<TensorData>(convertedData(*w.data(), policy_.low)));
+      w.setInfo(TensorInfo(policy_.low, w.info().shape()));
     }
   }
 
-  /// The type input \p i of \p op is read in, or UNDEFINED to leave it as it is.
-  DataType wantedType(const Op &op, size_t i) const {
+  /// Whether \p op reads input \p i as a float value that the conversion may retype.
+  bool convertible(const Op &op, size_t i) const {
     const Tensor *t = op.inputs[i];
-    if (!t || !isFloat16Or32(t->info().dataType()) || shapeDeciding_.count(t) || !readsValuesOf(op, i))
-      return DataType::UNDEFINED;
+    if (!t || !isFloat16Or32(t->info().dataType()) || shapeDeciding_.count(t) || !readsValuesOf(op, i)) return false;
     for (size_t v : valueInputIndices(op))
-      if (v == i) return DataType::UNDEFINED;
-    if (op.type == "Cast" || op.type == "CastLike") return DataType::UNDEFINED; // it converts anyway
-    if (op.type == "Dropout" && i == 1) return DataType::UNDEFINED;             // the ratio (T1)
-    return precisionClass(op) == PrecisionClass::Fp32 ? DataType::FLOAT : policy_.low;
+      if (v == i) return false;
+    if (op.type == "Cast" || op.type == "CastLike") return false; // it converts anyway
+    if (op.type == "Dropout" && i == 1) return false;             // the ratio (T1)
+    return true;
   }
 
-  static TensorData converted(const TensorData &data, DataType to) {
+  /// The type \p op computes in: FLOAT, the low type, or UNDEFINED to leave it as it is (an op
+  /// that follows its inputs and reads no 16-bit input).
+  DataType computeType(const Op &op) const {
+    switch (precisionClass(op)) {
+    case PrecisionClass::Fp32: return DataType::FLOAT;
+    case PrecisionClass::Low: return policy_.low;
+    case PrecisionClass::Follow: break;
+    }
+    for (size_t i = 0; i < op.inputCount(); ++i)
+      if (convertible(op, i) && op.inputs[i]->info().dataType() != DataType::FLOAT) return policy_.low;
+    return DataType::UNDEFINED;
+  }
+
+  static TensorData convertedData(const TensorData &data, DataType to) {
     return TensorData::fromDoubles(to, data.info().shape(), data.toDoubleVector());
   }
 
@@ -119,7 +137,7 @@ private:
     if (auto it = casts_.find(key); it != casts_.end()) return &graph_.tensor(it->second);
     TensorId id = graph_.uniqueId(t.id() + "_" + suffix(to));
     if (t.isConst()) {
-      graph_.addConst(id, converted(*t.data(), to));
+      graph_.addConst(id, convertedData(*t.data(), to));
     } else {
       Attributes a;
       a.set("to", static_cast<int64_t>(to));
@@ -141,16 +159,10 @@ private:
     std::vector<DataType> before;
     for (Tensor *t : op.outputs)
       before.push_back(t ? t->info().dataType() : DataType::UNDEFINED);
-    for (size_t i = 0; convertInputs && i < op.inputCount(); ++i) {
-      DataType want = wantedType(op, i);
-      if (want == DataType::UNDEFINED || op.inputs[i]->info().dataType() == want) continue;
-      graph_.setOpInput(op, i, as(*op.inputs[i], want));
-    }
-    if (convertInputs && op.type == "Cast" && op.attrs.getInt("to", 0) == static_cast<int64_t>(DataType::FLOAT) &&
-        !op.outputs.empty() && op.outputs[0] && !keptOutput(*op.outputs[0])) {
-      op.attrs.set("to", static_cast<int64_t>(policy_.low));
-      ++changes_;
-    }
+    const DataType want = convertInputs ? computeType(op) : DataType::UNDEFINED;
+    for (size_t i = 0; want != DataType::UNDEFINED && i < op.inputCount(); ++i)
+      if (convertible(op, i) && op.inputs[i]->info().dataType() != want)
+        graph_.setOpInput(op, i, as(*op.inputs[i], want));
     // Every op is set up again: its inputs may have changed type upstream.
     op.def->setup(op);
     // Outputs that must keep their types: the op writes a new low tensor, which a Cast converts.
@@ -185,13 +197,15 @@ private:
 } // namespace
 
 PrecisionClass precisionClass(const Op &op) {
-  if (op.domain != "ai.onnx") return PrecisionClass::Low;
+  if (op.domain != "ai.onnx") return PrecisionClass::Follow;
+  for (const char *t : kLowOps)
+    if (op.type == t) return PrecisionClass::Low;
   for (const Fp32Op &f : fp32Ops())
     if (op.type == f.type) {
       if (!f.onlyLargeReductions || reductionLength(op) > kLargeReduction) return PrecisionClass::Fp32;
       break;
     }
-  return PrecisionClass::Low;
+  return PrecisionClass::Follow;
 }
 
 int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep) {

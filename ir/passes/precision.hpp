@@ -20,9 +20,13 @@ struct PrecisionPolicy {
 
 /// How convertPrecision treats an op type (docs/precision.md lists them).
 enum class PrecisionClass {
-  Low,  ///< float inputs in the low type; the kernel accumulates in fp32 (the default)
-  Fp32, ///< float inputs cast to FLOAT: the op computes and writes fp32
+  Low,    ///< the products (kLowOps): float inputs in the low type; the kernel accumulates in fp32
+  Fp32,   ///< fp32Ops(): float inputs cast to FLOAT; the op computes and writes fp32
+  Follow, ///< every other op: low if any float input is 16-bit, else left as it is
 };
+
+/// The ops that always compute in the low type: the products, where half precision pays.
+inline constexpr const char *kLowOps[] = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"};
 
 /// The op types kept in fp32, with the reason for each, in the order docs/precision.md lists them.
 struct Fp32Op {
@@ -38,11 +42,12 @@ constexpr int64_t kLargeReduction = 4096;
 /// The class of \p op under convertPrecision.
 PrecisionClass precisionClass(const Op &op);
 
-/// Converts the float tensors of \p graph to \p policy.low: every op not in fp32Ops() reads its
-/// float inputs in the low type, those in it read FLOAT; each tensor is cast once per type it is
-/// read in (constants are converted, not cast), and the tensors in \p keep and the graph's outputs
-/// keep their types (a Cast writes them). Tensors that decide shapes are left alone. Returns the
-/// number of casts and conversions made.
+/// Converts the float tensors of \p graph to \p policy.low: the ops of kLowOps read their float
+/// inputs in the low type, those of fp32Ops() read FLOAT, and every other op follows its inputs (low
+/// if any is 16-bit), so that everything computed from a product is low and what only the loss
+/// feeds stays fp32. Each tensor is cast once per type it is read in (constants are converted, not
+/// cast), and the tensors in \p keep and the graph's outputs keep their types (a Cast writes them).
+/// Tensors that decide shapes are left alone. Returns the number of casts and conversions made.
 int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep);
 
 } // namespace popart::ir

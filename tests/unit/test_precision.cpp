@@ -144,7 +144,8 @@ TEST(Precision, LargeReductionsStayFp32AndSmallOnesDoNot) {
     ir::Graph g;
     ir::registerBuiltinOps();
     g.opsets()["ai.onnx"] = 13;
-    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, n}));
+    // A 16-bit input: the Relu that follows it is low.
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT16, {2, n}));
     g.addInput("x");
     g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"r"});
     g.addConst("axes", TensorData::fromInt64({1}, {1}));
@@ -156,6 +157,37 @@ TEST(Precision, LargeReductionsStayFp32AndSmallOnesDoNot) {
     ir::convertPrecision(g, policy, {});
     EXPECT_EQ(inType(g, "sum", 0), n > ir::kLargeReduction ? DataType::FLOAT : DataType::BFLOAT16) << n;
   }
+}
+
+TEST(Precision, OpsThatFollowTheirInputsStayFp32WhereOnlyFp32TensorsFeedThem) {
+  // x → Relu → MatMul(w) → logits → SoftmaxCrossEntropyLoss → · 2^-20 → loss: the Relu before the
+  // product reads only fp32 and stays fp32; the Mul after the loss likewise, so that a loss scale
+  // of 65536 never meets fp16's range in the loss's own gradient.
+  ir::Graph g;
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {4, 8}));
+  g.addInput("x");
+  g.addTensor("y", ir::TensorKind::Stream, TensorInfo(DataType::INT64, {4}));
+  g.addInput("y");
+  g.addConst("w", filled(DataType::FLOAT, {8, 3}, 0.2f));
+  g.addConst("small", TensorData::scalarFloat(1.0f / 1048576));
+  g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"r"});
+  g.addOp("MatMul", "", 13, "mm", {}, {"r", "w"}, {"logits"});
+  g.addOp("SoftmaxCrossEntropyLoss", "", 13, "sce", {}, {"logits", "y"}, {"l"});
+  g.addOp("Mul", "", 13, "scale", {}, {"l", "small"}, {"loss"});
+  g.addOutput("loss");
+  ir::inferShapes(g, nullptr);
+  ir::PrecisionPolicy policy;
+  policy.low = DataType::FLOAT16;
+  ir::convertPrecision(g, policy, {});
+  ir::verifyGraph(g, "");
+  EXPECT_EQ(inType(g, "relu", 0), DataType::FLOAT);
+  EXPECT_EQ(inType(g, "mm", 0), DataType::FLOAT16);
+  EXPECT_EQ(inType(g, "sce", 0), DataType::FLOAT);
+  EXPECT_EQ(inType(g, "scale", 0), DataType::FLOAT);
+  EXPECT_EQ(inType(g, "scale", 1), DataType::FLOAT) << "2^-20 is subnormal in fp16";
+  EXPECT_EQ(opNamed(g, "scale").outInfo(0).dataType(), DataType::FLOAT);
 }
 
 namespace {
