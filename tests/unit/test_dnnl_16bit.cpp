@@ -574,3 +574,149 @@ TEST(Dnnl16Bit, ConvFloat16Declines) {
   OneOp conv = makeOp("Conv", "ai.onnx", 13, {TensorInfo(F16, {1, 4, 6, 6}), TensorInfo(F16, {4, 4, 3, 3})});
   expectDnnlDeclines(*conv.op, "f16");
 }
+
+// The reference kernels of every family a training step uses take FLOAT16 and BFLOAT16 (computing
+// in float, core/dispatch.hpp's compute_t) and agree with their fp32 twins within the tolerance.
+namespace {
+
+struct RefCase {
+  std::string type, domain = "ai.onnx";
+  int opset = 13;
+  /// Input shapes; a type of UNDEFINED means the case's 16-bit type, others as given.
+  std::vector<TensorInfo> ins;
+  ir::Attributes attrs = {};
+  size_t outputs = 1;
+  int64_t k = 1; ///< reduction length, for the tolerance
+  std::function<float(size_t, std::mt19937 &)> fill = uniform(-2, 2);
+  std::map<size_t, TensorData> consts = {};
+};
+
+TensorInfo T(const Shape &s) { return TensorInfo(DataType::UNDEFINED, s); }
+
+ir::Attributes attrs(std::initializer_list<std::pair<const char *, std::vector<int64_t>>> ints) {
+  ir::Attributes a;
+  for (const auto &[name, v] : ints)
+    if (v.size() == 1 && std::string(name) != "kernel_shape" && std::string(name) != "strides" &&
+        std::string(name) != "dilations" && std::string(name) != "axes")
+      a.set(name, v[0]);
+    else
+      a.set(name, v);
+  return a;
+}
+
+std::function<float(size_t, std::mt19937 &)> labelsAt(size_t input, int64_t classes, float lo = -2, float hi = 2) {
+  return [=](size_t i, std::mt19937 &r) {
+    if (i == input) return static_cast<float>(std::uniform_int_distribution<int64_t>(0, classes - 1)(r));
+    return std::uniform_real_distribution<float>(lo, hi)(r);
+  };
+}
+
+void expectReference16Bit(const RefCase &c) {
+  for (DataType t : {BF16, F16}) {
+    std::vector<TensorInfo> ins;
+    for (const TensorInfo &i : c.ins)
+      ins.emplace_back(i.dataType() == DataType::UNDEFINED ? t : i.dataType(), i.shape());
+    OneOp o = makeOp(c.type, c.domain, c.opset, ins, c.attrs, c.outputs, c.consts);
+    SCOPED_TRACE(c.type + " in " + toString(t));
+    std::mt19937 rng(7);
+    kernel_compare::expectSixteenBitMatchesFp32Reference(KernelProvider::Reference, *o.op, rng, c.fill, tol(t, c.k));
+  }
+}
+
+} // namespace
+
+TEST(Reference16Bit, TrainingStepFamiliesMatchFp32) {
+  constexpr DataType I64 = DataType::INT64;
+  auto conv = attrs({{"pads", {1, 1, 1, 1}}, {"strides", {1, 1}}, {"dilations", {1, 1}}, {"group", {1}}});
+  auto dataGrad = conv, weightGrad = conv;
+  dataGrad.set("input_shape", std::vector<int64_t>{2, 3, 7, 7});
+  dataGrad.set("kernel_shape", std::vector<int64_t>{3, 3});
+  weightGrad.set("weight_shape", std::vector<int64_t>{4, 3, 3, 3});
+  weightGrad.set("kernel_shape", std::vector<int64_t>{3, 3});
+  auto pool = attrs({{"kernel_shape", {2, 2}}, {"strides", {2, 2}}, {"dilations", {1, 1}}, {"pads", {0, 0, 0, 0}}});
+  auto poolGrad = pool;
+  poolGrad.set("input_shape", std::vector<int64_t>{2, 3, 8, 8});
+  auto positive = [](size_t i, std::mt19937 &r) {
+    return std::uniform_real_distribution<float>(i == 4 ? 0.5f : -2.f, 2.f)(r);
+  };
+  std::vector<RefCase> cases{
+      {"MatMul", "ai.onnx", 13, {T({8, 32}), T({32, 12})}, {}, 1, 32},
+      {"Gemm", "ai.onnx", 13, {T({8, 32}), T({32, 12}), T({12})}, {}, 1, 32},
+      {"Conv", "ai.onnx", 13, {T({2, 3, 7, 7}), T({4, 3, 3, 3}), T({4})}, conv, 1, 27},
+      {"ConvDataGrad", "ai.graphcore", 1, {T({2, 4, 7, 7}), T({4, 3, 3, 3})}, dataGrad, 1, 36},
+      {"ConvWeightGrad", "ai.graphcore", 1, {T({2, 4, 7, 7}), T({2, 3, 7, 7})}, weightGrad, 1, 98},
+      {"MaxPool", "ai.onnx", 13, {T({2, 3, 8, 8})}, pool},
+      {"AveragePool", "ai.onnx", 13, {T({2, 3, 8, 8})}, pool, 1, 4},
+      {"MaxPoolGrad", "ai.graphcore", 1, {T({2, 3, 8, 8}), T({2, 3, 4, 4})}, pool},
+      {"AveragePoolGrad", "ai.graphcore", 1, {T({2, 3, 4, 4})}, poolGrad, 1, 4},
+      {"BatchNormalization",
+       "ai.onnx",
+       15,
+       {T({4, 3, 5, 5}), T({3}), T({3}), T({3}), T({3})},
+       attrs({{"training_mode", {1}}}),
+       3,
+       100,
+       positive},
+      {"BatchNormalizationGrad", "ai.graphcore", 1, {T({4, 3, 5, 5}), T({3}), T({4, 3, 5, 5})}, {}, 3, 400},
+      {"LayerNormalization", "ai.onnx", 17, {T({6, 40}), T({40}), T({40})}, {}, 3, 40},
+      {"LayerNormalizationGrad", "ai.graphcore", 1, {T({6, 40}), T({40}), T({6, 40})}, {}, 3, 240},
+      {"Softmax", "ai.onnx", 13, {T({6, 40})}, {}, 1, 40},
+      {"LogSoftmax", "ai.onnx", 13, {T({6, 40})}, {}, 1, 40},
+      {"SoftmaxGrad", "ai.graphcore", 1, {T({6, 40}), T({6, 40})}, {}, 1, 40, uniform(0, 0.1f)},
+      {"LogSoftmaxGrad", "ai.graphcore", 1, {T({6, 40}), T({6, 40})}, {}, 1, 40, uniform(-4, -0.5f)},
+      {"Relu", "ai.onnx", 13, {T({6, 40})}},
+      {"Tanh", "ai.onnx", 13, {T({6, 40})}},
+      {"Sigmoid", "ai.onnx", 13, {T({6, 40})}},
+      {"Exp", "ai.onnx", 13, {T({6, 40})}},
+      {"Gelu", "ai.graphcore", 1, {T({6, 40})}},
+      {"Add", "ai.onnx", 14, {T({6, 40}), T({40})}},
+      {"Mul", "ai.onnx", 14, {T({6, 40}), T({6, 40})}},
+      {"ReduceSum", "ai.onnx", 13, {T({6, 40})}, attrs({{"keepdims", {0}}}), 1, 240},
+      {"ReduceMean", "ai.onnx", 13, {T({6, 40})}, {}, 1, 240},
+      {"ReduceMax", "ai.onnx", 13, {T({6, 40})}},
+      {"Gather", "ai.onnx", 13, {T({10, 6}), TensorInfo(I64, {4})}, {}, 1, 1, labelsAt(1, 10)},
+      {"ScatterND",
+       "ai.onnx",
+       16,
+       {T({10, 6}), TensorInfo(I64, {4, 1}), T({4, 6})},
+       [] {
+         ir::Attributes a;
+         a.set("reduction", std::string("add"));
+         return a;
+       }(),
+       1,
+       4,
+       labelsAt(1, 10)},
+      {"SoftmaxCrossEntropyLoss", "ai.onnx", 13, {T({6, 5}), TensorInfo(I64, {6})}, {}, 2, 30, labelsAt(1, 5)},
+      {"NegativeLogLikelihoodLoss", "ai.onnx", 13, {T({6, 5}), TensorInfo(I64, {6})}, {}, 1, 6, labelsAt(1, 5, -3, 0)},
+  };
+  for (const char *act : {"Relu", "Tanh", "Gelu", "Sigmoid"}) {
+    ir::Attributes a;
+    a.set("activation", std::string(act));
+    cases.push_back(
+        {"ActivationGrad",
+         "ai.graphcore",
+         1,
+         {T({6, 40}), T({6, 40})},
+         a,
+         1,
+         1,
+         std::string(act) == "Sigmoid" || std::string(act) == "Tanh" ? uniform(0.05f, 0.9f) : uniform(-2, 2)});
+  }
+  for (const RefCase &c : cases)
+    expectReference16Bit(c);
+}
+
+TEST(Reference16Bit, CastBothWays) {
+  for (DataType t : {BF16, F16}) {
+    for (auto [from, to] : {std::pair{F32, t}, std::pair{t, F32}}) {
+      ir::Attributes a;
+      a.set("to", static_cast<int64_t>(to == BF16 ? 16 : to == F16 ? 10 : 1));
+      OneOp o = makeOp("Cast", "ai.onnx", 19, {TensorInfo(from, {7, 9})}, a);
+      SCOPED_TRACE(toString(from) + " to " + toString(to));
+      std::mt19937 rng(2);
+      kernel_compare::expectSixteenBitMatchesFp32Reference(KernelProvider::Reference, *o.op, rng, uniform(-100, 100),
+                                                           tol(t));
+    }
+  }
+}
