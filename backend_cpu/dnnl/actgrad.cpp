@@ -1,4 +1,4 @@
-// oneDNN kernels, f32, of the ai.graphcore gradient ops of ir/ops/actgrad.cpp: SoftmaxGrad and
+// oneDNN kernels, f32 or bf16, of the ai.graphcore gradient ops of ir/ops/actgrad.cpp: SoftmaxGrad and
 // LogSoftmaxGrad (softmax_v2_backward on an [outer, n, inner] view), LayerNormalizationGrad
 // (layer_normalization_backward on [rows, normalised]) and ActivationGrad (eltwise_backward, from
 // the forward output where oneDNN has a use_dst algorithm).
@@ -18,10 +18,10 @@ namespace {
 
 using namespace dnnl;
 
-/// FLOAT inputs, input 0 not empty.
-/// Why oneDNN does not take \p op's inputs: not all f32, or empty ("" if it does).
+/// Why oneDNN does not take \p op's tensors: not all of one floating-point type it knows, or
+/// empty ("" if it does).
 std::string notFloatOrEmpty(const ir::Op &op) {
-  if (!dnnl_util::inputsFloat(op)) return "inputs not all f32";
+  if (std::string why = dnnl_util::notOneFloatType(op); !why.empty()) return why;
   if (op.inInfo(0).elementCount() == 0) return "empty input";
   return "";
 }
@@ -54,19 +54,33 @@ private:
   memory data_, diffDst_, diffSrc_;
 };
 
-Support supportsSoftmaxGrad(const ir::Op &op) {
-  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
-  if (rowSoftmaxGrad(op)) return Support::no("f32 over the last axis: the fast kernel's row pass is faster");
-  return Support::yes();
-}
-
-std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
+/// The [outer, n, inner] view of \p op's input over its axis, in its type.
+memory::desc softmaxGradDesc(const ir::Op &op) {
   const Shape &s = op.inInfo(0).shape();
   int64_t rank = static_cast<int64_t>(s.size()), axis = op.attrs.getInt("axis", -1);
   if (axis < 0) axis += rank;
   memory::dims dims{shapeElementCount(Shape(s.begin(), s.begin() + axis)), s[static_cast<size_t>(axis)],
                     shapeElementCount(Shape(s.begin() + axis + 1, s.end()))};
-  memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  return memory::desc(dims, dnnl_util::dnnlType(op.inInfo(0)), dnnl_util::plainStrides(dims));
+}
+
+Support supportsSoftmaxGrad(const ir::Op &op) {
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
+  if (rowSoftmaxGrad(op)) return Support::no("f32 over the last axis: the fast kernel's row pass is faster");
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  memory::desc md = softmaxGradDesc(op);
+  algorithm alg = op.type == "LogSoftmaxGrad" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  auto &eng = dnnl_util::engine();
+  softmax_v2_forward::primitive_desc hint(softmax_v2_forward::desc(prop_kind::forward_training, alg, md, md, 1), eng,
+                                          true);
+  if (!hint) return dnnl_util::noImplementation("softmax", type);
+  softmax_v2_backward::primitive_desc pd(softmax_v2_backward::desc(alg, md, md, md, 1), eng, hint, true);
+  return dnnl_util::implementationFor(pd, "softmax backward", type);
+}
+
+std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
+  memory::desc md = softmaxGradDesc(op);
   algorithm alg = op.type == "LogSoftmaxGrad" ? algorithm::softmax_log : algorithm::softmax_accurate;
   auto &eng = dnnl_util::engine();
   softmax_v2_forward::primitive_desc hint(softmax_v2_forward::desc(prop_kind::forward_training, alg, md, md, 1), eng);
@@ -74,7 +88,42 @@ std::unique_ptr<Kernel> createSoftmaxGrad(const ir::Op &op) {
   return std::make_unique<DiffKernel>(softmax_v2_backward(pd), DNNL_ARG_DST, md);
 }
 
-Support supportsLayerNormGrad(const ir::Op &op) { return Support::unless(notFloatOrEmpty(op)); }
+/// The [rows, normalised] view of LayerNormalizationGrad's X.
+std::pair<int64_t, int64_t> layerNormGradSplit(const ir::Op &op) {
+  const Shape &x = op.inInfo(0).shape();
+  int64_t rank = static_cast<int64_t>(x.size()), axis = op.attrs.getInt("axis", -1);
+  if (axis < 0) axis += rank;
+  return {shapeElementCount(Shape(x.begin(), x.begin() + axis)), shapeElementCount(Shape(x.begin() + axis, x.end()))};
+}
+
+Support supportsLayerNormGrad(const ir::Op &op) {
+  // X, dY and dX of one type; the scale, the statistics, dScale and dBias in it or FLOAT.
+  if (!dnnl_util::dnnlType(op.inInfo(0).dataType())) return Support::no("X is " + toString(op.inInfo(0).dataType()));
+  if (op.inInfo(0).elementCount() == 0) return Support::no("empty input");
+  DataType t = op.inInfo(0).dataType();
+  if (op.inInfo(2).dataType() != t || (op.hasOutput(0) && op.outInfo(0).dataType() != t))
+    return Support::no("dY or dX not of X's type");
+  for (size_t i : {1, 3, 4})
+    if (op.inputCount() > i && op.hasInput(i) && op.inInfo(i).dataType() != t &&
+        op.inInfo(i).dataType() != DataType::FLOAT)
+      return Support::no("input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType()));
+  for (size_t i : {1, 2})
+    if (op.hasOutput(i) && op.outInfo(i).dataType() != t && op.outInfo(i).dataType() != DataType::FLOAT)
+      return Support::no("output " + std::to_string(i) + " is " + toString(op.outInfo(i).dataType()));
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  auto [rows, inner] = layerNormGradSplit(op);
+  memory::desc mdX({rows, inner}, type, memory::dims{inner, 1});
+  memory::desc mdStat({rows}, memory::data_type::f32, memory::dims{1});
+  auto &eng = dnnl_util::engine();
+  auto flags = normalization_flags::use_scale | normalization_flags::use_shift;
+  layer_normalization_forward::primitive_desc hint(
+      layer_normalization_forward::desc(prop_kind::forward_training, mdX, mdStat, 1e-5f, flags), eng, true);
+  if (!hint) return dnnl_util::noImplementation("layer normalization", type);
+  layer_normalization_backward::primitive_desc pd(
+      layer_normalization_backward::desc(prop_kind::backward, mdX, mdX, mdStat, 1e-5f, flags), eng, hint, true);
+  return dnnl_util::implementationFor(pd, "layer normalization backward", type);
+}
 
 /// oneDNN's backward pass wants the row mean and variance. Given the forward's Mean and InvStdDev,
 /// the variance is 1/InvStdDev² − ε (oneDNN adds ε back); else a statistics-only forward pass
@@ -83,13 +132,10 @@ Support supportsLayerNormGrad(const ir::Op &op) { return Support::unless(notFloa
 class LayerNormGradKernel : public dnnl_util::NormGradKernel {
 public:
   explicit LayerNormGradKernel(const ir::Op &op) : givenStats_(op.hasInput(3)) {
-    const Shape &x = op.inInfo(0).shape();
-    int64_t rank = static_cast<int64_t>(x.size()), axis = op.attrs.getInt("axis", -1);
-    if (axis < 0) axis += rank;
-    rows_ = shapeElementCount(Shape(x.begin(), x.begin() + axis));
-    int64_t inner = shapeElementCount(Shape(x.begin() + axis, x.end()));
+    auto [rows, inner] = layerNormGradSplit(op);
+    rows_ = rows;
     eps_ = op.attrs.getFloat("epsilon", 1e-5f);
-    memory::desc mdX({rows_, inner}, memory::data_type::f32, memory::dims{inner, 1});
+    memory::desc mdX({rows_, inner}, dnnl_util::dnnlType(op.inInfo(0)), memory::dims{inner, 1});
     memory::desc mdStat({rows_}, memory::data_type::f32, memory::dims{1});
     memory::desc mdC({inner}, memory::data_type::f32, memory::dims{1});
     auto &eng = dnnl_util::engine();
@@ -105,12 +151,16 @@ public:
     makeMemories(op, mdX, mdC);
     mean_ = givenStats_ ? memory(mdStat, eng, DNNL_MEMORY_NONE) : memory(mdStat, eng);
     var_ = memory(mdStat, eng);
+    if (givenStats_) {
+      meanStaging_ = dnnl_util::F32Staging(op.inInfo(3).dataType(), rows_);
+      invStaging_ = dnnl_util::F32Staging(op.inInfo(4).dataType(), rows_);
+    }
   }
   void run(const KernelArgs &args) override {
     bind(args);
     if (givenStats_) {
-      mean_.set_data_handle(const_cast<void *>(args.inputs[3]));
-      const float *inv = args.in<float>(4);
+      mean_.set_data_handle(meanStaging_.widen(args.inputs[3]));
+      const float *inv = invStaging_.widen(args.inputs[4]);
       auto *var = static_cast<float *>(var_.get_data_handle());
       for (int64_t r = 0; r < rows_; ++r)
         var[r] = 1.f / (inv[r] * inv[r]) - eps_;
@@ -118,10 +168,12 @@ public:
       computeStatistics();
     }
     runBackward();
+    narrowOutputs(args);
   }
 
 private:
   bool givenStats_;
+  dnnl_util::F32Staging meanStaging_, invStaging_;
   int64_t rows_ = 0;
   float eps_ = 1e-5f;
 };
@@ -172,13 +224,21 @@ Support supportsActivationGrad(const ir::Op &op) {
   EltwiseGradSpec spec;
   if (!eltwiseGradSpec(op, spec))
     return Support::no("no oneDNN eltwise backward for activation " + op.attrs.getString("activation", "?"));
-  return Support::yes();
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
+  auto &eng = dnnl_util::engine();
+  eltwise_forward::primitive_desc hint(
+      eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta), eng, true);
+  if (!hint) return dnnl_util::noImplementation("eltwise", type);
+  eltwise_backward::primitive_desc pd(eltwise_backward::desc(spec.alg, md, md, spec.alpha, spec.beta), eng, hint, true);
+  return dnnl_util::implementationFor(pd, "eltwise backward", type);
 }
 
 std::unique_ptr<Kernel> createActivationGrad(const ir::Op &op) {
   EltwiseGradSpec spec;
   eltwiseGradSpec(op, spec);
-  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
   auto &eng = dnnl_util::engine();
   eltwise_forward::primitive_desc hint(
       eltwise_forward::desc(prop_kind::forward_training, spec.alg, md, spec.alpha, spec.beta), eng);

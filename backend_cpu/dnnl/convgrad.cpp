@@ -1,4 +1,4 @@
-// oneDNN kernels of the grad ops, f32, on plain buffers: ConvDataGrad
+// oneDNN kernels of the grad ops, f32 or bf16, on plain buffers: ConvDataGrad
 // (convolution_backward_data), ConvWeightGrad (convolution_backward_weights), AveragePoolGrad
 // and MaxPoolGrad (pooling_v2_backward; MaxPoolGrad first reruns the forward to get oneDNN's
 // workspace). Primitives are made at creation; MaxPoolGrad owns its scratchpads and workspace,
@@ -31,11 +31,11 @@ Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::v
 }
 
 /// ONNX Conv weights (M, C/g, k...) as oneDNN's ([g,] M/g, C/g, k...) over the same buffer.
-memory::desc weightsDesc(const Shape &w, int64_t group) {
+memory::desc weightsDesc(const Shape &w, int64_t group, memory::data_type type) {
   memory::dims dims{w[0] / group, w[1]}, spatial(w.begin() + 2, w.end());
   if (group > 1) dims.insert(dims.begin(), group);
   dims.insert(dims.end(), spatial.begin(), spatial.end());
-  return memory::desc(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  return memory::desc(dims, type, dnnl_util::plainStrides(dims));
 }
 
 primitive_attr userScratchpad() {
@@ -121,8 +121,10 @@ private:
 /// (\p dys), the descriptors of X, dY and the weights (\p ws), and the forward hint.
 struct ConvDescs {
   ConvDescs(const ir::Op &op, const Shape &xs, const Shape &dys, const Shape &ws)
-      : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))), x(dnnl_util::plainDesc(xs, xs.size())),
-        y(dnnl_util::plainDesc(dys, dys.size())), w(weightsDesc(ws, op.attrs.getInt("group", 1))) {}
+      : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))),
+        x(dnnl_util::plainDesc(xs, xs.size(), dnnl_util::dnnlType(op.inInfo(0)))),
+        y(dnnl_util::plainDesc(dys, dys.size(), dnnl_util::dnnlType(op.inInfo(0)))),
+        w(weightsDesc(ws, op.attrs.getInt("group", 1), dnnl_util::dnnlType(op.inInfo(0)))) {}
   /// The forward convolution both backward primitives take as a hint, on \p x, \p w, \p y;
   /// empty if oneDNN has none.
   convolution_forward::primitive_desc forward(const memory::desc &x, const memory::desc &w,
@@ -179,6 +181,8 @@ template <typename Backward, bool weights> ConvGradSetup<Backward> convGradSetup
   if (isRef(pd)) pd = make(d.x, d.w, d.y);
   s.pd = pd;
   if (!pd) s.whyNot = "no oneDNN backward convolution for it";
+  if (Support impl = dnnl_util::implementationFor(pd, "backward convolution", d.x.data_type()); pd && !impl)
+    s.whyNot = impl.reason;
   return s;
 }
 
@@ -228,8 +232,8 @@ AveragePoolGradSetup averagePoolGradSetup(const ir::Op &op) {
   if (s.whyNot.empty()) s.whyNot = dnnl_util::extendPadsForCeilMode(x, dy, includePad, win);
   if (!s.whyNot.empty()) return s;
   algorithm alg = includePad ? algorithm::pooling_avg_include_padding : algorithm::pooling_avg_exclude_padding;
-  s.mdX = dnnl_util::plainDesc(x, x.size());
-  s.mdY = dnnl_util::plainDesc(dy, dy.size());
+  s.mdX = dnnl_util::plainDesc(op.outInfo(0), x.size());
+  s.mdY = dnnl_util::plainDesc(op.inInfo(0), dy.size());
   auto &eng = dnnl_util::engine();
   if (!dnnl_util::poolingValid(prop_kind::forward_training, alg, s.mdX, s.mdY, win, true)) {
     s.whyNot = "oneDNN rejects the window";
@@ -243,6 +247,8 @@ AveragePoolGradSetup averagePoolGradSetup(const ir::Op &op) {
     s.pd = pooling_v2_backward::primitive_desc(d, userScratchpad(), eng, fpd, true);
   }
   if (!s.pd) s.whyNot = "no oneDNN pooling backward for it";
+  if (Support impl = dnnl_util::implementationFor(s.pd, "pooling backward", s.mdX.data_type()); s.pd && !impl)
+    s.whyNot = impl.reason;
   return s;
 }
 
@@ -295,8 +301,8 @@ MaxPoolGradSetup maxPoolGradSetup(const ir::Op &op) {
     if ((in + win.padL[i] + win.padR[i] - dk) / win.strides[i] + 1 != out)
       win.padR[i] = (out - 1) * win.strides[i] + dk - in - win.padL[i];
   }
-  s.mdX = dnnl_util::plainDesc(x, x.size());
-  s.mdY = dnnl_util::plainDesc(dy, dy.size());
+  s.mdX = dnnl_util::plainDesc(op.inInfo(0), x.size());
+  s.mdY = dnnl_util::plainDesc(op.inInfo(1), dy.size());
   auto &eng = dnnl_util::engine();
   if (!dnnl_util::poolingValid(prop_kind::forward_training, algorithm::pooling_max, s.mdX, s.mdY, win, true)) {
     s.whyNot = "oneDNN rejects the window";
@@ -315,6 +321,8 @@ MaxPoolGradSetup maxPoolGradSetup(const ir::Op &op) {
   else if (s.fpd.dst_desc() != s.mdY || s.bpd.diff_src_desc() != s.mdX || s.bpd.diff_dst_desc() != s.mdY ||
            s.bpd.workspace_desc() != s.fpd.workspace_desc())
     s.whyNot = "oneDNN chose other layouts";
+  else if (Support impl = dnnl_util::implementationFor(s.bpd, "max pooling backward", s.mdX.data_type()); !impl)
+    s.whyNot = impl.reason;
   return s;
 }
 
@@ -358,8 +366,6 @@ private:
   memory x_, dy_, dx_, y_, ws_, fwdScratch_, bwdScratch_;
 };
 
-using dnnl_util::allFloat;
-
 bool shapesOk(const ir::Op &op) {
   int64_t r = op.outInfo(0).rank();
   if (r < 3 || r > 5 || op.outInfo(0).elementCount() == 0) return false;
@@ -368,9 +374,10 @@ bool shapesOk(const ir::Op &op) {
   return true;
 }
 
-/// Whether oneDNN runs \p K for \p op: f32, spatial rank 1-3, and descriptors it has.
+/// Whether oneDNN runs \p K for \p op: one type (f32, or bf16 where it has more than its
+/// reference code), spatial rank 1-3, and descriptors it has.
 template <typename K> Support supports(const ir::Op &op) {
-  if (!allFloat(op)) return Support::no("not f32");
+  if (std::string why = dnnl_util::notOneFloatType(op); !why.empty()) return Support::no(why);
   if (!shapesOk(op)) return Support::no("spatial rank other than 1-3, or an empty tensor");
   return Support::unless(K::whyNot(op));
 }

@@ -1,5 +1,5 @@
-// oneDNN kernels, f32: Conv (convolution_forward, in the layouts oneDNN picks, reordered from
-// and to the plain buffers inside the kernel; optionally with a fused residual add (binary post-op),
+// oneDNN kernels, f32 or bf16 (bf16 without a fused pool): Conv (convolution_forward, in the layouts oneDNN picks,
+// reordered from and to the plain buffers inside the kernel; optionally with a fused residual add (binary post-op),
 // Relu and max pool, the pool on the convolution's blocked layout, a chunk of images at a
 // time), ConvTranspose
 // (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward), on plain layouts.
@@ -32,8 +32,6 @@ constexpr int64_t kChunkBytes = int64_t{512} * 1024;
 using dnnl_util::makeWindow;
 using dnnl_util::Window;
 
-using dnnl_util::allFloat;
-
 bool spatialRankOk(const ir::Op &op) {
   int64_t r = op.inInfo(0).rank();
   return r >= 3 && r <= 5 && op.outInfo(0).elementCount() > 0 && op.inInfo(0).elementCount() > 0;
@@ -41,6 +39,7 @@ bool spatialRankOk(const ir::Op &op) {
 
 /// Weights of Conv / ConvTranspose as oneDNN's (g, oc, ic, spatial...) over ONNX's buffer.
 memory::desc weightsDesc(const ir::Op &op, bool transposed) {
+  const memory::data_type type = dnnl_util::dnnlType(op.inInfo(1));
   const Shape &w = op.inInfo(1).shape();
   int64_t group = op.attrs.getInt("group", 1);
   int64_t k = 1;
@@ -66,7 +65,7 @@ memory::desc weightsDesc(const ir::Op &op, bool transposed) {
   }
   dims.insert(dims.end(), spatial.begin(), spatial.end());
   strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
-  return memory::desc(dims, memory::data_type::f32, strides);
+  return memory::desc(dims, type, strides);
 }
 
 /// \p act as oneDNN eltwise post-ops (oneDNN 2.6 has no hard sigmoid: a linear one, then a clip).
@@ -133,7 +132,7 @@ pooling_v2_forward::primitive_desc fusedPoolPd(const ir::Op &op, const ir::Fused
   w.dilates.assign(nsp, 0);
   w.padL.assign(pool.pads.begin(), pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
   w.padR.assign(pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp), pool.pads.end());
-  auto mdOut = dnnl_util::anyLayout(dnnl_util::plainDesc(op.outInfo(0).shape(), op.outInfo(0).rank()));
+  auto mdOut = dnnl_util::anyLayout(dnnl_util::plainDesc(op.outInfo(0), op.outInfo(0).rank()));
   if (!dnnl_util::poolingValid(prop_kind::forward_inference, algorithm::pooling_max, src, mdOut, w)) return {};
   primitive_attr attr;
   attr.set_scratchpad_mode(scratchpad_mode::user);
@@ -160,11 +159,12 @@ ConvSetup convSetup(const ir::Op &op) {
       s.whyNot = "negative padding";
       return s;
     }
-  s.mdX = dnnl_util::plainDesc(x, x.size());
-  s.mdY = dnnl_util::plainDesc(s.y, s.y.size());
+  const memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  s.mdX = dnnl_util::plainDesc(x, x.size(), type);
+  s.mdY = dnnl_util::plainDesc(s.y, s.y.size(), dnnl_util::dnnlType(op.outInfo(0)));
   s.mdW = weightsDesc(op, s.transposed);
   s.hasBias = op.hasInput(2);
-  s.mdB = s.hasBias ? memory::desc({s.y[1]}, memory::data_type::f32, memory::dims{1}) : memory::desc();
+  s.mdB = s.hasBias ? memory::desc({s.y[1]}, dnnl_util::dnnlType(op.inInfo(2)), memory::dims{1}) : memory::desc();
   s.attr.set_scratchpad_mode(scratchpad_mode::user); // allocated with the kernel, not per run
   if (s.transposed) {
     if (!dnnl_util::forwardConvolutionValid(s.mdX, s.mdW, s.mdB, s.mdY, s.w, true)) {
@@ -193,12 +193,16 @@ ConvSetup convSetup(const ir::Op &op) {
   auto isRef = [](const convolution_forward::primitive_desc &pd) { return !pd || dnnl_util::implIs(pd, "ref"); };
   auto pd = s.make(dnnl_util::anyLayout(s.mdX), dnnl_util::anyLayout(s.mdW), dnnl_util::anyLayout(s.mdY));
   s.pooled = ir::fusedPool(op, s.pool);
+  if (s.pooled && type != memory::data_type::f32) {
+    s.whyNot = "a fused max pool in bf16 (the pool on blocked channels is f32's)";
+    return s;
+  }
   if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
     // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
     // blocks of the pointwise convolutions around it were reordered in and out of every
     // one (half of MobileNet v2's time); its jit depthwise kernel runs on those blocks.
-    auto blocked = [](const Shape &shape) {
-      return memory::desc(dnnl_util::toDims(shape), memory::data_type::f32, memory::format_tag::aBcd16b);
+    auto blocked = [type](const Shape &shape) {
+      return memory::desc(dnnl_util::toDims(shape), type, memory::format_tag::aBcd16b);
     };
     auto onBlocks = s.make(blocked(x), dnnl_util::anyLayout(s.mdW), blocked(s.y));
     if (!isRef(onBlocks)) pd = onBlocks; // else no kernel for those layouts: keep oneDNN's choice
@@ -265,7 +269,7 @@ public:
     }
     x_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
     w_ = memory(s.mdW, eng, DNNL_MEMORY_NONE);
-    y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0).shape(), s.y.size()) : s.mdY, eng, DNNL_MEMORY_NONE);
+    y_ = memory(pooled_ ? dnnl_util::plainDesc(op.outInfo(0), s.y.size()) : s.mdY, eng, DNNL_MEMORY_NONE);
     if (hasBias_) b_ = memory(s.mdB, eng, DNNL_MEMORY_NONE);
     if (inner_[0]) toInner_[0] = dnnl_util::userScratchReorder(x_, inner_[0]);
     if (!s.transposed) weights_.init(w_, weightsDesc_, op.input(1).isConst());
@@ -551,8 +555,8 @@ PoolSetup poolSetup(const ir::Op &op) {
   algorithm alg = isMax        ? algorithm::pooling_max
                   : includePad ? algorithm::pooling_avg_include_padding
                                : algorithm::pooling_avg_exclude_padding;
-  s.mdX = dnnl_util::plainDesc(x, x.size());
-  s.mdY = dnnl_util::plainDesc(y, y.size());
+  s.mdX = dnnl_util::plainDesc(op.inInfo(0), x.size());
+  s.mdY = dnnl_util::plainDesc(op.outInfo(0), y.size());
   if (!dnnl_util::poolingValid(prop_kind::forward_inference, alg, s.mdX, s.mdY, w)) {
     s.whyNot = "oneDNN rejects the window";
     return s;
@@ -561,6 +565,8 @@ PoolSetup poolSetup(const ir::Op &op) {
                              w.padR);
   s.pd = pooling_v2_forward::primitive_desc(d, dnnl_util::engine(), true);
   if (!s.pd) s.whyNot = "no oneDNN pooling implementation for it";
+  if (Support impl = dnnl_util::implementationFor(s.pd, "pooling", s.mdX.data_type()); s.pd && !impl)
+    s.whyNot = impl.reason;
   return s;
 }
 
@@ -586,16 +592,29 @@ private:
   memory x_, y_;
 };
 
-/// The shapes and types oneDNN's convolutions and poolings take; "" if it takes \p op's.
+/// The shapes and types oneDNN's convolutions and poolings take; "" if it takes \p op's: X, W,
+/// Y and a residual of one type, a bias of it or FLOAT.
 std::string windowOpShapes(const ir::Op &op) {
-  if (!allFloat(op)) return "not f32";
+  DataType t = op.inInfo(0).dataType();
+  if (!dnnl_util::dnnlType(t)) return "X is " + toString(t);
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != t && !(i == 2 && op.inInfo(i).dataType() == DataType::FLOAT))
+      return "input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType()) + " with X " + toString(t);
+  if (op.outInfo(0).dataType() != t) return "Y not of X's type";
   if (!spatialRankOk(op)) return "spatial rank other than 1-3, or an empty tensor";
   return {};
 }
 
 Support supportsConv(const ir::Op &op) {
   if (std::string why = windowOpShapes(op); !why.empty()) return Support::no(why);
-  return Support::unless(convSetup(op).whyNot);
+  ConvSetup s = convSetup(op);
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type != memory::data_type::f32 && s.whyNot.rfind("no oneDNN", 0) == 0)
+    return dnnl_util::noImplementation(s.transposed ? "deconvolution" : "convolution", type);
+  if (!s.whyNot.empty()) return Support::no(s.whyNot);
+  if (type == memory::data_type::f32) return Support::yes();
+  if (s.transposed) return dnnl_util::implementationFor(s.deconvolution, "deconvolution", type);
+  return dnnl_util::implementationFor(s.pd, "convolution", type);
 }
 
 Support supportsPool(const ir::Op &op) {

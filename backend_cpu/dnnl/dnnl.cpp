@@ -16,6 +16,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlActGradKernels(r);
   registerDnnlTransposeKernels(r);
   registerDnnlRnnKernels(r);
+  registerDnnlCastKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -1,4 +1,5 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "core/half.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -63,6 +64,78 @@ bool inputsFloat(const ir::Op &op) {
 }
 
 bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
+
+std::optional<dnnl::memory::data_type> dnnlType(DataType type) {
+  switch (type) {
+  case DataType::FLOAT: return dnnl::memory::data_type::f32;
+  case DataType::BFLOAT16: return dnnl::memory::data_type::bf16;
+  case DataType::FLOAT16: return dnnl::memory::data_type::f16;
+  default: return std::nullopt;
+  }
+}
+
+dnnl::memory::data_type dnnlType(const TensorInfo &info) {
+  if (auto t = dnnlType(info.dataType())) return *t;
+  throw ::popart::error("oneDNN kernels take FLOAT, BFLOAT16 or FLOAT16 tensors, not ", toString(info.dataType()));
+}
+
+const char *dnnlTypeName(dnnl::memory::data_type type) {
+  switch (type) {
+  case dnnl::memory::data_type::f32: return "f32";
+  case dnnl::memory::data_type::bf16: return "bf16";
+  case dnnl::memory::data_type::f16: return "f16";
+  default: return "other";
+  }
+}
+
+std::string notOneFloatType(const ir::Op &op, bool outputs) {
+  std::optional<DataType> first;
+  auto check = [&](const TensorInfo &info, const char *role, size_t i) -> std::string {
+    if (!dnnlType(info.dataType()))
+      return std::string(role) + " " + std::to_string(i) + " is " + toString(info.dataType()) +
+             " (oneDNN's: FLOAT, BFLOAT16, FLOAT16)";
+    if (first && *first != info.dataType())
+      return std::string(role) + " " + std::to_string(i) + " is " + toString(info.dataType()) + ", not " +
+             toString(*first) + " like the others";
+    first = info.dataType();
+    return "";
+  };
+  for (size_t i = 0; i < op.inputCount(); ++i)
+    if (op.hasInput(i))
+      if (std::string why = check(op.inInfo(i), "input", i); !why.empty()) return why;
+  if (outputs)
+    for (size_t i = 0; i < op.outputCount(); ++i)
+      if (op.hasOutput(i))
+        if (std::string why = check(op.outInfo(i), "output", i); !why.empty()) return why;
+  return "";
+}
+
+Support noImplementation(const char *what, dnnl::memory::data_type type) {
+  return Support::no(std::string("oneDNN 2.6 has no ") + dnnlTypeName(type) + " " + what + " on this CPU");
+}
+
+F32Staging::F32Staging(DataType type, int64_t count) : type_(type) {
+  if (type != DataType::FLOAT && type != DataType::BFLOAT16 && type != DataType::FLOAT16)
+    throw ::popart::error("a oneDNN kernel stages FLOAT, BFLOAT16 or FLOAT16 tensors, not ", toString(type));
+  if (staged()) buffer_.assign(static_cast<size_t>(count), 0.f);
+}
+
+float *F32Staging::widen(const void *data) {
+  if (!staged()) return static_cast<float *>(const_cast<void *>(data));
+  const auto *bits = static_cast<const uint16_t *>(data);
+  for (size_t i = 0; i < buffer_.size(); ++i)
+    buffer_[i] = type_ == DataType::BFLOAT16 ? bfloat16ToFloat(bits[i]) : halfToFloat(bits[i]);
+  return buffer_.data();
+}
+
+float *F32Staging::target(void *data) { return staged() ? buffer_.data() : static_cast<float *>(data); }
+
+void F32Staging::narrow(void *data) const {
+  if (!staged()) return;
+  auto *bits = static_cast<uint16_t *>(data);
+  for (size_t i = 0; i < buffer_.size(); ++i)
+    bits[i] = type_ == DataType::BFLOAT16 ? floatToBfloat16(buffer_[i]) : floatToHalf(buffer_[i]);
+}
 
 bool pointwiseWeights(const Shape &w, int64_t group) {
   if (group != 1 || w.size() < 3) return false;

@@ -7,6 +7,7 @@
 #include <popart/tensorinfo.hpp>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,9 +31,62 @@ void execute(const dnnl::primitive &prim, std::vector<dnnl_exec_arg_t> &cache,
 bool inputsFloat(const ir::Op &op);
 /// Whether every present input and output 0 of \p op are FLOAT.
 bool allFloat(const ir::Op &op);
+
+/// oneDNN's data type for \p type: FLOAT f32, BFLOAT16 bf16, FLOAT16 f16; none for the others.
+std::optional<dnnl::memory::data_type> dnnlType(DataType type);
+/// dnnlType of \p info, which a capability check accepted; throws naming the type otherwise.
+dnnl::memory::data_type dnnlType(const TensorInfo &info);
+/// oneDNN's name of \p type ("f32", "bf16", "f16").
+const char *dnnlTypeName(dnnl::memory::data_type type);
+/// Why \p op's present inputs (and its present outputs, with \p outputs) are not all of one
+/// floating-point type oneDNN knows (FLOAT, BFLOAT16, FLOAT16); "" if they are.
+std::string notOneFloatType(const ir::Op &op, bool outputs = true);
+/// The decline for a primitive \p what ("matmul") of which oneDNN has no implementation for
+/// \p type: "oneDNN 2.6 has no f16 matmul on this CPU".
+Support noImplementation(const char *what, dnnl::memory::data_type type);
+/// The decline for a pd (created with allow_empty) that is missing, or that is oneDNN's
+/// reference code for a 16-bit \p type (as slow as ours, without its exact rounding); yes
+/// otherwise.
+template <typename PD> Support implementationFor(const PD &pd, const char *what, dnnl::memory::data_type type) {
+  if (!pd) return noImplementation(what, type);
+  if (type != dnnl::memory::data_type::f32 && std::string(pd.impl_info_str()).rfind("ref", 0) == 0)
+    return Support::no(std::string("oneDNN 2.6 has only its reference ") + dnnlTypeName(type) + " " + what +
+                       " on this CPU");
+  return Support::yes();
+}
+
 /// A plain row-major f32 memory descriptor for \p shape, padded with leading 1s to \p rank.
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank,
                              dnnl::memory::data_type type = dnnl::memory::data_type::f32);
+/// plainDesc of \p info's shape in its data type.
+inline dnnl::memory::desc plainDesc(const TensorInfo &info, size_t rank) {
+  return plainDesc(info.shape(), rank, dnnlType(info));
+}
+
+/// A small tensor (scale, shift, statistics: per channel or per row) that oneDNN 2.6 takes in f32
+/// only, while the op's tensor may be 16-bit: then it goes through f32 memory of the kernel's own,
+/// allocated at creation. A FLOAT tensor is used in place.
+class F32Staging {
+public:
+  F32Staging() = default;
+  /// For a tensor of \p type with \p count elements.
+  F32Staging(DataType type, int64_t count);
+  /// Whether the tensor is 16-bit (it goes through the owned buffer).
+  bool staged() const { return type_ != DataType::FLOAT; }
+  /// The f32 values of input \p data: \p data itself, or widened into the owned buffer.
+  float *widen(const void *data);
+  /// Where oneDNN writes the f32 values of output \p data: \p data itself, or the owned
+  /// buffer (narrow(data) stores it then).
+  float *target(void *data);
+  /// Stores the owned buffer into output \p data (nothing for a FLOAT one).
+  void narrow(void *data) const;
+  /// The owned buffer (empty for a FLOAT tensor).
+  float *owned() { return buffer_.data(); }
+
+private:
+  DataType type_ = DataType::FLOAT;
+  std::vector<float> buffer_;
+};
 
 /// Whether ONNX Conv weights of shape \p w with \p group groups make a pointwise convolution
 /// (ungrouped, every kernel extent 1).

@@ -16,6 +16,8 @@ void registerDnnlConvGradKernels(KernelRegistry &registry);
 void registerDnnlActGradKernels(KernelRegistry &registry);
 void registerDnnlTransposeKernels(KernelRegistry &registry);
 void registerDnnlRnnKernels(KernelRegistry &registry);
+/// Cast and CastLike between FLOAT, BFLOAT16 and FLOAT16 (reorders).
+void registerDnnlCastKernels(KernelRegistry &registry);
 /// Ours on oneDNN's blocked layouts: GlobalAveragePool, Mul by per-channel gates.
 void registerDnnlChannelwiseKernels(KernelRegistry &registry);
 /// Ours: broadcast Add/Sub/Mul/Div where oneDNN's binary has only its reference code.

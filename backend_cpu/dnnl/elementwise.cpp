@@ -1,4 +1,5 @@
-// oneDNN kernels for elementwise ops: eltwise (unary) and binary with broadcasting, f32.
+// oneDNN kernels for elementwise ops: eltwise (unary) and binary with broadcasting, in f32 or
+// bf16 (f16 where oneDNN has it: not in 2.6 on the CPU, so those decline).
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -42,7 +43,7 @@ bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
     for (size_t i : {1, 2}) {
       if (op.inputCount() <= i || !op.hasInput(i)) continue;
       const ir::Tensor &t = op.input(i);
-      if (!t.isConst() || t.info().elementCount() != 1 || t.info().dataType() != DataType::FLOAT) return false;
+      if (!t.isConst() || t.info().elementCount() != 1 || !isFloatingPoint(t.info().dataType())) return false;
       bound[i - 1] = static_cast<float>(t.data()->valueAsDouble(0));
     }
     if (!(bound[0] <= bound[1])) return false; // min > max: everything is max, as the reference does
@@ -57,7 +58,7 @@ bool eltwiseSpec(const ir::Op &op, EltwiseSpec &spec) {
 class HardSigmoidKernel : public Kernel {
 public:
   explicit HardSigmoidKernel(const ir::Op &op) {
-    auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+    auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
     auto &eng = dnnl_util::engine();
     auto linear = eltwise_forward::primitive_desc(
         eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_linear, md,
@@ -84,26 +85,43 @@ private:
   memory x_, y_;
 };
 
-/// Why a one-input op of \p op's type and shape is not oneDNN's: not f32, or empty ("" if neither).
+/// Why a one-input op of \p op's type and shape is not oneDNN's: not one floating-point type
+/// oneDNN knows, or empty ("" if neither).
 std::string notFloatOrEmpty(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT) return std::string("input is ") + toString(op.inInfo(0).dataType());
+  if (!dnnl_util::dnnlType(op.inInfo(0).dataType()))
+    return std::string("input is ") + toString(op.inInfo(0).dataType());
+  if (op.outInfo(0).dataType() != op.inInfo(0).dataType())
+    return "output is " + toString(op.outInfo(0).dataType()) + ", input " + toString(op.inInfo(0).dataType());
   if (op.inInfo(0).elementCount() == 0) return "empty input";
   return "";
 }
 
-Support supportsHardSigmoid(const ir::Op &op) { return Support::unless(notFloatOrEmpty(op)); }
+/// Whether oneDNN has a forward eltwise \p alg for \p op's input type (always for f32).
+Support eltwiseImplemented(const ir::Op &op, algorithm alg, float alpha, float beta) {
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
+  eltwise_forward::primitive_desc pd(eltwise_forward::desc(prop_kind::forward_inference, alg, md, alpha, beta),
+                                     dnnl_util::engine(), true);
+  return dnnl_util::implementationFor(pd, "eltwise", type);
+}
+
+Support supportsHardSigmoid(const ir::Op &op) {
+  if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
+  return eltwiseImplemented(op, algorithm::eltwise_linear, 1.f, 0.f);
+}
 
 Support supportsEltwise(const ir::Op &op) {
   if (std::string why = notFloatOrEmpty(op); !why.empty()) return Support::no(why);
   EltwiseSpec spec;
   if (!eltwiseSpec(op, spec)) return Support::no("no oneDNN eltwise algorithm for these attributes");
-  return Support::yes();
+  return eltwiseImplemented(op, spec.alg, spec.alpha, spec.beta);
 }
 
 std::unique_ptr<Kernel> createEltwise(const ir::Op &op) {
   EltwiseSpec spec{};
   eltwiseSpec(op, spec);
-  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
   auto pd = eltwise_forward::primitive_desc(
       eltwise_forward::desc(prop_kind::forward_inference, spec.alg, md, spec.alpha, spec.beta), dnnl_util::engine());
   return std::make_unique<dnnl_util::SrcDstKernel>(eltwise_forward(pd), md, md, true); // may run in place
@@ -120,8 +138,7 @@ algorithm binaryAlgorithm(const std::string &type) {
 
 Support supportsBinary(const ir::Op &op) {
   if (op.inputCount() != 2) return Support::no("not two inputs");
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT)
-    return Support::no("inputs not f32");
+  if (std::string why = dnnl_util::notOneFloatType(op); !why.empty()) return Support::no(why);
   if (op.outInfo(0).elementCount() == 0) return Support::no("empty output");
   // oneDNN broadcasts src1 only: src0 must already have the output shape.
   const Shape &out = op.outInfo(0).shape();
@@ -138,9 +155,9 @@ public:
     size_t rank = std::max<size_t>(out.size(), 1);
     swapped_ = op.inInfo(0).shape() != out;
     algorithm alg = binaryAlgorithm(op.type);
-    auto md0 = dnnl_util::plainDesc(op.inInfo(swapped_ ? 1 : 0).shape(), rank);
-    auto md1 = dnnl_util::plainDesc(op.inInfo(swapped_ ? 0 : 1).shape(), rank);
-    auto mdOut = dnnl_util::plainDesc(out, rank);
+    auto md0 = dnnl_util::plainDesc(op.inInfo(swapped_ ? 1 : 0), rank);
+    auto md1 = dnnl_util::plainDesc(op.inInfo(swapped_ ? 0 : 1), rank);
+    auto mdOut = dnnl_util::plainDesc(op.outInfo(0), rank);
     auto pd = binary::primitive_desc(binary::desc(alg, md0, md1, mdOut), dnnl_util::engine());
     prim_ = binary(pd);
     a_ = memory(md0, dnnl_util::engine(), DNNL_MEMORY_NONE);
@@ -173,9 +190,11 @@ Support supportsBinaryKernel(const ir::Op &op) {
   size_t rank = std::max<size_t>(out.size(), 1);
   bool swapped = op.inInfo(0).shape() != out;
   auto pd = binary::primitive_desc(
-      binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0).shape(), rank),
-                   dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1).shape(), rank), dnnl_util::plainDesc(out, rank)),
+      binary::desc(binaryAlgorithm(op.type), dnnl_util::plainDesc(op.inInfo(swapped ? 1 : 0), rank),
+                   dnnl_util::plainDesc(op.inInfo(swapped ? 0 : 1), rank), dnnl_util::plainDesc(op.outInfo(0), rank)),
       dnnl_util::engine(), true);
+  memory::data_type type = dnnl_util::dnnlType(op.outInfo(0));
+  if (!pd && type != memory::data_type::f32) return dnnl_util::noImplementation("binary", type);
   if (!pd) return Support::no("oneDNN has no binary primitive for these shapes");
   if (dnnl_util::implIs(pd, "ref"))
     return Support::no("oneDNN would run its reference code (the broadcast loop is faster)");
@@ -190,12 +209,12 @@ Support supportsPow(const ir::Op &op) {
   if (!e.isConst() || e.info().elementCount() != 1 || !isFloatingPoint(e.info().dataType()))
     return Support::no("exponent not a constant floating-point scalar");
   if (op.outInfo(0).shape() != op.inInfo(0).shape()) return Support::no("the exponent broadcasts the base");
-  return Support::yes();
+  return eltwiseImplemented(op, algorithm::eltwise_pow, 1.f, static_cast<float>(e.data()->valueAsDouble(0)));
 }
 
 std::unique_ptr<Kernel> createPow(const ir::Op &op) {
   auto exponent = static_cast<float>(op.input(1).data()->valueAsDouble(0));
-  auto md = dnnl_util::plainDesc(op.inInfo(0).shape(), 1);
+  auto md = dnnl_util::plainDesc(op.inInfo(0), 1);
   auto pd = eltwise_forward::primitive_desc(
       eltwise_forward::desc(prop_kind::forward_inference, algorithm::eltwise_pow, md, 1.f, exponent),
       dnnl_util::engine());
@@ -207,17 +226,37 @@ std::unique_ptr<Kernel> createPow(const ir::Op &op) {
 Support supportsSum(const ir::Op &op) {
   if (op.inputCount() < 2) return Support::no("fewer than two inputs");
   if (op.outInfo(0).elementCount() == 0) return Support::no("empty output");
-  if (!dnnl_util::allFloat(op)) return Support::no("not all f32");
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (!op.hasInput(i) || op.inInfo(i).shape() != op.outInfo(0).shape())
       return Support::no("input " + std::to_string(i) + " broadcasts");
+  if (std::string why = dnnl_util::notOneFloatType(op); !why.empty()) return Support::no(why);
+  memory::data_type type = dnnl_util::dnnlType(op.outInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  auto md = dnnl_util::plainDesc(op.outInfo(0), 1);
+  std::vector<float> scales(op.inputCount(), 1.f);
+  std::vector<memory::desc> srcs(op.inputCount(), md);
+  dnnl_primitive_desc_t pd = nullptr; // the C API: the C++ one throws where no implementation exists
+  std::vector<dnnl_memory_desc_t> cSrcs(srcs.size());
+  for (size_t i = 0; i < srcs.size(); ++i)
+    cSrcs[i] = srcs[i].data;
+  dnnl_status_t status = dnnl_sum_primitive_desc_create(&pd, &md.data, static_cast<int>(srcs.size()), scales.data(),
+                                                        cSrcs.data(), nullptr, dnnl_util::engine().get());
+  if (status != dnnl_success) return dnnl_util::noImplementation("sum", type);
+  std::string impl;
+  const char *info = nullptr;
+  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, static_cast<void *>(&info)) == dnnl_success && info)
+    impl = info;
+  dnnl_primitive_desc_destroy(pd);
+  if (impl.rfind("ref", 0) == 0)
+    return Support::no(std::string("oneDNN 2.6 has only its reference ") + dnnl_util::dnnlTypeName(type) +
+                       " sum on this CPU");
   return Support::yes();
 }
 
 class SumKernel : public Kernel {
 public:
   explicit SumKernel(const ir::Op &op) {
-    auto md = dnnl_util::plainDesc(op.outInfo(0).shape(), 1);
+    auto md = dnnl_util::plainDesc(op.outInfo(0), 1);
     size_t n = op.inputCount();
     std::vector<float> scales(n, op.type == "Mean" ? 1.0f / static_cast<float>(n) : 1.0f);
     std::vector<memory::desc> srcs(n, md);

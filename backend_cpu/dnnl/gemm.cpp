@@ -1,5 +1,5 @@
-// oneDNN Gemm, f32: Y = alpha·op(A)·op(B) + beta·C as a oneDNN matmul, or as a 1×1 convolution
-// (PointwiseProduct) where the timing or the session chooses it (matmul_tuning.hpp).
+// oneDNN Gemm, f32 or bf16 (fp32 accumulation): Y = alpha·op(A)·op(B) + beta·C as a oneDNN matmul, or as a 1×1
+// convolution (PointwiseProduct) where the timing or the session chooses it (matmul_tuning.hpp).
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -22,12 +22,55 @@ using matmul_tuning::kTuneFlops;
 using matmul_tuning::tunedWay;
 using matmul_tuning::unblocked;
 
+/// The product's descriptors and attributes: transposes are strides, C a broadcast binary post-op.
+struct GemmSetup {
+  memory::desc mdA, mdB, mdY, mdC;
+  primitive_attr attr;
+  bool hasC = false;
+};
+
+GemmSetup gemmSetup(const ir::Op &op) {
+  GemmSetup g;
+  bool ta = op.attrs.getInt("transA", 0) != 0, tb = op.attrs.getInt("transB", 0) != 0;
+  float alpha = op.attrs.getFloat("alpha", 1.f), beta = op.attrs.getFloat("beta", 1.f);
+  int64_t m = op.outInfo(0).dim(0), n = op.outInfo(0).dim(1);
+  int64_t k = ta ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
+  g.mdA = memory::desc({m, k}, dnnl_util::dnnlType(op.inInfo(0)), ta ? memory::dims{1, m} : memory::dims{k, 1});
+  g.mdB = memory::desc({k, n}, dnnl_util::dnnlType(op.inInfo(1)), tb ? memory::dims{1, k} : memory::dims{n, 1});
+  g.mdY = memory::desc({m, n}, dnnl_util::dnnlType(op.outInfo(0)), memory::dims{n, 1});
+  post_ops po;
+  g.hasC = op.hasInput(2) && beta != 0.f;
+  if (alpha != 1.f) g.attr.set_output_scales(0, {alpha});
+  if (g.hasC) {
+    g.mdC = dnnl_util::plainDesc(op.inInfo(2), 2);
+    po.append_binary(algorithm::binary_add, g.mdC);
+  }
+  if (op.fusion.relu()) // fused by fuseRelu, after C
+    po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+  if (po.len() > 0) g.attr.set_post_ops(po);
+  return g;
+}
+
 Support supportsGemm(const ir::Op &op) {
-  if (!dnnl_util::inputsFloat(op)) return Support::no("not f32");
+  DataType t = op.inInfo(0).dataType();
+  auto type = dnnl_util::dnnlType(t);
+  if (!type || op.inInfo(1).dataType() != t)
+    return Support::no("A and B not both FLOAT, BFLOAT16 or FLOAT16 (" + toString(t) + ", " +
+                       toString(op.inInfo(1).dataType()) + ")");
+  // 16-bit A and B: C and Y in their type or FLOAT (fp32 accumulation).
+  DataType y = op.outInfo(0).dataType();
+  if (y != t && y != DataType::FLOAT) return Support::no("Y is " + toString(y) + " with " + toString(t) + " operands");
+  if (op.hasInput(2) && op.inInfo(2).dataType() != t && op.inInfo(2).dataType() != DataType::FLOAT)
+    return Support::no("C is " + toString(op.inInfo(2).dataType()));
+  if (t == DataType::FLOAT && (y != t || (op.hasInput(2) && op.inInfo(2).dataType() != t)))
+    return Support::no("FLOAT operands with a 16-bit C or Y");
   // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).
   if (op.hasInput(2) && op.attrs.getFloat("beta", 1.f) != 1.f) return Support::no("beta other than 1 with C");
   if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
-  return Support::yes();
+  if (t == DataType::FLOAT) return Support::yes();
+  GemmSetup g = gemmSetup(op);
+  matmul::primitive_desc pd(matmul::desc(g.mdA, g.mdB, g.mdY), g.attr, dnnl_util::engine(), true);
+  return dnnl_util::implementationFor(pd, "matmul", *type);
 }
 
 /// Y = alpha * op(A) op(B) + beta * C: transposes are strides, C is a broadcast binary post-op.
@@ -35,23 +78,14 @@ class GemmKernel : public Kernel {
 public:
   GemmKernel(const ir::Op &op, const KernelContext &context) {
     bool ta = op.attrs.getInt("transA", 0) != 0, tb = op.attrs.getInt("transB", 0) != 0;
-    float alpha = op.attrs.getFloat("alpha", 1.f), beta = op.attrs.getFloat("beta", 1.f);
+    float alpha = op.attrs.getFloat("alpha", 1.f);
     int64_t m = op.outInfo(0).dim(0), n = op.outInfo(0).dim(1);
     int64_t k = ta ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
-    memory::desc mdA({m, k}, memory::data_type::f32, ta ? memory::dims{1, m} : memory::dims{k, 1});
-    memory::desc mdB({k, n}, memory::data_type::f32, tb ? memory::dims{1, k} : memory::dims{n, 1});
-    memory::desc mdY({m, n}, memory::data_type::f32, memory::dims{n, 1});
-    primitive_attr attr;
-    post_ops po;
-    hasC_ = op.hasInput(2) && beta != 0.f;
-    if (alpha != 1.f) attr.set_output_scales(0, {alpha});
-    if (hasC_) {
-      mdC_ = dnnl_util::plainDesc(op.inInfo(2).shape(), 2);
-      po.append_binary(algorithm::binary_add, mdC_);
-    }
-    if (op.fusion.relu()) // fused by fuseRelu, after C
-      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-    if (po.len() > 0) attr.set_post_ops(po);
+    GemmSetup g = gemmSetup(op);
+    const memory::desc &mdA = g.mdA, &mdB = g.mdB, &mdY = g.mdY;
+    const primitive_attr &attr = g.attr;
+    hasC_ = g.hasC;
+    mdC_ = g.mdC;
     auto make = [&](const memory::desc &weights) {
       return matmul::primitive_desc(matmul::desc(mdA, weights, mdY), attr, dnnl_util::engine());
     };
@@ -64,7 +98,8 @@ public:
     y_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (hasC_) c_ = memory(mdC_, dnnl_util::engine(), DNNL_MEMORY_NONE);
     if (constB) packed_.init(b_, pd.weights_desc(), true);
-    if (!ta) choosePointwise(op, context, m, k, n, tb, constB, alpha);
+    // The 1×1 convolution way is f32's (pointwise_product.cpp).
+    if (!ta && op.inInfo(0).dataType() == DataType::FLOAT) choosePointwise(op, context, m, k, n, tb, constB, alpha);
   }
   int64_t scratchBytes() const override { return pointwise_ ? pointwise_.scratchBytes() : 0; }
   void run(const KernelArgs &args) override {

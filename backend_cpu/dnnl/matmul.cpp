@@ -26,25 +26,17 @@ using matmul_tuning::kTuneFlops;
 using matmul_tuning::tunedWay;
 using matmul_tuning::unblocked;
 
-Support supportsMatMul(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT || op.inInfo(1).dataType() != DataType::FLOAT)
-    return Support::no("not f32");
-  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
-  size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
-  if (ra < 1 || rb < 1 || std::max(ra, rb) > 12) return Support::no("a scalar operand or rank above 12");
-  return Support::yes();
-}
-
-/// The f32 descriptor of logical matrix batch \p shape (padded to \p rank); \p transposed: the
-/// buffer holds each matrix with its last two axes swapped, which the strides express.
-memory::desc storedDesc(const Shape &shape, size_t rank, bool transposed) {
-  memory::desc plain = dnnl_util::plainDesc(shape, rank);
+/// The descriptor of logical matrix batch \p shape (padded to \p rank) of \p type; \p transposed:
+/// the buffer holds each matrix with its last two axes swapped, which the strides express.
+memory::desc storedDesc(const Shape &shape, size_t rank, bool transposed,
+                        memory::data_type type = memory::data_type::f32) {
+  memory::desc plain = dnnl_util::plainDesc(shape, rank, type);
   if (!transposed) return plain;
   memory::dims dims = plain.dims(), swapped = dims;
   std::swap(swapped[rank - 1], swapped[rank - 2]);
   memory::dims strides = dnnl_util::plainStrides(swapped);
   std::swap(strides[rank - 1], strides[rank - 2]);
-  return memory::desc(dims, memory::data_type::f32, strides);
+  return memory::desc(dims, type, strides);
 }
 
 /// \p md with its last two axes swapped: the transposed view of the same bytes.
@@ -59,15 +51,110 @@ memory::desc transposedView(const memory::desc &md) {
 /// Bytes rounded up to oneDNN's 64-byte alignment.
 int64_t aligned64(size_t bytes) { return static_cast<int64_t>((bytes + 63) / 64 * 64); }
 
-/// \p s padded in front to \p rank axes of size 1, as a desc with its strides.
-memory::desc stridedDesc(const ir::StridedShape &s, size_t rank) {
+/// \p s padded in front to \p rank axes of size 1, as a desc of \p type with its strides.
+memory::desc stridedDesc(const ir::StridedShape &s, size_t rank, memory::data_type type) {
   memory::dims dims(rank, 1), strides(rank, shapeElementCount(s.shape));
   size_t pad = rank - s.shape.size();
   for (size_t j = pad; j < rank; ++j) {
     dims[j] = s.shape[j - pad];
     strides[j] = s.strides[j - pad];
   }
-  return memory::desc(dims, memory::data_type::f32, strides);
+  return memory::desc(dims, type, strides);
+}
+
+/// The product's operands as oneDNN sees them: logical shapes padded to one rank, and the
+/// descriptors of A, B, the bias and Y in the op's types (strided where Fusion permutes).
+struct MatMulLayout {
+  Shape a, b, y;
+  size_t rank = 0;
+  bool ta = false, tb = false, permuted = false;
+  memory::desc mdA, mdB, mdY, mdBias;
+};
+
+MatMulLayout matMulLayout(const ir::Op &op) {
+  MatMulLayout l;
+  // The logical operands (Fusion::transA/B and permA/B applied; matmul_layout.hpp).
+  Shape &a = l.a, &b = l.b, &y = l.y;
+  a = ir::matMulOperand(op, 0).shape, b = ir::matMulOperand(op, 1).shape;
+  l.ta = op.fusion.transA && a.size() >= 2;
+  l.tb = op.fusion.transB && b.size() >= 2;
+  if (a.size() == 1) a.insert(a.begin(), 1);
+  if (b.size() == 1) b.push_back(1);
+  size_t rank = l.rank = std::max(a.size(), b.size());
+  while (a.size() < rank)
+    a.insert(a.begin(), 1);
+  while (b.size() < rank)
+    b.insert(b.begin(), 1);
+  y.assign(rank, 0);
+  for (size_t i = 0; i + 2 < rank; ++i)
+    y[i] = std::max(a[i], b[i]);
+  y[rank - 2] = a[rank - 2];
+  y[rank - 1] = b[rank - 1];
+  memory::data_type typeA = dnnl_util::dnnlType(op.inInfo(0)), typeB = dnnl_util::dnnlType(op.inInfo(1));
+  memory::data_type typeY = dnnl_util::dnnlType(op.outInfo(0));
+  l.mdA = storedDesc(a, rank, l.ta, typeA);
+  l.mdB = storedDesc(b, rank, l.tb, typeB);
+  l.mdY = dnnl_util::plainDesc(y, rank, typeY);
+  l.permuted = op.fusion.permuted(); // Fusion::permA/B/Y: every operand through its strides
+  if (l.permuted) {
+    l.mdA = stridedDesc(ir::matMulOperand(op, 0), rank, typeA);
+    l.mdB = stridedDesc(ir::matMulOperand(op, 1), rank, typeB);
+    l.mdY = stridedDesc(ir::matMulResult(op), rank, typeY);
+  }
+  if (op.hasInput(2)) { // fused by fuseMatMulBias: [N] broadcast over the rows
+    Shape biasDims(rank, 1);
+    biasDims.back() = y.back();
+    l.mdBias = dnnl_util::plainDesc(biasDims, rank, dnnl_util::dnnlType(op.inInfo(2)));
+  }
+  return l;
+}
+
+/// The product's output scale and post-ops (Relu, then the residual, read as \p mdResidual);
+/// \p residualArg gets the residual's argument index.
+primitive_attr matMulAttr(const ir::Op &op, const memory::desc &mdResidual, int *residualArg = nullptr) {
+  primitive_attr attr;
+  float scale = op.fusion.scale.value_or(1.f); // fused by fuseMatMulScale (never with a bias)
+  if (scale != 1.f) attr.set_output_scales(0, {scale});
+  post_ops po;
+  if (op.fusion.relu()) // fused by fuseRelu, after the bias
+    po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
+  if (op.hasInput(3)) { // fused by fuseMatMulResidual: added last
+    if (residualArg) *residualArg = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len()) | DNNL_ARG_SRC_1;
+    po.append_binary(algorithm::binary_add, mdResidual);
+  }
+  if (po.len() > 0) attr.set_post_ops(po);
+  return attr;
+}
+
+/// The residual as the post-op reads it: Y's layout in the residual's type.
+memory::desc residualDesc(const ir::Op &op, const memory::desc &mdY) {
+  if (!op.hasInput(3)) return {};
+  memory::desc md = mdY;
+  md.data.data_type = static_cast<dnnl_data_type_t>(dnnl_util::dnnlType(op.inInfo(3)));
+  return md;
+}
+
+Support supportsMatMul(const ir::Op &op) {
+  DataType t = op.inInfo(0).dataType();
+  auto type = dnnl_util::dnnlType(t);
+  if (!type || op.inInfo(1).dataType() != t)
+    return Support::no("A and B not both FLOAT, BFLOAT16 or FLOAT16 (" + toString(t) + ", " +
+                       toString(op.inInfo(1).dataType()) + ")");
+  // 16-bit operands: Y, the bias and the residual in their type or FLOAT (fp32 accumulation).
+  DataType y = op.outInfo(0).dataType();
+  if (y != t && y != DataType::FLOAT) return Support::no("Y is " + toString(y) + " with " + toString(t) + " operands");
+  for (size_t i : {2, 3})
+    if (op.inputCount() > i && op.hasInput(i) && op.inInfo(i).dataType() != t &&
+        op.inInfo(i).dataType() != DataType::FLOAT)
+      return Support::no("input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType()));
+  if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
+  size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
+  if (ra < 1 || rb < 1 || std::max(ra, rb) > 12) return Support::no("a scalar operand or rank above 12");
+  if (t == DataType::FLOAT && y == DataType::FLOAT) return Support::yes();
+  MatMulLayout l = matMulLayout(op);
+  matmul::primitive_desc pd(matmul::desc(l.mdA, l.mdB, l.mdBias, l.mdY), matMulAttr(op, residualDesc(op, l.mdY)),
+                            dnnl_util::engine(), true);
+  return dnnl_util::implementationFor(pd, "matmul", *type);
 }
 
 /// The ways timed against the stored one, in order.
@@ -81,51 +168,27 @@ constexpr int64_t kShift = 16;
 class MatMulKernel : public Kernel {
 public:
   MatMulKernel(const ir::Op &op, const KernelContext &context) {
-    // The logical operands (Fusion::transA/B and permA/B applied; matmul_layout.hpp).
-    Shape a = ir::matMulOperand(op, 0).shape, b = ir::matMulOperand(op, 1).shape;
-    bool ta = op.fusion.transA && a.size() >= 2;
-    bool tb = op.fusion.transB && b.size() >= 2;
-    if (a.size() == 1) a.insert(a.begin(), 1);
-    if (b.size() == 1) b.push_back(1);
-    size_t rank = std::max(a.size(), b.size());
-    while (a.size() < rank)
-      a.insert(a.begin(), 1);
-    while (b.size() < rank)
-      b.insert(b.begin(), 1);
-    Shape y(rank);
-    for (size_t i = 0; i + 2 < rank; ++i)
-      y[i] = std::max(a[i], b[i]);
-    y[rank - 2] = a[rank - 2];
-    y[rank - 1] = b[rank - 1];
-    auto mdA = storedDesc(a, rank, ta), mdB = storedDesc(b, rank, tb), mdY = dnnl_util::plainDesc(y, rank);
-    const bool permuted = op.fusion.permuted(); // Fusion::permA/B/Y: every operand through its strides
+    MatMulLayout l = matMulLayout(op);
+    const Shape &a = l.a, &b = l.b, &y = l.y;
+    const size_t rank = l.rank;
+    const bool ta = l.ta, tb = l.tb, permuted = l.permuted;
+    memory::desc mdA = l.mdA, mdB = l.mdB, mdY = l.mdY, mdBias = l.mdBias;
+    // f32 throughout: the other ways (timed, or forced by the session) apply; 16-bit: as stored.
+    const bool f32 = mdA.data_type() == memory::data_type::f32 && mdY.data_type() == memory::data_type::f32 &&
+                     (!op.hasInput(2) || mdBias.data_type() == memory::data_type::f32) &&
+                     (!op.hasInput(3) || op.inInfo(3).dataType() == DataType::FLOAT);
     if (permuted) {
       // Unpermuted's plain layouts of the permuted tensors (transposes stay strides).
       if (!op.fusion.permA.empty()) unpermuted_[0] = dnnl_util::plainDesc(a, rank);
       if (!op.fusion.permB.empty()) unpermuted_[1] = dnnl_util::plainDesc(b, rank);
-      if (!op.fusion.permY.empty()) unpermuted_[2] = mdY;
-      mdA = stridedDesc(ir::matMulOperand(op, 0), rank);
-      mdB = stridedDesc(ir::matMulOperand(op, 1), rank);
-      mdY = stridedDesc(ir::matMulResult(op), rank);
+      if (!op.fusion.permY.empty()) unpermuted_[2] = dnnl_util::plainDesc(y, rank);
     }
-    hasBias_ = op.hasInput(2); // fused by fuseMatMulBias: [N] broadcast over the rows
-    memory::dims biasDims(rank, 1);
-    biasDims.back() = y.back();
-    memory::desc mdBias =
-        hasBias_ ? dnnl_util::plainDesc(Shape(biasDims.begin(), biasDims.end()), rank) : memory::desc();
-    primitive_attr attr;
+    hasBias_ = op.hasInput(2);                   // fused by fuseMatMulBias: [N] broadcast over the rows
     float scale = op.fusion.scale.value_or(1.f); // fused by fuseMatMulScale (never with a bias)
-    if (scale != 1.f) attr.set_output_scales(0, {scale});
-    post_ops po;
-    if (op.fusion.relu()) // fused by fuseRelu, after the bias
-      po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f);
-    hasResidual_ = op.hasInput(3); // fused by fuseMatMulResidual: added last
-    if (hasResidual_) {
-      residualArg_ = DNNL_ARG_ATTR_MULTIPLE_POST_OP(po.len()) | DNNL_ARG_SRC_1;
-      po.append_binary(algorithm::binary_add, mdY);
-      r_ = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
-    }
-    if (po.len() > 0) attr.set_post_ops(po);
+    hasResidual_ = op.hasInput(3);               // fused by fuseMatMulResidual: added last
+    memory::desc mdResidual = residualDesc(op, mdY);
+    primitive_attr attr = matMulAttr(op, mdResidual, &residualArg_);
+    if (hasResidual_) r_ = memory(mdResidual, dnnl_util::engine(), DNNL_MEMORY_NONE);
     attr_ = attr;
     // Constant weights (inference) in the layout oneDNN prefers, packed once.
     auto make = [&](const memory::desc &src, const memory::desc &weights) {
@@ -155,7 +218,8 @@ public:
       pointwiseSpec_.addAfter = hasResidual_;
       pointwiseSpec_.scale = scale;
     }
-    if (reorderable_ || pointwiseSpec_.m > 0 || permuted) chooseOperands(op, context, a, b, rank, ta, tb, make);
+    if (f32 && (reorderable_ || pointwiseSpec_.m > 0 || permuted))
+      chooseOperands(op, context, a, b, rank, ta, tb, make);
   }
   int64_t scratchBytes() const override {
     return operands_ == MatMulOperands::FlippedA    ? static_cast<int64_t>(a_.get_desc().get_size())

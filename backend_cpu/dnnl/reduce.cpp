@@ -1,6 +1,6 @@
-// oneDNN kernels: Reduce family, f32, through dnnl::reduction for the reductions it computes
-// exactly. LogSum and LogSumExp have no oneDNN algorithm; ReduceMax/ReduceMin are left out because
-// oneDNN's reduction_max/min drop NaN where ONNX (numpy) propagates it.
+// oneDNN kernels: Reduce family, f32 or bf16 (fp32 accumulation), through dnnl::reduction for the reductions it
+// computes exactly. LogSum and LogSumExp have no oneDNN algorithm; ReduceMax/ReduceMin are left out because oneDNN's
+// reduction_max/min drop NaN where ONNX (numpy) propagates it.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -50,7 +50,8 @@ memory::dims keptDims(const ir::Op &op) {
 
 Support supportsReduction(const ir::Op &op) {
   const TensorInfo &in = op.inInfo(0);
-  if (in.dataType() != DataType::FLOAT) return Support::no("not f32");
+  if (!dnnl_util::dnnlType(in.dataType())) return Support::no("not FLOAT, BFLOAT16 or FLOAT16");
+  if (op.outInfo(0).dataType() != in.dataType()) return Support::no("output not of the input's type");
   if (in.rank() == 0 || in.rank() > DNNL_MAX_NDIMS || in.elementCount() == 0)
     return Support::no("a scalar, empty or high-rank input");
   if (op.hasInput(1) && !op.input(1).isConst()) return Support::no("axes not constant");
@@ -63,10 +64,12 @@ Support supportsReduction(const ir::Op &op) {
   // not cover, e.g. reducing the leading axis of [80, 32]: our fast kernel is several times
   // faster there (profiled: 130-170 us against about 20 us), so leave those to it.
   memory::dims srcDims(in.shape().begin(), in.shape().end());
-  memory::desc srcMd(srcDims, memory::data_type::f32, dnnl_util::plainStrides(srcDims));
-  memory::desc dstMd(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  memory::data_type type = dnnl_util::dnnlType(in);
+  memory::desc srcMd(srcDims, type, dnnl_util::plainStrides(srcDims));
+  memory::desc dstMd(dims, type, dnnl_util::plainStrides(dims));
   const ReductionSpec &spec = reductionSpecs().at(op.type);
   auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine(), true);
+  if (!pd && type != memory::data_type::f32) return dnnl_util::noImplementation("reduction", type);
   if (!pd || dnnl_util::implIs(pd, "ref")) return Support::no("only oneDNN's plain C++ reduction, slower than ours");
   return Support::yes();
 }
@@ -75,9 +78,10 @@ std::unique_ptr<Kernel> createReduction(const ir::Op &op) {
   const ReductionSpec &spec = reductionSpecs().at(op.type);
   memory::dims srcDims(op.inInfo(0).shape().begin(), op.inInfo(0).shape().end());
   memory::dims dstDims = keptDims(op);
-  memory::desc srcMd(srcDims, memory::data_type::f32, dnnl_util::plainStrides(srcDims));
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  memory::desc srcMd(srcDims, type, dnnl_util::plainStrides(srcDims));
   // keepdims = 0 only drops size-1 dims, so the plain layout of the output is the same.
-  memory::desc dstMd(dstDims, memory::data_type::f32, dnnl_util::plainStrides(dstDims));
+  memory::desc dstMd(dstDims, type, dnnl_util::plainStrides(dstDims));
   auto pd = reduction::primitive_desc(reduction::desc(spec.alg, srcMd, dstMd, spec.p, 0.f), dnnl_util::engine());
   return std::make_unique<dnnl_util::SrcDstKernel>(reduction(pd), srcMd, dstMd);
 }

@@ -254,9 +254,7 @@ SavedLayout savedLayout(const Geometry &g, const rnn_primitive_desc_base &fwdTra
 class RecurrentBase : public Kernel {
 protected:
   RecurrentBase(const ir::Op &op, bool backward, bool training)
-      : g_(geometryOf(op)),
-        constWeights_(constWeights(op)),
-        d_(descsOf(g_, constWeights_ && !backward && !training)) {
+      : g_(geometryOf(op)), constWeights_(constWeights(op)), d_(descsOf(g_, constWeights_ && !backward && !training)) {
     auto [f, b] = makePds(g_, d_, training || backward, backward);
     saved_ = savedLayout(g_, f);
     fwdPd_ = f;

@@ -1,4 +1,4 @@
-// oneDNN kernels: Softmax and LogSoftmax (f32) through softmax_v2 on an [outer, n, inner] view,
+// oneDNN kernels: Softmax and LogSoftmax (f32 or bf16) through softmax_v2 on an [outer, n, inner] view,
 // which expresses both the single-axis form (opset >= 13) and the 2-D coercion (opset < 13).
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
@@ -31,14 +31,21 @@ memory::dims softmaxDims(const ir::Op &op) {
 }
 
 Support supportsSoftmax(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT) return Support::no("not f32");
+  if (std::string why = dnnl_util::notOneFloatType(op); !why.empty()) return Support::no(why);
   if (op.inInfo(0).rank() == 0 || op.inInfo(0).elementCount() == 0) return Support::no("a scalar or empty input");
-  return Support::yes();
+  memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
+  if (type == memory::data_type::f32) return Support::yes();
+  memory::dims dims = softmaxDims(op);
+  memory::desc md(dims, type, dnnl_util::plainStrides(dims));
+  algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
+  softmax_v2_forward::primitive_desc pd(softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1),
+                                        dnnl_util::engine(), true);
+  return dnnl_util::implementationFor(pd, "softmax", type);
 }
 
 std::unique_ptr<Kernel> createSoftmax(const ir::Op &op) {
   memory::dims dims = softmaxDims(op);
-  memory::desc md(dims, memory::data_type::f32, dnnl_util::plainStrides(dims));
+  memory::desc md(dims, dnnl_util::dnnlType(op.inInfo(0)), dnnl_util::plainStrides(dims));
   algorithm alg = op.type == "LogSoftmax" ? algorithm::softmax_log : algorithm::softmax_accurate;
   auto pd = softmax_v2_forward::primitive_desc(softmax_v2_forward::desc(prop_kind::forward_inference, alg, md, md, 1),
                                                dnnl_util::engine());

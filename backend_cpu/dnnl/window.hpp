@@ -63,10 +63,9 @@ inline bool forwardConvolutionValid(const dnnl::memory::desc &x, const dnnl::mem
                                     bool deconvolution = false) {
   if (deconvolution) {
     dnnl_deconvolution_desc_t d;
-    return dnnl_dilated_deconvolution_forward_desc_init(&d, dnnl_forward_inference, dnnl_deconvolution_direct,
-                                                        &x.data, &w.data, &b.data, &y.data, win.strides.data(),
-                                                        win.dilates.data(), win.padL.data(),
-                                                        win.padR.data()) == dnnl_success;
+    return dnnl_dilated_deconvolution_forward_desc_init(
+               &d, dnnl_forward_inference, dnnl_deconvolution_direct, &x.data, &w.data, &b.data, &y.data,
+               win.strides.data(), win.dilates.data(), win.padL.data(), win.padR.data()) == dnnl_success;
   }
   dnnl_convolution_desc_t d;
   return dnnl_dilated_convolution_forward_desc_init(&d, dnnl_forward_inference, dnnl_convolution_direct, &x.data,
@@ -84,8 +83,7 @@ inline bool backwardConvolutionValid(bool weights, const dnnl::memory::desc &x, 
                         win.dilates.data(), win.padL.data(), win.padR.data())
                   : dnnl_dilated_convolution_backward_data_desc_init(&d, dnnl_convolution_direct, &x.data, &w.data,
                                                                      &y.data, win.strides.data(), win.dilates.data(),
-                                                                     win.padL.data(), win.padR.data())) ==
-         dnnl_success;
+                                                                     win.padL.data(), win.padR.data())) == dnnl_success;
 }
 
 /// The same for pooling from \p x to \p y, forward (\p prop) and, if \p backward, its backward pass.

@@ -1,13 +1,16 @@
 #pragma once
-// oneDNN and fast kernels checked against the reference kernels of the same op on random fp32 data.
+// oneDNN and fast kernels checked against the reference kernels of the same op on random fp32 data,
+// and kernels of ops in FLOAT16/BFLOAT16 against the fp32 reference kernel of the op's fp32 twin.
 
 #include "backend_cpu/kernel.hpp"
+#include "ir/graph.hpp"
 #include "ir/op.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <random>
 
 namespace popart::kernel_compare {
@@ -39,5 +42,38 @@ inline void expectDnnlMatchesReference(const ir::Op &op, std::mt19937 &rng,
                                        const std::function<float(size_t input, std::mt19937 &rng)> &fill) {
   expectProviderMatchesReference(backend_cpu::KernelProvider::Dnnl, op, rng, fill);
 }
+
+/// The unit roundoff of a 16-bit floating-point type: 2^-8 for BFLOAT16 (8 significant bits),
+/// 2^-11 for FLOAT16 (11); 2^-24 for FLOAT.
+double unitRoundoff(DataType type);
+
+/// Tolerance of a \p type result against fp32 where each output sums \p reductionLength rounded
+/// terms (the 16-bit inputs are exact in both, so the error is the kernel's own: fp32 accumulation of
+/// products, and 16-bit intermediates for kernels that round between steps, which grow about as
+/// √K when they are independent): \p c · ε · √K, plus ε twice for the rounding of the output and
+/// of one intermediate.
+inline double sixteenBitTolerance(DataType type, int64_t reductionLength = 1, double c = 2.0) {
+  double eps = unitRoundoff(type);
+  return c * eps * std::sqrt(static_cast<double>(std::max<int64_t>(reductionLength, 1))) + 2 * eps;
+}
+
+/// The fp32 twin of \p op: the same op (type, domain, version, attributes, fusion) in a graph of its
+/// own, in which every FLOAT16 or BFLOAT16 tensor is FLOAT (constants widened exactly), every other
+/// tensor as in \p op.
+struct Fp32Twin {
+  std::unique_ptr<ir::Graph> graph;
+  ir::Op *op = nullptr;
+};
+Fp32Twin fp32Twin(const ir::Op &op);
+
+/// Runs \p op (set up; some of its tensors FLOAT16 or BFLOAT16) with \p provider's kernel, and its
+/// fp32 twin with the reference kernel on the same inputs widened exactly (input i's values drawn by
+/// \p fill(i, rng) and rounded to the input's type first); the tested kernel runs twice and both
+/// kernels' outputs start as garbage. Expects every output, widened, to agree with the twin's within
+/// \p tolerance relative (maxRelDiff: NaN and infinities fail); fails if \p provider has no kernel
+/// that accepts \p op.
+void expectSixteenBitMatchesFp32Reference(backend_cpu::KernelProvider provider, const ir::Op &op, std::mt19937 &rng,
+                                          const std::function<float(size_t input, std::mt19937 &rng)> &fill,
+                                          double tolerance);
 
 } // namespace popart::kernel_compare
