@@ -25,7 +25,7 @@ int fuseMatMulBias(Graph &graph) {
       const Shape &y = product.info().shape();
       if (y.size() < 2 || mm->inInfo(1).rank() < 2 || add->outInfo(0).shape() != y) continue;
       if (bias.info().shape() != Shape{y.back()} || bias.info().dataType() != product.info().dataType()) continue;
-      if (bias.info().dataType() != DataType::FLOAT) continue;
+      if (!isMatMulFusionType(bias.info().dataType())) continue;
       Fusion fusion = mm->fusion;
       fusion.bias = true;
       replacePair(graph, *mm, *add, mm->attrs, fusion, {mm->input(0).id(), mm->input(1).id(), bias.id()});
@@ -48,7 +48,7 @@ int fuseMatMulScale(Graph &graph) {
       if (!constScalar(&op.input(1 - side), c) || c == 0 || !std::isfinite(c)) continue;
       const Tensor &product = mm->output(0);
       if (product.consumers().size() != 1 || isGraphOutput(graph, product)) continue;
-      if (product.info().dataType() != DataType::FLOAT || op.outInfo(0).shape() != product.info().shape()) continue;
+      if (!isMatMulFusionType(product.info().dataType()) || op.outInfo(0).shape() != product.info().shape()) continue;
       Fusion fusion = mm->fusion;
       fusion.scale = static_cast<float>(div ? 1.0 / c : c);
       replacePair(graph, *mm, op, mm->attrs, fusion, {mm->input(0).id(), mm->input(1).id()});
@@ -64,7 +64,7 @@ static Op *residualProduct(const Graph &graph, const Tensor &t) {
   Op *mm = t.producer();
   if (!isOnnxOp(mm, "MatMul") || mm->inputCount() > 3 || mm->inInfo(1).rank() < 2) return nullptr;
   if (t.consumers().size() != 1 || isGraphOutput(graph, t)) return nullptr;
-  if (t.info().dataType() != DataType::FLOAT || t.info().rank() < 2) return nullptr;
+  if (!isMatMulFusionType(t.info().dataType()) || t.info().rank() < 2) return nullptr;
   return mm;
 }
 
@@ -136,7 +136,7 @@ static bool addBeforeReshape(Graph &graph, Op &op) {
 static bool gemmBeforeResidual(Graph &graph, Op &op) {
   if (!isOnnxOp(&op, "Gemm") || !op.hasOutput(0) || op.attrs.getFloat("alpha", 1.f) != 1.f) return false;
   const Tensor &y = op.output(0);
-  if (y.info().dataType() != DataType::FLOAT || y.consumers().size() != 1 || isGraphOutput(graph, y)) return false;
+  if (!isMatMulFusionType(y.info().dataType()) || y.consumers().size() != 1 || isGraphOutput(graph, y)) return false;
   bool bias = op.hasInput(2);
   if (bias && (op.attrs.getFloat("beta", 1.f) != 1.f || op.inInfo(2).shape() != Shape{y.info().dim(1)})) return false;
   const Op *add = y.consumers()[0];

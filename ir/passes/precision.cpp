@@ -65,6 +65,7 @@ public:
       kept_.insert(id);
     for (const auto &[t, use] : shapeDecidingTensors(graph))
       shapeDeciding_.insert(t);
+    findLayoutOpsForProducts();
   }
 
   int run() {
@@ -102,6 +103,29 @@ private:
     }
   }
 
+  /// The layout ops (no arithmetic: exact in any type) whose results only products read, directly or
+  /// through other such ops, as a weight's Transpose before its MatMul: they run in the low type,
+  /// so that the Cast comes before them and the fusions see the product's operand as it is.
+  void findLayoutOpsForProducts() {
+    static const std::set<std::string> layout{"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
+                                              "Identity",  "Split",   "Concat",  "Expand",  "Tile"};
+    std::vector<Op *> order = graph_.schedule();
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Op &op = **it;
+      if (op.domain != "ai.onnx" || !layout.count(op.type)) continue;
+      bool forProducts = !op.outputs.empty();
+      for (const Tensor *t : op.outputs) {
+        if (!t) continue;
+        if (!isFloat16Or32(t->info().dataType()) || kept_.count(t->id()) || shapeDeciding_.count(t) ||
+            t->consumers().empty())
+          forProducts = false;
+        for (const Op *c : t->consumers())
+          if (precisionClass(*c) != PrecisionClass::Low && !forProducts_.count(c)) forProducts = false;
+      }
+      if (forProducts) forProducts_.insert(&op);
+    }
+  }
+
   /// Whether \p op reads input \p i as a float value that the conversion may retype.
   bool convertible(const Op &op, size_t i) const {
     const Tensor *t = op.inputs[i];
@@ -121,6 +145,7 @@ private:
     case PrecisionClass::Low: return policy_.low;
     case PrecisionClass::Follow: break;
     }
+    if (forProducts_.count(&op)) return policy_.low;
     for (size_t i = 0; i < op.inputCount(); ++i)
       if (convertible(op, i) && op.inputs[i]->info().dataType() != DataType::FLOAT) return policy_.low;
     return DataType::UNDEFINED;
@@ -190,6 +215,7 @@ private:
   const PrecisionPolicy &policy_;
   std::set<TensorId> kept_;
   std::set<const Tensor *> shapeDeciding_;
+  std::set<const Op *> forProducts_;
   std::map<std::pair<TensorId, DataType>, TensorId> casts_;
   int changes_ = 0;
 };

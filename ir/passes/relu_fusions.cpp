@@ -18,7 +18,7 @@ int fuseRelu(Graph &graph, bool convolutions) {
     // post-op took 8.2 ms for BERT's FFN product against 6.4 + 0.8 ms for the two apart.
     bool producer = c->type == "MatMul" || c->type == "Gemm" || (convolutions && c->type == "Conv");
     if (!producer) return false;
-    if (c->type != "Conv" && c->outInfo(0).dataType() != DataType::FLOAT) return false;
+    if (c->type != "Conv" && !isMatMulFusionType(c->outInfo(0).dataType())) return false;
     const Tensor &pre = c->output(0);
     if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) return false;
     std::vector<TensorId> ins = inputIds(*c);

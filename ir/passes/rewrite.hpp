@@ -10,6 +10,11 @@
 
 namespace popart::ir {
 
+/// The types a fused MatMul or Gemm computes in: FLOAT and the 16-bit floats of the precision
+/// modes (oneDNN's bf16 matmul takes the same post-ops; the reference kernel takes any).
+inline bool isMatMulFusionType(DataType t) {
+  return t == DataType::FLOAT || t == DataType::BFLOAT16 || t == DataType::FLOAT16;
+}
 /// True for an op of ONNX's default domain of type \p type (false for null).
 bool isOnnxOp(const Op *op, const char *type);
 /// True when \p t is one of \p graph's outputs.
