@@ -16,8 +16,9 @@ class Graph;
 /// One attribute value: int, float, string, tensor, a list of ints, floats or strings, or a
 /// subgraph (If's branches, Loop's and Scan's body). A subgraph is never edited once imported:
 /// ops that need it specialised work on a clone (Graph::clone), so ops may share it.
-using AttributeValue = std::variant<int64_t, float, std::string, std::vector<int64_t>, std::vector<float>,
-                                    std::vector<std::string>, std::shared_ptr<TensorData>, std::shared_ptr<const Graph>>;
+using AttributeValue =
+    std::variant<int64_t, float, std::string, std::vector<int64_t>, std::vector<float>, std::vector<std::string>,
+                 std::shared_ptr<TensorData>, std::shared_ptr<const Graph>>;
 
 /// The attributes of one op, looked up by name with typed getters.
 class Attributes {

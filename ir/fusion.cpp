@@ -29,6 +29,7 @@ const char *fusionFieldName(FusionField field) {
   case FusionField::Activation: return "activation";
   case FusionField::Transpose: return "transpose";
   case FusionField::Permute: return "permute";
+  case FusionField::OutputType: return "outputType";
   }
   return "?";
 }
@@ -57,6 +58,7 @@ std::string Fusion::toString() const {
   if (!permA.empty()) add("permA=" + popart::toString(permA));
   if (!permB.empty()) add("permB=" + popart::toString(permB));
   if (!permY.empty()) add("permY=" + popart::toString(permY));
+  if (outputType) add("out=" + popart::toString(*outputType));
   if (pool)
     add("pool(kernel " + popart::toString(pool->kernel) + " strides " + popart::toString(pool->strides) + " pads " +
         popart::toString(pool->pads) + " of " + popart::toString(pool->input) + ")");

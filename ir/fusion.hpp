@@ -87,6 +87,9 @@ struct Fusion {
   /// permA[j] / permB[j]; the stored output is Transpose(product, permY), which keeps the last
   /// axis last. Empty: the identity (ir/ops/matmul_layout.hpp).
   std::vector<int64_t> permA, permB, permY;
+  /// MatMul (foldCastIntoMatMul): a product of 16-bit operands written in FLOAT, the Cast that
+  /// followed it folded in (the kernel rounds once, to fp32, instead of to 16 bits and back).
+  std::optional<DataType> outputType;
 
   bool operator==(const Fusion &) const = default;
   /// True when no field is set (an unfused op).
@@ -113,6 +116,7 @@ enum class FusionField : uint32_t {
   Activation = 1u << 5, ///< activation of any kind (implies Relu)
   Transpose = 1u << 6,  ///< transA, transB
   Permute = 1u << 7,    ///< permA, permB, permY
+  OutputType = 1u << 8, ///< outputType
 };
 
 /// The name of \p field in dumps and verifier messages ("scale").

@@ -33,6 +33,7 @@ std::vector<FusionField> fusionFieldsOf(const Op &op) {
     fields.push_back(FusionField::Activation);
   if (op.fusion.transA || op.fusion.transB) fields.push_back(FusionField::Transpose);
   if (op.fusion.permuted()) fields.push_back(FusionField::Permute);
+  if (op.fusion.outputType) fields.push_back(FusionField::OutputType);
   return fields;
 }
 
@@ -76,6 +77,12 @@ void verifyFusion(const Op &op, const std::string &context) {
     fail(context, op.debugName() + ": fusion field 'activation' Clip needs alpha <= beta, not " +
                       std::to_string(act.alpha) + " and " + std::to_string(act.beta));
   verifyLayout(op, context);
+  if (op.fusion.outputType &&
+      (*op.fusion.outputType != DataType::FLOAT || !op.hasInput(0) ||
+       (op.inInfo(0).dataType() != DataType::FLOAT16 && op.inInfo(0).dataType() != DataType::BFLOAT16 &&
+        op.inInfo(0).dataType() != DataType::UNDEFINED)))
+    fail(context, op.debugName() + ": fusion field 'outputType' " + popart::toString(*op.fusion.outputType) +
+                      " must be FLOAT, for 16-bit operands");
   if (const auto &pool = op.fusion.pool) {
     size_t nsp = pool->kernel.size();
     if (pool->strides.size() != nsp || pool->pads.size() != 2 * nsp || pool->input.size() != nsp + 2 ||

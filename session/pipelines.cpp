@@ -31,6 +31,7 @@ const std::vector<std::string> &inferencePipeline() {
       "fuseMatMulResidual", // after bias, scale and Relu, which cannot follow it
       "fuseConvPool",
       "convertPrecision", // after the fusions, which match fp32 patterns (BatchNorm into Conv...)
+      "foldCastIntoMatMul",
   };
   return pipeline;
 }
@@ -58,6 +59,7 @@ const std::vector<std::string> &trainingPipeline() {
       "fuseMatMulScale",
       "fuseRelu",           // after the bias and scale; training Convs keep their plain kernels
       "fuseMatMulResidual", // last of the MatMul fusions, which cannot follow it
+      "foldCastIntoMatMul",
       "fuseLossGradClassSums",
       "fuseLossWithGradient",
       "saveRecurrentState",

@@ -11,7 +11,8 @@ namespace {
 
 class MatMulKernel : public Kernel {
 public:
-  explicit MatMulKernel(const ir::Op &op) : type_(op.outInfo(0).dataType()) {
+  explicit MatMulKernel(const ir::Op &op)
+      : type_(op.inInfo(0).dataType()), floatOutput_(op.outInfo(0).dataType() == DataType::FLOAT) {
     // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp).
     ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
     scale_ = op.fusion.scale.value_or(1.f);
@@ -68,33 +69,42 @@ public:
   void run(const KernelArgs &args) override {
     dispatchNumeric(type_, "MatMul", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      using C = compute_t<T>;
-      const T *a = args.in<T>(0);
-      const T *b = args.in<T>(1);
-      T *y = args.out<T>(0);
-      const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr;     // fused by fuseMatMulBias
-      const T *residual = args.hasInput(3) ? args.in<T>(3) : nullptr; // fused by fuseMatMulResidual
-      const auto scale = static_cast<C>(scale_);                      // fused by fuseMatMulScale
-      for (int64_t bi = 0; bi < batches_; ++bi) {
-        const T *pa = a + offsetA_[bi];
-        const T *pb = b + offsetB_[bi];
-        for (int64_t i = 0; i < m_; ++i)
-          for (int64_t j = 0; j < n_; ++j) {
-            C acc = bias ? static_cast<C>(bias[j]) : C(0);
-            for (int64_t p = 0; p < k_; ++p)
-              acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
-            C v = scale_ == 1.f ? acc : acc * scale;
-            if (relu_ && v < C(0)) v = C(0);               // fused by fuseRelu; NaN stays NaN
-            int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
-            if (residual) v += static_cast<C>(residual[at]);
-            y[at] = static_cast<T>(v);
-          }
-      }
+      if (floatOutput_) // Fusion::outputType: 16-bit operands, a FLOAT product
+        product<T, float>(args);
+      else
+        product<T, T>(args);
     });
   }
 
 private:
-  DataType type_;
+  /// Y (of type O) = A · B of type T, with the fused bias, scale, Relu and residual.
+  template <typename T, typename O> void product(const KernelArgs &args) {
+    using C = compute_t<T>;
+    const T *a = args.in<T>(0);
+    const T *b = args.in<T>(1);
+    O *y = args.out<O>(0);
+    const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr;     // fused by fuseMatMulBias
+    const O *residual = args.hasInput(3) ? args.in<O>(3) : nullptr; // fused by fuseMatMulResidual
+    const auto scale = static_cast<C>(scale_);                      // fused by fuseMatMulScale
+    for (int64_t bi = 0; bi < batches_; ++bi) {
+      const T *pa = a + offsetA_[bi];
+      const T *pb = b + offsetB_[bi];
+      for (int64_t i = 0; i < m_; ++i)
+        for (int64_t j = 0; j < n_; ++j) {
+          C acc = bias ? static_cast<C>(bias[j]) : C(0);
+          for (int64_t p = 0; p < k_; ++p)
+            acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
+          C v = scale_ == 1.f ? acc : acc * scale;
+          if (relu_ && v < C(0)) v = C(0);               // fused by fuseRelu; NaN stays NaN
+          int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
+          if (residual) v += static_cast<C>(residual[at]);
+          y[at] = static_cast<O>(v);
+        }
+    }
+  }
+
+  DataType type_; ///< of the operands
+  bool floatOutput_;
   float scale_ = 1.f;
   bool relu_ = false; ///< fuseRelu
   int64_t m_, k_, n_, batches_;

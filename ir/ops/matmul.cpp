@@ -95,7 +95,8 @@ void setupMatMul(Op &op) {
       stored[j] = out[static_cast<size_t>(permY[j])];
     out = stored;
   }
-  TensorInfo y(op.inInfo(0).dataType(), out);
+  // Fusion::outputType (set by foldCastIntoMatMul): a 16-bit product written in FLOAT.
+  TensorInfo y(op.fusion.outputType.value_or(op.inInfo(0).dataType()), out);
   // Fusion::residual (set by fuseMatMulResidual): input 3, of the output's shape, is added last.
   if (residual && (!op.hasInput(3) || op.inInfo(3) != y || bVec))
     throw error(op.debugName(), ": the residual input 3 must be ", y.toString(), ", got ",
@@ -144,8 +145,9 @@ double gemmFlops(const Op &op) {
 void registerMatMulOps(OpRegistry &r) {
   OpDef matmul = makeDef("MatMul", 1, 1000, setupMatMul);
   matmul.flops = matMulFlops;
-  matmul.fusionFields = fusionFieldBits({FusionField::Scale, FusionField::Bias, FusionField::Residual,
-                                         FusionField::Relu, FusionField::Transpose, FusionField::Permute});
+  matmul.fusionFields =
+      fusionFieldBits({FusionField::Scale, FusionField::Bias, FusionField::Residual, FusionField::Relu,
+                       FusionField::Transpose, FusionField::Permute, FusionField::OutputType});
   r.add(matmul);
   OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
   gemm.flops = gemmFlops;

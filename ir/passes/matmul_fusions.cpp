@@ -166,6 +166,22 @@ int fuseMatMulResidual(Graph &graph) {
   });
 }
 
+int foldCastIntoMatMul(Graph &graph, const std::vector<TensorId> &keep) {
+  Kept kept{graph, keep};
+  return rewriteAll(graph, [&](Op &cast) {
+    if (!isOnnxOp(&cast, "Cast") || !cast.hasInput(0) || !cast.hasOutput(0)) return false;
+    if (cast.outInfo(0).dataType() != DataType::FLOAT) return false;
+    Op *mm = cast.input(0).producer();
+    if (!isOnnxOp(mm, "MatMul") || mm->fusion.outputType || mm->fusion.residual) return false;
+    DataType t = mm->inInfo(0).dataType();
+    if ((t != DataType::FLOAT16 && t != DataType::BFLOAT16) || onlyReader(kept, cast.input(0)) != &cast) return false;
+    Fusion fusion = mm->fusion;
+    fusion.outputType = DataType::FLOAT;
+    replacePair(graph, *mm, cast, mm->attrs, fusion, inputIds(*mm));
+    return true;
+  });
+}
+
 void registerMatMulFusionPasses(PassRegistry &r) {
   r.add(optionalPass("fuseMatMulBias", "a MatMul adds the [N] bias of the Add that is its only reader (Fusion::bias)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulBias(g); }));
@@ -174,6 +190,9 @@ void registerMatMulFusionPasses(PassRegistry &r) {
   r.add(optionalPass("fuseMatMulResidual",
                      "a MatMul adds the other input of the Add or Sum that is its only reader (last MatMul fusion)",
                      OutputsFixed, [](Graph &g, PassContext &) { return fuseMatMulResidual(g); }));
+  r.add(optionalPass("foldCastIntoMatMul",
+                     "a 16-bit MatMul whose only reader is a Cast to FLOAT writes FLOAT itself (Fusion::outputType)",
+                     OutputsFixed, [](Graph &g, PassContext &c) { return foldCastIntoMatMul(g, c.keep); }));
 }
 
 } // namespace popart::ir

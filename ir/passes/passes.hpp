@@ -93,6 +93,10 @@ int fuseMatMulBias(Graph &graph);
 /// Fusion::bias). After autodiff and after the other MatMul fusions, which cannot apply after
 /// it. Returns how many were fused.
 int fuseMatMulResidual(Graph &graph);
+/// A MatMul of 16-bit operands whose only reader is a Cast to FLOAT writes the Cast's output
+/// itself (Fusion::outputType): a weight gradient goes to its fp32 master copy in one rounding.
+/// Tensors in \p keep are not fused away.
+int foldCastIntoMatMul(Graph &graph, const std::vector<TensorId> &keep = {});
 
 /// Inference: a BatchNormalization (running statistics, no training outputs) whose input is a
 /// float Conv's result that nothing else reads, with constant weights, bias and statistics,

@@ -4,6 +4,8 @@
 
 #include "thrown.hpp"
 
+#include "backend_cpu/kernel.hpp"
+
 #include "core/half.hpp"
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
@@ -330,4 +332,83 @@ TEST(Precision, DocsListEveryFp32Op) {
       EXPECT_NE(line.find(op.reason), std::string::npos) << line;
     }
   }
+}
+
+TEST(Precision, FoldCastIntoMatMulWritesTheProductInFp32WithOneRounding) {
+  for (DataType low : {DataType::BFLOAT16, DataType::FLOAT16}) {
+    ir::Graph g;
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    const int64_t m = 5, k = 64, n = 7;
+    g.addTensor("a", ir::TensorKind::Stream, TensorInfo(low, {m, k}));
+    g.addInput("a");
+    g.addTensor("b", ir::TensorKind::Stream, TensorInfo(low, {k, n}));
+    g.addInput("b");
+    g.addOp("MatMul", "", 13, "mm", {}, {"a", "b"}, {"p"});
+    ir::Attributes to;
+    to.set("to", static_cast<int64_t>(DataType::FLOAT));
+    g.addOp("Cast", "", 13, "cast", to, {"p"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    ASSERT_EQ(ir::foldCastIntoMatMul(g), 1);
+    ASSERT_EQ(g.ops().size(), 1u);
+    const ir::Op &mm = *g.ops()[0];
+    ASSERT_EQ(mm.fusion.outputType, DataType::FLOAT);
+    EXPECT_EQ(mm.outInfo(0).dataType(), DataType::FLOAT);
+    EXPECT_NE(g.dump().find("out=FLOAT"), std::string::npos) << g.dump();
+    ir::verifyGraph(g, "");
+
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    TensorData a(TensorInfo(low, {m, k})), b(TensorInfo(low, {k, n}));
+    std::vector<double> av, bv;
+    auto fill = [&](TensorData &t, std::vector<double> &v) {
+      for (int64_t i = 0; i < t.info().elementCount(); ++i) {
+        float f = u(rng);
+        uint16_t bits = low == DataType::BFLOAT16 ? floatToBfloat16(f) : floatToHalf(f);
+        static_cast<uint16_t *>(t.data())[i] = bits;
+        v.push_back(low == DataType::BFLOAT16 ? bfloat16ToFloat(bits) : halfToFloat(bits));
+      }
+    };
+    fill(a, av);
+    fill(b, bv);
+    for (auto provider : {backend_cpu::KernelProvider::Reference, backend_cpu::KernelProvider::Any}) {
+      backend_cpu::registerBuiltinKernels();
+      auto kernel = backend_cpu::createKernel(mm, provider);
+      std::vector<float> y(static_cast<size_t>(m * n), 1e6f);
+      const void *ins[] = {a.data(), b.data()};
+      void *outs[] = {y.data()};
+      kernel->run({ins, 2, outs, 1});
+      int roundedAway = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double want = 0;
+          for (int64_t p = 0; p < k; ++p)
+            want += av[size_t(i * k + p)] * bv[size_t(p * n + j)];
+          float got = y[size_t(i * n + j)];
+          EXPECT_NEAR(got, want, 1e-5 * (1 + std::fabs(want))) << toString(low) << " [" << i << "," << j << "]";
+          float viaLow = low == DataType::BFLOAT16 ? bfloat16ToFloat(floatToBfloat16(float(want)))
+                                                   : halfToFloat(floatToHalf(float(want)));
+          roundedAway += std::fabs(got - viaLow) > 1e-6 ? 1 : 0;
+        }
+      EXPECT_GT(roundedAway, m * n / 2) << "the product was rounded to 16 bits before FLOAT";
+    }
+  }
+}
+
+TEST(Precision, TheVerifierRefusesAnOutputTypeOnAnFp32MatMul) {
+  ir::Graph g;
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {3, 3}));
+  g.addInput("a");
+  g.addOp("MatMul", "", 13, "mm", {}, {"a", "a"}, {"p"});
+  g.ops()[0]->fusion.outputType = DataType::FLOAT;
+  g.addOutput("p");
+  std::string message = thrown([&] {
+    ir::inferShapes(g, nullptr);
+    ir::verifyGraph(g, "here");
+  });
+  EXPECT_NE(message.find("fusion field 'outputType' FLOAT must be FLOAT, for 16-bit operands"), std::string::npos)
+      << message;
 }
