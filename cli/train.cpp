@@ -92,6 +92,7 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--epochs",
                                   "--shuffle",
                                   "--save",
+                                  "--save-precision",
                                   "--checkpoint",
                                   "--checkpoint-every",
                                   "--resume",
@@ -271,6 +272,10 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
   app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
   app.add_option("--save", o.save, "write the trained model (ONNX) here");
+  app.add_option("--save-precision", o.savePrecision,
+                 "training (default: each weight as the forward pass reads it, 16-bit in a precision mode) | fp32 "
+                 "(the fp32 master weights)")
+      ->check(CLI::IsMember({"training", "fp32"}));
   app.add_option("--checkpoint", o.checkpoint, "write checkpoints into this folder");
   app.add_option("--checkpoint-every", o.checkpointEvery, "checkpoint every N steps (default: at the end)")
       ->check(CLI::PositiveNumber);
@@ -507,7 +512,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   std::printf("%s\n", unchangedReport(weightsBefore, readTrainedWeights(*session)).c_str());
   if (!o.checkpoint.empty()) saveCheckpoint(total);
   if (!o.save.empty()) {
-    session->modelToHost(o.save);
+    session->modelToHost(o.save, o.savePrecision);
     std::printf("saved %s\n", o.save.c_str());
   }
   if (stepMs.size() > 1) {
@@ -546,6 +551,7 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   only("--lr-decay", {"adagrad"});
   only("--initial-accumulator", {"adagrad"});
   if (given(app, "--steps") && given(app, "--epochs")) throw error("--steps and --epochs exclude each other");
+  if (given(app, "--save-precision") && o.save.empty()) throw error("--save-precision needs --save FILE");
   if (given(app, "--checkpoint-every") && o.checkpoint.empty())
     throw error("--checkpoint-every needs --checkpoint DIR");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))

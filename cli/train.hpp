@@ -27,6 +27,7 @@ struct TrainOptions {
   double epochs = 0;
   bool shuffle = false;
   std::string save, checkpoint, resume;
+  std::string savePrecision = "training"; ///< TrainingSession::modelToHost's precision
   int64_t checkpointEvery = 0;
   std::vector<std::string> freeze; ///< initializer names or regular expressions not to train
   /// Copied from the common options of popart-run.

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <sstream>
 
 namespace popart::onnx_import {
@@ -461,21 +462,70 @@ std::string serializeTensorProto(const TensorData &data, const std::string &name
   return t.SerializeAsString();
 }
 
-std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values) {
+namespace {
+/// "fp16", "bf16", "float"...: names the type of a weight stored apart from its declared one.
+std::string typeSuffix(DataType t) {
+  if (t == DataType::FLOAT16) return "fp16";
+  if (t == DataType::BFLOAT16) return "bf16";
+  std::string s = toString(t);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+} // namespace
+
+std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values,
+                             bool keepValueTypes) {
   onnx::ModelProto m;
   if (!parseProto(m, modelBytes)) throw error("cannot parse the model to write its weights");
+  onnx::GraphProto &g = *m.mutable_graph();
+  std::set<std::string> graphInputs;
+  for (const auto &in : g.input())
+    graphInputs.insert(in.name());
   std::map<TensorId, const TensorData *> pending = values;
-  for (auto &init : *m.mutable_graph()->mutable_initializer()) {
+  std::vector<onnx::NodeProto> casts;
+  for (auto &init : *g.mutable_initializer()) {
     auto it = pending.find(init.name());
     if (it == pending.end()) continue;
+    const TensorData &value = *it->second;
+    const auto declared = dataTypeFromOnnx(init.data_type());
+    std::string name = init.name();
+    TensorData widened;
+    const TensorData *stored = &value;
+    if (value.info().dataType() != declared) {
+      // An initializer that is also a graph input must keep its declared type.
+      if (keepValueTypes && !graphInputs.count(name)) {
+        onnx::NodeProto cast;
+        cast.set_op_type("Cast");
+        cast.set_name(name + "_cast");
+        name += "_" + typeSuffix(value.info().dataType());
+        cast.add_input(name);
+        cast.add_output(init.name());
+        onnx::AttributeProto *to = cast.add_attribute();
+        to->set_name("to");
+        to->set_type(onnx::AttributeProto::INT);
+        to->set_i(static_cast<int64_t>(declared));
+        casts.push_back(std::move(cast));
+      } else {
+        widened = TensorData::fromDoubles(declared, value.info().shape(), value.toDoubleVector());
+        stored = &widened;
+      }
+    }
     onnx::TensorProto t;
-    if (!t.ParseFromString(serializeTensorProto(*it->second, init.name())))
+    if (!t.ParseFromString(serializeTensorProto(*stored, name)))
       throw error("cannot serialize initializer '", init.name(), "'");
     if (init.has_doc_string()) t.set_doc_string(init.doc_string());
     init = std::move(t);
     pending.erase(it);
   }
   if (!pending.empty()) throw error("'", pending.begin()->first, "' is not an initializer of the model");
+  if (!casts.empty()) { // first, so that the nodes stay in topological order
+    google::protobuf::RepeatedPtrField<onnx::NodeProto> nodes;
+    for (auto &c : casts)
+      *nodes.Add() = std::move(c);
+    for (auto &n : *g.mutable_node())
+      *nodes.Add() = std::move(n);
+    g.mutable_node()->Swap(&nodes);
+  }
   return m.SerializeAsString();
 }
 

@@ -37,7 +37,12 @@ std::string serializeTensorProto(const TensorData &data, const std::string &name
 /// The model \p modelBytes with the initializers named in \p values replaced by those values
 /// (stored inline; external data references of replaced initializers are dropped). Throws
 /// naming a value that is not an initializer of the model.
-std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values);
+/// A value whose type differs from its initializer's declared one is widened to the declared type
+/// (a FLOAT16 weight of fp16.16 into a FLOAT initializer) unless \p keepValueTypes: then it is
+/// stored as it is under "<name>_<type>" and a Cast at the start of the graph gives the declared
+/// type back to the readers of <name>, so that the model stays valid at half the size.
+std::string withInitializers(const std::string &modelBytes, const std::map<TensorId, const TensorData *> &values,
+                             bool keepValueTypes = false);
 /// True if \p bytes parse as a ModelProto (to tell a model from a file name).
 bool looksLikeModelProto(const std::string &bytes);
 

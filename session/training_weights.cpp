@@ -38,16 +38,44 @@ void TrainingSession::writeWeights(const WeightsIO &weights) {
                 static_cast<size_t>(m.variable(id).byteCount()));
 }
 
-void TrainingSession::modelToHost(const std::string &path) const {
+namespace {
+
+/// The 16-bit type the forward pass reads the FLOAT Variable \p t in (its master copy's one Cast,
+/// convertPrecision), or UNDEFINED if it reads it as it is.
+DataType forwardType(const ir::Tensor &t) {
+  if (t.info().dataType() != DataType::FLOAT) return DataType::UNDEFINED;
+  for (const ir::Op *op : t.consumers())
+    if (op->type == "Cast" && op->hasOutput(0)) {
+      DataType to = op->outInfo(0).dataType();
+      if (to == DataType::FLOAT16 || to == DataType::BFLOAT16) return to;
+    }
+  return DataType::UNDEFINED;
+}
+
+} // namespace
+
+void TrainingSession::modelToHost(const std::string &path, const std::string &precision) const {
   const Impl &m = *impl_;
+  if (precision != "training" && precision != "fp32")
+    throw error("modelToHost: precision is '", precision, "'; expected training or fp32");
+  const bool training = precision == "training";
   std::map<TensorId, const TensorData *> values;
+  std::vector<TensorData> rounded; // the 16-bit copies of master weights
+  rounded.reserve(m.weightIds.size());
   if (m.plan) {
-    for (const auto &id : m.weightIds)
+    for (const auto &id : m.weightIds) {
       values[id] = &m.variable(id);
+      if (DataType low = training ? forwardType(m.graph->tensor(id)) : DataType::UNDEFINED;
+          low != DataType::UNDEFINED) {
+        const TensorData &master = m.variable(id);
+        rounded.push_back(TensorData::fromDoubles(low, master.info().shape(), master.toDoubleVector()));
+        values[id] = &rounded.back();
+      }
+    }
     for (const auto &id : m.runningStats)
       values[id] = &m.variable(id);
   }
-  std::string bytes = onnx_import::withInitializers(m.model.bytes, values);
+  std::string bytes = onnx_import::withInitializers(m.model.bytes, values, training);
   std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);

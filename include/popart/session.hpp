@@ -107,7 +107,12 @@ public:
   /// optimiser state tensors).
   void writeWeights(const WeightsIO &weights);
   /// Writes the model with the current weights as its initializers (ONNX, passes the checker).
-  void modelToHost(const std::string &path) const;
+  /// \p precision "training" (the default) stores each weight in the type the forward pass reads
+  /// it in (a bf16 or fp16 copy of a master weight, an fp16.16 weight as it is) behind a Cast to
+  /// its declared type, so that the model stays valid at half the size; "fp32" stores every weight
+  /// in its declared type (a master weight exactly). The two differ only in a precision mode
+  /// (SessionOptions::precision).
+  void modelToHost(const std::string &path, const std::string &precision = "training") const;
   /// Replaces the non-const hyperparameters; the optimiser must be of the same kind and agree
   /// on every const value.
   void updateOptimizerFromHost(const Optimizer *optimizer);

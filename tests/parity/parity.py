@@ -502,8 +502,8 @@ def cli_arguments(c):
             args += [flag, repr(value)]
     if c.loss_scaling is not None:
         args += ["--loss-scaling", repr(c.loss_scaling)]
-    if c.precision != "fp32":
-        args += ["--precision", c.precision]
+    if c.precision != "fp32":  # compared with torch's fp32 weights: save the master copies
+        args += ["--precision", c.precision, "--save-precision", "fp32"]
     if c.clip:
         args += ["--clip-norm", repr(c.clip)]
     if getattr(MODELS[c.model], "dynamic_batch", False):

@@ -68,7 +68,8 @@ def run(args, model, workdir, name, lr, extra):
     out = os.path.join(workdir, name + ".onnx")
     command = [args.popart_run, model, "--train", "--optimizer", "sgd", "--lr", repr(lr),
                "--steps", str(STEPS), "--input", "x=" + os.path.join(workdir, "x.npy"),
-               "--input", "target=" + os.path.join(workdir, "target.npy"), "--save", out] + extra
+               "--input", "target=" + os.path.join(workdir, "target.npy"), "--save", out,
+               "--save-precision", "fp32"] + extra
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
         raise Failure(f"{' '.join(command)} exited with {result.returncode}:\n{result.stdout}{result.stderr}")
