@@ -149,9 +149,10 @@ private:
     }
   }
 
-  /// LAMB: the first pass updates the moments and measures ‖w‖ and ‖u‖, the second applies the
-  /// trust ratio; u is recomputed from the stored moments rather than stored, and the first pass
-  /// computes it from the stored (rounded) moments too, so that the ratio is that of the u applied.
+  /// LAMB: the first pass measures ‖w‖ and ‖u‖ of the new moments, the second applies the trust
+  /// ratio and stores the moments. Both compute the new moments from the old ones in float, so
+  /// that u is the same in both and never read back rounded to a 16-bit state (a second moment
+  /// that underflowed fp16 would make u explode).
   template <typename T> void lamb(const KernelArgs &a) {
     using W = typename T::Weight;
     using S = typename T::State;
@@ -159,13 +160,19 @@ private:
     const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, maxNorm = b.maxNorm,
                 gs = b.gs, l2 = b.l2;
     const float wdU = decoupled_ ? wd : 0.0f;
+    struct Moments {
+      float m, v, u;
+    };
+    auto moments = [&](int64_t i, float wi) {
+      const float gi = ld(b.g[i]) * gs + l2 * wi;
+      const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
+      const float vi = b2 * ld(b.v[i]) + (1.0f - b2) * gi * gi;
+      return Moments{mi, vi, (mi / bc1) / (std::sqrt(vi / bc2) + eps) + wdU * wi};
+    };
     double wNorm2 = 0.0, uNorm2 = 0.0;
     for (int64_t i = 0; i < n_; ++i) {
       const float wi = ld(b.w[i]);
-      const float gi = ld(b.g[i]) * gs + l2 * wi;
-      b.m[i] = st<S>(b1 * ld(b.m[i]) + (1.0f - b1) * gi);
-      b.v[i] = st<S>(b2 * ld(b.v[i]) + (1.0f - b2) * gi * gi);
-      const float u = (ld(b.m[i]) / bc1) / (std::sqrt(ld(b.v[i]) / bc2) + eps) + wdU * wi;
+      const float u = moments(i, wi).u;
       wNorm2 += double(wi) * wi;
       uNorm2 += double(u) * u;
     }
@@ -174,8 +181,10 @@ private:
     const float ratio = wNorm == 0.0 || uNorm == 0.0 ? 1.0f : static_cast<float>(wNorm / uNorm);
     for (int64_t i = 0; i < n_; ++i) {
       const float wi = ld(b.w[i]);
-      const float u = (ld(b.m[i]) / bc1) / (std::sqrt(ld(b.v[i]) / bc2) + eps) + wdU * wi;
-      b.w[i] = st<W>(wi - lr * ratio * u);
+      const Moments next = moments(i, wi);
+      b.m[i] = st<S>(next.m);
+      b.v[i] = st<S>(next.v);
+      b.w[i] = st<W>(wi - lr * ratio * next.u);
     }
   }
 
