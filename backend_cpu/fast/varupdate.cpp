@@ -138,30 +138,29 @@ void narrow(const float *x, Half *y, int64_t n) {
     y[i] = Half(x[i]);
 }
 
-/// bfloat16 is float's upper half.
+/// bfloat16 is float's upper half. (BFloat16 is a struct of one uint16_t, read as that.)
 POPART_CLONES void widen(const BFloat16 *x, float *y, int64_t n) {
-  static_assert(sizeof(BFloat16) == 2);
+  static_assert(sizeof(BFloat16) == sizeof(uint16_t));
+  const auto *words = reinterpret_cast<const uint16_t *>(x);
   uint32_t bits[kBlock];
-  for (int64_t i = 0; i < n; ++i) {
-    uint16_t b = 0;
-    std::memcpy(&b, x + i, 2);
-    bits[i] = static_cast<uint32_t>(b) << 16;
-  }
-  std::memcpy(y, bits, static_cast<size_t>(n) * 4);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    bits[i] = static_cast<uint32_t>(words[i]) << 16;
+  std::memcpy(y, bits, static_cast<size_t>(n) * sizeof(float));
 }
 
 /// floatToBfloat16 (core/half.hpp) without branches, so that it vectorises: the same bits.
 POPART_CLONES void narrow(const float *x, BFloat16 *y, int64_t n) {
   uint32_t bits[kBlock];
-  uint16_t out[kBlock];
-  std::memcpy(bits, x, static_cast<size_t>(n) * 4);
+  std::memcpy(bits, x, static_cast<size_t>(n) * sizeof(float));
+  auto *words = reinterpret_cast<uint16_t *>(y);
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t b = bits[i];
     const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
     const uint32_t quietNan = (b >> 16) | 0x40u;
-    out[i] = static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
+    words[i] = static_cast<uint16_t>((b & 0x7fffffffu) > 0x7f800000u ? quietNan : rounded);
   }
-  std::memcpy(y, out, static_cast<size_t>(n) * 2);
 }
 
 /// The float values of \p x[0, n): \p x itself for float, else widened into \p buffer.
