@@ -20,6 +20,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/update_kernel.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -38,11 +39,17 @@ constexpr int64_t kBlock = 512;
 
 // ---- f32 SGD steps (see SGDKernel in reference/varupdate.cpp for the formula) ----
 // No FMA contraction: the same roundings as the reference kernel, built for baseline x86-64.
+#if defined(__clang__)
+#define POPART_NO_FP_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define POPART_NO_FP_CONTRACT
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 /// w -= lr·(g·gs + wd·w).
 POPART_CLONES void sgdPlain(const float *g, float *w, int64_t n, float gs, float wd, float lr) {
+  POPART_NO_FP_CONTRACT
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float wi = w[i];
@@ -56,6 +63,7 @@ POPART_CLONES void sgdPlain(const float *g, float *w, int64_t n, float gs, float
 template <bool First, bool Nesterov>
 [[gnu::always_inline]] inline void sgdMomentumLoop(const float *g, float *w, float *v, int64_t n, float gs, float wd,
                                                    float lr, float mom, float damp, float vs) {
+  POPART_NO_FP_CONTRACT
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float wi = w[i];
@@ -90,7 +98,9 @@ POPART_CLONES void sgdMomentum(const float *g, float *w, float *v, int64_t n, fl
   }
 }
 
+#if !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 // ---- widening and rounding of blocks ----
 
@@ -112,10 +122,13 @@ __attribute__((target("avx,f16c"))) void floatToHalfF16C(const float *x, Half *y
     y[i] = Half(x[i]);
 }
 
+/// Whether the CPU has F16C (CPUID leaf 1, ECX bit 29) and the OS saves the AVX registers it uses.
 bool hasF16C() {
   static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & bit_F16C) == 0) return false;
     __builtin_cpu_init();
-    return __builtin_cpu_supports("f16c") != 0;
+    return __builtin_cpu_supports("avx") != 0;
   }();
   return has;
 }
@@ -224,10 +237,12 @@ Support supportsSgd(const ir::Op &op) {
 /// velocity (input 4) is stored times velocityScaling and absent without momentum.
 class FastSgdKernel : public UpdateKernel {
 public:
-  explicit FastSgdKernel(const ir::Op &op)
-      : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0),
-        range_(dispatchUpdateTypes(
-            op, [](auto types) -> RangeFn<FastSgdKernel> { return &FastSgdKernel::update<decltype(types)>; })) {}
+  explicit FastSgdKernel(const ir::Op &op) : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &FastSgdKernel::update<T>;
+    });
+  }
   void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
 
 private:
@@ -248,7 +263,7 @@ private:
   }
 
   bool nesterov_;
-  RangeFn<FastSgdKernel> range_;
+  RangeFn<FastSgdKernel> range_ = nullptr;
 };
 
 Support supportsAdam(const ir::Op &op) {
@@ -264,10 +279,12 @@ Support supportsAdam(const ir::Op &op) {
 /// runRange.
 class FastAdamKernel : public UpdateKernel {
 public:
-  explicit FastAdamKernel(const ir::Op &op)
-      : UpdateKernel(op), decoupled_(op.attrs.getInt("decoupled", 1) != 0),
-        range_(dispatchUpdateTypes(
-            op, [](auto types) -> RangeFn<FastAdamKernel> { return &FastAdamKernel::update<decltype(types)>; })) {}
+  explicit FastAdamKernel(const ir::Op &op) : UpdateKernel(op), decoupled_(op.attrs.getInt("decoupled", 1) != 0) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &FastAdamKernel::update<T>;
+    });
+  }
   void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
 
 private:
@@ -284,7 +301,7 @@ private:
   }
 
   bool decoupled_;
-  RangeFn<FastAdamKernel> range_;
+  RangeFn<FastAdamKernel> range_ = nullptr;
 };
 
 } // namespace

@@ -27,10 +27,12 @@ template <typename K> using RangeFn = void (K::*)(const KernelArgs &, int64_t, i
 /// velocityScaling, firstStep]. The velocity is stored multiplied by velocityScaling.
 class SGDKernel : public UpdateKernel {
 public:
-  explicit SGDKernel(const ir::Op &op)
-      : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0),
-        range_(dispatchUpdateTypes(
-            op, [](auto types) -> RangeFn<SGDKernel> { return &SGDKernel::update<decltype(types)>; })) {}
+  explicit SGDKernel(const ir::Op &op) : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &SGDKernel::update<T>;
+    });
+  }
   void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
 
 private:
@@ -59,7 +61,7 @@ private:
   }
 
   bool nesterov_;
-  RangeFn<SGDKernel> range_;
+  RangeFn<SGDKernel> range_ = nullptr;
 };
 
 /// The Adam family: hp = [lr, beta1, beta2, eps, weightDecay, 1-beta1^t, 1-beta2^t,
@@ -199,10 +201,11 @@ private:
 /// average (centered RMSprop) and the momentum buffer (RMSprop with momentum), each optional.
 class AdaptiveKernel : public UpdateKernel {
 public:
-  explicit AdaptiveKernel(const ir::Op &op)
-      : UpdateKernel(op), mode_(op.attrs.getString("mode", "rmsprop")),
-        range_(dispatchUpdateTypes(
-            op, [](auto types) -> RangeFn<AdaptiveKernel> { return &AdaptiveKernel::update<decltype(types)>; })) {
+  explicit AdaptiveKernel(const ir::Op &op) : UpdateKernel(op), mode_(op.attrs.getString("mode", "rmsprop")) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &AdaptiveKernel::update<T>;
+    });
     if (mode_ != "rmsprop" && mode_ != "centeredrmsprop" && mode_ != "adagrad")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
   }
@@ -255,7 +258,7 @@ private:
   }
 
   std::string mode_;
-  RangeFn<AdaptiveKernel> range_;
+  RangeFn<AdaptiveKernel> range_ = nullptr;
 };
 
 /// acc += g: of one type, or a 16-bit gradient into a FLOAT accumulator.
