@@ -1,4 +1,5 @@
 #include "optimizer/apply.hpp"
+#include "core/dispatch.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -31,10 +32,20 @@ TensorId variable(ir::Graph &g, const std::string &hint, const TensorInfo &info,
   ir::Tensor &t = g.addTensor(id, ir::TensorKind::Variable, info);
   auto data = std::make_shared<TensorData>(info);
   if (fill != 0.0f)
-    for (int64_t i = 0; i < info.elementCount(); ++i)
-      data->as<float>()[i] = fill;
+    dispatchFloat(info.dataType(), "optimiser state", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      std::fill_n(data->as<T>(), info.elementCount(), static_cast<T>(fill));
+    });
   t.setData(std::move(data));
   return id;
+}
+
+bool trainableType(DataType t) { return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
+
+/// The info of \p weight's state and gradient accumulator: its shape, in options.stateType if
+/// that is set, else in the weight's type.
+TensorInfo stateInfo(const TensorInfo &weight, const ApplyOptions &options) {
+  return {options.stateType == DataType::UNDEFINED ? weight.dataType() : options.stateType, weight.shape()};
 }
 
 size_t hyperParameterCount(const Optimizer &o) {
@@ -48,6 +59,9 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
                                 const std::vector<std::pair<TensorId, TensorId>> &weightGrads,
                                 const ApplyOptions &options) {
   if (options.accumulationFactor < 1) throw error("the accumulation factor must be at least 1");
+  if (options.stateType != DataType::UNDEFINED && options.stateType != DataType::FLOAT)
+    throw error("the optimiser state type must be UNDEFINED (the weight's type) or FLOAT, not ",
+                toString(options.stateType));
   AppliedOptimizer result;
   const TensorInfo scalar(DataType::FLOAT, {});
   result.gradScale = variable(g, "popart_grad_scale", scalar, 1.0f);
@@ -57,14 +71,16 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   std::vector<WeightUpdate> updates;
   for (const auto &[w, grad] : weightGrads) {
     const TensorInfo &info = g.tensor(w).info();
-    if (info.dataType() != DataType::FLOAT)
-      throw error("weight '", w, "' is ", toString(info.dataType()), ": only FLOAT weights can be trained");
+    if (!trainableType(info.dataType()))
+      throw error("weight '", w, "' is ", toString(info.dataType()),
+                  ": only FLOAT, FLOAT16 and BFLOAT16 weights can be trained");
     WeightUpdate u;
     u.weight = w;
     TensorId eff = grad;
     if (options.accumulationFactor > 1) {
-      u.accumulator = variable(g, "accum_" + w, info);
-      eff = addOp(g, MicroBatch, "ai.graphcore", "Accumulate", {u.accumulator, grad}, {g.uniqueId(u.accumulator + "_sum")});
+      u.accumulator = variable(g, "accum_" + w, stateInfo(info, options));
+      eff = addOp(g, MicroBatch, "ai.graphcore", "Accumulate", {u.accumulator, grad},
+                  {g.uniqueId(u.accumulator + "_sum")});
     }
     grads.push_back(eff);
     updates.push_back(u);
@@ -87,7 +103,14 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
     for (size_t i : members) {
       ir::Attributes keep;
       keep.set("keepdims", int64_t{0});
-      squares.push_back(onnxOp(g, PreUpdate, "ReduceSumSquare", {grads[i]}, "clip_sumsq", keep));
+      // 16-bit gradients are squared and summed in fp32: an fp16 sum of squares overflows at 65504.
+      TensorId grad = grads[i];
+      if (g.tensor(grad).info().dataType() != DataType::FLOAT) {
+        ir::Attributes to;
+        to.set("to", int64_t{static_cast<int64_t>(DataType::FLOAT)});
+        grad = onnxOp(g, PreUpdate, "Cast", {grad}, "clip_grad_float", to);
+      }
+      squares.push_back(onnxOp(g, PreUpdate, "ReduceSumSquare", {grad}, "clip_sumsq", keep));
     }
     TensorId total = squares.size() == 1 ? squares[0] : onnxOp(g, PreUpdate, "Sum", squares, "clip_total");
     TensorId norm = onnxOp(g, PreUpdate, "Mul", {onnxOp(g, PreUpdate, "Sqrt", {total}, "clip_norm"), result.gradScale},
@@ -117,7 +140,7 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   const auto *adaptive = dynamic_cast<const Adaptive *>(&opt);
   for (size_t i = 0; i < updates.size(); ++i) {
     WeightUpdate &u = updates[i];
-    const TensorInfo &info = g.tensor(u.weight).info();
+    const TensorInfo info = g.tensor(u.weight).info();
     u.hyperParameters = variable(g, "hp_" + u.weight, TensorInfo(DataType::FLOAT, {int64_t(hyperParameterCount(opt))}));
     auto hp = hyperParameters(opt, u.weight, 1);
     std::copy(hp.begin(), hp.end(), g.tensor(u.hyperParameters).data()->as<float>());
@@ -127,7 +150,7 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
     ir::Attributes attrs;
     std::string type;
     auto addState = [&](const std::string &prefix, float fill = 0.0f) {
-      TensorId s = variable(g, prefix + "_" + u.weight, info, fill);
+      TensorId s = variable(g, prefix + "_" + u.weight, stateInfo(info, options), fill);
       u.state.push_back(s);
       in.push_back(s);
       out.push_back(g.uniqueId(s + "_updated"));
@@ -150,7 +173,7 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
     } else if (adam) {
       type = "AdamUpdate";
       AdamMode mode = adam->mode();
-      attrs.set("mode", std::string(mode == AdamMode::AdaMax                                   ? "adamax"
+      attrs.set("mode", std::string(mode == AdamMode::AdaMax                                 ? "adamax"
                                     : mode == AdamMode::Lamb || mode == AdamMode::LambNoBias ? "lamb"
                                                                                              : "adam"));
       attrs.set("decoupled", int64_t{adam->decayMode() == WeightDecayMode::Decay ? 1 : 0});

@@ -19,15 +19,21 @@ enum Phase : int { MicroBatch = 0, PreUpdate = 1, Update = 2, PostUpdate = 3 };
 /// One weight's update: the tensors the host writes or reads.
 struct WeightUpdate {
   TensorId weight;
-  TensorId hyperParameters;     ///< FLOAT [K] Variable the host writes before each update
-  std::vector<TensorId> state;  ///< optimiser state Variables (checkpointed)
-  TensorId accumulator;         ///< gradient accumulator Variable ("" without accumulation)
+  TensorId hyperParameters;    ///< FLOAT [K] Variable the host writes before each update
+  std::vector<TensorId> state; ///< optimiser state Variables (checkpointed)
+  TensorId accumulator;        ///< gradient accumulator Variable ("" without accumulation)
 };
 
 struct ApplyOptions {
   int accumulationFactor = 1;
   /// Adds an AllFinite op over every gradient (dynamic loss scaling).
   bool checkFinite = false;
+  /// Type of the optimiser state (momentum, Adam moments, RMSprop and AdaGrad accumulators) and
+  /// of the gradient accumulators of FLOAT16 and BFLOAT16 weights. UNDEFINED: the weight's own
+  /// type, as PopART's accumulatorAndMomentumType, accumType and accl1Type set to half (PopTorch's
+  /// fp16.16). FLOAT: fp32 state for 16-bit weights. The state of FLOAT weights is FLOAT either
+  /// way; hyperparameters, the loss scale and the gradient scale are always FLOAT.
+  DataType stateType = DataType::UNDEFINED;
 };
 
 struct AppliedOptimizer {
@@ -39,6 +45,7 @@ struct AppliedOptimizer {
 };
 
 /// Adds the optimiser for \p weightGrads ({weight, gradient of the scaled loss}) to \p graph.
+/// Weights are FLOAT, FLOAT16 or BFLOAT16, each gradient of its weight's type.
 AppliedOptimizer applyOptimizer(ir::Graph &graph, const Optimizer &optimizer,
                                 const std::vector<std::pair<TensorId, TensorId>> &weightGrads,
                                 const ApplyOptions &options);

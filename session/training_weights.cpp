@@ -1,6 +1,7 @@
 // TrainingSession's weight I/O: reading and writing weights, running statistics and optimiser
 // state, writing the trained model, and replacing the optimiser's hyperparameters.
 
+#include "core/half.hpp"
 #include "session/training_impl.hpp"
 
 #include <cstring>
@@ -8,6 +9,46 @@
 #include <fstream>
 
 namespace popart {
+
+namespace {
+
+bool isSixteenBit(DataType t) { return t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
+
+/// Whether the host buffer \p arr holds FLOAT values of the 16-bit tensor \p tensor: converted on
+/// the way rather than refused.
+bool converts(const IArray &arr, DataType tensor) { return arr.dataType() == DataType::FLOAT && isSixteenBit(tensor); }
+
+/// \p arr as Impl::checkedWeight should see it: a FLOAT buffer of the size of the 16-bit tensor
+/// \p id of \p graph passes for one of the tensor's type; other buffers are refused as they are.
+RawArray checkable(const ir::Graph &graph, const TensorId &id, const IArray &arr) {
+  DataType type = arr.dataType();
+  if (graph.hasTensor(id) && converts(arr, graph.tensor(id).info().dataType()) &&
+      arr.nelms() == graph.tensor(id).info().elementCount())
+    type = graph.tensor(id).info().dataType();
+  return {const_cast<IArray &>(arr).data(), type, arr.shape()};
+}
+
+/// Copies \p n elements of \p type from \p from to \p to, where one side may be FLOAT and the
+/// other 16-bit (\p toType, \p fromType): widened exactly, or rounded to nearest even.
+void copyConverting(void *to, DataType toType, const void *from, DataType fromType, int64_t n) {
+  if (toType == fromType) {
+    std::memcpy(to, from, static_cast<size_t>(n) * dataTypeSize(toType));
+    return;
+  }
+  if (toType == DataType::FLOAT) {
+    const auto *src = static_cast<const uint16_t *>(from);
+    auto *dst = static_cast<float *>(to);
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = fromType == DataType::FLOAT16 ? halfToFloat(src[i]) : bfloat16ToFloat(src[i]);
+    return;
+  }
+  const auto *src = static_cast<const float *>(from);
+  auto *dst = static_cast<uint16_t *>(to);
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = toType == DataType::FLOAT16 ? floatToHalf(src[i]) : floatToBfloat16(src[i]);
+}
+
+} // namespace
 
 void TrainingSession::readWeights(const WeightsIO &weights) const {
   const Impl &m = *impl_;
@@ -20,11 +61,13 @@ void TrainingSession::readWeights(const WeightsIO &weights) const {
                            [&](const WeightStatus &w) { return w.id == id; });
     bool untrained = st != m.weightStatuses.end() && st->role != WeightStatus::Role::Trained &&
                      st->role != WeightStatus::Role::RunningStatistic;
-    const TensorData &d = untrained ? *m.declared->tensor(id).data() : m.checkedWeight("readWeights", id, arr);
-    if (untrained && (arr.dataType() != d.info().dataType() || arr.nelms() != d.info().elementCount()))
+    const TensorData &d =
+        untrained ? *m.declared->tensor(id).data() : m.checkedWeight("readWeights", id, checkable(*m.graph, id, arr));
+    if (untrained && ((arr.dataType() != d.info().dataType() && !converts(arr, d.info().dataType())) ||
+                      arr.nelms() != d.info().elementCount()))
       throw error("readWeights: buffer for '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
                   ", the tensor is ", d.info().toString());
-    std::memcpy(arr.data(), d.data(), static_cast<size_t>(d.byteCount()));
+    copyConverting(arr.data(), arr.dataType(), d.data(), d.info().dataType(), d.info().elementCount());
   }
 }
 
@@ -32,10 +75,11 @@ void TrainingSession::writeWeights(const WeightsIO &weights) {
   Impl &m = *impl_;
   prepareDevice();
   for (const auto &[id, arr] : weights.all())
-    m.checkedWeight("writeWeights", id, arr); // all checked before any is written
-  for (const auto &[id, arr] : weights.all())
-    std::memcpy(m.variable(id).data(), const_cast<IArray &>(arr).data(),
-                static_cast<size_t>(m.variable(id).byteCount()));
+    m.checkedWeight("writeWeights", id, checkable(*m.graph, id, arr)); // all checked before any is written
+  for (const auto &[id, arr] : weights.all()) {
+    TensorData &d = m.variable(id);
+    copyConverting(d.data(), d.info().dataType(), arr.data(), arr.dataType(), d.info().elementCount());
+  }
 }
 
 namespace {

@@ -1,13 +1,37 @@
-// Reference kernels of the ai.onnx.preview.training optimiser ops, in double.
+// Reference kernels of the ai.onnx.preview.training optimiser ops, in double, for tensors of any
+// floating type (each stored value rounded once).
 
 #include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace popart::backend_cpu {
 
 namespace {
+
+/// \p v rounded to the storage type \p T once, to nearest even. For the 16-bit types the double
+/// is first rounded to float by rounding to odd (truncated, its last bit set if inexact): float
+/// keeps more than two bits beyond fp16's and bfloat16's, so the second rounding is exact, where
+/// rounding to nearest twice could land on the other side of a tie.
+template <typename T> T roundToStorage(double v) {
+  if constexpr (std::is_same_v<compute_t<T>, T>) {
+    return static_cast<T>(v);
+  } else {
+    float f = static_cast<float>(v);
+    if (std::isfinite(f) && static_cast<double>(f) != v) {
+      if (std::fabs(static_cast<double>(f)) > std::fabs(v)) f = std::nextafter(f, 0.0f);
+      uint32_t bits = 0;
+      std::memcpy(&bits, &f, sizeof bits);
+      bits |= 1u;
+      std::memcpy(&f, &bits, sizeof bits);
+    }
+    return static_cast<T>(f);
+  }
+}
 
 class OptimizerKernel : public Kernel {
 public:
@@ -53,9 +77,7 @@ public:
         auto ld = [&](size_t input, int64_t k) {
           return static_cast<double>(static_cast<compute_t<T>>(args.in<T>(input)[k]));
         };
-        auto st = [&](size_t output, int64_t k, double v) {
-          args.out<T>(output)[k] = static_cast<T>(static_cast<compute_t<T>>(v));
-        };
+        auto st = [&](size_t output, int64_t k, double v) { args.out<T>(output)[k] = roundToStorage<T>(v); };
         size_t x = 2 + i, g = 2 + n_ + i, s1 = 2 + 2 * n_ + i, s2 = 2 + 3 * n_ + i;
         for (int64_t k = 0; k < counts_[i]; ++k) {
           double xv = ld(x, k), gv = norm_ * xv + ld(g, k);

@@ -9,37 +9,59 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace popart::backend_cpu {
 
 namespace {
 
+/// A storage value as float (the identity for float).
+template <typename T> float ld(T x) { return static_cast<float>(x); }
+/// A float rounded to the storage type, to nearest even (the identity for float).
+template <typename T> T st(float x) { return static_cast<T>(x); }
+
+/// A member function that updates elements [begin, end) for one set of storage types.
+template <typename K> using RangeFn = void (K::*)(const KernelArgs &, int64_t, int64_t);
+
 /// torch.optim.SGD with velocity scaling: hp = [lr, momentum, dampening, weightDecay,
 /// velocityScaling, firstStep]. The velocity is stored multiplied by velocityScaling.
 class SGDKernel : public UpdateKernel {
 public:
-  explicit SGDKernel(const ir::Op &op) : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0) {}
-  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
+  explicit SGDKernel(const ir::Op &op) : UpdateKernel(op), nesterov_(op.attrs.getInt("nesterov", 0) != 0) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &SGDKernel::update<T>;
+    });
+  }
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
+
+private:
+  template <typename T> void update(const KernelArgs &a, int64_t begin, int64_t end) {
+    using W = typename T::Weight;
+    using G = typename T::Grad;
+    using S = typename T::State;
     const float *hp = a.in<float>(2);
     const float lr = hp[0], mom = hp[1], damp = hp[2], wd = hp[3], vs = hp[4];
     const bool first = hp[5] != 0.0f;
     const float gs = *a.in<float>(3);
-    const float *g = a.in<float>(1);
-    float *w = a.out<float>(0);
-    float *v = state(a, 0);
+    const G *g = a.in<G>(1);
+    W *w = a.out<W>(0);
+    S *v = state<S>(a, 0);
     for (int64_t i = begin; i < end; ++i) {
-      float d = g[i] * gs + wd * w[i];
+      const float wi = ld(w[i]);
+      float d = ld(g[i]) * gs + wd * wi;
       if (v) {
-        v[i] = first ? vs * d : mom * v[i] + (1.0f - damp) * vs * d;
-        float buf = v[i] / vs;
+        const float vi = first ? vs * d : mom * ld(v[i]) + (1.0f - damp) * vs * d;
+        v[i] = st<S>(vi);
+        const float buf = vi / vs;
         d = nesterov_ ? d + mom * buf : buf;
       }
-      w[i] -= lr * d;
+      w[i] = st<W>(wi - lr * d);
     }
   }
 
-private:
   bool nesterov_;
+  RangeFn<SGDKernel> range_ = nullptr;
 };
 
 /// The Adam family: hp = [lr, beta1, beta2, eps, weightDecay, 1-beta1^t, 1-beta2^t,
@@ -53,84 +75,125 @@ public:
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
     if (!op.hasOutput(1) || !op.hasOutput(2))
       throw error(op.debugName(), ": ", mode_, " needs both moments (outputs 1 and 2)");
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = mode_ == "adam" ? &AdamKernel::adam<T> : &AdamKernel::adamax<T>;
+      lamb_ = &AdamKernel::lamb<T>;
+    });
   }
   int64_t rangeElements() const override { return mode_ == "lamb" ? 0 : n_; } // LAMB needs whole norms
   void run(const KernelArgs &a) override {
     if (mode_ == "lamb")
-      lamb(a);
+      (this->*lamb_)(a);
     else
       UpdateKernel::run(a);
   }
-  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
-    const Buffers b = buffers(a);
-    const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, gs = b.gs, l2 = b.l2;
-    const float *g = b.g;
-    float *w = b.w, *m = b.m, *v = b.v;
-    if (mode_ == "adam") {
-      const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
-      for (int64_t i = begin; i < end; ++i) {
-        float gi = g[i] * gs + l2 * w[i];
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        w[i] = w[i] * decay - stepSize * m[i] / (std::sqrt(v[i]) / bc2Sqrt + eps);
-      }
-    } else { // adamax
-      const float stepSize = lr / bc1, decay = 1.0f - lr * wd;
-      for (int64_t i = begin; i < end; ++i) {
-        float gi = g[i] * gs + l2 * w[i];
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = std::max(b2 * v[i], std::abs(gi) + eps);
-        if (decoupled_) w[i] *= decay;
-        w[i] -= stepSize * m[i] / v[i];
-      }
-    }
-  }
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
 
 private:
   /// The hyperparameters, gradient scale and buffers of one run.
-  struct Buffers {
+  template <typename T> struct Buffers {
     float lr, b1, b2, eps, wd, bc1, bc2, maxNorm, gs, l2;
-    const float *g;
-    float *w, *m, *v;
+    const typename T::Grad *g;
+    typename T::Weight *w;
+    typename T::State *m, *v;
   };
-  Buffers buffers(const KernelArgs &a) const {
+  template <typename T> Buffers<T> buffers(const KernelArgs &a) const {
     const float *hp = a.in<float>(2);
-    return {hp[0],          hp[1],           hp[2],           hp[3],           hp[4],
-            hp[5],          hp[6],           hp[7],           *a.in<float>(3), decoupled_ ? 0.0f : hp[4],
-            a.in<float>(1), a.out<float>(0), a.out<float>(1), a.out<float>(2)}; // both moments: checked at creation
+    return {hp[0],
+            hp[1],
+            hp[2],
+            hp[3],
+            hp[4],
+            hp[5],
+            hp[6],
+            hp[7],
+            *a.in<float>(3),
+            decoupled_ ? 0.0f : hp[4],
+            a.in<typename T::Grad>(1),
+            a.out<typename T::Weight>(0),
+            a.out<typename T::State>(1),
+            a.out<typename T::State>(2)}; // both moments: checked at creation
   }
 
-  /// LAMB: the first pass updates the moments and measures ‖w‖ and ‖u‖, the second applies the
-  /// trust ratio; u is recomputed rather than stored.
-  void lamb(const KernelArgs &a) {
-    const Buffers b = buffers(a);
+  template <typename T> void adam(const KernelArgs &a, int64_t begin, int64_t end) {
+    using W = typename T::Weight;
+    using S = typename T::State;
+    const Buffers<T> b = buffers<T>(a);
+    const float b1 = b.b1, b2 = b.b2, eps = b.eps, gs = b.gs, l2 = b.l2;
+    const float stepSize = b.lr / b.bc1, bc2Sqrt = std::sqrt(b.bc2), decay = decoupled_ ? 1.0f - b.lr * b.wd : 1.0f;
+    for (int64_t i = begin; i < end; ++i) {
+      const float wi = ld(b.w[i]);
+      const float gi = ld(b.g[i]) * gs + l2 * wi;
+      const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
+      const float vi = b2 * ld(b.v[i]) + (1.0f - b2) * gi * gi;
+      b.m[i] = st<S>(mi);
+      b.v[i] = st<S>(vi);
+      b.w[i] = st<W>(wi * decay - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + eps));
+    }
+  }
+
+  template <typename T> void adamax(const KernelArgs &a, int64_t begin, int64_t end) {
+    using W = typename T::Weight;
+    using S = typename T::State;
+    const Buffers<T> b = buffers<T>(a);
+    const float b1 = b.b1, b2 = b.b2, eps = b.eps, gs = b.gs, l2 = b.l2;
+    const float stepSize = b.lr / b.bc1, decay = 1.0f - b.lr * b.wd;
+    for (int64_t i = begin; i < end; ++i) {
+      float wi = ld(b.w[i]);
+      const float gi = ld(b.g[i]) * gs + l2 * wi;
+      const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
+      const float ui = std::max(b2 * ld(b.v[i]), std::abs(gi) + eps);
+      b.m[i] = st<S>(mi);
+      b.v[i] = st<S>(ui);
+      if (decoupled_) wi *= decay;
+      b.w[i] = st<W>(wi - stepSize * mi / ui);
+    }
+  }
+
+  /// LAMB: the first pass measures ‖w‖ and ‖u‖ of the new moments, the second applies the trust
+  /// ratio and stores the moments. Both compute the new moments from the old ones in float, so
+  /// that u is the same in both and never read back rounded to a 16-bit state (a second moment
+  /// that underflowed fp16 would make u explode).
+  template <typename T> void lamb(const KernelArgs &a) {
+    using W = typename T::Weight;
+    using S = typename T::State;
+    const Buffers<T> b = buffers<T>(a);
     const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, maxNorm = b.maxNorm,
                 gs = b.gs, l2 = b.l2;
-    const float *g = b.g;
-    float *w = b.w, *m = b.m, *v = b.v;
-    {
-      const float wdU = decoupled_ ? wd : 0.0f;
-      double wNorm2 = 0.0, uNorm2 = 0.0;
-      for (int64_t i = 0; i < n_; ++i) {
-        float gi = g[i] * gs + l2 * w[i];
-        m[i] = b1 * m[i] + (1.0f - b1) * gi;
-        v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-        float u = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wdU * w[i];
-        wNorm2 += double(w[i]) * w[i];
-        uNorm2 += double(u) * u;
-      }
-      double wNorm = std::sqrt(wNorm2), uNorm = std::sqrt(uNorm2);
-      if (maxNorm > 0.0f) wNorm = std::min(wNorm, double(maxNorm));
-      const float ratio = wNorm == 0.0 || uNorm == 0.0 ? 1.0f : static_cast<float>(wNorm / uNorm);
-      for (int64_t i = 0; i < n_; ++i) {
-        float u = (m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wdU * w[i];
-        w[i] -= lr * ratio * u;
-      }
+    const float wdU = decoupled_ ? wd : 0.0f;
+    struct Moments {
+      float m, v, u;
+    };
+    auto moments = [&](int64_t i, float wi) {
+      const float gi = ld(b.g[i]) * gs + l2 * wi;
+      const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
+      const float vi = b2 * ld(b.v[i]) + (1.0f - b2) * gi * gi;
+      return Moments{mi, vi, (mi / bc1) / (std::sqrt(vi / bc2) + eps) + wdU * wi};
+    };
+    double wNorm2 = 0.0, uNorm2 = 0.0;
+    for (int64_t i = 0; i < n_; ++i) {
+      const float wi = ld(b.w[i]);
+      const float u = moments(i, wi).u;
+      wNorm2 += double(wi) * wi;
+      uNorm2 += double(u) * u;
+    }
+    double wNorm = std::sqrt(wNorm2), uNorm = std::sqrt(uNorm2);
+    if (maxNorm > 0.0f) wNorm = std::min(wNorm, double(maxNorm));
+    const float ratio = wNorm == 0.0 || uNorm == 0.0 ? 1.0f : static_cast<float>(wNorm / uNorm);
+    for (int64_t i = 0; i < n_; ++i) {
+      const float wi = ld(b.w[i]);
+      const Moments next = moments(i, wi);
+      b.m[i] = st<S>(next.m);
+      b.v[i] = st<S>(next.v);
+      b.w[i] = st<W>(wi - lr * ratio * next.u);
     }
   }
 
   std::string mode_;
   bool decoupled_;
+  RangeFn<AdamKernel> range_ = nullptr;
+  void (AdamKernel::*lamb_)(const KernelArgs &) = nullptr;
 };
 
 /// RMSprop and AdaGrad: hp = [lr, alpha, momentum, eps, weightDecay, unused]; for AdaGrad lr
@@ -139,62 +202,93 @@ private:
 class AdaptiveKernel : public UpdateKernel {
 public:
   explicit AdaptiveKernel(const ir::Op &op) : UpdateKernel(op), mode_(op.attrs.getString("mode", "rmsprop")) {
+    dispatchUpdateTypes(op, [&](auto types) {
+      using T = decltype(types);
+      range_ = &AdaptiveKernel::update<T>;
+    });
     if (mode_ != "rmsprop" && mode_ != "centeredrmsprop" && mode_ != "adagrad")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
   }
-  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override {
+  void runRange(const KernelArgs &a, int64_t begin, int64_t end) override { (this->*range_)(a, begin, end); }
+
+private:
+  template <typename T> void update(const KernelArgs &a, int64_t begin, int64_t end) {
+    using W = typename T::Weight;
+    using G = typename T::Grad;
+    using S = typename T::State;
     const float *hp = a.in<float>(2);
     const float lr = hp[0], alpha = hp[1], mom = hp[2], eps = hp[3], wd = hp[4];
     const float gs = *a.in<float>(3);
-    const float *g = a.in<float>(1);
-    float *w = a.out<float>(0);
-    float *sq = state(a, 0);
-    float *ga = state(a, 1);
-    float *buf = state(a, 2);
+    const G *g = a.in<G>(1);
+    W *w = a.out<W>(0);
+    S *sq = state<S>(a, 0);
+    S *ga = state<S>(a, 1);
+    S *buf = state<S>(a, 2);
     if (mode_ == "adagrad") {
       for (int64_t i = begin; i < end; ++i) {
-        float gi = g[i] * gs + wd * w[i];
-        sq[i] += gi * gi;
-        w[i] -= lr * gi / (std::sqrt(sq[i]) + eps);
+        const float wi = ld(w[i]);
+        const float gi = ld(g[i]) * gs + wd * wi;
+        const float sqi = ld(sq[i]) + gi * gi;
+        sq[i] = st<S>(sqi);
+        w[i] = st<W>(wi - lr * gi / (std::sqrt(sqi) + eps));
       }
       return;
     }
     for (int64_t i = begin; i < end; ++i) {
-      float gi = g[i] * gs + wd * w[i];
-      sq[i] = alpha * sq[i] + (1.0f - alpha) * gi * gi;
+      const float wi = ld(w[i]);
+      const float gi = ld(g[i]) * gs + wd * wi;
+      const float sqi = alpha * ld(sq[i]) + (1.0f - alpha) * gi * gi;
+      sq[i] = st<S>(sqi);
       float avg;
       if (ga) {
-        ga[i] = alpha * ga[i] + (1.0f - alpha) * gi;
-        avg = std::sqrt(sq[i] - ga[i] * ga[i]) + eps;
+        const float gai = alpha * ld(ga[i]) + (1.0f - alpha) * gi;
+        ga[i] = st<S>(gai);
+        avg = std::sqrt(sqi - gai * gai) + eps;
       } else {
-        avg = std::sqrt(sq[i]) + eps;
+        avg = std::sqrt(sqi) + eps;
       }
       if (buf) {
-        buf[i] = mom * buf[i] + gi / avg;
-        w[i] -= lr * buf[i];
+        const float bufi = mom * ld(buf[i]) + gi / avg;
+        buf[i] = st<S>(bufi);
+        w[i] = st<W>(wi - lr * bufi);
       } else {
-        w[i] -= lr * gi / avg;
+        w[i] = st<W>(wi - lr * gi / avg);
       }
     }
   }
 
-private:
   std::string mode_;
+  RangeFn<AdaptiveKernel> range_ = nullptr;
 };
 
-/// acc += g (any float type the plan gives; FLOAT here).
+/// acc += g: of one type, or a 16-bit gradient into a FLOAT accumulator.
 class AccumulateKernel : public Kernel {
 public:
-  explicit AccumulateKernel(const ir::Op &op) : n_(op.inInfo(0).elementCount()) {}
-  void run(const KernelArgs &a) override {
-    float *acc = a.out<float>(0);
-    const float *g = a.in<float>(1);
-    for (int64_t i = 0; i < n_; ++i)
-      acc[i] += g[i];
+  explicit AccumulateKernel(const ir::Op &op) : n_(op.inInfo(0).elementCount()) {
+    dispatchFloat(op.inInfo(0).dataType(), "Accumulate", [&](auto accTag) {
+      using A = typename decltype(accTag)::type;
+      dispatchFloat(op.inInfo(1).dataType(), "Accumulate", [&](auto gTag) {
+        using G = typename decltype(gTag)::type;
+        if constexpr (std::is_same_v<A, G> || std::is_same_v<A, float>)
+          accumulate_ = &AccumulateKernel::accumulate<A, G>;
+        else
+          throw error(op.debugName(), ": cannot accumulate ", op.inInfo(1).toString(), " into ",
+                      op.inInfo(0).toString());
+      });
+    });
   }
+  void run(const KernelArgs &a) override { (this->*accumulate_)(a); }
 
 private:
+  template <typename A, typename G> void accumulate(const KernelArgs &a) {
+    A *acc = a.out<A>(0);
+    const G *g = a.in<G>(1);
+    for (int64_t i = 0; i < n_; ++i)
+      acc[i] = static_cast<A>(static_cast<compute_t<A>>(acc[i]) + static_cast<compute_t<A>>(g[i]));
+  }
+
   int64_t n_;
+  void (AccumulateKernel::*accumulate_)(const KernelArgs &) = nullptr;
 };
 
 class ResetVarKernel : public Kernel {
@@ -217,34 +311,53 @@ private:
   size_t bytes_;
 };
 
+/// Whether every element of every input (FLOAT, FLOAT16, BFLOAT16 or DOUBLE) is finite: an fp16
+/// gradient that overflowed is an inf like any other.
 class AllFiniteKernel : public Kernel {
 public:
   explicit AllFiniteKernel(const ir::Op &op) {
-    for (const ir::Tensor *t : op.inputs)
+    for (const ir::Tensor *t : op.inputs) {
       counts_.push_back(t->info().elementCount());
+      types_.push_back(t->info().dataType());
+    }
   }
   void run(const KernelArgs &a) override {
     bool finite = true;
-    for (size_t k = 0; k < counts_.size() && finite; ++k) {
-      const float *x = a.in<float>(k);
-      // Summing is branch-free and vectorises; an inf or NaN anywhere makes the sum non-finite
-      // (0 * x turns every finite value into 0 and every inf/NaN into NaN).
-      float s = 0.0f;
-      for (int64_t i = 0; i < counts_[k]; ++i)
-        s += 0.0f * x[i];
-      finite = s == 0.0f;
-    }
+    for (size_t k = 0; k < counts_.size() && finite; ++k)
+      finite = dispatchFloat(types_[k], "AllFinite", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using C = compute_t<T>;
+        const T *x = a.in<T>(k);
+        // Summing is branch-free and vectorises; an inf or NaN anywhere makes the sum non-finite
+        // (0 * x turns every finite value into 0 and every inf/NaN into NaN).
+        C s = 0;
+        for (int64_t i = 0; i < counts_[k]; ++i)
+          s += C(0) * static_cast<C>(x[i]);
+        return s == C(0);
+      });
     *a.out<bool>(0) = finite;
   }
 
 private:
   std::vector<int64_t> counts_;
+  std::vector<DataType> types_;
 };
 
-bool floatInputs(const ir::Op &op) {
+bool isFloating(DataType t) {
+  return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::DOUBLE;
+}
+
+bool floatingInputs(const ir::Op &op) {
   for (const ir::Tensor *t : op.inputs)
-    if (t && t->info().dataType() != DataType::FLOAT) return false;
+    if (t && !isFloating(t->info().dataType())) return false;
   return true;
+}
+
+/// Accumulate of one floating type, or a 16-bit gradient into a FLOAT accumulator.
+bool accumulateTypes(const ir::Op &op) {
+  if (op.inputCount() != 2 || !floatingInputs(op)) return false;
+  const DataType acc = op.inInfo(0).dataType(), g = op.inInfo(1).dataType();
+  return acc == g || (acc == DataType::FLOAT && g != DataType::DOUBLE);
 }
 
 } // namespace
@@ -253,13 +366,13 @@ void registerReferenceVarUpdateKernels(KernelRegistry &r) {
   auto add = [&](const char *type, KernelFactory create, bool (*supports)(const ir::Op &)) {
     r.add({"ai.graphcore", type, KernelProvider::Reference, supports, create});
   };
-  add("SGDUpdate", makeKernel<SGDKernel>, floatInputs);
-  add("AdamUpdate", makeKernel<AdamKernel>, floatInputs);
-  add("AdaptiveUpdate", makeKernel<AdaptiveKernel>, floatInputs);
-  add("Accumulate", makeKernel<AccumulateKernel>, floatInputs);
+  add("SGDUpdate", makeKernel<SGDKernel>, updateTypesSupported);
+  add("AdamUpdate", makeKernel<AdamKernel>, updateTypesSupported);
+  add("AdaptiveUpdate", makeKernel<AdaptiveKernel>, updateTypesSupported);
+  add("Accumulate", makeKernel<AccumulateKernel>, accumulateTypes);
   add("ResetVar", makeKernel<ResetVarKernel>, nullptr);
   add("CopyVar", makeKernel<CopyVarKernel>, nullptr);
-  add("AllFinite", makeKernel<AllFiniteKernel>, floatInputs);
+  add("AllFinite", makeKernel<AllFiniteKernel>, floatingInputs);
 }
 
 } // namespace popart::backend_cpu

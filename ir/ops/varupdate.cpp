@@ -6,6 +6,8 @@
 // Update ops take [weight, gradient, hyperparameters (FLOAT [K]), gradient scale (FLOAT scalar),
 // state...] and output the weight and state updated in place. The gradient is multiplied by the
 // gradient scale first (1 / (loss scale · accumulation factor), times the clipping factor).
+// The weight is FLOAT, FLOAT16 or BFLOAT16; the gradient and each state tensor have its shape and
+// either its type or FLOAT (fp32 optimiser state, or a gradient accumulated in fp32).
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
@@ -21,13 +23,19 @@ size_t hyperParameterCount(const std::string &type) {
   return 6; // AdaptiveUpdate
 }
 
+/// Whether \p t (gradient or state) may go with weight \p w: the same shape, and the weight's type or FLOAT.
+bool matchesWeight(const TensorInfo &t, const TensorInfo &w) {
+  return t.shape() == w.shape() && (t.dataType() == w.dataType() || t.dataType() == DataType::FLOAT);
+}
+
 void setupUpdate(Op &op) {
   if (op.inputCount() < 4) throw error(op.debugName(), ": expected weight, gradient, hyperparameters, gradient scale");
   const TensorInfo &w = op.inInfo(0);
-  requireType(op, 0, {DataType::FLOAT});
-  if (op.inInfo(1) != w)
+  requireType(op, 0, {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16});
+  if (!matchesWeight(op.inInfo(1), w))
     throw error(op.debugName(), ": gradient ", op.inInfo(1).toString(), " does not match weight ", w.toString());
-  if (op.inInfo(2).dataType() != DataType::FLOAT || op.inInfo(2).elementCount() != int64_t(hyperParameterCount(op.type)))
+  if (op.inInfo(2).dataType() != DataType::FLOAT ||
+      op.inInfo(2).elementCount() != int64_t(hyperParameterCount(op.type)))
     throw error(op.debugName(), ": expected ", hyperParameterCount(op.type), " FLOAT hyperparameters, got ",
                 op.inInfo(2).toString());
   if (op.inInfo(3).dataType() != DataType::FLOAT || op.inInfo(3).elementCount() != 1)
@@ -35,15 +43,20 @@ void setupUpdate(Op &op) {
   op.setOutInfo(0, w);
   for (size_t i = 4; i < op.inputCount(); ++i) {
     if (!op.hasInput(i)) continue;
-    if (op.inInfo(i) != w)
-      throw error(op.debugName(), ": state input ", i, " is ", op.inInfo(i).toString(), ", expected ", w.toString());
-    op.setOutInfo(i - 3, w);
+    if (!matchesWeight(op.inInfo(i), w))
+      throw error(op.debugName(), ": state input ", i, " is ", op.inInfo(i).toString(), ", expected ", w.toString(),
+                  " or FLOAT of that shape");
+    op.setOutInfo(i - 3, op.inInfo(i));
   }
 }
 
+/// acc += g: g has acc's info, or is a 16-bit gradient accumulated into a FLOAT accumulator.
 void setupAccumulate(Op &op) {
   requireInputCount(op, 2, 2);
-  if (op.inInfo(1) != op.inInfo(0))
+  const TensorInfo &acc = op.inInfo(0), &g = op.inInfo(1);
+  const bool widening =
+      acc.dataType() == DataType::FLOAT && (g.dataType() == DataType::FLOAT16 || g.dataType() == DataType::BFLOAT16);
+  if (g.shape() != acc.shape() || (g.dataType() != acc.dataType() && !widening))
     throw error(op.debugName(), ": cannot accumulate ", op.inInfo(1).toString(), " into ", op.inInfo(0).toString());
   op.setOutInfo(0, op.inInfo(0));
 }
