@@ -404,14 +404,17 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     t = TensorData();
   }
   DataLoader loader(std::move(dataset), perStep, o.shuffle, o.seed, 2, {start / stepsPerEpoch, start % stepsPerEpoch});
-  std::vector<float> losses(static_cast<size_t>(o.accumulate));
+  std::vector<double> losses(static_cast<size_t>(o.accumulate));
   Shape lossShape;
   if (o.accumulate > 1) lossShape.push_back(o.accumulate);
   TensorInfo lossInfo = session->getInfo(lossId);
-  if (lossInfo.dataType() != DataType::FLOAT)
-    throw error("the CLI reports FLOAT losses; loss '", lossId, "' is ", toString(lossInfo.dataType()));
+  if (!isFloatingPoint(lossInfo.dataType()))
+    throw error("the loss '", lossId, "' is ", toString(lossInfo.dataType()),
+                "; the CLI reports floating-point losses");
   lossShape.insert(lossShape.end(), lossInfo.shape().begin(), lossInfo.shape().end());
-  RawArray lossArr(losses.data(), DataType::FLOAT, lossShape);
+  // The loss in its own type (a model.half() model's is FLOAT16), read as doubles after each step.
+  TensorData lossValues(TensorInfo(lossInfo.dataType(), lossShape));
+  RawArray lossArr(lossValues.data(), lossInfo.dataType(), lossShape);
   std::map<TensorId, Shape> stepShapes;
   for (const auto &id : inputIds) {
     Shape s = infos.at(id).shape();
@@ -430,6 +433,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     }
     StepIO io(in, {{lossId, lossArr}});
     session->run(io);
+    for (size_t i = 0; i < losses.size(); ++i)
+      losses[i] = lossValues.valueAsDouble(static_cast<int64_t>(i));
   };
 
   auto saveCheckpoint = [&](int64_t stepsDone) {

@@ -14,9 +14,13 @@ namespace {
 
 bool isSixteenBit(DataType t) { return t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
 
-/// Whether the host buffer \p arr holds FLOAT values of the 16-bit tensor \p tensor: converted on
-/// the way rather than refused.
-bool converts(const IArray &arr, DataType tensor) { return arr.dataType() == DataType::FLOAT && isSixteenBit(tensor); }
+/// Whether the host buffer \p arr holds FLOAT values of the 16-bit tensor \p tensor, or 16-bit
+/// values of a FLOAT one (the fp32 master copy of a model.half() weight): converted on the way
+/// rather than refused.
+bool converts(const IArray &arr, DataType tensor) {
+  return (arr.dataType() == DataType::FLOAT && isSixteenBit(tensor)) ||
+         (isSixteenBit(arr.dataType()) && tensor == DataType::FLOAT);
+}
 
 /// \p arr as Impl::checkedWeight should see it: a FLOAT buffer of the size of the 16-bit tensor
 /// \p id of \p graph passes for one of the tensor's type; other buffers are refused as they are.

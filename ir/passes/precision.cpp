@@ -72,6 +72,7 @@ public:
     if (policy_.low == DataType::UNDEFINED) return 0;
     if (policy_.low != DataType::FLOAT16 && policy_.low != DataType::BFLOAT16)
       throw error("convertPrecision: the low type must be FLOAT16 or BFLOAT16, got ", toString(policy_.low));
+    if (policy_.masterWeights) promoteVariables();
     for (Op *op : graph_.schedule())
       convertOp(*op);
     if (!policy_.masterWeights) convertVariablesInPlace();
@@ -79,6 +80,21 @@ public:
   }
 
 private:
+  /// A 16-bit Variable (a model exported after model.half()) becomes a FLOAT master copy, its
+  /// values widened exactly; the ops that read it then read it through one Cast, as a FLOAT
+  /// model's weights.
+  void promoteVariables() {
+    for (const auto &[id, t] : graph_.tensors()) {
+      DataType type = t->info().dataType();
+      if (t->kind() != TensorKind::Variable || (type != DataType::FLOAT16 && type != DataType::BFLOAT16) ||
+          kept_.count(id) || shapeDeciding_.count(t.get()))
+        continue;
+      if (t->data()) t->setData(std::make_shared<TensorData>(convertedData(*t->data(), DataType::FLOAT)));
+      t->setInfo(TensorInfo(DataType::FLOAT, t->info().shape()));
+      ++changes_;
+    }
+  }
+
   /// fp16.16: a FLOAT Variable read only through its Cast to the low type becomes a low Variable
   /// (no master copy), which the Cast's readers read directly.
   void convertVariablesInPlace() {

@@ -195,21 +195,25 @@ TEST(Precision, OpsThatFollowTheirInputsStayFp32WhereOnlyFp32TensorsFeedThem) {
 namespace {
 
 /// x [16, 32] → Gemm(32→24) → Relu → Gemm(24→4) → SoftmaxCrossEntropyLoss with labels y.
-std::string mlp(TensorId *lossId = nullptr) {
+/// ... in \p type: FLOAT16 is a model exported after model.half(), its logits cast to FLOAT for the
+/// loss as `.float()` would.
+std::string mlp(TensorId *lossId = nullptr, DataType type = DataType::FLOAT) {
   auto b = Builder::create();
   auto ai = b->aiOnnxOpset13();
-  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {16, 32}), "x");
+  TensorId x = b->addInputTensor(TensorInfo(type, {16, 32}), "x");
   TensorId y = b->addInputTensor(TensorInfo(DataType::INT64, {16}), "y");
   std::mt19937 rng(7);
   std::normal_distribution<float> n(0.0f, 0.2f);
   auto weights = [&](int64_t rows, int64_t cols, const char *name) {
-    std::vector<float> v(static_cast<size_t>(rows * cols));
+    std::vector<double> v(static_cast<size_t>(rows * cols));
     for (auto &e : v)
       e = n(rng);
-    return b->addInitializedInputTensor(v, {rows, cols}, name);
+    TensorData t = TensorData::fromDoubles(type, {rows, cols}, v);
+    return b->addInitializedInputTensor(t.data(), t.info(), name);
   };
   TensorId h = ai.relu({ai.gemm({x, weights(32, 24, "w1"), weights(1, 24, "b1")})});
   TensorId logits = ai.gemm({h, weights(24, 4, "w2"), weights(1, 4, "b2")});
+  if (type != DataType::FLOAT) logits = ai.cast({logits}, "FLOAT");
   TensorId loss = ai.softmaxcrossentropyloss({logits, y}, ReductionType::Mean);
   b->addOutputTensor(loss);
   if (lossId) *lossId = loss;
@@ -237,37 +241,61 @@ struct Trained {
   std::map<std::string, std::vector<float>> weights;
 };
 
-Trained train(const std::string &precision, int steps) {
+std::unique_ptr<TrainingSession> session(const std::string &model, const TensorId &lossId,
+                                         const std::string &precision) {
   SessionOptions so;
   so.precision = precision;
   so.numThreads = 1;
   so.verifyIr = true;
-  TensorId lossId;
-  std::string model = mlp(&lossId);
   auto s = TrainingSession::createFromOnnxModel(model, DataFlow(1, {lossId}, AnchorReturnType("FINAL")), lossId,
                                                 SGD({{"defaultLearningRate", {0.1f, true}}}), so);
   s->prepareDevice();
   s->weightsFromHost();
-  Trained t;
+  return s;
+}
+
+/// Runs \p steps steps of batch(k) with x in \p xType; returns the losses.
+std::vector<float> runSteps(TrainingSession &s, int steps, DataType xType = DataType::FLOAT) {
+  std::vector<float> losses;
   for (int k = 0; k < steps; ++k) {
     Batch b = batch(k);
-    float loss = 0;
-    NDArrayWrapper<float> xa(b.x.data(), {16, 32});
+    TensorData x = TensorData::fromDoubles(xType, {16, 32}, std::vector<double>(b.x.begin(), b.x.end()));
+    RawArray xa(x.data(), xType, {16, 32});
     NDArrayWrapper<int64_t> ya(b.y.data(), {16});
+    float loss = 0;
     NDArrayWrapper<float> la(&loss, {});
-    StepIO io({{"x", xa}, {"y", ya}}, {{s->getLossId(), la}});
-    s->run(io);
-    t.losses.push_back(loss);
+    StepIO io({{"x", xa}, {"y", ya}}, {{s.getLossId(), la}});
+    s.run(io);
+    losses.push_back(loss);
   }
-  for (auto [id, n] : std::map<std::string, int64_t>{{"w1", 32 * 24}, {"b1", 24}, {"w2", 24 * 4}, {"b2", 4}}) {
-    EXPECT_EQ(s->getInfo(id).dataType(), DataType::FLOAT) << precision << ": " << id << " is the fp32 master copy";
+  return losses;
+}
+
+const std::map<std::string, int64_t> kMlpWeights{{"w1", 32 * 24}, {"b1", 24}, {"w2", 24 * 4}, {"b2", 4}};
+
+/// The MLP's weights (named with \p suffix), read into FLOAT buffers.
+std::map<std::string, std::vector<float>> readAll(const TrainingSession &s, const std::string &suffix = "") {
+  std::map<std::string, std::vector<float>> weights;
+  for (auto [id, n] : kMlpWeights) {
     std::vector<float> v(static_cast<size_t>(n));
-    NDArrayWrapper<float> arr(v.data(), s->getInfo(id).shape());
+    NDArrayWrapper<float> arr(v.data(), s.getInfo(id + suffix).shape());
     WeightsIO io;
-    io.insert(id, arr);
-    s->readWeights(io);
-    t.weights[id] = v;
+    io.insert(id + suffix, arr);
+    s.readWeights(io);
+    weights[id] = v;
   }
+  return weights;
+}
+
+Trained train(const std::string &precision, int steps) {
+  TensorId lossId;
+  std::string model = mlp(&lossId);
+  auto s = session(model, lossId, precision);
+  Trained t;
+  t.losses = runSteps(*s, steps);
+  for (const auto &[id, n] : kMlpWeights)
+    EXPECT_EQ(s->getInfo(id).dataType(), DataType::FLOAT) << precision << ": " << id << " is the fp32 master copy";
+  t.weights = readAll(*s);
   return t;
 }
 
@@ -411,4 +439,62 @@ TEST(Precision, TheVerifierRefusesAnOutputTypeOnAnFp32MatMul) {
   });
   EXPECT_NE(message.find("fusion field 'outputType' FLOAT must be FLOAT, for 16-bit operands"), std::string::npos)
       << message;
+}
+
+TEST(Precision, ModelToHostWritesTheTrainingPrecisionOrTheFp32MasterWeights) {
+  TensorId lossId;
+  std::string model = mlp(&lossId);
+  auto s = session(model, lossId, "bf16");
+  runSteps(*s, 3);
+  const auto masters = readAll(*s);
+  std::string dir = ::testing::TempDir();
+  s->modelToHost(dir + "/bf16.onnx");
+  s->modelToHost(dir + "/fp32.onnx", "fp32");
+  EXPECT_NE(thrown([&] { s->modelToHost(dir + "/x.onnx", "bf16"); }).find("expected training or fp32"),
+            std::string::npos);
+  // Both run (the bf16 one through a Cast per weight), and hold what they say.
+  for (const char *name : {"bf16", "fp32"}) {
+    auto back = TrainingSession::createFromOnnxModel(dir + "/" + name + ".onnx",
+                                                     DataFlow(1, {lossId}, AnchorReturnType("FINAL")), lossId,
+                                                     SGD({{"defaultLearningRate", {0.1f, true}}}));
+    back->prepareDevice();
+    back->weightsFromHost();
+    // The bf16 model's initializers are "<name>_bf16", read through FLOAT buffers.
+    const auto saved = readAll(*back, std::string(name) == "bf16" ? "_bf16" : "");
+    for (const auto &[id, master] : masters)
+      for (size_t i = 0; i < master.size(); ++i) {
+        float want = std::string(name) == "bf16" ? bfloat16ToFloat(floatToBfloat16(master[i])) : master[i];
+        ASSERT_EQ(saved.at(id)[i], want) << name << " " << id << "[" << i << "]";
+      }
+  }
+}
+
+TEST(Precision, AHalfModelTrainsAsItIsInFp32ModeAndWithFp32MastersInFp16And32) {
+  TensorId lossId;
+  std::string model = mlp(&lossId, DataType::FLOAT16);
+  auto plain = session(model, lossId, "fp32");
+  EXPECT_EQ(plain->getInfo("w1").dataType(), DataType::FLOAT16) << "PyTorch's model.half(): fp16 weights";
+  auto master = session(model, lossId, "fp16.32");
+  EXPECT_EQ(master->getInfo("w1").dataType(), DataType::FLOAT) << "fp16.32: an fp32 master copy";
+  const auto before = readAll(*master);
+  for (auto *s : {plain.get(), master.get()}) {
+    std::vector<float> losses = runSteps(*s, 8, DataType::FLOAT16);
+    EXPECT_LT(losses.back(), losses.front());
+  }
+  const auto after = readAll(*master);
+  for (const auto &[id, w] : after)
+    EXPECT_NE(w, before.at(id)) << id << " did not move";
+  // The master copy reads and writes through fp16 buffers, as the model declares the weight.
+  std::vector<uint16_t> half(static_cast<size_t>(kMlpWeights.at("b1")));
+  RawArray arr(half.data(), DataType::FLOAT16, {1, 24});
+  WeightsIO io;
+  io.insert("b1", arr);
+  master->readWeights(io);
+  for (size_t i = 0; i < half.size(); ++i)
+    EXPECT_EQ(half[i], floatToHalf(after.at("b1")[i]));
+  std::string dir = ::testing::TempDir();
+  master->modelToHost(dir + "/half.onnx");
+  std::ifstream in(dir + "/half.onnx", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes.find("w1_fp16"), std::string::npos) << "an fp16 weight is stored as the model declares it";
 }
