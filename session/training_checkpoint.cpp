@@ -2,12 +2,13 @@
 // file (a JSON header after a magic and its length, then the raw bytes), written atomically and
 // read back only after everything in it has been checked.
 
-#include "session/training_impl.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "core/log.hpp"
+#include "session/training_impl.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,13 @@ uint64_t fingerprint(const std::string &bytes) {
   for (unsigned char c : bytes)
     h = (h ^ c) * 1099511628211ull;
   return h;
+}
+
+/// The precision mode of \p options as checkpoints record it ("fp32", "fp16.32"...).
+std::string precisionMode(const SessionOptions &options) {
+  std::string mode = options.precision;
+  std::transform(mode.begin(), mode.end(), mode.begin(), [](unsigned char c) { return std::tolower(c); });
+  return mode == "fp32.32" ? "fp32" : mode;
 }
 
 /// The MatMul and Gemm ways \p plan's timing chose, by configuration, for a checkpoint header.
@@ -43,6 +51,7 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   header["version"] = kCheckpointVersion;
   header["model"] = std::to_string(fingerprint(m.model.bytes));
   header["optimizer"] = m.optimizer->name();
+  header["precision"] = precisionMode(m.options);
   header["step"] = m.step;
   header["skipped"] = m.skipped;
   header["goodSteps"] = m.goodSteps;
@@ -113,6 +122,12 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     if (header.at("optimizer").get<std::string>() != m.optimizer->name())
       throw error("it holds ", header.at("optimizer").get<std::string>(), " state, the session uses ",
                   m.optimizer->name());
+    // Checkpoints from before the precision modes are fp32 ones.
+    std::string precision = header.value("precision", std::string("fp32"));
+    if (precision != precisionMode(m.options))
+      throw error("it was written in precision mode ", precision, ", the session uses ", precisionMode(m.options),
+                  " (its weights and optimiser state have other types; resume in ", precision,
+                  ", or start a new run from the model modelToHost wrote)");
     std::vector<TensorId> ids = m.persistentIds();
     const auto &tensors = header.at("tensors");
     if (tensors.size() != ids.size())

@@ -254,10 +254,10 @@ std::unique_ptr<TrainingSession> session(const std::string &model, const TensorI
   return s;
 }
 
-/// Runs \p steps steps of batch(k) with x in \p xType; returns the losses.
-std::vector<float> runSteps(TrainingSession &s, int steps, DataType xType = DataType::FLOAT) {
+/// Runs \p steps steps of batch(first), batch(first + 1)... with x in \p xType; returns the losses.
+std::vector<float> runSteps(TrainingSession &s, int steps, DataType xType = DataType::FLOAT, int first = 0) {
   std::vector<float> losses;
-  for (int k = 0; k < steps; ++k) {
+  for (int k = first; k < first + steps; ++k) {
     Batch b = batch(k);
     TensorData x = TensorData::fromDoubles(xType, {16, 32}, std::vector<double>(b.x.begin(), b.x.end()));
     RawArray xa(x.data(), xType, {16, 32});
@@ -497,4 +497,27 @@ TEST(Precision, AHalfModelTrainsAsItIsInFp32ModeAndWithFp32MastersInFp16And32) {
   std::ifstream in(dir + "/half.onnx", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_EQ(bytes.find("w1_fp16"), std::string::npos) << "an fp16 weight is stored as the model declares it";
+}
+
+TEST(Precision, CheckpointsResumeBitIdenticallyInEveryModeAndRefuseAnotherMode) {
+  TensorId lossId;
+  std::string model = mlp(&lossId);
+  std::string dir = ::testing::TempDir();
+  for (const char *mode : {"fp32", "fp16.32", "fp16.16", "bf16"}) {
+    auto first = session(model, lossId, mode);
+    runSteps(*first, 2);
+    std::string path = dir + "/" + mode + ".ckpt";
+    first->saveCheckpoint(path);
+    std::vector<float> want = runSteps(*first, 3, DataType::FLOAT, 2);
+    auto resumed = session(model, lossId, mode);
+    resumed->loadCheckpoint(path);
+    std::vector<float> got = runSteps(*resumed, 3, DataType::FLOAT, 2);
+    EXPECT_EQ(got, want) << mode;
+    EXPECT_EQ(readAll(*resumed), readAll(*first)) << mode << ": the weights after resuming differ";
+  }
+  auto other = session(model, lossId, "bf16");
+  EXPECT_NE(thrown([&] {
+              other->loadCheckpoint(dir + "/fp16.32.ckpt");
+            }).find("it was written in precision mode fp16.32, the session uses bf16"),
+            std::string::npos);
 }
