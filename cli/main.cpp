@@ -52,13 +52,6 @@ struct Options {
   std::string profile;
 };
 
-TensorData loadTensorFile(const std::string &path) {
-  std::string ext = fs::path(path).extension().string();
-  if (ext == ".npy") return npy::read(path);
-  if (ext == ".pb") return onnx_import::readTensorProtoFile(path);
-  throw error("input file '", path, "' must be .npy or a serialized TensorProto .pb");
-}
-
 TensorData randomTensor(const TensorInfo &info, std::mt19937 &rng) {
   TensorData t(info);
   std::uniform_real_distribution<double> real(-1.0, 1.0);
@@ -237,7 +230,7 @@ int run(const Options &opt) {
     auto ids = session->getInputIds();
     if (std::find(ids.begin(), ids.end(), name) == ids.end())
       throw error("--input names '", name, "', which is not an input of the model");
-    feeds.emplace(name, loadTensorFile(spec.substr(eq + 1)));
+    feeds.emplace(name, cli::loadTensorFile(spec.substr(eq + 1), session->getInfo(name).dataType()));
   }
   std::mt19937 rng(opt.seed);
   for (const auto &id : session->getInputIds()) {

@@ -1,5 +1,6 @@
 #include "cli/train.hpp"
 #include "cli/dataloader.hpp"
+#include "onnx_import/onnx_import.hpp"
 #include "session/npy.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -282,6 +283,19 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_option("--resume", o.resume, "resume from the checkpoint folder DIR");
 }
 
+TensorData loadTensorFile(const std::string &path, DataType wanted) {
+  std::string ext = fs::path(path).extension().string();
+  TensorData t;
+  if (ext == ".npy")
+    t = npy::read(path);
+  else if (ext == ".pb")
+    t = onnx_import::readTensorProtoFile(path);
+  else
+    throw error("input file '", path, "' must be .npy or a serialized TensorProto .pb");
+  if (t.info().dataType() == DataType::UINT16 && wanted == DataType::BFLOAT16) t.reinterpretAs(DataType::BFLOAT16);
+  return t;
+}
+
 std::string trainOnlyFlagGiven(const CLI::App &app) {
   for (const char *f : kTrainOnly)
     if (given(app, f)) return f;
@@ -292,9 +306,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   InputFiles data;
   for (const auto &spec : o.inputs) {
     size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE.npy");
+    if (eq == std::string::npos || eq == 0) throw error("--input '", spec, "' must be NAME=FILE (.npy or .pb)");
     TensorId name = spec.substr(0, eq);
-    TensorData t = npy::read(spec.substr(eq + 1));
+    TensorData t = loadTensorFile(spec.substr(eq + 1));
     if (t.info().shape().empty()) throw error("--input ", name, ": a dataset needs a leading sample dimension");
     int64_t n = t.info().shape()[0];
     if (data.samples >= 0 && n != data.samples)
@@ -359,7 +373,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     const TensorInfo &have = it->second.info();
     Shape sample(have.shape().begin() + 1, have.shape().end());
     Shape want(info.shape().begin() + 1, info.shape().end());
-    if (have.dataType() != info.dataType())
+    if (have.dataType() == DataType::UINT16 && info.dataType() == DataType::BFLOAT16) { // bf16 bit patterns
+      it->second.reinterpretAs(DataType::BFLOAT16);
+    } else if (have.dataType() != info.dataType())
       throw error("--input ", id, " is ", toString(have.dataType()), ", the model input is ",
                   toString(info.dataType()));
     if (info.shape().empty() || sample != want)

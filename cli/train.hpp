@@ -1,6 +1,8 @@
 #pragma once
 // popart-run --train: trains a model on datasets given as .npy files.
 
+#include "core/tensordata.hpp"
+
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
@@ -59,5 +61,10 @@ std::string trainOnlyFlagGiven(const CLI::App &app);
 void checkTrainFlags(const CLI::App &app, const TrainOptions &options);
 /// Trains \p model; returns the exit status.
 int runTraining(const std::string &model, const TrainOptions &options);
+
+/// Reads an input file: .npy, or a serialized TensorProto .pb. numpy has no bfloat16, so a
+/// UINT16 array (bit patterns) or a .pb stands for BFLOAT16 data where \p wanted is BFLOAT16
+/// (docs/precision.md); ONNX 1.12's own test data stores bfloat16 as UINT16 too.
+TensorData loadTensorFile(const std::string &path, DataType wanted = DataType::UNDEFINED);
 
 } // namespace popart::cli

@@ -127,6 +127,14 @@ expect 0 "memory: planned peak [0-9.]* MB: activation arena .*kernels .*weights 
 if /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert len(t) == 3 and t[0]['ph'] == 'X' and t[0]['name'].startswith('Relu')" "$TMP/infer.json" &&
    /usr/bin/python3 -c "import json,sys; t=json.load(open(sys.argv[1]))['traceEvents']; assert any('AdamUpdate' in e['cat'] for e in t)" "$TMP/train.json"; then
   passes=$((passes + 1)); else echo "FAIL: profile traces are not the expected Chrome traces"; failures=$((failures + 1)); fi
+# Mixed precision (docs/precision.md): bf16 data as a uint16 .npy of bit patterns or a TensorProto .pb.
+/usr/bin/python3 -c "import numpy as np, sys; np.save(sys.argv[1], np.array([[0x3f80, 0xc000, 0x7f80, 0], [0x4040]*4, [0x3e80]*4], np.uint16))" "$TMP/bf16.npy"
+expect 0 "output: FLOAT \[3,4\] \[1, -2, inf, 0, 3" -- "$RUN" "$DATA/node/test_cast_BFLOAT16_to_FLOAT/model.onnx" --input "input=$TMP/bf16.npy"
+expect 0 "PASSED" -- "$RUN" "$DATA/node/test_cast_BFLOAT16_to_FLOAT/model.onnx" --input "input=$DATA/node/test_cast_BFLOAT16_to_FLOAT/test_data_set_0/input_0.pb" --data-dir "$DATA/node/test_cast_BFLOAT16_to_FLOAT/test_data_set_0"
+expect 0 "weights: all [0-9]+ elements changed" -- "$RUN" "$M" --train "${D[@]}" --precision bf16 --save "$TMP/bf16.onnx"
+expect 0 "final loss" -- "$RUN" "$TMP/bf16.onnx" --train "${D[@]}" --steps 2 --precision fp16.32
+expect 2 "precision: fp8 not in" -- "$RUN" "$M" --train "${D[@]}" --precision fp8
+expect 2 "error: --save-precision needs --save" -- "$RUN" "$M" --train "${D[@]}" --save-precision fp32
 # Training flags that make no sense.
 expect 2 "error: --steps and --epochs exclude each other" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --epochs 1
 expect 2 "error: --nesterov does not apply to --optimizer adam" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --nesterov
