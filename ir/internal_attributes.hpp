@@ -16,6 +16,9 @@ inline constexpr const char *kSalt = "popart_salt";
 inline constexpr const char *kUnbiasedRunningVar = "popart_unbiased_running_var";
 /// RNN, GRU, LSTM (training): bytes of the saved-state output the grad op reads.
 inline constexpr const char *kSavedBytes = "popart_saved_bytes";
+/// MatMul, Gemm (convertPrecision, fp16.16): 1 rounds the partial sums of the product to the
+/// operands' 16-bit type after every addition (PopART's partialsType half).
+inline constexpr const char *kHalfPartials = "popart_half_partials";
 /// RNNGrad, GRUGrad, LSTMGrad: the id of their forward op.
 inline constexpr const char *kForward = "popart_forward";
 

@@ -32,6 +32,7 @@ const std::vector<std::string> &inferencePipeline() {
       "fuseConvPool",
       "convertPrecision", // after the fusions, which match fp32 patterns (BatchNorm into Conv...)
       "foldCastIntoMatMul",
+      "markHalfPartials",
   };
   return pipeline;
 }
@@ -51,6 +52,7 @@ const std::vector<std::string> &trainingPipeline() {
       "buildGradients",
       "applyOptimizer",
       "inferShapes",
+      "markHalfPartials", // after autodiff: the gradient products too
       "removeDeadCode",
       "foldTransposesIntoMatMul",
       "fuseMaxPoolGradRelu",

@@ -72,6 +72,7 @@ ir::PrecisionPolicy precisionPolicy(const SessionOptions &options, bool training
     throw error("SessionOptions.precision is '", options.precision, "'; expected fp32, fp16.32, fp16.16 or bf16");
   // Inference has no optimiser: its weights are constants, converted where they are read.
   policy.masterWeights = training && mode != "fp16.16";
+  policy.halfPartials = mode == "fp16.16";
   return policy;
 }
 

@@ -7,6 +7,7 @@
 #include "backend_cpu/dnnl/pointwise_product.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
+#include "ir/internal_attributes.hpp"
 
 #include <algorithm>
 #include <string>
@@ -52,6 +53,8 @@ GemmSetup gemmSetup(const ir::Op &op) {
 }
 
 Support supportsGemm(const ir::Op &op) {
+  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
+    return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
   DataType t = op.inInfo(0).dataType();
   auto type = dnnl_util::dnnlType(t);
   if (!type || op.inInfo(1).dataType() != t)

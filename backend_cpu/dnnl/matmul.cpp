@@ -8,6 +8,7 @@
 #include "backend_cpu/dnnl/pointwise_product.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
 #include <algorithm>
@@ -135,6 +136,8 @@ memory::desc residualDesc(const ir::Op &op, const memory::desc &mdY) {
 }
 
 Support supportsMatMul(const ir::Op &op) {
+  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
+    return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
   DataType t = op.inInfo(0).dataType();
   auto type = dnnl_util::dnnlType(t);
   if (!type || op.inInfo(1).dataType() != t)

@@ -3,6 +3,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/broadcast.hpp"
 #include "core/dispatch.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
 namespace popart::backend_cpu {
@@ -12,7 +13,8 @@ namespace {
 class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op)
-      : type_(op.inInfo(0).dataType()), floatOutput_(op.outInfo(0).dataType() == DataType::FLOAT) {
+      : type_(op.inInfo(0).dataType()), floatOutput_(op.outInfo(0).dataType() == DataType::FLOAT),
+        halfPartials_(op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0) {
     // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp).
     ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
     scale_ = op.fusion.scale.value_or(1.f);
@@ -92,8 +94,10 @@ private:
       for (int64_t i = 0; i < m_; ++i)
         for (int64_t j = 0; j < n_; ++j) {
           C acc = bias ? static_cast<C>(bias[j]) : C(0);
-          for (int64_t p = 0; p < k_; ++p)
+          for (int64_t p = 0; p < k_; ++p) {
             acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
+            if (halfPartials_) acc = static_cast<C>(static_cast<T>(acc)); // fp16.16: 16-bit partials
+          }
           C v = scale_ == 1.f ? acc : acc * scale;
           if (relu_ && v < C(0)) v = C(0);               // fused by fuseRelu; NaN stays NaN
           int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
@@ -105,6 +109,7 @@ private:
 
   DataType type_; ///< of the operands
   bool floatOutput_;
+  bool halfPartials_; ///< internal_attr::kHalfPartials
   float scale_ = 1.f;
   bool relu_ = false; ///< fuseRelu
   int64_t m_, k_, n_, batches_;
@@ -117,7 +122,8 @@ public:
   explicit GemmKernel(const ir::Op &op)
       : type_(op.outInfo(0).dataType()), transA_(op.attrs.getInt("transA", 0) != 0),
         transB_(op.attrs.getInt("transB", 0) != 0), alpha_(op.attrs.getFloat("alpha", 1.f)),
-        beta_(op.attrs.getFloat("beta", 1.f)), relu_(op.fusion.relu()) {
+        beta_(op.attrs.getFloat("beta", 1.f)), relu_(op.fusion.relu()),
+        halfPartials_(op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0) {
     m_ = op.outInfo(0).dim(0);
     n_ = op.outInfo(0).dim(1);
     k_ = transA_ ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
@@ -139,6 +145,7 @@ public:
             C av = static_cast<C>(transA_ ? a[p * m_ + i] : a[i * k_ + p]);
             C bv = static_cast<C>(transB_ ? b[j * k_ + p] : b[p * n_ + j]);
             acc += av * bv;
+            if (halfPartials_) acc = static_cast<C>(static_cast<T>(acc)); // fp16.16: 16-bit partials
           }
           C v = static_cast<C>(alpha_) * acc;
           if (c) v += static_cast<C>(beta_) * static_cast<C>(c[i * cStrides_[0] + j * cStrides_[1]]);
@@ -153,6 +160,7 @@ private:
   bool transA_, transB_;
   float alpha_, beta_;
   bool relu_;
+  bool halfPartials_; ///< internal_attr::kHalfPartials
   int64_t m_, n_, k_;
   std::vector<int64_t> cStrides_;
 };

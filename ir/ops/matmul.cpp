@@ -1,5 +1,6 @@
 // MatMul (numpy semantics) and Gemm.
 
+#include "ir/internal_attributes.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 #include "ir/ops/matmul_layout.hpp"
@@ -148,10 +149,12 @@ void registerMatMulOps(OpRegistry &r) {
   matmul.fusionFields =
       fusionFieldBits({FusionField::Scale, FusionField::Bias, FusionField::Residual, FusionField::Relu,
                        FusionField::Transpose, FusionField::Permute, FusionField::OutputType});
+  matmul.internalAttributes = {internal_attr::kHalfPartials}; // fp16.16 (convertPrecision)
   r.add(matmul);
   OpDef gemm = makeDef("Gemm", 1, 1000, setupGemm);
   gemm.flops = gemmFlops;
   gemm.fusionFields = fusionFieldBits({FusionField::Relu});
+  gemm.internalAttributes = {internal_attr::kHalfPartials};
   r.add(gemm);
 }
 

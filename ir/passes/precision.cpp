@@ -3,6 +3,7 @@
 // tensor is cast once per type it is read in, so the casts sit on tensors, not on consumers.
 
 #include "ir/passes/precision.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
 
@@ -254,6 +255,19 @@ int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vec
   return Converter(graph, policy, keep).run();
 }
 
+int markHalfPartials(Graph &graph, const PrecisionPolicy &policy) {
+  if (!policy.halfPartials) return 0;
+  int marked = 0;
+  for (const auto &op : graph.ops()) {
+    if (op->domain != "ai.onnx" || (op->type != "MatMul" && op->type != "Gemm") || !op->hasInput(0)) continue;
+    DataType t = op->inInfo(0).dataType();
+    if (t != DataType::FLOAT16 && t != DataType::BFLOAT16) continue;
+    op->attrs.set(internal_attr::kHalfPartials, int64_t{1});
+    ++marked;
+  }
+  return marked;
+}
+
 void registerPrecisionPasses(PassRegistry &r) {
   r.add({
       .name = "convertPrecision",
@@ -262,6 +276,12 @@ void registerPrecisionPasses(PassRegistry &r) {
       .needs = ShapesInferred,
       .before = GradientsBuilt,
       .run = [](Graph &g, PassContext &c) { return convertPrecision(g, c.state<PrecisionPolicy>(), c.keep); },
+  });
+  r.add({
+      .name = "markHalfPartials",
+      .purpose = "fp16.16: 16-bit MatMul and Gemm ops, forward and gradient, round their partial sums to 16 bits",
+      .needs = ShapesInferred,
+      .run = [](Graph &g, PassContext &c) { return markHalfPartials(g, c.state<PrecisionPolicy>()); },
   });
 }
 

@@ -16,6 +16,9 @@ struct PrecisionPolicy {
   /// FLOAT Variables stay FLOAT (the master copy the optimiser updates) and the forward pass reads
   /// them through one Cast each; false converts them in place (fp16.16: no master copy).
   bool masterWeights = true;
+  /// fp16.16: MatMul and Gemm of 16-bit operands round their partial sums to 16 bits after every
+  /// addition (PopART's partialsType half; markHalfPartials), instead of accumulating in fp32.
+  bool halfPartials = false;
 };
 
 /// How convertPrecision treats an op type (docs/precision.md lists them).
@@ -49,5 +52,9 @@ PrecisionClass precisionClass(const Op &op);
 /// cast), and the tensors in \p keep and the graph's outputs keep their types (a Cast writes them).
 /// Tensors that decide shapes are left alone. Returns the number of casts and conversions made.
 int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep);
+
+/// With \p policy.halfPartials, marks every MatMul and Gemm of 16-bit operands (forward and
+/// gradient ones alike) with internal_attr::kHalfPartials; returns how many.
+int markHalfPartials(Graph &graph, const PrecisionPolicy &policy);
 
 } // namespace popart::ir

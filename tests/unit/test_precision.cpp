@@ -8,6 +8,7 @@
 
 #include "core/half.hpp"
 #include "ir/graph.hpp"
+#include "ir/internal_attributes.hpp"
 #include "ir/passes/passes.hpp"
 #include "ir/passes/precision.hpp"
 #include "ir/verify.hpp"
@@ -520,4 +521,59 @@ TEST(Precision, CheckpointsResumeBitIdenticallyInEveryModeAndRefuseAnotherMode) 
               other->loadCheckpoint(dir + "/fp16.32.ckpt");
             }).find("it was written in precision mode fp16.32, the session uses bf16"),
             std::string::npos);
+}
+
+TEST(Precision, HalfPartialsRoundEveryPartialSumInFp16And16) {
+  // A sum of 4096 products 1 · 2^-11: with fp32 partials it is 2; rounded to fp16 after every
+  // addition it stalls at 1, where 1 + 2^-11 is a tie that rounds back to 1 (fp16 has 10 bits).
+  const int64_t k = 4096;
+  ir::Graph g;
+  ir::registerBuiltinOps();
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("a", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT16, {1, k}));
+  g.addInput("a");
+  g.addTensor("b", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT16, {k, 1}));
+  g.addInput("b");
+  g.addOp("MatMul", "", 13, "mm", {}, {"a", "b"}, {"y"});
+  g.addOutput("y");
+  ir::inferShapes(g, nullptr);
+  ir::PrecisionPolicy policy;
+  policy.low = DataType::FLOAT16;
+  EXPECT_EQ(ir::markHalfPartials(g, policy), 0) << "only fp16.16 rounds its partials";
+  policy.halfPartials = true;
+  ASSERT_EQ(ir::markHalfPartials(g, policy), 1);
+  ir::verifyGraph(g, "");
+  std::vector<uint16_t> a(static_cast<size_t>(k), floatToHalf(1.0f)),
+      b(static_cast<size_t>(k), floatToHalf(1.0f / 2048));
+  backend_cpu::registerBuiltinKernels();
+  auto run = [&](const ir::Op &op, backend_cpu::KernelProvider provider) {
+    uint16_t y = 0;
+    const void *ins[] = {a.data(), b.data()};
+    void *outs[] = {&y};
+    backend_cpu::createKernel(op, provider)->run({ins, 2, outs, 1});
+    return halfToFloat(y);
+  };
+  ir::Op &mm = *g.ops()[0];
+  EXPECT_EQ(run(mm, backend_cpu::KernelProvider::Any), 1.0f) << "fp16 partials stall at 1";
+  mm.attrs.set(ir::internal_attr::kHalfPartials, int64_t{0});
+  EXPECT_EQ(run(mm, backend_cpu::KernelProvider::Any), 2.0f) << "fp32 partials reach 2";
+}
+
+TEST(Precision, Fp16And16MarksTheForwardAndGradientProducts) {
+  TensorId lossId;
+  std::string model = mlp(&lossId);
+  for (const char *mode : {"fp16.16", "fp16.32"}) {
+    auto s = session(model, lossId, mode);
+    std::string ir = s->dumpIr();
+    size_t marked = 0, pos = 0;
+    while ((pos = ir.find("popart_half_partials=1", pos)) != std::string::npos) {
+      ++marked;
+      ++pos;
+    }
+    // Two Gemms forward; their gradients: two weight products and one data product.
+    if (std::string(mode) == "fp16.16")
+      EXPECT_GE(marked, 5u) << ir;
+    else
+      EXPECT_EQ(marked, 0u) << ir;
+  }
 }
