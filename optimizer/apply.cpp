@@ -42,10 +42,17 @@ TensorId variable(ir::Graph &g, const std::string &hint, const TensorInfo &info,
 
 bool trainableType(DataType t) { return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
 
-/// The info of \p weight's state and gradient accumulator: its shape, in options.stateType if
-/// that is set, else in the weight's type.
+/// The info of \p weight's first-order state and gradient accumulator: its shape, in
+/// options.stateType if that is set, else in the weight's type.
 TensorInfo stateInfo(const TensorInfo &weight, const ApplyOptions &options) {
   return {options.stateType == DataType::UNDEFINED ? weight.dataType() : options.stateType, weight.shape()};
+}
+
+/// The info of \p weight's second-order state: in options.secondMomentType if that is set, else
+/// as stateInfo.
+TensorInfo secondMomentInfo(const TensorInfo &weight, const ApplyOptions &options) {
+  if (options.secondMomentType == DataType::UNDEFINED) return stateInfo(weight, options);
+  return {options.secondMomentType, weight.shape()};
 }
 
 size_t hyperParameterCount(const Optimizer &o) {
@@ -62,6 +69,9 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   if (options.stateType != DataType::UNDEFINED && options.stateType != DataType::FLOAT)
     throw error("the optimiser state type must be UNDEFINED (the weight's type) or FLOAT, not ",
                 toString(options.stateType));
+  if (options.secondMomentType != DataType::UNDEFINED && options.secondMomentType != DataType::FLOAT)
+    throw error("the optimiser's second-moment type must be UNDEFINED (as the state type) or FLOAT, not ",
+                toString(options.secondMomentType));
   AppliedOptimizer result;
   const TensorInfo scalar(DataType::FLOAT, {});
   result.gradScale = variable(g, "popart_grad_scale", scalar, 1.0f);
@@ -149,8 +159,10 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
     std::vector<TensorId> out{g.uniqueId(u.weight + "_updated")};
     ir::Attributes attrs;
     std::string type;
-    auto addState = [&](const std::string &prefix, float fill = 0.0f) {
-      TensorId s = variable(g, prefix + "_" + u.weight, stateInfo(info, options), fill);
+    enum Order { First, Second };
+    auto addState = [&](const std::string &prefix, Order order, float fill = 0.0f) {
+      TensorId s = variable(g, prefix + "_" + u.weight,
+                            order == Second ? secondMomentInfo(info, options) : stateInfo(info, options), fill);
       u.state.push_back(s);
       in.push_back(s);
       out.push_back(g.uniqueId(s + "_updated"));
@@ -169,7 +181,7 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
       if (!opt.get("velocityScaling", u.weight).isConst() || opt.get("velocityScaling", u.weight).val() <= 0.0f)
         throw error("SGD: velocityScaling must be const and positive");
       attrs.set("nesterov", int64_t{nesterov ? 1 : 0});
-      if (!mom.isConst() || mom.val() != 0.0f) addState("velocity");
+      if (!mom.isConst() || mom.val() != 0.0f) addState("velocity", First);
     } else if (adam) {
       type = "AdamUpdate";
       AdamMode mode = adam->mode();
@@ -177,22 +189,22 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
                                     : mode == AdamMode::Lamb || mode == AdamMode::LambNoBias ? "lamb"
                                                                                              : "adam"));
       attrs.set("decoupled", int64_t{adam->decayMode() == WeightDecayMode::Decay ? 1 : 0});
-      addState("adam_m");
-      addState(mode == AdamMode::AdaMax ? "adamax_u" : "adam_v");
+      addState("adam_m", First);
+      addState(mode == AdamMode::AdaMax ? "adamax_u" : "adam_v", Second);
     } else if (adaptive) {
       type = "AdaptiveUpdate";
       AdaptiveMode mode = adaptive->mode();
       attrs.set("mode", adaptive->name());
       if (mode == AdaptiveMode::AdaGrad) {
-        addState("adagrad_sum", opt.get("initialAccumulator", u.weight).val());
+        addState("adagrad_sum", Second, opt.get("initialAccumulator", u.weight).val());
       } else {
-        addState("rmsprop_sq");
+        addState("rmsprop_sq", Second);
         if (mode == AdaptiveMode::CenteredRMSProp)
-          addState("rmsprop_avg");
+          addState("rmsprop_avg", Second);
         else
           skipState();
         OptimizerValue mom = opt.get("momentum", u.weight);
-        if (!mom.isConst() || mom.val() != 0.0f) addState("rmsprop_buf");
+        if (!mom.isConst() || mom.val() != 0.0f) addState("rmsprop_buf", First);
       }
     } else {
       throw error("unsupported optimiser '", opt.name(), "'");

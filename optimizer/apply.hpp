@@ -34,6 +34,13 @@ struct ApplyOptions {
   /// fp16.16). FLOAT: fp32 state for 16-bit weights. The state of FLOAT weights is FLOAT either
   /// way; hyperparameters, the loss scale and the gradient scale are always FLOAT.
   DataType stateType = DataType::UNDEFINED;
+  /// Type of the second-order state, PopART's accl2Type: Adam's, AdamW's and LAMB's v, AdaMax's u,
+  /// RMSprop's square average (and centered RMSprop's gradient average), AdaGrad's sum of squares.
+  /// UNDEFINED: stateType's rule (stateType if set, else the weight's type). FLOAT keeps it fp32
+  /// beside 16-bit weights and first-order state (SGD's velocity, Adam's m, RMSprop's momentum
+  /// follow stateType): a squared fp16 gradient below ~2.4e-4 underflows, and Adam's step then
+  /// divides m by ε. The session asks for FLOAT (docs/precision.md).
+  DataType secondMomentType = DataType::UNDEFINED;
 };
 
 struct AppliedOptimizer {

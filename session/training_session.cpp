@@ -72,6 +72,11 @@ void TrainingSession::Impl::compile() {
   opt.optimizer = optimizer.get();
   opt.options.accumulationFactor = accumulation();
   opt.options.checkFinite = dynamicScaling();
+  // Second moments in fp32 in every mode (PopART's accl2Type float). It decides the state of the
+  // 16-bit Variables, fp16.16's weights and those of a model.half() model: in fp16 a squared
+  // gradient below ~2.4e-4 underflows and Adam divides m by ε; in bfloat16 v can never decrease
+  // (β2 = 0.999 moves it by less than half a unit). FLOAT weights' state is FLOAT anyway.
+  opt.options.secondMomentType = DataType::FLOAT;
   // Recurrent ops keep oneDNN's workspace for their grad ops instead of the grad ops
   // recomputing the forward pass.
   if (options.kernels != "reference")

@@ -1,5 +1,6 @@
 // Fast optimiser updates: SGDUpdate (plain and with momentum) and AdamUpdate in mode "adam", for
-// FLOAT, FLOAT16 and BFLOAT16 weights with gradient and state in the weight's type or FLOAT.
+// FLOAT, FLOAT16 and BFLOAT16 weights with gradient and state in the weight's type or FLOAT
+// (UpdateTypes: the second moment FLOAT or the first moment's type).
 //
 // - f32 Adam / AdamW through vec::adamStep, built for AVX2 and AVX-512 (sqrt and divide): built
 //   for baseline x86-64, as the reference is, it ran BERT's AdamW at 13.5 GB/s, compute-bound;
@@ -11,7 +12,8 @@
 //   contraction, so it computes the reference's bits; it is memory-bound either way.
 // - 16-bit weights, gradients or state: blocks of kBlock elements are widened to float on the
 //   stack (F16C for fp16 where the CPU has it, integer shifts for bfloat16), updated by the f32
-//   loops and rounded back to nearest even, each stored value once, as the reference does.
+//   loops and rounded back to nearest even, each stored value once, as the reference does. Adam's
+//   second moment may be FLOAT beside a 16-bit first moment (fp16.16): it is then read in place.
 //
 // Like the reference kernels these split into ranges (Kernel::rangeElements) that the plan merges
 // across weights into one parallel step.
@@ -199,15 +201,16 @@ template <typename T> void storeFloats(const float *f, T *x, int64_t n) {
 }
 
 /// Runs \p step(g, w, s0, s1, count) on float views of elements [begin, end) of the gradient,
-/// the weight and up to two state tensors (null when absent): in place for float, in blocks
-/// widened on the stack and rounded back otherwise.
-template <typename T, typename Step>
-void inFloatBlocks(const typename T::Grad *g, typename T::Weight *w, typename T::State *s0, typename T::State *s1,
-                   int64_t begin, int64_t end, Step &&step) {
+/// the weight and up to two state tensors (null when absent; \p S0 and \p S1 the weight's type
+/// or FLOAT, each its own): in place when all are float, else in blocks widened on the stack and
+/// rounded back.
+template <typename T, typename S0, typename S1, typename Step>
+void inFloatBlocks(const typename T::Grad *g, typename T::Weight *w, S0 *s0, S1 *s1, int64_t begin, int64_t end,
+                   Step &&step) {
   using W = typename T::Weight;
   using G = typename T::Grad;
-  using S = typename T::State;
-  if constexpr (std::is_same_v<W, float> && std::is_same_v<G, float> && std::is_same_v<S, float>) {
+  if constexpr (std::is_same_v<W, float> && std::is_same_v<G, float> && std::is_same_v<S0, float> &&
+                std::is_same_v<S1, float>) {
     step(g + begin, w + begin, s0 ? s0 + begin : nullptr, s1 ? s1 + begin : nullptr, end - begin);
   } else {
     float gBuffer[kBlock], wBuffer[kBlock], s0Buffer[kBlock], s1Buffer[kBlock];
@@ -293,8 +296,8 @@ private:
     const float lr = hp[0], b1 = hp[1], b2 = hp[2], eps = hp[3], wd = hp[4], bc1 = hp[5], bc2 = hp[6];
     const float gs = *a.in<float>(3), l2 = decoupled_ ? 0.0f : wd;
     const float stepSize = lr / bc1, bc2Sqrt = std::sqrt(bc2), decay = decoupled_ ? 1.0f - lr * wd : 1.0f;
-    using S = typename T::State;
-    inFloatBlocks<T>(a.in<typename T::Grad>(1), a.out<typename T::Weight>(0), a.out<S>(1), a.out<S>(2), begin, end,
+    inFloatBlocks<T>(a.in<typename T::Grad>(1), a.out<typename T::Weight>(0), a.out<typename T::State>(1),
+                     a.out<typename T::SecondMoment>(2), begin, end,
                      [&](const float *g, float *w, float *m, float *v, int64_t n) {
                        vec::adamStep(g, w, m, v, n, gs, l2, b1, b2, decay, stepSize, bc2Sqrt, eps);
                      });

@@ -96,7 +96,8 @@ private:
     float lr, b1, b2, eps, wd, bc1, bc2, maxNorm, gs, l2;
     const typename T::Grad *g;
     typename T::Weight *w;
-    typename T::State *m, *v;
+    typename T::State *m;
+    typename T::SecondMoment *v;
   };
   template <typename T> Buffers<T> buffers(const KernelArgs &a) const {
     const float *hp = a.in<float>(2);
@@ -113,12 +114,13 @@ private:
             a.in<typename T::Grad>(1),
             a.out<typename T::Weight>(0),
             a.out<typename T::State>(1),
-            a.out<typename T::State>(2)}; // both moments: checked at creation
+            a.out<typename T::SecondMoment>(2)}; // both moments: checked at creation
   }
 
   template <typename T> void adam(const KernelArgs &a, int64_t begin, int64_t end) {
     using W = typename T::Weight;
     using S = typename T::State;
+    using S2 = typename T::SecondMoment;
     const Buffers<T> b = buffers<T>(a);
     const float b1 = b.b1, b2 = b.b2, eps = b.eps, gs = b.gs, l2 = b.l2;
     const float stepSize = b.lr / b.bc1, bc2Sqrt = std::sqrt(b.bc2), decay = decoupled_ ? 1.0f - b.lr * b.wd : 1.0f;
@@ -128,7 +130,7 @@ private:
       const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
       const float vi = b2 * ld(b.v[i]) + (1.0f - b2) * gi * gi;
       b.m[i] = st<S>(mi);
-      b.v[i] = st<S>(vi);
+      b.v[i] = st<S2>(vi);
       b.w[i] = st<W>(wi * decay - stepSize * mi / (std::sqrt(vi) / bc2Sqrt + eps));
     }
   }
@@ -136,6 +138,7 @@ private:
   template <typename T> void adamax(const KernelArgs &a, int64_t begin, int64_t end) {
     using W = typename T::Weight;
     using S = typename T::State;
+    using S2 = typename T::SecondMoment;
     const Buffers<T> b = buffers<T>(a);
     const float b1 = b.b1, b2 = b.b2, eps = b.eps, gs = b.gs, l2 = b.l2;
     const float stepSize = b.lr / b.bc1, decay = 1.0f - b.lr * b.wd;
@@ -145,7 +148,7 @@ private:
       const float mi = b1 * ld(b.m[i]) + (1.0f - b1) * gi;
       const float ui = std::max(b2 * ld(b.v[i]), std::abs(gi) + eps);
       b.m[i] = st<S>(mi);
-      b.v[i] = st<S>(ui);
+      b.v[i] = st<S2>(ui);
       if (decoupled_) wi *= decay;
       b.w[i] = st<W>(wi - stepSize * mi / ui);
     }
@@ -158,6 +161,7 @@ private:
   template <typename T> void lamb(const KernelArgs &a) {
     using W = typename T::Weight;
     using S = typename T::State;
+    using S2 = typename T::SecondMoment;
     const Buffers<T> b = buffers<T>(a);
     const float lr = b.lr, b1 = b.b1, b2 = b.b2, eps = b.eps, wd = b.wd, bc1 = b.bc1, bc2 = b.bc2, maxNorm = b.maxNorm,
                 gs = b.gs, l2 = b.l2;
@@ -185,7 +189,7 @@ private:
       const float wi = ld(b.w[i]);
       const Moments next = moments(i, wi);
       b.m[i] = st<S>(next.m);
-      b.v[i] = st<S>(next.v);
+      b.v[i] = st<S2>(next.v);
       b.w[i] = st<W>(wi - lr * ratio * next.u);
     }
   }
@@ -216,20 +220,21 @@ private:
     using W = typename T::Weight;
     using G = typename T::Grad;
     using S = typename T::State;
+    using S2 = typename T::SecondMoment;
     const float *hp = a.in<float>(2);
     const float lr = hp[0], alpha = hp[1], mom = hp[2], eps = hp[3], wd = hp[4];
     const float gs = *a.in<float>(3);
     const G *g = a.in<G>(1);
     W *w = a.out<W>(0);
-    S *sq = state<S>(a, 0);
-    S *ga = state<S>(a, 1);
+    S2 *sq = state<S2>(a, 0);
+    S2 *ga = state<S2>(a, 1);
     S *buf = state<S>(a, 2);
     if (mode_ == "adagrad") {
       for (int64_t i = begin; i < end; ++i) {
         const float wi = ld(w[i]);
         const float gi = ld(g[i]) * gs + wd * wi;
         const float sqi = ld(sq[i]) + gi * gi;
-        sq[i] = st<S>(sqi);
+        sq[i] = st<S2>(sqi);
         w[i] = st<W>(wi - lr * gi / (std::sqrt(sqi) + eps));
       }
       return;
@@ -238,11 +243,11 @@ private:
       const float wi = ld(w[i]);
       const float gi = ld(g[i]) * gs + wd * wi;
       const float sqi = alpha * ld(sq[i]) + (1.0f - alpha) * gi * gi;
-      sq[i] = st<S>(sqi);
+      sq[i] = st<S2>(sqi);
       float avg;
       if (ga) {
         const float gai = alpha * ld(ga[i]) + (1.0f - alpha) * gi;
-        ga[i] = st<S>(gai);
+        ga[i] = st<S2>(gai);
         avg = std::sqrt(sqi - gai * gai) + eps;
       } else {
         avg = std::sqrt(sqi) + eps;

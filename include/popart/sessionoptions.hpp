@@ -83,7 +83,8 @@ struct SessionOptions {
   int64_t randomSeed = -1;
   /// Mixed precision with PopTorch's names (docs/precision.md): "fp32" (as the model is), "fp16.32"
   /// (fp16 weights, activations and gradients; fp32 partials, master weights and optimiser state),
-  /// "fp16.16" (as fp16.32, but the weights and the optimiser state are fp16: no master copy) or
+  /// "fp16.16" (as fp16.32, but fp16 weights and first-order state, no master copy, and MatMul
+  /// partial sums rounded to fp16; second moments stay fp32) or
   /// "bf16" (bfloat16 on oneDNN's bf16 kernels, fp32 master weights and state). Losses, batch
   /// statistics and large reductions stay fp32; graph inputs and outputs keep their types.
   std::string precision = "fp32";

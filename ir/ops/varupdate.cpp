@@ -7,7 +7,8 @@
 // state...] and output the weight and state updated in place. The gradient is multiplied by the
 // gradient scale first (1 / (loss scale · accumulation factor), times the clipping factor).
 // The weight is FLOAT, FLOAT16 or BFLOAT16; the gradient and each state tensor have its shape and
-// either its type or FLOAT (fp32 optimiser state, or a gradient accumulated in fp32).
+// either its type or FLOAT (fp32 optimiser state, or a gradient accumulated in fp32), each on its
+// own: fp16.16 keeps fp16 first-order state beside FLOAT second moments (optimizer/apply.hpp).
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"

@@ -1,9 +1,10 @@
 // Training of FLOAT16 and BFLOAT16 weights (PopTorch's fp16.16 and a model exported with
 // model.half()): the update kernels against the same computation in fp32 rounded to the storage
 // type after each step, the fast kernels against the reference, fp32 optimiser state
-// (ApplyOptions::stateType), 16-bit models trained through a session with every optimiser,
-// clipping, dynamic loss scaling, accumulation, checkpoints and weight I/O.
-// tests/parity/half_optim.py compares the 16-bit updates with torch.optim.
+// (ApplyOptions::stateType) and fp32 second moments beside 16-bit first-order state
+// (ApplyOptions::secondMomentType, the fp16.16 session's), 16-bit models trained through a session with every
+// optimiser, clipping, dynamic loss scaling, accumulation, checkpoints and weight I/O. tests/parity/half_optim.py
+// compares the 16-bit updates with torch.optim.
 
 #include "fast_cases.hpp"
 #include "op_runner.hpp"
@@ -177,10 +178,25 @@ std::vector<UpdateCase> updateCases() {
   return c;
 }
 
-/// One update op on typed buffers: weight of type \p w, gradient \p g, state \p s.
+/// Whether state tensor \p k of an update op of \p type is second-order (PopART's accl2): Adam's v
+/// (AdaMax's u), RMSprop's square and gradient averages, AdaGrad's sum.
+bool secondOrder(const std::string &type, size_t k) {
+  return (type == "AdamUpdate" && k == 1) || (type == "AdaptiveUpdate" && k <= 1);
+}
+
+/// The state types tested with weights of type \p w: {first-order, second-order}.
+std::vector<std::pair<DataType, DataType>> stateTypes(DataType w) {
+  if (w == DataType::FLOAT) return {{w, w}};
+  return {{w, w}, {w, DataType::FLOAT}, {DataType::FLOAT, DataType::FLOAT}};
+}
+
+/// One update op on typed buffers: weight of type \p w, gradient \p g, first-order state \p s and
+/// second-order state \p s2 (UNDEFINED: \p s).
 class TypedUpdate {
 public:
-  TypedUpdate(const UpdateCase &c, DataType w, DataType g, DataType s, int64_t n) : n_(n) {
+  TypedUpdate(const UpdateCase &c, DataType w, DataType g, DataType s, int64_t n, DataType s2 = DataType::UNDEFINED)
+      : n_(n) {
+    if (s2 == DataType::UNDEFINED) s2 = s;
     ir::registerBuiltinOps();
     backend_cpu::registerBuiltinKernels();
     const size_t hyper = c.type == "AdamUpdate" ? 8 : 6;
@@ -205,11 +221,12 @@ public:
         buffers_.emplace_back();
         continue;
       }
+      const DataType type = secondOrder(c.type, k) ? s2 : s;
       ins.push_back("state" + std::to_string(k));
-      graph_.addTensor(ins.back(), ir::TensorKind::Stream, TensorInfo(s, {n}));
+      graph_.addTensor(ins.back(), ir::TensorKind::Stream, TensorInfo(type, {n}));
       outs.push_back("state_out" + std::to_string(k));
       std::vector<float> init(static_cast<size_t>(n), k == 0 ? c.firstStateInit : 0.0f);
-      buffers_.push_back(tensorOf(s, init));
+      buffers_.push_back(tensorOf(type, init));
     }
     op_ = &graph_.addOp(c.type, "ai.graphcore", 1, c.type, c.attrs, ins, outs);
     op_->def->setup(*op_);
@@ -273,12 +290,13 @@ std::vector<std::vector<float>> gradients(int64_t n, int steps) {
   return g;
 }
 
-/// Runs \p c for 4 steps on weights of type \p w (gradient \p g, state \p s) and on an fp32 copy
-/// of the same op, whose weight and state are rounded to the storage types after each step and
-/// whose gradients are the 16-bit ones; expects the two within \p ulps of the storage type.
-void compareWithRoundedFloat(const UpdateCase &c, DataType w, DataType g, DataType s, KernelProvider provider,
-                             int64_t n, double ulps) {
-  TypedUpdate typed(c, w, g, s, n), shadow(c, DataType::FLOAT, DataType::FLOAT, DataType::FLOAT, n);
+/// Runs \p c for 4 steps on weights of type \p w (gradient \p g, first-order state \p s,
+/// second-order state \p s2) and on an fp32 copy of the same op, whose weight and state are
+/// rounded to the storage types after each step and whose gradients are the 16-bit ones; expects
+/// the two within \p ulps of the storage type.
+void compareWithRoundedFloat(const UpdateCase &c, DataType w, DataType g, DataType s, DataType s2,
+                             KernelProvider provider, int64_t n, double ulps) {
+  TypedUpdate typed(c, w, g, s, n, s2), shadow(c, DataType::FLOAT, DataType::FLOAT, DataType::FLOAT, n);
   for (size_t k = 0; k < typed.bufferCount(); ++k)
     if (!typed.values(k).empty()) shadow.set(k, typed.values(k));
   auto tk = typed.kernel(provider), sk = shadow.kernel(KernelProvider::Reference);
@@ -297,12 +315,12 @@ void compareWithRoundedFloat(const UpdateCase &c, DataType w, DataType g, DataTy
         x = roundTo(typed.type(k), x);
       shadow.set(k, v);
       expectWithinUlps(typed.values(k), v, typed.type(k), ulps,
-                       c.name + " " + toString(w) + " state " + toString(s) + " step " + std::to_string(t) +
-                           " buffer " + std::to_string(k));
+                       c.name + " " + toString(w) + " state " + toString(s) + "/" + toString(s2) + " step " +
+                           std::to_string(t) + " buffer " + std::to_string(k));
     }
     if (::testing::Test::HasFatalFailure()) return;
   }
-  EXPECT_NE(typed.values(0), TypedUpdate(c, w, g, s, n).values(0)) << c.name << ": no update";
+  EXPECT_NE(typed.values(0), TypedUpdate(c, w, g, s, n, s2).values(0)) << c.name << ": no update";
 }
 
 /// acc += g by the reference Accumulate kernel on one-element tensors; returns acc.
@@ -328,19 +346,21 @@ TEST(HalfUpdateKernels, EachOptimiserMatchesFp32RoundedToTheStorageTypeAfterEach
   // fp32 step rounded: the same bits.
   for (const UpdateCase &c : updateCases())
     for (DataType w : {DataType::FLOAT16, DataType::BFLOAT16})
-      for (DataType s : {w, DataType::FLOAT}) {
-        compareWithRoundedFloat(c, w, w, s, KernelProvider::Reference, 203, 0.0);
+      for (const auto &[s, s2] : stateTypes(w)) {
+        compareWithRoundedFloat(c, w, w, s, s2, KernelProvider::Reference, 203, 0.0);
         if (::testing::Test::HasFatalFailure()) return;
       }
 }
 
 TEST(HalfUpdateKernels, FloatGradientsOfAccumulatedMicroBatchesUpdate16BitWeights) {
   // With fp32 state the gradient accumulator is fp32 too, and the update reads it.
+  // fp16.16 with accumulation: a FLOAT accumulator, 16-bit first-order and FLOAT second-order state.
   for (const UpdateCase &c : updateCases())
-    for (DataType w : {DataType::FLOAT16, DataType::BFLOAT16}) {
-      compareWithRoundedFloat(c, w, DataType::FLOAT, DataType::FLOAT, KernelProvider::Reference, 64, 1.0);
-      if (::testing::Test::HasFatalFailure()) return;
-    }
+    for (DataType w : {DataType::FLOAT16, DataType::BFLOAT16})
+      for (DataType s : {w, DataType::FLOAT}) {
+        compareWithRoundedFloat(c, w, DataType::FLOAT, s, DataType::FLOAT, KernelProvider::Reference, 64, 1.0);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
 }
 
 TEST(HalfUpdateKernels, FastSgdAndAdamMatchTheReference) {
@@ -352,11 +372,11 @@ TEST(HalfUpdateKernels, FastSgdAndAdamMatchTheReference) {
   for (const UpdateCase &c : updateCases()) {
     if (c.type == "AdaptiveUpdate" || (c.type == "AdamUpdate" && c.attrs.getString("mode", "adam") != "adam")) continue;
     for (DataType w : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16})
-      for (DataType s : {w, DataType::FLOAT})
+      for (const auto &[s, s2] : stateTypes(w))
         for (DataType g : {w, DataType::FLOAT})
           for (int64_t n : {int64_t{203}, int64_t{1500}, int64_t{70001}}) {
-            if (n == 70001 && (s != w || g != w)) continue;
-            TypedUpdate fast(c, w, g, s, n), ref(c, w, g, s, n);
+            if (n == 70001 && (s != w || g != w)) continue; // threads: fp16.16's combinations
+            TypedUpdate fast(c, w, g, s, n, s2), ref(c, w, g, s, n, s2);
             EXPECT_EQ(fast.op().type, c.type);
             auto fk = fast.kernel(KernelProvider::Fast), rk = ref.kernel(KernelProvider::Reference);
             const auto grads = gradients(n, 4);
@@ -366,8 +386,8 @@ TEST(HalfUpdateKernels, FastSgdAndAdamMatchTheReference) {
               ref.step(*rk, grads[static_cast<size_t>(t - 1)], c.hyper(t), gs);
               for (size_t k = 0; k < fast.bufferCount(); ++k) {
                 const std::string what = c.name + " " + toString(w) + " grad " + toString(g) + " state " + toString(s) +
-                                         " n " + std::to_string(n) + " step " + std::to_string(t) + " buffer " +
-                                         std::to_string(k);
+                                         "/" + toString(s2) + " n " + std::to_string(n) + " step " + std::to_string(t) +
+                                         " buffer " + std::to_string(k);
                 if (c.type == "SGDUpdate")
                   ASSERT_EQ(fast.values(k), ref.values(k)) << what;
                 else if (fast.type(k) != DataType::FLOAT) // a rounding to the other neighbour a step
@@ -385,28 +405,99 @@ TEST(HalfUpdateKernels, FastRangesGiveTheBitsOfAWholeRunWhereverTheyAreCut) {
   const std::vector<int64_t> cuts{1, 2, 3, 17, 31, 100, 511, 512, 513, 1024, 1400, 1499};
   for (const UpdateCase &c : updateCases()) {
     if (c.name != "sgd" && c.name != "sgd momentum dampening wd" && c.name != "adamw") continue;
-    for (DataType w : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16}) {
-      TypedUpdate whole(c, w, w, w, 1500), split(c, w, w, w, 1500);
-      auto wk = whole.kernel(KernelProvider::Fast), sk = split.kernel(KernelProvider::Fast);
-      const auto grads = gradients(1500, 3);
-      for (int t = 1; t <= 3; ++t) {
-        whole.step(*wk, grads[static_cast<size_t>(t - 1)], c.hyper(t), 1.0f);
-        split.step(*sk, grads[static_cast<size_t>(t - 1)], c.hyper(t), 1.0f, cuts);
+    for (DataType w : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16})
+      for (const auto &[s, s2] : stateTypes(w)) {
+        TypedUpdate whole(c, w, w, s, 1500, s2), split(c, w, w, s, 1500, s2);
+        auto wk = whole.kernel(KernelProvider::Fast), sk = split.kernel(KernelProvider::Fast);
+        const auto grads = gradients(1500, 3);
+        for (int t = 1; t <= 3; ++t) {
+          whole.step(*wk, grads[static_cast<size_t>(t - 1)], c.hyper(t), 1.0f);
+          split.step(*sk, grads[static_cast<size_t>(t - 1)], c.hyper(t), 1.0f, cuts);
+        }
+        for (size_t k = 0; k < whole.bufferCount(); ++k)
+          EXPECT_EQ(whole.values(k), split.values(k))
+              << c.name << " " << toString(w) << " state " << toString(s) << "/" << toString(s2) << " buffer " << k;
       }
-      for (size_t k = 0; k < whole.bufferCount(); ++k)
-        EXPECT_EQ(whole.values(k), split.values(k)) << c.name << " " << toString(w) << " buffer " << k;
-    }
   }
 }
 
 TEST(HalfUpdateKernels, FastKernelsAreChosenFor16BitWeightsAndFloatStateAndNotForOtherTypes) {
-  const UpdateCase sgd = updateCases()[1];
+  const UpdateCase sgd = updateCases()[1], adamw = updateCases()[4];
+  ASSERT_EQ(adamw.name, "adamw");
   for (DataType w : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16})
-    for (DataType s : {w, DataType::FLOAT}) {
-      TypedUpdate u(sgd, w, w, s, 10);
-      const backend_cpu::KernelEntry *e = backend_cpu::KernelRegistry::instance().find(u.op(), KernelProvider::Any);
-      ASSERT_NE(e, nullptr);
-      EXPECT_EQ(e->provider, KernelProvider::Fast) << toString(w) << " state " << toString(s);
+    for (const auto &[s, s2] : stateTypes(w))
+      for (const UpdateCase *c : {&sgd, &adamw}) {
+        TypedUpdate u(*c, w, w, s, 10, s2);
+        const backend_cpu::KernelEntry *e = backend_cpu::KernelRegistry::instance().find(u.op(), KernelProvider::Any);
+        ASSERT_NE(e, nullptr);
+        EXPECT_EQ(e->provider, KernelProvider::Fast)
+            << c->name << " " << toString(w) << " state " << toString(s) << "/" << toString(s2);
+      }
+}
+
+TEST(HalfUpdateKernels, AFloatFirstMomentBesideA16BitSecondMomentHasNoKernel) {
+  // The kernels take the second-order state FLOAT or of the first-order state's type
+  // (UpdateTypes<W, G, S, S2>); the reverse has no use and no instantiation.
+  const DataType h = DataType::FLOAT16, f = DataType::FLOAT;
+  const UpdateCase adamw = updateCases()[4], centered = updateCases()[10];
+  ASSERT_EQ(centered.name, "centered rmsprop momentum");
+  TypedUpdate rms(centered, h, h, h, 4, f);
+  EXPECT_EQ(rms.type(1), f); // square average
+  EXPECT_EQ(rms.type(2), f); // gradient average
+  EXPECT_EQ(rms.type(3), h); // momentum buffer
+  const auto &registry = backend_cpu::KernelRegistry::instance();
+  EXPECT_NE(registry.find(rms.op(), KernelProvider::Reference), nullptr);
+  EXPECT_NE(registry.find(TypedUpdate(adamw, h, h, h, 4, f).op(), KernelProvider::Reference), nullptr);
+  TypedUpdate reversed(adamw, h, h, f, 4, h);
+  EXPECT_EQ(registry.find(reversed.op(), KernelProvider::Any), nullptr);
+  EXPECT_THROW(reversed.kernel(KernelProvider::Reference), error);
+}
+
+TEST(HalfUpdateKernels, Fp16SecondMomentsUnderflowAndBlowAdamUpWhereFloatOnesTrain) {
+  // Adam with PyTorch's defaults (lr 1e-3, eps 1e-8) on fp16 weights whose gradients are about
+  // 1e-4 for 5 steps and then 0 (an input feature absent from the next batches, a ReLU gone
+  // quiet): (1 - β2)·g² ≈ 1e-11 is below fp16's smallest subnormal (6e-8), so an fp16 v stays 0.
+  // The step computes the new v in fp32 before rounding it, so while g ≠ 0 the update is still
+  // sane; once g = 0 the update is lr·m̂/ε with m ≈ 0.4·g: about 10 per step, and the weights blow
+  // up. A FLOAT v keeps Adam's steps at most lr each (m̂/√v̂ <= 1 here).
+  const int64_t n = 64;
+  const float lr = 1e-3f;
+  UpdateCase adam{"adam", "AdamUpdate", attrsOf({{"mode", "adam"}}, {{"decoupled", 0}}), {true, true}, [&](int t) {
+                    auto hp = adamHyper(lr, 0, 0, true, t);
+                    hp[3] = 1e-8f;
+                    return hp;
+                  }};
+  std::vector<float> grad(static_cast<size_t>(n));
+  for (size_t i = 0; i < grad.size(); ++i)
+    grad[i] = roundTo(DataType::FLOAT16, (i % 2 == 0 ? 1.0f : -1.0f) * (5e-5f + 2e-4f * float(i) / float(n)));
+  const std::vector<float> zero(grad.size(), 0.0f);
+  for (KernelProvider provider : {KernelProvider::Reference, KernelProvider::Fast})
+    for (DataType s2 : {DataType::FLOAT16, DataType::FLOAT}) {
+      TypedUpdate u(adam, DataType::FLOAT16, DataType::FLOAT16, DataType::FLOAT16, n, s2);
+      const std::vector<float> w0 = u.values(0);
+      auto k = u.kernel(provider);
+      const int steps = 10;
+      for (int t = 1; t <= steps; ++t)
+        u.step(*k, t <= 5 ? grad : zero, adam.hyper(t), 1.0f);
+      const std::vector<float> w = u.values(0), v = u.values(2);
+      const std::string what =
+          std::string(provider == KernelProvider::Fast ? "fast" : "reference") + " second moment " + toString(s2);
+      if (s2 == DataType::FLOAT16) {
+        EXPECT_EQ(v, std::vector<float>(v.size(), 0.0f)) << what << ": v should have underflowed";
+        double largest = 0;
+        for (size_t i = 0; i < w.size(); ++i)
+          largest = std::isfinite(w[i]) ? std::max(largest, std::fabs(double(w[i]) - w0[i])) : HUGE_VAL;
+        EXPECT_GT(largest, 1000 * lr) << what << ": the steps should have blown up";
+        continue;
+      }
+      for (size_t i = 0; i < w.size(); ++i) {
+        ASSERT_GT(v[i], 0.0f) << what << " element " << i;
+        // Five steps of about lr while g ≠ 0, then shrinking ones as m decays faster than v;
+        // against the gradient's sign, give or take fp16's spacing below 1 (2^-11) a step.
+        const double moved = -std::copysign(1.0, grad[i]) * (double(w[i]) - w0[i]);
+        EXPECT_GE(moved, 5 * lr - steps * std::ldexp(1.0, -12)) << what << " element " << i;
+        EXPECT_LE(moved, steps * lr + steps * std::ldexp(1.0, -12)) << what << " element " << i;
+      }
     }
 }
 
@@ -527,6 +618,58 @@ TEST(HalfApplyOptimizer, StateTakesTheWeightsTypeUnlessFloatIsAsked) {
   optimizer::ApplyOptions wrong;
   wrong.stateType = DataType::DOUBLE;
   EXPECT_THROW(AppliedGraph(DataType::FLOAT16, adam, wrong), error);
+}
+
+TEST(HalfApplyOptimizer, SecondMomentsTakeSecondMomentTypeAndFirstOrderStateTheStateType) {
+  using P = Optimizer::Params;
+  struct Case {
+    std::string name;
+    std::shared_ptr<Optimizer> optimizer;
+    std::vector<bool> second; ///< per state tensor, in WeightUpdate::state order
+  };
+  const std::vector<Case> cases{
+      {"sgd momentum", std::make_shared<SGD>(P{{"defaultMomentum", {0.9f, true}}}), {false}},
+      {"adam", std::make_shared<Adam>(P{}, AdamMode::Adam), {false, true}},
+      {"adamax", std::make_shared<Adam>(P{}, AdamMode::AdaMax), {false, true}},
+      {"lamb", std::make_shared<Adam>(P{}, AdamMode::Lamb), {false, true}},
+      {"centered rmsprop momentum",
+       std::make_shared<Adaptive>(P{{"defaultMomentum", {0.5f, true}}}, AdaptiveMode::CenteredRMSProp),
+       {true, true, false}},
+      {"adagrad", std::make_shared<Adaptive>(P{}, AdaptiveMode::AdaGrad), {true}},
+  };
+  const DataType f = DataType::FLOAT;
+  for (DataType type : {DataType::FLOAT16, DataType::BFLOAT16})
+    for (const Case &c : cases)
+      for (DataType state : {DataType::UNDEFINED, f})
+        for (DataType second : {DataType::UNDEFINED, f}) {
+          optimizer::ApplyOptions options;
+          options.stateType = state;
+          options.secondMomentType = second;
+          options.accumulationFactor = 2;
+          AppliedGraph a(type, *c.optimizer, options);
+          const optimizer::WeightUpdate &u = a.applied.updates[0];
+          const std::string what =
+              toString(type) + " " + c.name + " state " + toString(state) + " second " + toString(second);
+          ASSERT_EQ(u.state.size(), c.second.size()) << what;
+          const DataType first = state == f ? f : type;
+          for (size_t k = 0; k < u.state.size(); ++k)
+            EXPECT_EQ(a.typeOf(u.state[k]), c.second[k] && second == f ? f : first) << what << " " << u.state[k];
+          EXPECT_EQ(a.typeOf(u.accumulator), first) << what; // the accumulator follows stateType
+          // The update runs: its kernel takes the mix.
+          options.accumulationFactor = 1;
+          AppliedGraph b(type, *c.optimizer, options);
+          backend_cpu::ExecutionPlan plan(b.graph, {});
+          TensorData g = tensorOf(type, {1e-4f, -2e-4f, 0.0f, 1.0f});
+          std::memcpy(plan.address("g"), g.data(), static_cast<size_t>(g.byteCount()));
+          plan.run();
+          plan.run();
+          TensorData w(TensorInfo(type, {4}), plan.address("w"));
+          for (float x : floatsOf(w))
+            EXPECT_TRUE(std::isfinite(x)) << what;
+        }
+  optimizer::ApplyOptions wrong;
+  wrong.secondMomentType = DataType::FLOAT16;
+  EXPECT_THROW(AppliedGraph(DataType::FLOAT16, Adam(P{}, AdamMode::Adam), wrong), error);
 }
 
 TEST(HalfApplyOptimizer, WeightsOfOtherTypesAreRefusedByName) {
@@ -665,6 +808,24 @@ std::vector<uint16_t> readWords(const TrainingSession &s, const TensorId &id) {
   return v;
 }
 
+/// Tensor \p id read as raw bytes, whatever its type.
+std::vector<uint8_t> readBytes(const TrainingSession &s, const TensorId &id) {
+  const TensorInfo info = s.getInfo(id);
+  std::vector<uint8_t> v(static_cast<size_t>(info.byteCount()));
+  RawArray arr(v.data(), info.dataType(), info.shape());
+  WeightsIO io;
+  io.insert(id, arr);
+  s.readWeights(io);
+  return v;
+}
+
+/// Whether optimiser state \p id is second-order (PopART's accl2; optimizer/apply.cpp names it).
+bool isSecondMoment(const TensorId &id) {
+  for (const char *prefix : {"adam_v_", "adamax_u_", "rmsprop_sq_", "rmsprop_avg_", "adagrad_sum_"})
+    if (id.rfind(prefix, 0) == 0) return true;
+  return false;
+}
+
 /// Tensor \p id read into a FLOAT buffer (converted on the way for 16-bit tensors).
 std::vector<float> readFloats(const TrainingSession &s, const TensorId &id) {
   const TensorInfo info = s.getInfo(id);
@@ -748,8 +909,8 @@ TEST(HalfTraining, A16BitPerceptronTrainsWithEveryOptimiser) {
       auto opt = make();
       auto s = session(mlp.model, *opt, {}, {mlp.loss});
       ASSERT_EQ(s->getWeightIds().size(), 4u) << name;
-      for (const auto &id : s->getOptimizerStateIds())
-        EXPECT_EQ(s->getInfo(id).dataType(), type) << name << " " << id; // fp16.16
+      for (const auto &id : s->getOptimizerStateIds()) // 16-bit first-order state, fp32 second moments
+        EXPECT_EQ(s->getInfo(id).dataType(), isSecondMoment(id) ? DataType::FLOAT : type) << name << " " << id;
       std::vector<std::vector<uint16_t>> before;
       for (const auto &id : mlp.weights)
         before.push_back(readWords(*s, id));
@@ -871,13 +1032,13 @@ TEST(HalfTraining, CheckpointsRoundTrip16BitWeightsAndStateBitForBit) {
     linearStep(*a, type, data(0));
     linearStep(*a, type, data(1));
     a->saveCheckpoint(ckpt);
-    std::map<TensorId, std::vector<uint16_t>> saved;
+    std::map<TensorId, std::vector<uint8_t>> saved;
     std::vector<TensorId> ids = a->getWeightIds();
     for (const auto &id : a->getOptimizerStateIds())
       ids.push_back(id);
     for (const auto &id : ids) {
-      EXPECT_EQ(a->getInfo(id).dataType(), type) << id;
-      saved[id] = readWords(*a, id);
+      EXPECT_EQ(a->getInfo(id).dataType(), isSecondMoment(id) ? DataType::FLOAT : type) << id;
+      saved[id] = readBytes(*a, id);
     }
     linearStep(*a, type, data(2));
     linearStep(*a, type, data(3));
@@ -886,11 +1047,11 @@ TEST(HalfTraining, CheckpointsRoundTrip16BitWeightsAndStateBitForBit) {
     b->loadCheckpoint(ckpt);
     EXPECT_EQ(b->getStepCount(), 2);
     for (const auto &id : ids)
-      EXPECT_EQ(readWords(*b, id), saved[id]) << toString(type) << " " << id << " after loading";
+      EXPECT_EQ(readBytes(*b, id), saved[id]) << toString(type) << " " << id << " after loading";
     linearStep(*b, type, data(2));
     linearStep(*b, type, data(3));
     for (const auto &id : ids)
-      EXPECT_EQ(readWords(*b, id), readWords(*a, id)) << toString(type) << " " << id << " after resuming";
+      EXPECT_EQ(readBytes(*b, id), readBytes(*a, id)) << toString(type) << " " << id << " after resuming";
   }
   fs::remove_all(dir);
 }
@@ -945,5 +1106,46 @@ TEST(HalfTraining, ReadAndWriteWeightsConvertFloatBuffersOf16BitTensors) {
     } catch (const error &e) {
       EXPECT_NE(std::string(e.what()).find("buffer for 'w' is FLOAT [2]"), std::string::npos) << e.what();
     }
+  }
+}
+
+TEST(HalfTraining, Fp16_16KeepsSecondMomentsInFloatSoThatAdamSurvivesSmallGradients) {
+  // An fp32 model trained in fp16.16: fp16 weights and first moments, fp32 second moments. Its
+  // gradients (x, about 1e-4 for 5 steps, then 0) square to ~1e-8, below what an fp16
+  // (1 - β2)·g² can hold. With fp16 second moments v stayed 0: the first steps were √t times too
+  // large, and once the gradient was 0 the step was lr·m̂/ε ≈ 10: the weights blew up.
+  // loss = sum(x·w) with x [1, N] and w [N, 1]: a MatMul, which fp16.16 runs in fp16 (so w becomes
+  // an fp16 Variable); the gradient of w is x.
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {1, kN}), "x");
+  std::vector<float> w0(kW0.begin(), kW0.end());
+  TensorId w = b->addInitializedInputTensor(w0.data(), TensorInfo(DataType::FLOAT, {kN, 1}), "w");
+  b->addOutputTensor(ai.reducesum({ai.matmul({x, w})}, std::nullopt, 0));
+  SessionOptions so;
+  so.precision = "fp16.16";
+  const double lr = 1e-3;
+  Adam adam({{"defaultLearningRate", {float(lr), false}}, {"defaultEps", {1e-8f, true}}}, AdamMode::Adam);
+  auto s = session(b->getModelProto(), adam, so);
+  const std::vector<TensorId> state = s->getOptimizerStateIds();
+  ASSERT_EQ(state.size(), 2u);
+  for (const auto &id : state)
+    EXPECT_EQ(s->getInfo(id).dataType(), isSecondMoment(id) ? DataType::FLOAT : DataType::FLOAT16) << id;
+  const std::vector<float> xs{1e-4f, -1.5e-4f, 2e-4f, -1e-4f, 1.2e-4f, -2e-4f}, zeros(kN, 0.0f);
+  const int steps = 10;
+  for (int t = 1; t <= steps; ++t) {
+    std::vector<float> in = t <= 5 ? xs : zeros;
+    NDArrayWrapper<float> arr(in.data(), {1, kN});
+    StepIO io({{"x", arr}}, {});
+    s->run(io);
+  }
+  const std::vector<float> trained = readFloats(*s, "w");
+  for (size_t i = 0; i < kN; ++i) {
+    // Five steps of about lr against the gradient's sign while it is not 0, then shrinking ones
+    // as m decays faster than v; fp16 rounds each step by at most half its spacing at |w| < 2.
+    const double moved = -std::copysign(1.0, double(xs[i])) * (double(trained[i]) - roundTo(DataType::FLOAT16, kW0[i]));
+    const double rounding = steps * std::ldexp(1.0, -11);
+    EXPECT_GE(moved, 5 * lr - rounding) << "w[" << i << "]";
+    EXPECT_LE(moved, steps * lr + rounding) << "w[" << i << "]";
   }
 }
