@@ -1,8 +1,9 @@
-// Fast kernels: Cast and CastLike between FLOAT, BFLOAT16 and FLOAT16 (mixed precision's casts of
+// Fast kernels: Cast and CastLike between FLOAT and BFLOAT16 or FLOAT16 (mixed precision's casts of
 // master weights, weight gradients and the activations around fp32 ops), vectorised conversions
 // (vecloops.hpp) that give core/half.hpp's bits for every input, in parallel chunks. oneDNN 2.6's
 // reorders flush f32 subnormals (f32 → bf16) and lose the sign of zero (f16 ↔ f32), so its Cast
-// kernel (dnnl/cast.cpp) takes only bf16 → f32, where it is exact.
+// kernel (dnnl/cast.cpp) takes only bf16 → f32, where it is exact (and as fast: both run at memory
+// speed). BFLOAT16 ↔ FLOAT16, which no precision mode casts, stays with the reference kernel.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -14,13 +15,13 @@ namespace popart::backend_cpu {
 
 namespace {
 
-bool floatLike(DataType t) { return t == DataType::FLOAT || t == DataType::BFLOAT16 || t == DataType::FLOAT16; }
+bool sixteenBit(DataType t) { return t == DataType::BFLOAT16 || t == DataType::FLOAT16; }
 
 Support supportsCast(const ir::Op &op) {
   if (!op.inInfo(0).isTensor()) return Support::no("not a tensor");
   DataType from = op.inInfo(0).dataType(), to = op.outInfo(0).dataType();
-  if (!floatLike(from) || !floatLike(to) || from == to)
-    return Support::no("the fast Cast converts between FLOAT, BFLOAT16 and FLOAT16 only");
+  if (!(from == DataType::FLOAT && sixteenBit(to)) && !(sixteenBit(from) && to == DataType::FLOAT))
+    return Support::no("the fast Cast converts between FLOAT and BFLOAT16 or FLOAT16 only");
   return Support::yes();
 }
 
@@ -38,7 +39,6 @@ public:
     for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
       loop_(x + c * kChunk, y + c * kChunk, std::min(kChunk, n - c * kChunk));
   }
-  int inPlaceInput() const override { return sizeof(From) == sizeof(To) ? 0 : -1; }
 
 private:
   static constexpr int64_t kChunk = 16384;
@@ -58,9 +58,7 @@ std::unique_ptr<Kernel> createCast(const ir::Op &op) {
   if (from == DT::FLOAT && to == DT::BFLOAT16) return makeCast(n, vec::toBfloat16);
   if (from == DT::FLOAT && to == DT::FLOAT16) return makeCast(n, vec::toHalf);
   if (from == DT::BFLOAT16 && to == DT::FLOAT) return makeCast(n, vec::fromBfloat16);
-  if (from == DT::FLOAT16 && to == DT::FLOAT) return makeCast(n, vec::fromHalf);
-  if (from == DT::BFLOAT16 && to == DT::FLOAT16) return makeCast(n, vec::bfloat16ToHalf);
-  return makeCast(n, vec::halfToBfloat16); // FLOAT16 → BFLOAT16, the last pair supportsCast takes
+  return makeCast(n, vec::fromHalf); // FLOAT16 → FLOAT, the last pair supportsCast takes
 }
 
 } // namespace

@@ -258,9 +258,10 @@ public:
     const float *dy = a.in<float>(3);
     auto *dx = a.out<uint16_t>(0);
     const bool bf16 = bf16_;
-    auto widen = bf16 ? vec::fromBfloat16 : vec::fromHalf;
-    auto narrow = bf16 ? vec::toBfloat16 : vec::toHalf;
-    auto accumulate = bf16 ? vec::accumulateBfloat16 : vec::accumulateHalf;
+    auto widenMax = bf16 ? vec::fromBfloat16Max : vec::fromHalfMax;
+    auto scaleNarrow = bf16 ? vec::scaleToBfloat16 : vec::scaleToHalf;
+    auto narrow = bf16 ? floatToBfloat16 : floatToHalf;
+    auto widen = bf16 ? bfloat16ToFloat : halfToFloat;
     auto label = [&](int64_t k) -> int64_t {
       return labelType_ == DataType::INT64 ? a.in<int64_t>(1)[k] : a.in<int32_t>(1)[k];
     };
@@ -296,15 +297,16 @@ public:
         return;
       }
       double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
-      widen(xs, row, c_);
+      float mx = widenMax(xs, row, c_);
       const auto xl = static_cast<double>(row[l]);
-      float mx = vec::max(row, c_);
       float sum = vec::expSubSum(row, mx, row, c_);
       if (withLoss) positionLoss_[static_cast<size_t>(k)] = -(xl - (mx + std::log(sum))) * w;
-      vec::scale(row, static_cast<float>(g) / sum, row, c_);
-      row[l] -= static_cast<float>(g);
-      narrow(row, out, c_);
-      if (part) accumulate(out, part, c_);
+      // dX = e·(g / Σ) rounded, the label's less g: the classes before and after it in one pass each.
+      const float scale = static_cast<float>(g) / sum;
+      scaleNarrow(row, scale, out, part, l);
+      out[l] = narrow(row[l] * scale - static_cast<float>(g));
+      if (part) part[l] += widen(out[l]);
+      scaleNarrow(row + l + 1, scale, out + l + 1, part ? part + l + 1 : nullptr, c_ - l - 1);
     };
     const int64_t blocks = (n_ + kBlock - 1) / kBlock;
     float *partial = partial_.data();

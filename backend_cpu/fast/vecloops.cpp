@@ -473,18 +473,6 @@ POPART_CLONES void fromHalf(const uint16_t *x, float *y, int64_t n) {
     y[i] = std::bit_cast<float>(halfToBits(x[i]));
 }
 
-POPART_CLONES void bfloat16ToHalf(const uint16_t *x, uint16_t *y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = bitsToHalf(bfloat16ToBits(x[i]));
-}
-
-POPART_CLONES void halfToBfloat16(const uint16_t *x, uint16_t *y, int64_t n) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = bitsToBfloat16(halfToBits(x[i]));
-}
-
 POPART_CLONES void accumulateBfloat16(const uint16_t *x, float *acc, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
@@ -495,6 +483,58 @@ POPART_CLONES void accumulateHalf(const uint16_t *x, float *acc, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i)
     acc[i] += std::bit_cast<float>(halfToBits(x[i]));
+}
+
+POPART_CLONES float fromBfloat16Max(const uint16_t *x, float *y, int64_t n) {
+  float m = std::bit_cast<float>(bfloat16ToBits(x[0]));
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::bit_cast<float>(bfloat16ToBits(x[i]));
+    y[i] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+POPART_CLONES float fromHalfMax(const uint16_t *x, float *y, int64_t n) {
+  float m = std::bit_cast<float>(halfToBits(x[0]));
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::bit_cast<float>(halfToBits(x[i]));
+    y[i] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+POPART_CLONES void scaleToBfloat16(const float *x, float s, uint16_t *y, float *acc, int64_t n) {
+  if (acc) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b = bitsToBfloat16(std::bit_cast<uint32_t>(x[i] * s));
+      y[i] = b;
+      acc[i] += std::bit_cast<float>(bfloat16ToBits(b));
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToBfloat16(std::bit_cast<uint32_t>(x[i] * s));
+}
+
+POPART_CLONES void scaleToHalf(const float *x, float s, uint16_t *y, float *acc, int64_t n) {
+  if (acc) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h = bitsToHalf(std::bit_cast<uint32_t>(x[i] * s));
+      y[i] = h;
+      acc[i] += std::bit_cast<float>(halfToBits(h));
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToHalf(std::bit_cast<uint32_t>(x[i] * s));
 }
 
 } // namespace popart::backend_cpu::vec

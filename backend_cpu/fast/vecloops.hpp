@@ -97,13 +97,17 @@ void fromBfloat16(const uint16_t *x, float *y, int64_t n);
 void toHalf(const float *x, uint16_t *y, int64_t n);
 /// y = halfToFloat(x).
 void fromHalf(const uint16_t *x, float *y, int64_t n);
-/// y = floatToHalf(bfloat16ToFloat(x)).
-void bfloat16ToHalf(const uint16_t *x, uint16_t *y, int64_t n);
-/// y = floatToBfloat16(halfToFloat(x)).
-void halfToBfloat16(const uint16_t *x, uint16_t *y, int64_t n);
 /// acc += bfloat16ToFloat(x), in f32.
 void accumulateBfloat16(const uint16_t *x, float *acc, int64_t n);
 /// acc += halfToFloat(x), in f32.
 void accumulateHalf(const uint16_t *x, float *acc, int64_t n);
+/// y = bfloat16ToFloat(x), n > 0; returns the largest y (NaNs skipped, as max()).
+float fromBfloat16Max(const uint16_t *x, float *y, int64_t n);
+/// y = halfToFloat(x), n > 0; returns the largest y (NaNs skipped, as max()).
+float fromHalfMax(const uint16_t *x, float *y, int64_t n);
+/// y = floatToBfloat16(x · s), and acc += bfloat16ToFloat(y) unless acc is null.
+void scaleToBfloat16(const float *x, float s, uint16_t *y, float *acc, int64_t n);
+/// y = floatToHalf(x · s), and acc += halfToFloat(y) unless acc is null.
+void scaleToHalf(const float *x, float s, uint16_t *y, float *acc, int64_t n);
 
 } // namespace popart::backend_cpu::vec

@@ -1,6 +1,6 @@
 // The fast Cast kernel (backend_cpu/fast/cast.cpp) and its conversion loops (vecloops.hpp) against
 // core/half.hpp and the reference kernel, bit for bit: every one of the 65536 16-bit patterns to
-// FLOAT and to the other 16-bit type, and FLOAT to both 16-bit types on the special values (±0,
+// FLOAT, and FLOAT to both 16-bit types on the special values (±0,
 // subnormals, the edges of rounding and overflow, ±Inf, quiet and signalling NaNs) and on a few
 // million random bit patterns.
 
@@ -145,28 +145,6 @@ TEST(FastCast, EverySixteenBitPatternWidensExactly) {
   }
 }
 
-TEST(FastCast, EverySixteenBitPatternConvertsToTheOtherExactly) {
-  std::vector<uint16_t> all(65536);
-  for (uint32_t i = 0; i < 65536; ++i)
-    all[i] = static_cast<uint16_t>(i);
-  for (auto [from, to] : {std::pair{DataType::BFLOAT16, DataType::FLOAT16}, {DataType::FLOAT16, DataType::BFLOAT16}}) {
-    CastGraph cast(from, to, 65536);
-    ASSERT_EQ(backend_cpu::KernelRegistry::instance().find(*cast.op)->provider, KernelProvider::Fast);
-    std::vector<uint8_t> fast = runCast(*cast.op, KernelProvider::Fast, all.data());
-    std::vector<uint16_t> got(65536);
-    std::memcpy(got.data(), fast.data(), fast.size());
-    for (uint32_t i = 0; i < 65536; ++i) {
-      uint16_t want = referenceTo(to, referenceFrom(from, static_cast<uint16_t>(i)));
-      if (got[i] != want) {
-        ADD_FAILURE() << toString(from) << " 0x" << std::hex << i << " to " << toString(to) << " gave 0x" << got[i]
-                      << ", half.hpp 0x" << want;
-        break;
-      }
-    }
-    EXPECT_EQ(fast, runCast(*cast.op, KernelProvider::Reference, all.data()));
-  }
-}
-
 TEST(FastCast, SpecialFloatsNarrowExactly) { expectNarrowingExact(specialFloats(), "special values"); }
 
 TEST(FastCast, RandomFloatBitPatternsNarrowExactly) {
@@ -221,13 +199,14 @@ TEST(FastCast, TakesOnlyTheFloatingPointPairs) {
   ir::Op &op = g.addOp("Cast", "ai.onnx", 19, "cast", std::move(a), {"x"}, {"y"});
   op.def->setup(op);
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op, KernelProvider::Fast), nullptr);
+  CastGraph between(DataType::BFLOAT16, DataType::FLOAT16, 4); // no precision mode casts between them
+  EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*between.op, KernelProvider::Fast), nullptr);
   // oneDNN keeps the bf16 → f32 cast, where its reorder is exact; the fast kernel takes the others.
   CastGraph widen(DataType::BFLOAT16, DataType::FLOAT, 4);
   EXPECT_NE(backend_cpu::KernelRegistry::instance().find(*widen.op, KernelProvider::Fast), nullptr);
   for (auto [from, to] : {std::pair{DataType::FLOAT, DataType::BFLOAT16},
                           {DataType::FLOAT, DataType::FLOAT16},
-                          {DataType::FLOAT16, DataType::FLOAT},
-                          {DataType::BFLOAT16, DataType::FLOAT16}}) {
+                          {DataType::FLOAT16, DataType::FLOAT}}) {
     CastGraph cast(from, to, 4);
     EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*cast.op)->provider, KernelProvider::Fast)
         << toString(from) << " to " << toString(to);
