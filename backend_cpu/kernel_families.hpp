@@ -41,6 +41,7 @@ void registerFastConvGradKernels(KernelRegistry &registry);
 void registerFastElementwiseKernels(KernelRegistry &registry);
 void registerFastVarUpdateKernels(KernelRegistry &registry);
 void registerFastBroadcastKernels(KernelRegistry &registry);
+void registerFastCastKernels(KernelRegistry &registry);
 
 /// Bytes of the saved state (ir::saveRecurrentState) through which the oneDNN kernels of LSTM,
 /// GRU or RNN op \p op and of its grad op pass the forward's workspace; 0 if oneDNN does not

@@ -62,8 +62,9 @@ const std::vector<std::string> &trainingPipeline() {
       "fuseRelu",           // after the bias and scale; training Convs keep their plain kernels
       "fuseMatMulResidual", // last of the MatMul fusions, which cannot follow it
       "foldCastIntoMatMul",
-      "fuseLossGradClassSums",
       "fuseLossWithGradient",
+      "foldLossCasts",         // after the loss joins its gradient, so that its Cast goes too
+      "fuseLossGradClassSums", // after foldLossCasts: the class sums in the logits' type
       "saveRecurrentState",
   };
   return pipeline;

@@ -17,6 +17,7 @@ void registerFastKernels(KernelRegistry &r) {
   registerFastElementwiseKernels(r);
   registerFastVarUpdateKernels(r);
   registerFastBroadcastKernels(r);
+  registerFastCastKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -1,13 +1,17 @@
 // Fast kernels: f32 SoftmaxCrossEntropyLoss over [N, C] scores, rows in parallel with the
 // vectorised loops of vecloops.hpp (approximate exp), and the f32 SoftmaxCrossEntropyLossGrad,
 // vectorised over contiguous class rows, its class sums added per block of positions while the
-// rows are in cache. The reference kernels (reference/loss.cpp) are the plain loops they are
-// tested against.
+// rows are in cache; the same gradient for BFLOAT16 and FLOAT16 scores (mixed precision's logits,
+// foldLossCasts) over [N, C] rows, computed in f32. The reference kernels (reference/loss.cpp) are
+// the plain loops they are tested against.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loss_shape.hpp"
+#include "core/half.hpp"
 #include <popart/error.hpp>
+
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -86,7 +90,14 @@ std::unique_ptr<Kernel> createRowSoftmaxCrossEntropy(const ir::Op &op) {
 }
 
 Support supportsSoftmaxCrossEntropyGrad(const ir::Op &op) {
-  return op.inInfo(0).dataType() == DataType::FLOAT ? Support::yes() : Support::no("not f32");
+  const TensorInfo &x = op.inInfo(0);
+  if (x.dataType() == DataType::FLOAT) return Support::yes();
+  if (x.dataType() != DataType::BFLOAT16 && x.dataType() != DataType::FLOAT16)
+    return Support::no("not f32, f16 or bf16");
+  if (shapeElementCount(Shape(x.shape().begin() + 2, x.shape().end())) != 1)
+    return Support::no("16-bit scores with axes after the classes (the 16-bit kernel takes [N, C] rows only)");
+  if (x.dim(1) == 0) return Support::no("no classes");
+  return Support::yes();
 }
 
 /// dX = g·w·(softmax(x) − onehot(label)) per position, with w the label's class weight (0 for the
@@ -225,13 +236,142 @@ private:
   std::vector<float> partial_; ///< per block of kBlock positions: its rows' sum
 };
 
+/// SoftmaxCrossEntropyGradKernel for BFLOAT16 or FLOAT16 scores [N, C] (FLOAT dY and loss, FLOAT or
+/// 16-bit weights): each row is widened into its thread's f32 row, computed there as the f32 kernel
+/// computes it and rounded once into dX (which may be the scores' buffer: inPlaceInput). The class
+/// sums add the rounded dX, what a ReduceSum of dX would read, per block of kBlock rows in f32 and
+/// the blocks in order in double, so the result does not depend on the thread count.
+class SixteenBitSoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
+public:
+  SixteenBitSoftmaxCrossEntropyGradKernel(const ir::Op &op, const KernelContext &context)
+      : LossShape(op), name_(op.debugName()), labelType_(op.inInfo(1).dataType()),
+        weightType_(op.hasInput(2) ? op.inInfo(2).dataType() : DataType::FLOAT),
+        bf16_(op.inInfo(0).dataType() == DataType::BFLOAT16), hasWeights_(op.hasInput(2)),
+        threads_(std::max(1, context.threads)) {
+    rows_.assign(static_cast<size_t>(threads_ * c_), 0.f);
+    if (op.hasOutput(1)) partial_.assign(static_cast<size_t>((n_ + kBlock - 1) / kBlock * c_), 0.f);
+    if (op.hasOutput(2)) positionLoss_.assign(static_cast<size_t>(n_), 0.0);
+  }
+  int inPlaceInput() const override { return 0; } // a row is widened before its dX is written
+  void run(const KernelArgs &a) override {
+    const auto *x = a.in<uint16_t>(0);
+    const float *dy = a.in<float>(3);
+    auto *dx = a.out<uint16_t>(0);
+    const bool bf16 = bf16_;
+    auto widenMax = bf16 ? vec::fromBfloat16Max : vec::fromHalfMax;
+    auto scaleNarrow = bf16 ? vec::scaleToBfloat16 : vec::scaleToHalf;
+    auto narrow = bf16 ? floatToBfloat16 : floatToHalf;
+    auto widen = bf16 ? bfloat16ToFloat : halfToFloat;
+    auto label = [&](int64_t k) -> int64_t {
+      return labelType_ == DataType::INT64 ? a.in<int64_t>(1)[k] : a.in<int32_t>(1)[k];
+    };
+    auto weight = [&](int64_t l) -> double {
+      if (l < 0 || l >= c_ || (ignore_ && l == *ignore_)) return 0.0;
+      if (!hasWeights_) return 1.0;
+      if (weightType_ == DataType::FLOAT) return static_cast<double>(a.in<float>(2)[l]);
+      uint16_t w = a.in<uint16_t>(2)[l];
+      return static_cast<double>(bf16 ? bfloat16ToFloat(w) : halfToFloat(w));
+    };
+    double denom = 1.0;
+    if (reduction_ == 2) {
+      denom = 0.0;
+      for (int64_t k = 0; k < n_; ++k)
+        denom += weight(label(k));
+    }
+    const bool withLoss = a.hasOutput(2), withSums = a.hasOutput(1);
+    if (withLoss)
+      for (int64_t k = 0; k < n_; ++k) {
+        int64_t l = label(k);
+        if ((l < 0 || l >= c_) && !(ignore_ && l == *ignore_))
+          throw error(name_, ": label ", l, " at position ", k, " is out of range [0, ", c_, ")");
+      }
+    // Row k's gradient through the f32 \p row, added (rounded) to \p part when that is not null.
+    auto position = [&](int64_t k, float *row, float *part) {
+      const uint16_t *xs = x + k * c_;
+      uint16_t *out = dx + k * c_;
+      int64_t l = label(k);
+      double w = weight(l);
+      if (withLoss) positionLoss_[static_cast<size_t>(k)] = 0.0;
+      if (w == 0.0) {
+        std::fill(out, out + c_, uint16_t{0});
+        return;
+      }
+      double g = (reduction_ == 0 ? static_cast<double>(dy[k]) : static_cast<double>(dy[0])) * w / denom;
+      float mx = widenMax(xs, row, c_);
+      const auto xl = static_cast<double>(row[l]);
+      float sum = vec::expSubSum(row, mx, row, c_);
+      if (withLoss) positionLoss_[static_cast<size_t>(k)] = -(xl - (mx + std::log(sum))) * w;
+      // dX = e·(g / Σ) rounded, the label's less g: the classes before and after it in one pass each.
+      const float scale = static_cast<float>(g) / sum;
+      scaleNarrow(row, scale, out, part, l);
+      out[l] = narrow(row[l] * scale - static_cast<float>(g));
+      if (part) part[l] += widen(out[l]);
+      scaleNarrow(row + l + 1, scale, out + l + 1, part ? part + l + 1 : nullptr, c_ - l - 1);
+    };
+    const int64_t blocks = (n_ + kBlock - 1) / kBlock;
+    float *partial = partial_.data();
+#pragma omp parallel num_threads(threads_)
+    {
+      float *row = rows_.data() + static_cast<int64_t>(omp_get_thread_num()) * c_;
+      if (!withSums) {
+#pragma omp for schedule(static)
+        for (int64_t k = 0; k < n_; ++k)
+          position(k, row, nullptr);
+      } else {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; ++b) {
+          float *part = partial + b * c_;
+          std::fill(part, part + c_, 0.f);
+          for (int64_t k = b * kBlock; k < std::min(n_, (b + 1) * kBlock); ++k)
+            position(k, row, part);
+        }
+      }
+    }
+    if (withSums) {
+      auto *sums = a.out<uint16_t>(1);
+#pragma omp parallel for schedule(static)
+      for (int64_t c = 0; c < c_; ++c) {
+        double s = 0;
+        for (int64_t b = 0; b < blocks; ++b)
+          s += static_cast<double>(partial[b * c_ + c]);
+        sums[c] = bf16 ? floatToBfloat16(static_cast<float>(s)) : floatToHalf(static_cast<float>(s));
+      }
+    }
+    if (withLoss) {
+      float *loss = a.out<float>(2);
+      double total = 0;
+      for (int64_t k = 0; k < n_; ++k) {
+        if (reduction_ == 0) loss[k] = static_cast<float>(positionLoss_[static_cast<size_t>(k)]);
+        total += positionLoss_[static_cast<size_t>(k)];
+      }
+      if (reduction_ == 1) loss[0] = static_cast<float>(total);
+      if (reduction_ == 2) loss[0] = static_cast<float>(total / denom);
+    }
+  }
+
+private:
+  static constexpr int64_t kBlock = 32;
+  std::string name_;
+  DataType labelType_, weightType_;
+  bool bf16_, hasWeights_;
+  int threads_;
+  std::vector<float> rows_;    ///< one f32 row of C per thread
+  std::vector<float> partial_; ///< per block of kBlock rows: the sum of their rounded dX
+  std::vector<double> positionLoss_;
+};
+
+std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op, const KernelContext &context) {
+  if (op.inInfo(0).dataType() == DataType::FLOAT) return std::make_unique<SoftmaxCrossEntropyGradKernel>(op);
+  return std::make_unique<SixteenBitSoftmaxCrossEntropyGradKernel>(op, context);
+}
+
 } // namespace
 
 void registerFastLossKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "SoftmaxCrossEntropyLoss", KernelProvider::Fast, supportsRowSoftmaxCrossEntropy,
          createRowSoftmaxCrossEntropy});
   r.add({"ai.graphcore", "SoftmaxCrossEntropyLossGrad", KernelProvider::Fast, supportsSoftmaxCrossEntropyGrad,
-         makeKernel<SoftmaxCrossEntropyGradKernel>});
+         createSoftmaxCrossEntropyGrad});
 }
 
 } // namespace popart::backend_cpu

@@ -4,6 +4,7 @@
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/fast/vecmath.hpp"
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -400,6 +401,140 @@ POPART_CLONES void binary(int op, const float *a, const float *b, int64_t bStrid
     return;
   }
   // NOLINTEND(bugprone-branch-clone)
+}
+
+namespace {
+
+// Branch-free forms of core/half.hpp's conversions (each case computed, the right one selected), so
+// that GCC vectorises them; tests/unit/test_fast_cast.cpp checks them against half.hpp.
+
+#define POPART_HALF_INLINE inline __attribute__((always_inline))
+
+POPART_HALF_INLINE uint16_t bitsToBfloat16(uint32_t x) {
+  uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16; // round to nearest even
+  uint32_t nan = (x >> 16) | 0x40u;                          // quiet, payload kept
+  return static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+POPART_HALF_INLINE uint32_t bfloat16ToBits(uint16_t b) { return static_cast<uint32_t>(b) << 16; }
+
+POPART_HALF_INLINE uint16_t bitsToHalf(uint32_t x) {
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  // Normal results (|x| >= 2^-14): drop 13 mantissa bits rounding to nearest even and rebias the
+  // exponent; a carry into the exponent is right, and anything from 65520 up becomes Inf (0x7c00).
+  uint32_t normal = ((ax + 0xfffu + ((ax >> 13) & 1u)) >> 13) - (112u << 10);
+  normal = normal < 0x7c00u ? normal : 0x7c00u;
+  // Subnormal results: the mantissa with its implicit bit shifted right by 126 − exponent (14 to
+  // 24), rounding to nearest even; 31 for smaller exponents makes them 0.
+  const int32_t exponent = static_cast<int32_t>(ax >> 23);
+  int32_t shift = 126 - exponent;
+  shift = shift < 14 ? 14 : (shift > 31 ? 31 : shift);
+  const uint32_t s = static_cast<uint32_t>(shift), m = (ax & 0x7fffffu) | 0x800000u;
+  const uint32_t sub = (m + ((1u << (s - 1)) - 1u) + ((m >> s) & 1u)) >> s;
+  uint32_t h = ax >= 0x38800000u ? normal : sub;
+  h = ax > 0x7f800000u ? 0x7e00u : h; // NaN: quiet, payload dropped as half.hpp does
+  return static_cast<uint16_t>(sign | h);
+}
+
+POPART_HALF_INLINE uint32_t halfToBits(uint16_t hb) {
+  const uint32_t h = hb, sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+  const uint32_t normal = ((h & 0x7fffu) << 13) + (112u << 23);
+  const uint32_t infNan = 0x7f800000u | (mantissa << 13); // NaN payload kept, as half.hpp does
+  // A subnormal is mantissa · 2^-24: the exact f32 of the integer mantissa, its exponent less 24.
+  const uint32_t sub =
+      mantissa ? std::bit_cast<uint32_t>(static_cast<float>(static_cast<int32_t>(mantissa))) - (24u << 23) : 0u;
+  const uint32_t bits = exponent == 0 ? sub : (exponent == 0x1fu ? infNan : normal);
+  return sign | bits;
+}
+
+} // namespace
+
+POPART_CLONES void toBfloat16(const float *x, uint16_t *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToBfloat16(std::bit_cast<uint32_t>(x[i]));
+}
+
+POPART_CLONES void fromBfloat16(const uint16_t *x, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = std::bit_cast<float>(bfloat16ToBits(x[i]));
+}
+
+POPART_CLONES void toHalf(const float *x, uint16_t *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToHalf(std::bit_cast<uint32_t>(x[i]));
+}
+
+POPART_CLONES void fromHalf(const uint16_t *x, float *y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = std::bit_cast<float>(halfToBits(x[i]));
+}
+
+POPART_CLONES void accumulateBfloat16(const uint16_t *x, float *acc, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    acc[i] += std::bit_cast<float>(bfloat16ToBits(x[i]));
+}
+
+POPART_CLONES void accumulateHalf(const uint16_t *x, float *acc, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    acc[i] += std::bit_cast<float>(halfToBits(x[i]));
+}
+
+POPART_CLONES float fromBfloat16Max(const uint16_t *x, float *y, int64_t n) {
+  float m = std::bit_cast<float>(bfloat16ToBits(x[0]));
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::bit_cast<float>(bfloat16ToBits(x[i]));
+    y[i] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+POPART_CLONES float fromHalfMax(const uint16_t *x, float *y, int64_t n) {
+  float m = std::bit_cast<float>(halfToBits(x[0]));
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::bit_cast<float>(halfToBits(x[i]));
+    y[i] = v;
+    m = v > m ? v : m;
+  }
+  return m;
+}
+
+POPART_CLONES void scaleToBfloat16(const float *x, float s, uint16_t *y, float *acc, int64_t n) {
+  if (acc) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b = bitsToBfloat16(std::bit_cast<uint32_t>(x[i] * s));
+      y[i] = b;
+      acc[i] += std::bit_cast<float>(bfloat16ToBits(b));
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToBfloat16(std::bit_cast<uint32_t>(x[i] * s));
+}
+
+POPART_CLONES void scaleToHalf(const float *x, float s, uint16_t *y, float *acc, int64_t n) {
+  if (acc) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t h = bitsToHalf(std::bit_cast<uint32_t>(x[i] * s));
+      y[i] = h;
+      acc[i] += std::bit_cast<float>(halfToBits(h));
+    }
+    return;
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = bitsToHalf(std::bit_cast<uint32_t>(x[i] * s));
 }
 
 } // namespace popart::backend_cpu::vec

@@ -15,9 +15,9 @@ namespace popart::backend_cpu::vec {
 /// x[b, r·sh + u − ph, j·sw + v − pw] over \p batch images (planes \p xStride and \p dyStride
 /// floats apart; x planes [h, w], dy planes [oh, ow]), a kh × kw kernel without dilation, taps
 /// outside the plane read as 0. \p scratch holds depthwiseWeightGradScratch floats.
-void depthwiseWeightGrad(const float *x, int64_t xStride, const float *dy, int64_t dyStride, int64_t batch,
-                         float *dw, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh,
-                         int64_t sw, int64_t ph, int64_t pw, float *scratch);
+void depthwiseWeightGrad(const float *x, int64_t xStride, const float *dy, int64_t dyStride, int64_t batch, float *dw,
+                         int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw,
+                         int64_t ph, int64_t pw, float *scratch);
 /// The scratch floats of depthwiseWeightGrad.
 int64_t depthwiseWeightGradScratch(int64_t oh, int64_t ow, int64_t kh, int64_t kw, int64_t sh, int64_t sw);
 
@@ -83,5 +83,31 @@ void sumBlocked(const float *x, float *acc, int64_t n, int64_t block);
 
 /// y[i] = a[i] op b[i] (op 0 add, 1 sub, 2 mul, 3 div); \p bStride 0 reads b[0] for every i.
 void binary(int op, const float *a, const float *b, int64_t bStride, float *y, int64_t n);
+
+// Conversions between f32 and the 16-bit types (bfloat16 and IEEE fp16 as their bit patterns),
+// bit for bit those of core/half.hpp for every input: round to nearest even, subnormals kept both
+// ways, ±0, ±Inf, and NaNs as half.hpp makes them (f32 → 16-bit: quiet). Integer arithmetic only
+// (and exact int → f32 conversions), so no MXCSR setting (FTZ, DAZ) changes a result.
+
+/// y = floatToBfloat16(x).
+void toBfloat16(const float *x, uint16_t *y, int64_t n);
+/// y = bfloat16ToFloat(x).
+void fromBfloat16(const uint16_t *x, float *y, int64_t n);
+/// y = floatToHalf(x).
+void toHalf(const float *x, uint16_t *y, int64_t n);
+/// y = halfToFloat(x).
+void fromHalf(const uint16_t *x, float *y, int64_t n);
+/// acc += bfloat16ToFloat(x), in f32.
+void accumulateBfloat16(const uint16_t *x, float *acc, int64_t n);
+/// acc += halfToFloat(x), in f32.
+void accumulateHalf(const uint16_t *x, float *acc, int64_t n);
+/// y = bfloat16ToFloat(x), n > 0; returns the largest y (NaNs skipped, as max()).
+float fromBfloat16Max(const uint16_t *x, float *y, int64_t n);
+/// y = halfToFloat(x), n > 0; returns the largest y (NaNs skipped, as max()).
+float fromHalfMax(const uint16_t *x, float *y, int64_t n);
+/// y = floatToBfloat16(x · s), and acc += bfloat16ToFloat(y) unless acc is null.
+void scaleToBfloat16(const float *x, float s, uint16_t *y, float *acc, int64_t n);
+/// y = floatToHalf(x · s), and acc += halfToFloat(y) unless acc is null.
+void scaleToHalf(const float *x, float s, uint16_t *y, float *acc, int64_t n);
 
 } // namespace popart::backend_cpu::vec

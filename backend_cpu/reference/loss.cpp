@@ -90,8 +90,9 @@ private:
 /// ignored class and labels out of range) and g = dY, dY / Σw (mean) or dY[n, d] (none): the
 /// gradient of SoftmaxCrossEntropyLoss in one pass, without materialising the one-hot mask, in
 /// double. Optional outputs: the class sums of dX (fuseLossGradClassSums) and the forward's loss
-/// (fuseLossWithGradient).
-template <typename T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
+/// (fuseLossWithGradient). \p T is the type of the scores, dX and the class sums, \p W the weights,
+/// \p S that of dY and the loss (FLOAT for 16-bit scores, which are computed in double too).
+template <typename T, typename W = T, typename S = T> class SoftmaxCrossEntropyGradKernel : public Kernel, LossShape {
 public:
   explicit SoftmaxCrossEntropyGradKernel(const ir::Op &op)
       : LossShape(op), name_(op.debugName()), labelType_(op.inInfo(1).dataType()), hasWeights_(op.hasInput(2)) {
@@ -100,8 +101,8 @@ public:
   int inPlaceInput() const override { return 0; } // each x is read before its dX is written
   void run(const KernelArgs &a) override {
     const T *x = a.in<T>(0);
-    const T *weights = hasWeights_ ? a.in<T>(2) : nullptr;
-    const T *dy = a.in<T>(3);
+    const W *weights = hasWeights_ ? a.in<W>(2) : nullptr;
+    const S *dy = a.in<S>(3);
     T *dx = a.out<T>(0);
     auto label = [&](int64_t k) -> int64_t {
       return labelType_ == DataType::INT64 ? a.in<int64_t>(1)[k] : a.in<int32_t>(1)[k];
@@ -160,14 +161,14 @@ public:
       }
     }
     if (withLoss) {
-      T *loss = a.out<T>(2);
+      S *loss = a.out<S>(2);
       double total = 0;
       for (int64_t k = 0; k < positions; ++k) {
-        if (reduction_ == 0) loss[k] = fromDouble<T>(positionLoss_[static_cast<size_t>(k)]);
+        if (reduction_ == 0) loss[k] = fromDouble<S>(positionLoss_[static_cast<size_t>(k)]);
         total += positionLoss_[static_cast<size_t>(k)];
       }
-      if (reduction_ == 1) loss[0] = fromDouble<T>(total);
-      if (reduction_ == 2) loss[0] = fromDouble<T>(total / denom);
+      if (reduction_ == 1) loss[0] = fromDouble<S>(total);
+      if (reduction_ == 2) loss[0] = fromDouble<S>(total / denom);
     }
   }
 
@@ -178,9 +179,20 @@ private:
   std::vector<double> positionLoss_; ///< each position's term of the forward's loss
 };
 
+/// 16-bit scores \p T with FLOAT dY, and weights of type \p T or FLOAT.
+template <typename T> std::unique_ptr<Kernel> createSixteenBitSoftmaxCrossEntropyGrad(const ir::Op &op) {
+  if (op.hasInput(2) && op.inInfo(2).dataType() != DataType::FLOAT)
+    return std::make_unique<SoftmaxCrossEntropyGradKernel<T, T, float>>(op);
+  return std::make_unique<SoftmaxCrossEntropyGradKernel<T, float, float>>(op);
+}
+
 std::unique_ptr<Kernel> createSoftmaxCrossEntropyGrad(const ir::Op &op) {
-  if (op.inInfo(0).dataType() == DataType::DOUBLE) return std::make_unique<SoftmaxCrossEntropyGradKernel<double>>(op);
-  return std::make_unique<SoftmaxCrossEntropyGradKernel<float>>(op);
+  switch (op.inInfo(0).dataType()) {
+  case DataType::DOUBLE: return std::make_unique<SoftmaxCrossEntropyGradKernel<double>>(op);
+  case DataType::BFLOAT16: return createSixteenBitSoftmaxCrossEntropyGrad<BFloat16>(op);
+  case DataType::FLOAT16: return createSixteenBitSoftmaxCrossEntropyGrad<Half>(op);
+  default: return std::make_unique<SoftmaxCrossEntropyGradKernel<float>>(op);
+  }
 }
 
 } // namespace

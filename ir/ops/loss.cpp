@@ -39,27 +39,35 @@ void setupLoss(Op &op) {
 /// as the forward op (reduction, ignore_index). Optional output 1 (fuseLossGradClassSums): dX
 /// summed over every axis but the class axis, [C]. Optional output 2 (fuseLossWithGradient): the
 /// forward's loss, computed in the same pass (labels out of range are then errors, as there).
+/// FLOAT16 or BFLOAT16 scores (foldLossCasts: mixed precision's logits, without the Casts to and from
+/// the fp32 loss) take a FLOAT dY and FLOAT or same-type weights: dX and the class sums are in the
+/// scores' type, the loss in dY's, all computed in fp32 or wider.
 void setupSoftmaxCrossEntropyGrad(Op &op) {
   requireInputCount(op, 4, 4);
   const TensorInfo &x = op.inInfo(0);
-  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE});
+  requireType(op, 0, {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16, DataType::BFLOAT16});
   requireType(op, 1, {DataType::INT32, DataType::INT64});
   if (x.rank() < 2) throw error(op.debugName(), ": input 0 must have rank >= 2 (N, C, ...), got ", toString(x.shape()));
+  const bool sixteenBit = x.dataType() == DataType::FLOAT16 || x.dataType() == DataType::BFLOAT16;
+  // The type of dY (and of the loss): the scores', or FLOAT for 16-bit scores.
+  const DataType seedType = sixteenBit ? DataType::FLOAT : x.dataType();
   Shape labels = x.shape();
   labels.erase(labels.begin() + 1);
   if (op.inInfo(1).shape() != labels)
-    throw error(op.debugName(), ": labels have shape ", toString(op.inInfo(1).shape()), ", expected ", toString(labels));
-  if (op.hasInput(2) && (op.inInfo(2).shape() != Shape{x.dim(1)} || op.inInfo(2).dataType() != x.dataType()))
-    throw error(op.debugName(), ": weights are ", op.inInfo(2).toString(), ", expected ", toString(x.dataType()), " [",
-                x.dim(1), "]");
+    throw error(op.debugName(), ": labels have shape ", toString(op.inInfo(1).shape()), ", expected ",
+                toString(labels));
+  if (op.hasInput(2) && (op.inInfo(2).shape() != Shape{x.dim(1)} ||
+                         (op.inInfo(2).dataType() != x.dataType() && op.inInfo(2).dataType() != seedType)))
+    throw error(op.debugName(), ": weights are ", op.inInfo(2).toString(), ", expected ", toString(x.dataType()),
+                sixteenBit ? " or FLOAT" : "", " [", x.dim(1), "]");
   std::string reduction = op.attrs.getString("reduction", "mean");
   Shape dy = reduction == "none" ? labels : Shape{};
-  if (op.inInfo(3).dataType() != x.dataType() || op.inInfo(3).elementCount() != shapeElementCount(dy))
-    throw error(op.debugName(), ": the loss gradient is ", op.inInfo(3).toString(), ", expected ", toString(x.dataType()),
+  if (op.inInfo(3).dataType() != seedType || op.inInfo(3).elementCount() != shapeElementCount(dy))
+    throw error(op.debugName(), ": the loss gradient is ", op.inInfo(3).toString(), ", expected ", toString(seedType),
                 " ", toString(dy));
   op.setOutInfo(0, x);
   if (op.hasOutput(1)) op.setOutInfo(1, TensorInfo(x.dataType(), {x.dim(1)}));
-  if (op.hasOutput(2)) op.setOutInfo(2, TensorInfo(x.dataType(), dy));
+  if (op.hasOutput(2)) op.setOutInfo(2, TensorInfo(seedType, dy));
 }
 
 } // namespace

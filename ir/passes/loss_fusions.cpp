@@ -1,5 +1,7 @@
 // Training: SoftmaxCrossEntropyLossGrad also writes the class sums of its gradient
-// (fuseLossGradClassSums) and the loss itself (fuseLossWithGradient), so the scores are read once.
+// (fuseLossGradClassSums) and the loss itself (fuseLossWithGradient), so the scores are read once;
+// in mixed precision it reads the 16-bit logits and writes their 16-bit gradient itself
+// (foldLossCasts), without the Casts to and from the fp32 loss.
 
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
@@ -35,14 +37,19 @@ int fuseLossGradClassSums(Graph &graph) {
     if (axes != all || r->outInfo(0).elementCount() != classes) return false;
     TensorId out = r->output(0).id(), sums = graph.uniqueId(out + "_class_sums");
     Shape outShape = r->outInfo(0).shape();
-    std::vector<TensorId> ins = inputIds(*sce), outs{sce->output(0).id(), sums};
+    // The loss, when fuseLossWithGradient has fused it, stays an output.
+    std::vector<TensorId> ins = inputIds(*sce),
+                          outs{sce->output(0).id(), sums, sce->hasOutput(2) ? sce->output(2).id() : ""};
+    if (outs.back().empty()) outs.pop_back();
     std::string name = sce->name;
     int phase = sce->phase, version = sce->version;
     Attributes attrs = sce->attrs;
+    Fusion fusion = sce->fusion;
     graph.removeOp(*r);
     graph.removeOp(*sce);
     Op &grad = graph.addOp("SoftmaxCrossEntropyLossGrad", "ai.graphcore", version, name, std::move(attrs), ins, outs);
     grad.phase = phase;
+    grad.fusion = fusion;
     grad.def->setup(grad);
     TensorId shape = graph.uniqueId(out + "_shape");
     graph.addConst(shape, TensorData::fromInt64({static_cast<int64_t>(outShape.size())},
@@ -95,6 +102,46 @@ int fuseLossWithGradient(Graph &graph) {
   });
 }
 
+/// A 16-bit floating-point type: what foldLossCasts lets the loss gradient read and write.
+static bool sixteenBitFloat(DataType t) { return t == DataType::BFLOAT16 || t == DataType::FLOAT16; }
+
+static int foldLossCasts(Graph &graph) {
+  return rewriteAll(graph, [&](Op &candidate) {
+    Op *g = &candidate;
+    if (g->type != "SoftmaxCrossEntropyLossGrad" || g->domain != "ai.graphcore" || !g->hasInput(0)) return false;
+    // Its class sums would change type with the scores: fuseLossGradClassSums runs after this.
+    if (g->hasOutput(1) || g->inInfo(0).dataType() != DataType::FLOAT) return false;
+    // The FLOAT scores are a Cast of 16-bit logits that nothing else reads.
+    Tensor &scores = g->input(0);
+    Op *widen = scores.producer();
+    if (!isOnnxOp(widen, "Cast") || !sixteenBitFloat(widen->inInfo(0).dataType())) return false;
+    if (scores.consumers().size() != 1 || isGraphOutput(graph, scores)) return false;
+    const DataType low = widen->inInfo(0).dataType();
+    // The FLOAT gradient is read by one Cast back to that type alone (or by nothing), since the
+    // gradient takes the scores' type: a FLOAT reader would get it rounded.
+    Op *narrow = nullptr;
+    if (g->hasOutput(0)) {
+      Tensor &dx = g->output(0);
+      if (isGraphOutput(graph, dx)) return false;
+      if (!dx.consumers().empty()) {
+        narrow = dx.consumers().front();
+        if (dx.consumers().size() != 1 || !isOnnxOp(narrow, "Cast") || narrow->outInfo(0).dataType() != low)
+          return false;
+      }
+    }
+    std::vector<TensorId> ins = inputIds(*g), outs;
+    ins[0] = widen->input(0).id();
+    for (size_t i = 0; i < g->outputCount(); ++i)
+      outs.push_back(g->hasOutput(i) ? g->output(i).id() : "");
+    if (narrow) outs[0] = narrow->output(0).id();
+    std::vector<Op *> ops{g, widen};
+    if (narrow) ops.push_back(narrow);
+    // Named and phased as the loss gradient; its FLOAT scores and FLOAT gradient go.
+    replaceOps(graph, ops, g->type, g->domain, g->version, g->attrs, ins, outs, g->fusion);
+    return true;
+  });
+}
+
 void registerLossFusionPasses(PassRegistry &r) {
   r.add(
       optionalPass("fuseLossGradClassSums",
@@ -103,6 +150,10 @@ void registerLossFusionPasses(PassRegistry &r) {
   r.add(optionalPass("fuseLossWithGradient",
                      "SoftmaxCrossEntropyLossGrad also writes the loss, so the forward loss op goes",
                      OutputsFixed | GradientsBuilt, [](Graph &g, PassContext &) { return fuseLossWithGradient(g); }));
+  r.add(optionalPass("foldLossCasts",
+                     "SoftmaxCrossEntropyLossGrad reads 16-bit logits and writes their 16-bit gradient itself, "
+                     "without the Casts to and from the fp32 loss",
+                     OutputsFixed | GradientsBuilt, [](Graph &g, PassContext &) { return foldLossCasts(g); }));
 }
 
 } // namespace popart::ir
