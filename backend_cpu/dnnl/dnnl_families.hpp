@@ -8,6 +8,8 @@ namespace popart::backend_cpu {
 void registerDnnlElementwiseKernels(KernelRegistry &registry);
 void registerDnnlMatMulKernels(KernelRegistry &registry);
 void registerDnnlGemmKernels(KernelRegistry &registry);
+/// FLOAT16 MatMul and Gemm: fp32 products of blocks widened from fp16 (matmul_f16.cpp).
+void registerDnnlHalfProductKernels(KernelRegistry &registry);
 void registerDnnlConvPoolKernels(KernelRegistry &registry);
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);

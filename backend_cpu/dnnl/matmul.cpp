@@ -136,6 +136,9 @@ memory::desc residualDesc(const ir::Op &op, const memory::desc &mdY) {
 }
 
 Support supportsMatMul(const ir::Op &op) {
+  // FLOAT16: oneDNN 2.6 has no f16 matmul on this CPU; the f16 kernel (matmul_f16.cpp) computes in f32 blocks.
+  if (op.inInfo(0).dataType() == DataType::FLOAT16)
+    return Support::no("FLOAT16 operands are the f16 kernel's (f32 blocks, matmul_f16.cpp)");
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
     return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
   DataType t = op.inInfo(0).dataType();
