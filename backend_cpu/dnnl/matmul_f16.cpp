@@ -23,6 +23,7 @@
 #include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -42,11 +43,12 @@ constexpr int64_t kMaxWholeB = int64_t{4} << 20;
 /// Otherwise in panels of columns of at most this many bytes of f32.
 constexpr int64_t kMaxPanelB = int64_t{2} << 20;
 /// Rows of A widened at a time: at most this many bytes of f32 ...
-constexpr int64_t kMaxBlockA = int64_t{1} << 20;
+constexpr int64_t kMaxBlockA = int64_t{2} << 20;
 /// ... and an f32 result block of at most this many bytes.
-constexpr int64_t kMaxBlockY = int64_t{1} << 20;
-/// Elements below which a conversion pass runs on one thread (an OpenMP region costs microseconds).
-constexpr int64_t kThreadedElements = int64_t{1} << 14;
+constexpr int64_t kMaxBlockY = int64_t{4} << 20;
+/// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
+/// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
+constexpr int64_t kThreadedElements = int64_t{1} << 17;
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -198,13 +200,19 @@ struct HalfLoops {
   void (*epilogue)(const float *, int64_t, const Epilogue &) = epilogueScalar;
 };
 
+/// Whether the CPU converts with F16C (cpuid leaf 1, ecx bit 29; Clang's __builtin_cpu_supports
+/// does not know the name).
+bool hasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
 HalfLoops halfLoops() {
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
+  if (!hasF16c() || !__builtin_cpu_supports("fma")) return {};
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
     return {widenAvx512, epilogueAvx512};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma"))
-    return {widenAvx2, epilogueAvx2};
+  if (__builtin_cpu_supports("avx2")) return {widenAvx2, epilogueAvx2};
   return {};
 }
 
@@ -325,7 +333,7 @@ std::string halfProductObstacle(const ir::Op &op, bool gemm) {
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
     return "its partial sums are rounded to 16 bits (fp16.16), which only the reference kernel does";
   if (op.inInfo(0).dataType() != DataType::FLOAT16 || op.inInfo(1).dataType() != DataType::FLOAT16)
-    return "A and B not both FLOAT16";
+    return "A and B not both FLOAT16 (the f16 kernel's type)";
   DataType y = op.outInfo(0).dataType();
   if (y != DataType::FLOAT16 && y != DataType::FLOAT) return "Y is " + toString(y);
   for (size_t i : {size_t{2}, size_t{3}})
@@ -365,8 +373,10 @@ public:
         memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
         memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
         memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{cols, 1});
-        Block &blk = blocks_[static_cast<size_t>(r * 2 + c)];
-        blk.prim = matmul(matmul::primitive_desc(matmul::desc(mdA, mdB, mdY), dnnl_util::engine()));
+        Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
+        matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
+        if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
+        blk.prim = matmul(pd);
         blk.a = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
         blk.b = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
         blk.y = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
@@ -379,7 +389,9 @@ public:
   int64_t scratchBytes() const override { return scratchBytes_; }
 
   std::string choice() const override {
-    return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns";
+    return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns" +
+           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ +
+           ")";
   }
 
   void run(const KernelArgs &args) override {
@@ -403,14 +415,19 @@ public:
     for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
       for (int64_t n0 = 0; n0 < n; n0 += nb_) {
         const int64_t cols = std::min(nb_, n - n0);
-        if (widenedB != b + p_.offsetB[bi] || widenedColumn != n0) {
-          widenB(b + p_.offsetB[bi], n0, cols, bPanel);
-          widenedB = b + p_.offsetB[bi], widenedColumn = n0;
-        }
+        const bool newPanel = widenedB != b + p_.offsetB[bi] || widenedColumn != n0;
+        widenedB = b + p_.offsetB[bi], widenedColumn = n0;
         for (int64_t m0 = 0; m0 < m; m0 += mb_) {
           const int64_t rows = std::min(mb_, m - m0);
-          widenA(a + p_.offsetA[bi], m0, rows, aBlock);
-          Block &blk = blocks_[static_cast<size_t>((rows == mb_ ? 0 : 2) + (cols == nb_ ? 0 : 1))];
+          // One parallel region for both conversions (each is an orphaned omp for).
+          const bool panel = newPanel && m0 == 0;
+          const bool threads = (rows + (panel ? cols : 0)) * p_.k >= kThreadedElements;
+#pragma omp parallel if (threads)
+          {
+            if (panel) widenB(widenedB, n0, cols, bPanel);
+            widenA(a + p_.offsetA[bi], m0, rows, aBlock);
+          }
+          Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
           dnnl_util::execute(blk.prim, blk.args,
                              {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
           store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
@@ -420,20 +437,20 @@ public:
 
 private:
   /// Rows [m0, m0 + rows) of A (from \p a, this batch's) into \p dst, f32 in A's orientation:
-  /// [rows, K] row-major, or [K, rows] when A is stored transposed.
+  /// [rows, K] row-major, or [K, rows] when A is stored transposed. Shared among the threads of
+  /// the enclosing parallel region, if any; ends with its barrier.
   void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst) const {
     const int64_t k = p_.k;
-    const bool threads = rows * k >= kThreadedElements;
     if (aTransposed_) {
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static)
       for (int64_t q = 0; q < k; ++q)
         loops_.widen(a + q * p_.aCol + m0, dst + q * rows, rows);
     } else if (p_.aCol == 1 || k == 1) {
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static)
       for (int64_t i = 0; i < rows; ++i)
         loops_.widen(a + (m0 + i) * p_.aRow, dst + i * k, k);
     } else { // neither axis contiguous (a permuted operand): element by element
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static)
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t q = 0; q < k; ++q)
           dst[i * k + q] = halfToFloat(a[(m0 + i) * p_.aRow + q * p_.aCol]);
@@ -441,20 +458,20 @@ private:
   }
 
   /// Columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst, f32 in B's orientation:
-  /// [K, cols] row-major, or [cols, K] when B is stored transposed.
+  /// [K, cols] row-major, or [cols, K] when B is stored transposed. Shared among the threads of
+  /// the enclosing parallel region, if any, without a barrier (widenA's follows).
   void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst) const {
     const int64_t k = p_.k;
-    const bool threads = cols * k >= kThreadedElements;
     if (bTransposed_) {
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static) nowait
       for (int64_t j = 0; j < cols; ++j)
         loops_.widen(b + (n0 + j) * p_.bCol, dst + j * k, k);
     } else if (p_.bCol == 1 || cols == 1) {
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static) nowait
       for (int64_t q = 0; q < k; ++q)
         loops_.widen(b + q * p_.bRow + n0, dst + q * cols, cols);
     } else {
-#pragma omp parallel for schedule(static) if (threads)
+#pragma omp for schedule(static) nowait
       for (int64_t q = 0; q < k; ++q)
         for (int64_t j = 0; j < cols; ++j)
           dst[q * cols + j] = halfToFloat(b[q * p_.bRow + (n0 + j) * p_.bCol]);
@@ -499,6 +516,7 @@ private:
   int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
   int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
   std::array<Block, 4> blocks_;
+  std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
 };
 
