@@ -10,10 +10,11 @@
 //
 // Block sizes (kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): B whole when its f32 form is at
 // most 4 MiB (a [1024, 1024] weight), else panels of at most 2 MiB; rows of A in blocks of at most
-// 1 MiB of f32, split evenly, with the f32 result block at most 1 MiB too. So the scratch is at most
-// about 8 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
-// oneDNN reads them, and each block is large enough (hundreds of rows for a K of 1000) that the
-// per-call cost of a primitive execution is small against its product. A panel's rows of A are
+// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. So the scratch is at most
+// about 10 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
+// oneDNN reads them, and a block is large (every product of the Fashion-MNIST MLP is one block)
+// so that oneDNN sees long products and the conversions few parallel regions: one OpenMP region
+// widens A's block (and B's panel), one narrows the result, around oneDNN's. A panel's rows of A are
 // widened once per panel: B of more than 4 MiB costs one extra pass over A per 2 MiB of B.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
