@@ -6,7 +6,6 @@ namespace popart::backend_cpu {
 void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlChannelwiseKernels(r); // before the binary Mul: found first
   registerDnnlElementwiseKernels(r);
-  registerDnnlHalfProductKernels(r); // FLOAT16, which the f32/bf16 MatMul and Gemm kernels leave to it
   registerDnnlMatMulKernels(r);
   registerDnnlGemmKernels(r);
   registerDnnlConvPoolKernels(r);

@@ -334,7 +334,7 @@ std::string halfProductObstacle(const ir::Op &op, bool gemm) {
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
     return "its partial sums are rounded to 16 bits (fp16.16), which only the reference kernel does";
   if (op.inInfo(0).dataType() != DataType::FLOAT16 || op.inInfo(1).dataType() != DataType::FLOAT16)
-    return "A and B not both FLOAT16 (the f16 kernel's type)";
+    return "A and B not both FLOAT16";
   DataType y = op.outInfo(0).dataType();
   if (y != DataType::FLOAT16 && y != DataType::FLOAT) return "Y is " + toString(y);
   for (size_t i : {size_t{2}, size_t{3}})
@@ -347,9 +347,6 @@ std::string halfProductObstacle(const ir::Op &op, bool gemm) {
   if (p.residualInput >= 0 && op.inInfo(3).dataType() != y) return "a residual not in Y's type";
   return {};
 }
-
-Support supportsHalfMatMul(const ir::Op &op) { return Support::unless(halfProductObstacle(op, false)); }
-Support supportsHalfGemm(const ir::Op &op) { return Support::unless(halfProductObstacle(op, true)); }
 
 /// The product of FLOAT16 operands in fp32, block by block (see the top of this file).
 class HalfProductKernel : public Kernel {
@@ -521,14 +518,11 @@ private:
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
 };
 
-std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, false); }
-std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, true); }
-
 } // namespace
 
-void registerDnnlHalfProductKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsHalfMatMul, createHalfMatMul});
-  r.add({"ai.onnx", "Gemm", KernelProvider::Dnnl, supportsHalfGemm, createHalfGemm});
-}
+Support supportsHalfMatMul(const ir::Op &op) { return Support::unless(halfProductObstacle(op, false)); }
+Support supportsHalfGemm(const ir::Op &op) { return Support::unless(halfProductObstacle(op, true)); }
+std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, false); }
+std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, true); }
 
 } // namespace popart::backend_cpu

@@ -221,10 +221,12 @@ TEST(DnnlHalfProduct, DeclinesHalfPartialsAndOtherTypes) {
   for (const auto &d : choice.declined)
     reasons += d + "; ";
   EXPECT_NE(reasons.find("fp16.16"), std::string::npos) << reasons;
-  // bf16 and fp32 products stay with the other oneDNN kernels.
+  // The oneDNN MatMul entry hands FLOAT16 to the f16 kernel, and keeps bf16 and fp32 products.
+  OneOp f16 = matMul({8, 32}, {32, 8});
   OneOp bf16 = makeOp("MatMul", {TensorInfo(DataType::BFLOAT16, {8, 32}), TensorInfo(DataType::BFLOAT16, {32, 8})});
-  ASSERT_NE(dnnlChoice(*bf16.op).entry, nullptr);
-  EXPECT_NE(dnnlChoice(*matMul({8, 32}, {32, 8}).op).entry, dnnlChoice(*bf16.op).entry);
+  EXPECT_EQ(dnnlChoice(*f16.op).explanation(), "oneDNN");
+  EXPECT_EQ(backend_cpu::createKernel(*f16.op, KernelProvider::Dnnl)->choice().rfind("fp32 blocks", 0), 0u);
+  EXPECT_EQ(backend_cpu::createKernel(*bf16.op, KernelProvider::Dnnl)->choice().find("fp32 blocks"), std::string::npos);
 }
 
 TEST(DnnlHalfProduct, RoundsLikeCoreHalf) {
