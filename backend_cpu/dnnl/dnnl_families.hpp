@@ -8,6 +8,12 @@ namespace popart::backend_cpu {
 void registerDnnlElementwiseKernels(KernelRegistry &registry);
 void registerDnnlMatMulKernels(KernelRegistry &registry);
 void registerDnnlGemmKernels(KernelRegistry &registry);
+/// FLOAT16 MatMul and Gemm (matmul_f16.cpp): fp32 products of blocks widened from fp16 on oneDNN's
+/// f32 matmul. The oneDNN MatMul and Gemm entries hand FLOAT16 operands to these checks and kernels.
+Support supportsHalfMatMul(const ir::Op &op);
+Support supportsHalfGemm(const ir::Op &op);
+std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op);
+std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op);
 void registerDnnlConvPoolKernels(KernelRegistry &registry);
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);

@@ -53,6 +53,8 @@ GemmSetup gemmSetup(const ir::Op &op) {
 }
 
 Support supportsGemm(const ir::Op &op) {
+  // FLOAT16: oneDNN 2.6 has no f16 matmul on this CPU; the f16 kernel computes in f32 blocks (matmul_f16.cpp).
+  if (op.inInfo(0).dataType() == DataType::FLOAT16) return supportsHalfGemm(op);
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
     return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
   DataType t = op.inInfo(0).dataType();
@@ -195,10 +197,16 @@ private:
   memory a_, b_, y_, c_;
 };
 
+/// The f16 kernel for FLOAT16 operands (supportsHalfGemm), ours otherwise.
+std::unique_ptr<Kernel> createGemm(const ir::Op &op, const KernelContext &context) {
+  if (op.inInfo(0).dataType() == DataType::FLOAT16) return createHalfGemm(op);
+  return std::make_unique<GemmKernel>(op, context);
+}
+
 } // namespace
 
 void registerDnnlGemmKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "Gemm", KernelProvider::Dnnl, supportsGemm, makeKernel<GemmKernel>});
+  r.add({"ai.onnx", "Gemm", KernelProvider::Dnnl, supportsGemm, createGemm});
 }
 
 } // namespace popart::backend_cpu

@@ -136,6 +136,8 @@ memory::desc residualDesc(const ir::Op &op, const memory::desc &mdY) {
 }
 
 Support supportsMatMul(const ir::Op &op) {
+  // FLOAT16: oneDNN 2.6 has no f16 matmul on this CPU; the f16 kernel computes in f32 blocks (matmul_f16.cpp).
+  if (op.inInfo(0).dataType() == DataType::FLOAT16) return supportsHalfMatMul(op);
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
     return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
   DataType t = op.inInfo(0).dataType();
@@ -536,10 +538,16 @@ private:
   PointwiseProduct pointwise_;
 };
 
+/// The f16 kernel for FLOAT16 operands (supportsHalfMatMul), ours otherwise.
+std::unique_ptr<Kernel> createMatMul(const ir::Op &op, const KernelContext &context) {
+  if (op.inInfo(0).dataType() == DataType::FLOAT16) return createHalfMatMul(op);
+  return std::make_unique<MatMulKernel>(op, context);
+}
+
 } // namespace
 
 void registerDnnlMatMulKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, makeKernel<MatMulKernel>});
+  r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, createMatMul});
 }
 
 } // namespace popart::backend_cpu

@@ -1,0 +1,528 @@
+// FLOAT16 MatMul and Gemm on oneDNN's f32 matmul. oneDNN 2.6.3 has no f16 matmul, inner product
+// or convolution on this CPU (only f16 ↔ f32 reorders, and those in a C++ loop), so the product of
+// fp16 operands computes in fp32, block by block, without a full-size fp32 copy of any operand:
+// a block of rows of A and a panel of columns of B (all of B when it is small) are widened into
+// the kernel's scratch, multiplied by an f32 matmul primitive created for that block shape, and
+// the f32 result block is narrowed into Y (round to nearest even, as core/half.hpp) or written as
+// it is when Y is FLOAT (Fusion::outputType), with the fused bias, scale, Relu and residual, or
+// Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
+// reference kernel's.
+//
+// Block sizes (kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): B whole when its f32 form is at
+// most 4 MiB (a [1024, 1024] weight), else panels of at most 2 MiB; rows of A in blocks of at most
+// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. So the scratch is at most
+// about 10 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
+// oneDNN reads them, and a block is large (every product of the Fashion-MNIST MLP is one block)
+// so that oneDNN sees long products and the conversions few parallel regions: one OpenMP region
+// widens A's block (and B's panel), one narrows the result, around oneDNN's. A panel's rows of A are
+// widened once per panel: B of more than 4 MiB costs one extra pass over A per 2 MiB of B.
+
+#include "backend_cpu/dnnl/dnnl_common.hpp"
+#include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "core/half.hpp"
+#include "core/tensordata.hpp"
+#include "ir/internal_attributes.hpp"
+#include "ir/ops/matmul_layout.hpp"
+
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+using namespace dnnl;
+
+/// B is widened whole (once per run and batch) up to this many bytes of f32.
+constexpr int64_t kMaxWholeB = int64_t{4} << 20;
+/// Otherwise in panels of columns of at most this many bytes of f32.
+constexpr int64_t kMaxPanelB = int64_t{2} << 20;
+/// Rows of A widened at a time: at most this many bytes of f32 ...
+constexpr int64_t kMaxBlockA = int64_t{2} << 20;
+/// ... and an f32 result block of at most this many bytes.
+constexpr int64_t kMaxBlockY = int64_t{4} << 20;
+/// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
+/// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
+constexpr int64_t kThreadedElements = int64_t{1} << 17;
+
+int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/// What is applied to each f32 product element v on its way to Y:
+/// relu(alpha·v + beta·addend) + residual, then Y's type.
+struct Epilogue {
+  float alpha = 1.f, beta = 1.f;
+  bool relu = false;
+  const void *addend = nullptr; ///< this row's first element; null: none
+  bool addendHalf = false;
+  int64_t addendStride = 0;       ///< 0 (broadcast along the row) or 1
+  const void *residual = nullptr; ///< this row's first element, Y's type and layout; null: none
+  void *y = nullptr;              ///< this row's first element
+  bool yHalf = true;
+  int64_t yStride = 1; ///< elements between Y's (and the residual's) columns
+};
+
+float loadAs(const void *p, bool half, int64_t i) {
+  return half ? halfToFloat(static_cast<const uint16_t *>(p)[i]) : static_cast<const float *>(p)[i];
+}
+
+// The conversions, three ways: AVX-512 (F16C's 16-wide forms, masked tails), AVX2 with F16C
+// (8-wide, scalar tails) and plain C++ (core/half.hpp). vcvtps2ph with _MM_FROUND_TO_NEAREST_INT
+// rounds to nearest even with subnormals and overflow to infinity as floatToHalf does (a NaN keeps
+// its payload's top bits where floatToHalf gives the canonical quiet NaN: NaN either way).
+
+void widenScalar(const uint16_t *src, float *dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = halfToFloat(src[i]);
+}
+
+void epilogueScalar(const float *acc, int64_t cols, const Epilogue &e) {
+  for (int64_t j = 0; j < cols; ++j) {
+    float v = e.alpha * acc[j];
+    if (e.addend) v += e.beta * loadAs(e.addend, e.addendHalf, j * e.addendStride);
+    if (e.relu && v < 0.f) v = 0.f; // NaN stays NaN
+    if (e.residual) v += loadAs(e.residual, e.yHalf, j * e.yStride);
+    if (e.yHalf)
+      static_cast<uint16_t *>(e.y)[j * e.yStride] = floatToHalf(v);
+    else
+      static_cast<float *>(e.y)[j * e.yStride] = v;
+  }
+}
+
+__attribute__((target("avx2,f16c,fma"))) void widenAvx2(const uint16_t *src, float *dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i))));
+  widenScalar(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx2,f16c,fma"))) void epilogueAvx2(const float *acc, int64_t cols, const Epilogue &e) {
+  if (e.yStride != 1) return epilogueScalar(acc, cols, e);
+  const __m256 alpha = _mm256_set1_ps(e.alpha), beta = _mm256_set1_ps(e.beta), zero = _mm256_setzero_ps();
+  const __m256 broadcast =
+      _mm256_set1_ps(e.addend && e.addendStride == 0 ? e.beta * loadAs(e.addend, e.addendHalf, 0) : 0.f);
+  int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(acc + j), alpha);
+    if (e.addend) {
+      if (e.addendStride == 0)
+        v = _mm256_add_ps(v, broadcast);
+      else if (e.addendHalf)
+        v = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(
+                                reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(e.addend) + j))),
+                            beta, v);
+      else
+        v = _mm256_fmadd_ps(_mm256_loadu_ps(static_cast<const float *>(e.addend) + j), beta, v);
+    }
+    if (e.relu) v = _mm256_max_ps(zero, v); // the second operand when either is NaN: NaN stays NaN
+    if (e.residual)
+      v = _mm256_add_ps(v, e.yHalf ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(
+                                         static_cast<const uint16_t *>(e.residual) + j)))
+                                   : _mm256_loadu_ps(static_cast<const float *>(e.residual) + j));
+    if (e.yHalf)
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(e.y) + j),
+                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    else
+      _mm256_storeu_ps(static_cast<float *>(e.y) + j, v);
+  }
+  if (j == cols) return;
+  Epilogue tail = e;
+  auto advance = [&](const void *p, bool half, int64_t by) -> const void * {
+    return p ? static_cast<const uint8_t *>(p) + by * (half ? 2 : 4) : nullptr;
+  };
+  tail.addend = advance(e.addend, e.addendHalf, j * e.addendStride);
+  tail.residual = advance(e.residual, e.yHalf, j);
+  tail.y = const_cast<void *>(advance(e.y, e.yHalf, j));
+  epilogueScalar(acc + j, cols - j, tail);
+}
+
+// GCC 12 warns (maybe-uninitialized) of the _mm512_undefined_* inside the unmasked forms of these
+// three: their zero-masked forms with every lane set are the same instructions.
+constexpr __mmask16 kAllLanes = 0xffff;
+__attribute__((target("avx512f"))) inline __m512 widen16(__m256i h) { return _mm512_maskz_cvtph_ps(kAllLanes, h); }
+__attribute__((target("avx512f"))) inline __m256i narrow16(__m512 v) {
+  return _mm512_maskz_cvtps_ph(kAllLanes, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+__attribute__((target("avx512f"))) inline __m512 max16(__m512 a, __m512 b) {
+  return _mm512_maskz_max_ps(kAllLanes, a, b);
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void widenAvx512(const uint16_t *src, float *dst,
+                                                                               int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i))));
+  if (i < n) {
+    auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+    _mm512_mask_storeu_ps(dst + i, mask, widen16(_mm256_maskz_loadu_epi16(mask, src + i)));
+  }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void epilogueAvx512(const float *acc, int64_t cols,
+                                                                                  const Epilogue &e) {
+  if (e.yStride != 1) return epilogueScalar(acc, cols, e);
+  const __m512 alpha = _mm512_set1_ps(e.alpha), beta = _mm512_set1_ps(e.beta), zero = _mm512_setzero_ps();
+  const __m512 broadcast =
+      _mm512_set1_ps(e.addend && e.addendStride == 0 ? e.beta * loadAs(e.addend, e.addendHalf, 0) : 0.f);
+  const auto *addendHalf = static_cast<const uint16_t *>(e.addend);
+  const auto *addendFloat = static_cast<const float *>(e.addend);
+  const auto *residualHalf = static_cast<const uint16_t *>(e.residual);
+  const auto *residualFloat = static_cast<const float *>(e.residual);
+  for (int64_t j = 0; j < cols; j += 16) {
+    __mmask16 mask = cols - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (cols - j)) - 1);
+    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, acc + j), alpha);
+    if (e.addend) {
+      if (e.addendStride == 0)
+        v = _mm512_add_ps(v, broadcast);
+      else if (e.addendHalf)
+        v = _mm512_fmadd_ps(widen16(_mm256_maskz_loadu_epi16(mask, addendHalf + j)), beta, v);
+      else
+        v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, addendFloat + j), beta, v);
+    }
+    if (e.relu) v = max16(zero, v); // the second operand when either is NaN: NaN stays NaN
+    if (e.residual)
+      v = _mm512_add_ps(v, e.yHalf ? widen16(_mm256_maskz_loadu_epi16(mask, residualHalf + j))
+                                   : _mm512_maskz_loadu_ps(mask, residualFloat + j));
+    if (e.yHalf)
+      _mm256_mask_storeu_epi16(static_cast<uint16_t *>(e.y) + j, mask, narrow16(v));
+    else
+      _mm512_mask_storeu_ps(static_cast<float *>(e.y) + j, mask, v);
+  }
+}
+
+/// The conversion loops this CPU runs best.
+struct HalfLoops {
+  void (*widen)(const uint16_t *, float *, int64_t) = widenScalar;
+  void (*epilogue)(const float *, int64_t, const Epilogue &) = epilogueScalar;
+};
+
+/// Whether the CPU converts with F16C (cpuid leaf 1, ecx bit 29; Clang's __builtin_cpu_supports
+/// does not know the name).
+bool hasF16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
+HalfLoops halfLoops() {
+  __builtin_cpu_init();
+  if (!hasF16c() || !__builtin_cpu_supports("fma")) return {};
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return {widenAvx512, epilogueAvx512};
+  if (__builtin_cpu_supports("avx2")) return {widenAvx2, epilogueAvx2};
+  return {};
+}
+
+/// A batch of matrix products Y_b = epilogue(A_b · B_b): element (i, p) of A_b at
+/// a + offsetA[b] + i·aRow + p·aCol, and so on; the addend (bias, C) at addendRow/addendCol strides
+/// (0 where broadcast), the same for every batch; the residual in Y's layout.
+struct Product {
+  int64_t m = 0, k = 0, n = 0;
+  int64_t aRow = 0, aCol = 0, bRow = 0, bCol = 0, yRow = 0, yCol = 0;
+  std::vector<int64_t> offsetA{0}, offsetB{0}, offsetY{0};
+  float alpha = 1.f, beta = 1.f;
+  bool relu = false;
+  int addendInput = -1, residualInput = -1; ///< -1: none
+  bool addendHalf = true, yHalf = true;
+  int64_t addendRow = 0, addendCol = 0;
+};
+
+Product matMulProduct(const ir::Op &op) {
+  Product p;
+  // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp), as the
+  // reference kernel reads them.
+  ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
+  bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
+  if (aVec) { // [k] is [1, k]; the result has no m axis
+    a.shape.insert(a.shape.begin(), 1);
+    a.strides.insert(a.strides.begin(), 0);
+  }
+  if (bVec) { // [k] is [k, 1]; the result has no n axis
+    b.shape.push_back(1);
+    b.strides.push_back(0);
+  }
+  p.m = a.shape[a.shape.size() - 2];
+  p.k = a.shape.back();
+  p.n = b.shape.back();
+  p.aRow = a.strides[a.strides.size() - 2];
+  p.aCol = a.strides.back();
+  p.bRow = b.strides[b.strides.size() - 2];
+  p.bCol = b.strides.back();
+  size_t yMatrix = (aVec ? 0 : 1) + (bVec ? 0 : 1);
+  size_t rank = y.shape.size() - yMatrix; // batch axes
+  p.yRow = aVec ? 0 : y.strides[rank];
+  p.yCol = bVec ? 1 : y.strides.back(); // one column: any stride
+  auto batchStrides = [&](const ir::StridedShape &s) {
+    std::vector<int64_t> st(rank, 0);
+    size_t axes = s.shape.size() - 2;
+    for (size_t d = 0; d < axes; ++d)
+      if (s.shape[d] != 1) st[rank - axes + d] = s.strides[d];
+    return st;
+  };
+  std::vector<int64_t> sa = batchStrides(a), sb = batchStrides(b);
+  Shape batch(y.shape.begin(), y.shape.begin() + static_cast<std::ptrdiff_t>(rank));
+  int64_t batches = shapeElementCount(batch);
+  p.offsetA.clear(), p.offsetB.clear(), p.offsetY.clear();
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t oa = 0, ob = 0, oy = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      oa += index[d] * sa[d];
+      ob += index[d] * sb[d];
+      oy += index[d] * y.strides[d];
+    }
+    p.offsetA.push_back(oa);
+    p.offsetB.push_back(ob);
+    p.offsetY.push_back(oy);
+    for (size_t d = rank; d-- > 0;) { // next batch index, last axis fastest
+      if (++index[d] < batch[d]) break;
+      index[d] = 0;
+    }
+  }
+  // [..., M, K] x [K, N] whose batches of A and Y follow on from each other: one product of all the rows.
+  bool foldable = batches > 1;
+  for (int64_t bi = 0; foldable && bi < batches; ++bi)
+    foldable = p.offsetB[static_cast<size_t>(bi)] == p.offsetB[0] &&
+               p.offsetA[static_cast<size_t>(bi)] == p.offsetA[0] + bi * p.m * p.aRow &&
+               p.offsetY[static_cast<size_t>(bi)] == p.offsetY[0] + bi * p.m * p.yRow;
+  if (foldable) {
+    p.m *= batches;
+    p.offsetA.resize(1), p.offsetB.resize(1), p.offsetY.resize(1);
+  }
+  // (acc + bias) · scale = scale·acc + scale·bias (fuseMatMulScale never comes with a bias).
+  p.alpha = p.beta = op.fusion.scale.value_or(1.f);
+  p.relu = op.fusion.relu();
+  if (op.hasInput(2)) { // fused by fuseMatMulBias: [N] along the rows
+    p.addendInput = 2;
+    p.addendHalf = op.inInfo(2).dataType() == DataType::FLOAT16;
+    p.addendCol = 1;
+  }
+  if (op.inputCount() > 3 && op.hasInput(3)) p.residualInput = 3; // fuseMatMulResidual
+  p.yHalf = op.outInfo(0).dataType() == DataType::FLOAT16;
+  return p;
+}
+
+Product gemmProduct(const ir::Op &op) {
+  Product p;
+  bool ta = op.attrs.getInt("transA", 0) != 0, tb = op.attrs.getInt("transB", 0) != 0;
+  p.m = op.outInfo(0).dim(0), p.n = op.outInfo(0).dim(1);
+  p.k = ta ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
+  p.aRow = ta ? 1 : p.k, p.aCol = ta ? p.m : 1;
+  p.bRow = tb ? 1 : p.n, p.bCol = tb ? p.k : 1;
+  p.yRow = p.n, p.yCol = 1;
+  p.alpha = op.attrs.getFloat("alpha", 1.f);
+  p.beta = op.attrs.getFloat("beta", 1.f);
+  p.relu = op.fusion.relu();
+  if (op.hasInput(2) && p.beta != 0.f) { // C broadcast to [M, N]
+    const Shape &c = op.inInfo(2).shape();
+    p.addendInput = 2;
+    p.addendHalf = op.inInfo(2).dataType() == DataType::FLOAT16;
+    int64_t rows = c.size() == 2 ? c[0] : 1, cols = c.empty() ? 1 : c.back();
+    p.addendCol = cols == 1 ? 0 : 1;
+    p.addendRow = rows == 1 ? 0 : cols;
+  }
+  p.yHalf = op.outInfo(0).dataType() == DataType::FLOAT16;
+  return p;
+}
+
+/// Why the f16 kernel does not take \p op ("" if it does), for the checks of both ops.
+std::string halfProductObstacle(const ir::Op &op, bool gemm) {
+  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
+    return "its partial sums are rounded to 16 bits (fp16.16), which only the reference kernel does";
+  if (op.inInfo(0).dataType() != DataType::FLOAT16 || op.inInfo(1).dataType() != DataType::FLOAT16)
+    return "A and B not both FLOAT16";
+  DataType y = op.outInfo(0).dataType();
+  if (y != DataType::FLOAT16 && y != DataType::FLOAT) return "Y is " + toString(y);
+  for (size_t i : {size_t{2}, size_t{3}})
+    if (op.inputCount() > i && op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT16 &&
+        op.inInfo(i).dataType() != DataType::FLOAT)
+      return "input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType());
+  if (op.outInfo(0).elementCount() == 0) return "an empty result";
+  Product p = gemm ? gemmProduct(op) : matMulProduct(op);
+  if (p.k == 0) return "an empty reduction (K = 0)";
+  if (p.residualInput >= 0 && op.inInfo(3).dataType() != y) return "a residual not in Y's type";
+  return {};
+}
+
+/// The product of FLOAT16 operands in fp32, block by block (see the top of this file).
+class HalfProductKernel : public Kernel {
+public:
+  HalfProductKernel(const ir::Op &op, bool gemm) : p_(gemm ? gemmProduct(op) : matMulProduct(op)), loops_(halfLoops()) {
+    const int64_t m = p_.m, k = p_.k, n = p_.n;
+    // Which way each block is widened: keeping the stored orientation, so that every conversion
+    // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
+    aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
+    bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
+    nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
+    int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
+    int64_t blocks = (m + mbMax - 1) / mbMax;
+    mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
+    bOffset_ = aligned64(mb_ * k * 4);
+    yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
+    scratchBytes_ = yOffset_ + aligned64(mb_ * nb_ * 4);
+    for (int r = 0; r < 2; ++r)
+      for (int c = 0; c < 2; ++c) {
+        int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
+        if (rows == 0 || cols == 0) continue;
+        memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
+        memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
+        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{cols, 1});
+        Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
+        matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
+        if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
+        blk.prim = matmul(pd);
+        blk.a = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
+        blk.b = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
+        blk.y = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
+      }
+    // Outside a plan there is no scratch: memory of the kernel's own, allocated now and untouched
+    // (so not resident) unless the kernel runs without a plan's scratch.
+    owned_ = alignedBytes(static_cast<size_t>(scratchBytes_));
+  }
+
+  int64_t scratchBytes() const override { return scratchBytes_; }
+
+  std::string choice() const override {
+    return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns" +
+           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ +
+           ")";
+  }
+
+  void run(const KernelArgs &args) override {
+    auto *scratch = static_cast<uint8_t *>(args.scratch ? args.scratch : owned_.get());
+    auto *aBlock = reinterpret_cast<float *>(scratch);
+    auto *bPanel = reinterpret_cast<float *>(scratch + bOffset_);
+    auto *yBlock = reinterpret_cast<float *>(scratch + yOffset_);
+    for (Block &blk : blocks_)
+      if (blk.prim) {
+        blk.a.set_data_handle(aBlock);
+        blk.b.set_data_handle(bPanel);
+        blk.y.set_data_handle(yBlock);
+      }
+    const auto *a = static_cast<const uint16_t *>(args.inputs[0]);
+    const auto *b = static_cast<const uint16_t *>(args.inputs[1]);
+    const void *addend = p_.addendInput >= 0 ? args.inputs[static_cast<size_t>(p_.addendInput)] : nullptr;
+    const void *residual = p_.residualInput >= 0 ? args.inputs[static_cast<size_t>(p_.residualInput)] : nullptr;
+    const int64_t m = p_.m, n = p_.n;
+    const uint16_t *widenedB = nullptr; // the B panel in bPanel, to widen a broadcast B once
+    int64_t widenedColumn = -1;
+    for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
+      for (int64_t n0 = 0; n0 < n; n0 += nb_) {
+        const int64_t cols = std::min(nb_, n - n0);
+        const bool newPanel = widenedB != b + p_.offsetB[bi] || widenedColumn != n0;
+        widenedB = b + p_.offsetB[bi], widenedColumn = n0;
+        for (int64_t m0 = 0; m0 < m; m0 += mb_) {
+          const int64_t rows = std::min(mb_, m - m0);
+          // One parallel region for both conversions (each is an orphaned omp for).
+          const bool panel = newPanel && m0 == 0;
+          const bool threads = (rows + (panel ? cols : 0)) * p_.k >= kThreadedElements;
+#pragma omp parallel if (threads)
+          {
+            if (panel) widenB(widenedB, n0, cols, bPanel);
+            widenA(a + p_.offsetA[bi], m0, rows, aBlock);
+          }
+          Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
+          dnnl_util::execute(blk.prim, blk.args,
+                             {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
+          store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
+        }
+      }
+  }
+
+private:
+  /// Rows [m0, m0 + rows) of A (from \p a, this batch's) into \p dst, f32 in A's orientation:
+  /// [rows, K] row-major, or [K, rows] when A is stored transposed. Shared among the threads of
+  /// the enclosing parallel region, if any; ends with its barrier.
+  void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst) const {
+    const int64_t k = p_.k;
+    if (aTransposed_) {
+#pragma omp for schedule(static)
+      for (int64_t q = 0; q < k; ++q)
+        loops_.widen(a + q * p_.aCol + m0, dst + q * rows, rows);
+    } else if (p_.aCol == 1 || k == 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < rows; ++i)
+        loops_.widen(a + (m0 + i) * p_.aRow, dst + i * k, k);
+    } else { // neither axis contiguous (a permuted operand): element by element
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t q = 0; q < k; ++q)
+          dst[i * k + q] = halfToFloat(a[(m0 + i) * p_.aRow + q * p_.aCol]);
+    }
+  }
+
+  /// Columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst, f32 in B's orientation:
+  /// [K, cols] row-major, or [cols, K] when B is stored transposed. Shared among the threads of
+  /// the enclosing parallel region, if any, without a barrier (widenA's follows).
+  void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst) const {
+    const int64_t k = p_.k;
+    if (bTransposed_) {
+#pragma omp for schedule(static) nowait
+      for (int64_t j = 0; j < cols; ++j)
+        loops_.widen(b + (n0 + j) * p_.bCol, dst + j * k, k);
+    } else if (p_.bCol == 1 || cols == 1) {
+#pragma omp for schedule(static) nowait
+      for (int64_t q = 0; q < k; ++q)
+        loops_.widen(b + q * p_.bRow + n0, dst + q * cols, cols);
+    } else {
+#pragma omp for schedule(static) nowait
+      for (int64_t q = 0; q < k; ++q)
+        for (int64_t j = 0; j < cols; ++j)
+          dst[q * cols + j] = halfToFloat(b[q * p_.bRow + (n0 + j) * p_.bCol]);
+    }
+  }
+
+  /// The f32 block [rows, cols] of \p acc into Y at rows m0.., columns n0.. of the batch at \p offsetY.
+  void store(const float *acc, int64_t offsetY, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const void *addend,
+             const void *residual, void *y) const {
+    const size_t ySize = p_.yHalf ? 2 : 4, addendSize = p_.addendHalf ? 2 : 4;
+    const bool threads = rows * cols >= kThreadedElements;
+#pragma omp parallel for schedule(static) if (threads)
+    for (int64_t i = 0; i < rows; ++i) {
+      Epilogue e;
+      e.alpha = p_.alpha, e.beta = p_.beta, e.relu = p_.relu;
+      if (addend) {
+        e.addend = static_cast<const uint8_t *>(addend) +
+                   static_cast<size_t>((m0 + i) * p_.addendRow + n0 * p_.addendCol) * addendSize;
+        e.addendHalf = p_.addendHalf;
+        e.addendStride = p_.addendCol;
+      }
+      const auto at = static_cast<size_t>(offsetY + (m0 + i) * p_.yRow + n0 * p_.yCol) * ySize;
+      if (residual) e.residual = static_cast<const uint8_t *>(residual) + at;
+      e.y = static_cast<uint8_t *>(y) + at;
+      e.yHalf = p_.yHalf;
+      e.yStride = p_.yCol;
+      loops_.epilogue(acc + i * cols, cols, e);
+    }
+  }
+
+  /// The primitive for one block shape: [0] full rows and columns, [1] full rows and the last
+  /// columns, [2] the last rows and full columns, [3] the last rows and columns.
+  struct Block {
+    primitive prim;
+    memory a, b, y;
+    std::vector<dnnl_exec_arg_t> args;
+  };
+
+  Product p_;
+  HalfLoops loops_;
+  bool aTransposed_ = false, bTransposed_ = false;
+  int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
+  int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
+  std::array<Block, 4> blocks_;
+  std::string implementation_; ///< oneDNN's implementation of the full block
+  std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
+};
+
+} // namespace
+
+Support supportsHalfMatMul(const ir::Op &op) { return Support::unless(halfProductObstacle(op, false)); }
+Support supportsHalfGemm(const ir::Op &op) { return Support::unless(halfProductObstacle(op, true)); }
+std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, false); }
+std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op) { return std::make_unique<HalfProductKernel>(op, true); }
+
+} // namespace popart::backend_cpu
