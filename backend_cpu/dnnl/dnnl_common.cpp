@@ -1,5 +1,6 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "core/half.hpp"
+#include "ir/internal_attributes.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -64,6 +65,22 @@ bool inputsFloat(const ir::Op &op) {
 }
 
 bool allFloat(const ir::Op &op) { return inputsFloat(op) && op.outInfo(0).dataType() == DataType::FLOAT; }
+
+Support productTypes(const ir::Op &op, std::initializer_list<size_t> extraInputs) {
+  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
+    return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
+  DataType t = op.inInfo(0).dataType();
+  if (!dnnlType(t) || op.inInfo(1).dataType() != t)
+    return Support::no("A and B not both FLOAT, BFLOAT16 or FLOAT16 (" + toString(t) + ", " +
+                       toString(op.inInfo(1).dataType()) + ")");
+  DataType y = op.outInfo(0).dataType();
+  if (y != t && y != DataType::FLOAT) return Support::no("Y is " + toString(y) + " with " + toString(t) + " operands");
+  for (size_t i : extraInputs)
+    if (op.inputCount() > i && op.hasInput(i) && op.inInfo(i).dataType() != t &&
+        op.inInfo(i).dataType() != DataType::FLOAT)
+      return Support::no("input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType()));
+  return Support::yes();
+}
 
 std::optional<dnnl::memory::data_type> dnnlType(DataType type) {
   switch (type) {

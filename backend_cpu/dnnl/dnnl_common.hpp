@@ -88,6 +88,11 @@ private:
   std::vector<float> buffer_;
 };
 
+/// The types of a MatMul or Gemm oneDNN can run: A and B both FLOAT, BFLOAT16 or FLOAT16, Y and
+/// each present input of \p extraInputs (bias, residual, C) in their type or FLOAT, and no 16-bit
+/// partial sums (fp16.16's internal_attr::kHalfPartials, which only the reference kernel rounds).
+Support productTypes(const ir::Op &op, std::initializer_list<size_t> extraInputs);
+
 /// Whether ONNX Conv weights of shape \p w with \p group groups make a pointwise convolution
 /// (ungrouped, every kernel extent 1).
 bool pointwiseWeights(const Shape &w, int64_t group);

@@ -7,7 +7,6 @@
 #include "backend_cpu/dnnl/pointwise_product.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
-#include "ir/internal_attributes.hpp"
 
 #include <algorithm>
 #include <string>
@@ -55,18 +54,10 @@ GemmSetup gemmSetup(const ir::Op &op) {
 Support supportsGemm(const ir::Op &op) {
   // FLOAT16: oneDNN 2.6 has no f16 matmul on this CPU; the f16 kernel computes in f32 blocks (matmul_f16.cpp).
   if (op.inInfo(0).dataType() == DataType::FLOAT16) return supportsHalfGemm(op);
-  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
-    return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
-  DataType t = op.inInfo(0).dataType();
-  auto type = dnnl_util::dnnlType(t);
-  if (!type || op.inInfo(1).dataType() != t)
-    return Support::no("A and B not both FLOAT, BFLOAT16 or FLOAT16 (" + toString(t) + ", " +
-                       toString(op.inInfo(1).dataType()) + ")");
   // 16-bit A and B: C and Y in their type or FLOAT (fp32 accumulation).
-  DataType y = op.outInfo(0).dataType();
-  if (y != t && y != DataType::FLOAT) return Support::no("Y is " + toString(y) + " with " + toString(t) + " operands");
-  if (op.hasInput(2) && op.inInfo(2).dataType() != t && op.inInfo(2).dataType() != DataType::FLOAT)
-    return Support::no("C is " + toString(op.inInfo(2).dataType()));
+  if (Support types = dnnl_util::productTypes(op, {2}); !types) return types;
+  DataType t = op.inInfo(0).dataType(), y = op.outInfo(0).dataType();
+  auto type = dnnl_util::dnnlType(t);
   if (t == DataType::FLOAT && (y != t || (op.hasInput(2) && op.inInfo(2).dataType() != t)))
     return Support::no("FLOAT operands with a 16-bit C or Y");
   // beta other than 1 with C is left to the reference kernel (no exact oneDNN post-op for it).

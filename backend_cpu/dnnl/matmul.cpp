@@ -8,7 +8,6 @@
 #include "backend_cpu/dnnl/pointwise_product.hpp"
 #include "core/log.hpp"
 #include "core/tensordata.hpp"
-#include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
 #include <algorithm>
@@ -138,20 +137,10 @@ memory::desc residualDesc(const ir::Op &op, const memory::desc &mdY) {
 Support supportsMatMul(const ir::Op &op) {
   // FLOAT16: oneDNN 2.6 has no f16 matmul on this CPU; the f16 kernel computes in f32 blocks (matmul_f16.cpp).
   if (op.inInfo(0).dataType() == DataType::FLOAT16) return supportsHalfMatMul(op);
-  if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
-    return Support::no("its partial sums are rounded to 16 bits (fp16.16), which oneDNN does not do");
-  DataType t = op.inInfo(0).dataType();
-  auto type = dnnl_util::dnnlType(t);
-  if (!type || op.inInfo(1).dataType() != t)
-    return Support::no("A and B not both FLOAT, BFLOAT16 or FLOAT16 (" + toString(t) + ", " +
-                       toString(op.inInfo(1).dataType()) + ")");
   // 16-bit operands: Y, the bias and the residual in their type or FLOAT (fp32 accumulation).
-  DataType y = op.outInfo(0).dataType();
-  if (y != t && y != DataType::FLOAT) return Support::no("Y is " + toString(y) + " with " + toString(t) + " operands");
-  for (size_t i : {2, 3})
-    if (op.inputCount() > i && op.hasInput(i) && op.inInfo(i).dataType() != t &&
-        op.inInfo(i).dataType() != DataType::FLOAT)
-      return Support::no("input " + std::to_string(i) + " is " + toString(op.inInfo(i).dataType()));
+  if (Support types = dnnl_util::productTypes(op, {2, 3}); !types) return types;
+  DataType t = op.inInfo(0).dataType(), y = op.outInfo(0).dataType();
+  auto type = dnnl_util::dnnlType(t);
   if (op.outInfo(0).elementCount() == 0) return Support::no("an empty result");
   size_t ra = op.inInfo(0).shape().size(), rb = op.inInfo(1).shape().size();
   if (ra < 1 || rb < 1 || std::max(ra, rb) > 12) return Support::no("a scalar operand or rank above 12");

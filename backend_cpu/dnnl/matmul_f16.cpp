@@ -256,33 +256,11 @@ Product matMulProduct(const ir::Op &op) {
   size_t rank = y.shape.size() - yMatrix; // batch axes
   p.yRow = aVec ? 0 : y.strides[rank];
   p.yCol = bVec ? 1 : y.strides.back(); // one column: any stride
-  auto batchStrides = [&](const ir::StridedShape &s) {
-    std::vector<int64_t> st(rank, 0);
-    size_t axes = s.shape.size() - 2;
-    for (size_t d = 0; d < axes; ++d)
-      if (s.shape[d] != 1) st[rank - axes + d] = s.strides[d];
-    return st;
-  };
-  std::vector<int64_t> sa = batchStrides(a), sb = batchStrides(b);
-  Shape batch(y.shape.begin(), y.shape.begin() + static_cast<std::ptrdiff_t>(rank));
-  int64_t batches = shapeElementCount(batch);
-  p.offsetA.clear(), p.offsetB.clear(), p.offsetY.clear();
-  std::vector<int64_t> index(rank, 0);
-  for (int64_t bi = 0; bi < batches; ++bi) {
-    int64_t oa = 0, ob = 0, oy = 0;
-    for (size_t d = 0; d < rank; ++d) {
-      oa += index[d] * sa[d];
-      ob += index[d] * sb[d];
-      oy += index[d] * y.strides[d];
-    }
-    p.offsetA.push_back(oa);
-    p.offsetB.push_back(ob);
-    p.offsetY.push_back(oy);
-    for (size_t d = rank; d-- > 0;) { // next batch index, last axis fastest
-      if (++index[d] < batch[d]) break;
-      index[d] = 0;
-    }
-  }
+  ir::BatchOffsets offsets = ir::matMulBatchOffsets(a, b, y, rank);
+  p.offsetA = std::move(offsets.a);
+  p.offsetB = std::move(offsets.b);
+  p.offsetY = std::move(offsets.y);
+  const auto batches = static_cast<int64_t>(p.offsetA.size());
   // [..., M, K] x [K, N] whose batches of A and Y follow on from each other: one product of all the rows.
   bool foldable = batches > 1;
   for (int64_t bi = 0; foldable && bi < batches; ++bi)

@@ -40,32 +40,11 @@ public:
     yI_ = aVec ? 0 : y.strides[rank];
     yJ_ = bVec ? 0 : y.strides.back();
     // Each batch's A, B and Y offsets (broadcast batch axes of A and B have stride 0), once.
-    auto batchStrides = [&](const ir::StridedShape &s) {
-      std::vector<int64_t> st(rank, 0);
-      size_t axes = s.shape.size() - 2;
-      for (size_t d = 0; d < axes; ++d)
-        if (s.shape[d] != 1) st[rank - axes + d] = s.strides[d];
-      return st;
-    };
-    std::vector<int64_t> sa = batchStrides(a), sb = batchStrides(b);
-    Shape batch(y.shape.begin(), y.shape.begin() + static_cast<std::ptrdiff_t>(rank));
-    batches_ = shapeElementCount(batch);
-    std::vector<int64_t> index(rank, 0);
-    for (int64_t bi = 0; bi < batches_; ++bi) {
-      int64_t oa = 0, ob = 0, oy = 0;
-      for (size_t d = 0; d < rank; ++d) {
-        oa += index[d] * sa[d];
-        ob += index[d] * sb[d];
-        oy += index[d] * y.strides[d];
-      }
-      offsetA_.push_back(oa);
-      offsetB_.push_back(ob);
-      offsetY_.push_back(oy);
-      for (size_t d = rank; d-- > 0;) { // next batch index, last axis fastest
-        if (++index[d] < batch[d]) break;
-        index[d] = 0;
-      }
-    }
+    ir::BatchOffsets offsets = ir::matMulBatchOffsets(a, b, y, rank);
+    offsetA_ = std::move(offsets.a);
+    offsetB_ = std::move(offsets.b);
+    offsetY_ = std::move(offsets.y);
+    batches_ = static_cast<int64_t>(offsetA_.size());
   }
 
   void run(const KernelArgs &args) override {

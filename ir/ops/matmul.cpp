@@ -39,6 +39,37 @@ StridedShape matMulOperand(const Op &op, size_t i) {
   return s;
 }
 
+BatchOffsets matMulBatchOffsets(const StridedShape &a, const StridedShape &b, const StridedShape &y, size_t rank) {
+  auto batchStrides = [&](const StridedShape &s) {
+    std::vector<int64_t> st(rank, 0);
+    size_t axes = s.shape.size() - 2;
+    for (size_t d = 0; d < axes; ++d)
+      if (s.shape[d] != 1) st[rank - axes + d] = s.strides[d];
+    return st;
+  };
+  std::vector<int64_t> sa = batchStrides(a), sb = batchStrides(b);
+  Shape batch(y.shape.begin(), y.shape.begin() + static_cast<std::ptrdiff_t>(rank));
+  int64_t batches = shapeElementCount(batch);
+  BatchOffsets offsets;
+  std::vector<int64_t> index(rank, 0);
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t oa = 0, ob = 0, oy = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      oa += index[d] * sa[d];
+      ob += index[d] * sb[d];
+      oy += index[d] * y.strides[d];
+    }
+    offsets.a.push_back(oa);
+    offsets.b.push_back(ob);
+    offsets.y.push_back(oy);
+    for (size_t d = rank; d-- > 0;) { // next batch index, last axis fastest
+      if (++index[d] < batch[d]) break;
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
 StridedShape matMulResult(const Op &op) {
   const Shape &stored = op.outInfo(0).shape();
   StridedShape s{stored, rowMajorStrides(stored)};

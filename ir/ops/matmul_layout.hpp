@@ -28,4 +28,12 @@ StridedShape matMulOperand(const Op &op, size_t i);
 /// Transpose(product, Fusion::permY)). Needs the output's info.
 StridedShape matMulResult(const Op &op);
 
+/// Each batch's element offsets into A, B and Y of a product of \p a and \p b into \p y (vector
+/// operands already padded to matrices) over the \p rank batch axes of \p y, last axis fastest;
+/// a broadcast batch axis of A or B has stride 0.
+struct BatchOffsets {
+  std::vector<int64_t> a, b, y;
+};
+BatchOffsets matMulBatchOffsets(const StridedShape &a, const StridedShape &b, const StridedShape &y, size_t rank);
+
 } // namespace popart::ir
