@@ -29,8 +29,8 @@ const std::vector<std::string> &inferencePipeline() {
       "fuseHardSwish",      // the hard swishes left
       "fuseChannelShuffle",
       "fuseMatMulResidual", // after bias, scale and Relu, which cannot follow it
-      "fuseConvPool",
-      "convertPrecision", // after the fusions, which match fp32 patterns (BatchNorm into Conv...)
+      "convertPrecision",   // after the fusions, which match fp32 patterns (BatchNorm into Conv...)
+      "fuseConvPool",       // after it: a 16-bit Conv keeps its pool apart (the pooled kernel is fp32)
       "foldCastIntoMatMul",
       "markHalfPartials",
   };

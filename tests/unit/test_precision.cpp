@@ -577,3 +577,23 @@ TEST(Precision, Fp16And16MarksTheForwardAndGradientProducts) {
       EXPECT_EQ(marked, 0u) << ir;
   }
 }
+
+TEST(Precision, A16BitConvKeepsItsMaxPoolApart) {
+  // The pooled Conv's kernel is fp32 code: fused in bf16 it fell back to the reference Conv.
+  for (DataType type : {DataType::FLOAT, DataType::BFLOAT16}) {
+    ir::Graph g;
+    ir::registerBuiltinOps();
+    g.opsets()["ai.onnx"] = 13;
+    g.addTensor("x", ir::TensorKind::Stream, TensorInfo(type, {1, 2, 8, 8}));
+    g.addInput("x");
+    g.addConst("w", TensorData::fromDoubles(type, {4, 2, 3, 3}, std::vector<double>(72, 0.1)));
+    g.addOp("Conv", "", 13, "conv", {}, {"x", "w"}, {"c"});
+    ir::Attributes pool;
+    pool.set("kernel_shape", std::vector<int64_t>{2, 2});
+    pool.set("strides", std::vector<int64_t>{2, 2});
+    g.addOp("MaxPool", "", 13, "pool", pool, {"c"}, {"y"});
+    g.addOutput("y");
+    ir::inferShapes(g, nullptr);
+    EXPECT_EQ(ir::fuseConvPool(g), type == DataType::FLOAT ? 1 : 0) << toString(type);
+  }
+}
