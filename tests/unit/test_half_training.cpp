@@ -701,6 +701,8 @@ TEST(HalfApplyOptimizer, FloatStateRunsThroughAPlanAndClipsInFloat) {
       AppliedGraph a(type, sgd, options);
       EXPECT_TRUE(a.hasOp("Cast"));
       EXPECT_EQ(a.typeOf(a.applied.updates[0].state[0]), state == DataType::FLOAT ? DataType::FLOAT : type);
+      // An output, so that the plan keeps it after the step (a dead arena slot is reused).
+      a.graph.addOutput(a.applied.allFinite);
       backend_cpu::ExecutionPlan plan(a.graph, {});
       TensorData g = tensorOf(type, {300.0f, 300.0f, 0.0f, 0.0f});
       std::memcpy(plan.address("g"), g.data(), static_cast<size_t>(g.byteCount()));
