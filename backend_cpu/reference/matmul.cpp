@@ -50,10 +50,13 @@ public:
   void run(const KernelArgs &args) override {
     dispatchNumeric(type_, "MatMul", [&](auto tag) {
       using T = typename decltype(tag)::type;
-      if (floatOutput_) // Fusion::outputType: 16-bit operands, a FLOAT product
-        product<T, float>(args);
-      else
-        product<T, T>(args);
+      if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+        if (floatOutput_) { // Fusion::outputType: 16-bit operands, a FLOAT product
+          product<T, float>(args);
+          return;
+        }
+      }
+      product<T, T>(args);
     });
   }
 
