@@ -51,4 +51,24 @@ TensorData randomTensor(DataType type, const Shape &shape, std::mt19937 &rng, do
   return TensorData::fromDoubles(type, shape, v);
 }
 
+void runUpdateStep(backend_cpu::Kernel &kernel, const std::vector<void *> &buffers, const void *gradient,
+                   const void *hyperParameters, const float &gradScale, int64_t n, const std::vector<int64_t> &cuts) {
+  std::vector<const void *> in{buffers[0], gradient, hyperParameters, &gradScale};
+  std::vector<void *> out{buffers[0]};
+  for (size_t k = 1; k < buffers.size(); ++k) {
+    in.push_back(buffers[k]);
+    out.push_back(buffers[k]);
+  }
+  backend_cpu::KernelArgs args{in.data(), in.size(), out.data(), out.size()};
+  if (cuts.empty()) {
+    kernel.run(args);
+    return;
+  }
+  std::vector<int64_t> bounds{0};
+  bounds.insert(bounds.end(), cuts.begin(), cuts.end());
+  bounds.push_back(n);
+  for (size_t r = bounds.size() - 1; r-- > 0;)
+    kernel.runRange(args, bounds[r], bounds[r + 1]);
+}
+
 } // namespace popart::op_runner

@@ -29,4 +29,11 @@ std::vector<TensorData> runOp(const std::string &type, int opset, ir::Attributes
 /// the same draw in f32 and f64 holds the same numbers).
 TensorData randomTensor(DataType type, const Shape &shape, std::mt19937 &rng, double lo, double hi);
 
+/// Runs an optimiser update \p kernel in place: inputs {weight, gradient, hyperparameters, gradient
+/// scale, state...} and outputs {weight, state...}, where \p buffers holds the weight then the state
+/// (updated in place). run() if \p cuts is empty, else runRange over the ranges of [0, \p n) between
+/// the cuts, last range first (the plan may run them in any order).
+void runUpdateStep(backend_cpu::Kernel &kernel, const std::vector<void *> &buffers, const void *gradient,
+                   const void *hyperParameters, const float &gradScale, int64_t n, const std::vector<int64_t> &cuts);
+
 } // namespace popart::op_runner

@@ -210,22 +210,10 @@ public:
   /// runRange over the ranges between the cuts, last range first (the plan may run them in any order).
   void step(backend_cpu::Kernel &kernel, const std::vector<float> &g, const std::vector<float> &hp, float gs,
             const std::vector<int64_t> &cuts) {
-    std::vector<const void *> in{buffers_[0].data(), g.data(), hp.data(), &gs};
-    std::vector<void *> out{buffers_[0].data()};
-    for (size_t k = 1; k < buffers_.size(); ++k) {
-      in.push_back(buffers_[k].data());
-      out.push_back(buffers_[k].data());
-    }
-    backend_cpu::KernelArgs args{in.data(), in.size(), out.data(), out.size()};
-    if (cuts.empty()) {
-      kernel.run(args);
-      return;
-    }
-    std::vector<int64_t> bounds{0};
-    bounds.insert(bounds.end(), cuts.begin(), cuts.end());
-    bounds.push_back(n_);
-    for (size_t r = bounds.size() - 1; r-- > 0;)
-      kernel.runRange(args, bounds[r], bounds[r + 1]);
+    std::vector<void *> buffers;
+    for (auto &b : buffers_)
+      buffers.push_back(b.data());
+    op_runner::runUpdateStep(kernel, buffers, g.data(), hp.data(), gs, n_, cuts);
   }
   const std::vector<std::vector<float>> &buffers() const { return buffers_; }
 
