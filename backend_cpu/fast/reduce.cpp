@@ -98,31 +98,7 @@ private:
         y[a] = static_cast<float>(vec::sum(x + a * r_, r_) / div);
       return;
     }
-    const int64_t blocks = (b_ + kBlock - 1) / kBlock, slices = slices_;
-    const int64_t sliceRows = (r_ + slices - 1) / slices;
-    double *partial = partial_.data();
-#pragma omp parallel for schedule(static) if (inCount_ > 32768)
-    for (int64_t t = 0; t < a_ * blocks * slices; ++t) {
-      int64_t s = t % slices, ab = t / slices;
-      int64_t a = ab / blocks, b0 = (ab % blocks) * kBlock, len = std::min(kBlock, b_ - b0);
-      double local[kBlock] = {};
-      double *acc = slices > 1 ? partial + (s * a_ + a) * b_ + b0 : local;
-      if (slices > 1) std::fill(acc, acc + len, 0.0);
-      const float *base = x + a * r_ * b_ + b0;
-      for (int64_t r = s * sliceRows; r < std::min(r_, (s + 1) * sliceRows); ++r)
-        vec::accumulate(base + r * b_, acc, len);
-      if (slices == 1)
-        for (int64_t j = 0; j < len; ++j)
-          y[a * b_ + b0 + j] = static_cast<float>(acc[j] / div);
-    }
-    if (slices == 1) return;
-#pragma omp parallel for schedule(static) if (a_ * b_ > 4096)
-    for (int64_t o = 0; o < a_ * b_; ++o) {
-      double sum = 0;
-      for (int64_t s = 0; s < slices; ++s)
-        sum += partial[s * a_ * b_ + o];
-      y[o] = static_cast<float>(sum / div);
-    }
+    sumColumns(x, y, div, vec::accumulate, partial_.data());
   }
 
   /// Output \p o = \p v, rounded to the output's type.
@@ -153,17 +129,24 @@ private:
       }
       return;
     }
+    sumColumns(x, y, div, accumulate, partialSixteen_.data());
+  }
+
+  /// The sums over R of [A, R, B] with B > 1: blocks of kBlock columns, each summed by \p accumulate
+  /// into accumulators of type Acc (double for f32, f32 for the 16-bit types), in slices of R into
+  /// \p partial when there are slices, the slices then added in order.
+  template <typename T, typename Acc>
+  void sumColumns(const T *x, void *y, double div, void (*accumulate)(const T *, Acc *, int64_t), Acc *partial) const {
     const int64_t blocks = (b_ + kBlock - 1) / kBlock, slices = slices_;
     const int64_t sliceRows = (r_ + slices - 1) / slices;
-    float *partial = partialSixteen_.data();
 #pragma omp parallel for schedule(static) if (inCount_ > 32768)
     for (int64_t t = 0; t < a_ * blocks * slices; ++t) {
       int64_t s = t % slices, ab = t / slices;
       int64_t a = ab / blocks, b0 = (ab % blocks) * kBlock, len = std::min(kBlock, b_ - b0);
-      float local[kBlock] = {};
-      float *acc = slices > 1 ? partial + (s * a_ + a) * b_ + b0 : local;
-      if (slices > 1) std::fill(acc, acc + len, 0.f);
-      const uint16_t *base = x + a * r_ * b_ + b0;
+      Acc local[kBlock] = {};
+      Acc *acc = slices > 1 ? partial + (s * a_ + a) * b_ + b0 : local;
+      if (slices > 1) std::fill(acc, acc + len, Acc{0});
+      const T *base = x + a * r_ * b_ + b0;
       for (int64_t r = s * sliceRows; r < std::min(r_, (s + 1) * sliceRows); ++r)
         accumulate(base + r * b_, acc, len);
       if (slices == 1)
