@@ -16,6 +16,18 @@ namespace {
 template <typename T> double toDouble(T v) { return static_cast<double>(static_cast<compute_t<T>>(v)); }
 template <typename T> T fromDouble(double v) { return static_cast<T>(static_cast<compute_t<T>>(v)); }
 
+/// log(sum_k exp(x[k * stride])) over \p classes values, shifted by their maximum so that exp
+/// cannot overflow.
+template <typename T> double logSumExp(const T *x, int64_t classes, int64_t stride) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t k = 0; k < classes; ++k)
+    m = std::max(m, toDouble(x[k * stride]));
+  double sum = 0;
+  for (int64_t k = 0; k < classes; ++k)
+    sum += std::exp(toDouble(x[k * stride]) - m);
+  return m + std::log(sum);
+}
+
 class LossKernel : public Kernel, LossShape {
 public:
   explicit LossKernel(const ir::Op &op)
@@ -57,13 +69,7 @@ private:
       for (int64_t d = 0; d < d_; ++d) {
         const T *px = x + n * c_ * d_ + d; // class k at px[k * d_]
         if (softmax_) {
-          double m = -std::numeric_limits<double>::infinity();
-          for (int64_t k = 0; k < c_; ++k)
-            m = std::max(m, toDouble(px[k * d_]));
-          double sum = 0;
-          for (int64_t k = 0; k < c_; ++k)
-            sum += std::exp(toDouble(px[k * d_]) - m);
-          double lse = m + std::log(sum);
+          const double lse = logSumExp(px, c_, d_);
           for (int64_t k = 0; k < c_; ++k) {
             logProb_[k] = toDouble(px[k * d_]) - lse;
             if (logProbOut) logProbOut[n * c_ * d_ + k * d_ + d] = fromDouble<T>(logProb_[k]);
@@ -139,13 +145,7 @@ public:
         continue;
       }
       double g = toDouble(reduction_ == 0 ? dy[k] : dy[0]) * w / denom;
-      double m = -std::numeric_limits<double>::infinity();
-      for (int64_t c = 0; c < c_; ++c)
-        m = std::max(m, toDouble(xs[c * d_]));
-      double sum = 0;
-      for (int64_t c = 0; c < c_; ++c)
-        sum += std::exp(toDouble(xs[c * d_]) - m);
-      double lse = m + std::log(sum);
+      const double lse = logSumExp(xs, c_, d_);
       if (withLoss) positionLoss_[static_cast<size_t>(k)] = -(toDouble(xs[l * d_]) - lse) * w;
       for (int64_t c = 0; c < c_; ++c) // x[c] is read before dX[c] overwrites it (in place)
         out[c * d_] = fromDouble<T>(g * (std::exp(toDouble(xs[c * d_]) - lse) - (c == l ? 1.0 : 0.0)));
