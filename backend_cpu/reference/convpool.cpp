@@ -149,15 +149,7 @@ std::unique_ptr<Kernel> createMaxPool(const ir::Op &op) {
         outCoords(g, o, oc);
         for (int64_t p = 0; p < planes; ++p) {
           const T *xp = X + p * g.inSize;
-          C best = std::numeric_limits<C>::lowest();
-          int64_t bestAt = -1;
-          forWindow(g, oc, [&](int64_t, int64_t inf) {
-            C v = static_cast<C>(xp[inf]);
-            if (bestAt < 0 || v > best) {
-              best = v;
-              bestAt = inf;
-            }
-          });
+          const auto [best, bestAt] = windowArgMax<C>(g, oc, xp);
           Y[p * g.outSize + o] = static_cast<T>(best);
           if (I) {
             int64_t idx = bestAt;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
+#include <utility>
 
 namespace popart::backend_cpu {
 
@@ -91,6 +93,22 @@ template <typename F> inline void forWindow(const Geom &g, const int64_t *oc, F 
     }
     if (i < 0) return;
   }
+}
+
+/// The largest of \p xp over the window of output coordinates \p oc, converted to C, and its
+/// flat input index (the first one on ties); index -1 and C's lowest value for an empty window.
+template <typename C, typename T>
+inline std::pair<C, int64_t> windowArgMax(const Geom &g, const int64_t *oc, const T *xp) {
+  C best = std::numeric_limits<C>::lowest();
+  int64_t bestAt = -1;
+  forWindow(g, oc, [&](int64_t, int64_t inf) {
+    C v = static_cast<C>(xp[inf]);
+    if (bestAt < 0 || v > best) {
+      best = v;
+      bestAt = inf;
+    }
+  });
+  return {best, bestAt};
 }
 
 /// Batch and channel counts of a grouped convolution from input X and output Y (for the grad
