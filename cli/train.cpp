@@ -617,6 +617,11 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   }
   for (const char *flag : {"--als-bin-edge", "--als-threshold", "--als-update-period"})
     if (given(app, flag) && o.lossScaling != "histogram") throw error(flag, " needs --loss-scaling histogram");
+  if (!(o.alsBinEdge > 0 && o.alsBinEdge <= 1))
+    throw error("--als-bin-edge is a proportion of the largest representable value, in (0, 1]; got ", o.alsBinEdge);
+  if (!(o.alsThreshold >= 0 && o.alsThreshold <= 1))
+    throw error("--als-threshold is a proportion of the gradient elements, in [0, 1]; got ", o.alsThreshold);
+  if (o.alsUpdatePeriod < 1) throw error("--als-update-period must be at least 1 step, got ", o.alsUpdatePeriod);
 }
 
 } // namespace popart::cli

@@ -21,8 +21,7 @@
 // GradientStatistics (the histogram of automatic loss scaling) compares magnitudes as integers:
 // the sign bit cleared, an IEEE value's bits order as its magnitude does, with inf and NaN above
 // every finite value. So each gradient is read in its own type, 16-bit ones unconverted, by a
-// vectorised, threaded count against the bits of the smallest value of that type at or above
-// the edge.
+// vectorised count against the bits of the smallest value of that type at or above the edge.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -318,11 +317,12 @@ private:
 // ---- GradientStatistics ----
 
 /// Elements of \p bits (IEEE values of one width, \p Bits) whose magnitude bits are at least
-/// \p threshold.
+/// \p threshold. One thread: the count is bound by memory, which one core reads at about 20 GB/s
+/// (the MLP's 1.9 M fp32 gradients in 0.4 ms), and a parallel region per gradient measured 40x
+/// slower on a loaded 2-core host, where its barrier waits for a descheduled thread.
 template <typename Bits> POPART_CLONES int64_t countAtOrAbove(const Bits *bits, int64_t n, Bits threshold) {
   constexpr Bits magnitude = std::numeric_limits<Bits>::max() >> 1;
   int64_t count = 0;
-#pragma omp parallel for schedule(static) reduction(+ : count) if (n > 65536)
   for (int64_t c = 0; c < n; c += 16384) {
     const int64_t end = std::min(n, c + 16384);
     // 32-bit lanes vectorise where a 64-bit count would not; a chunk cannot overflow them.

@@ -194,6 +194,26 @@ def histogram(args, workdir):
     check(len(seen) == STEPS and np.mean(seen[-5:]) < np.mean(seen[:5]), "the loss falls")
 
 
+def histogram_flags(args, workdir):
+    """The --als-* flags: errors naming the flag without --loss-scaling histogram or out of range."""
+    model = os.path.join(workdir, "flags.onnx")
+    export(MLP(1.0), model)
+    base = [args.popart_run, model, "--train", "--steps", "1", "--input", "x=" + os.path.join(workdir, "x.npy"),
+            "--input", "target=" + os.path.join(workdir, "target.npy")]
+    for extra, message in [(["--loss-scaling", "dynamic", "--als-threshold", "0.1"],
+                            "--als-threshold needs --loss-scaling histogram"),
+                           (["--loss-scaling", "histogram", "--als-bin-edge", "1.5"], "--als-bin-edge is a proportion"),
+                           (["--loss-scaling", "histogram", "--als-update-period", "0"],
+                            "--als-update-period must be at least 1")]:
+        result = subprocess.run(base + extra, capture_output=True, text=True, timeout=600)
+        check(result.returncode != 0 and message in result.stdout + result.stderr,
+              f"{' '.join(extra)}: refused with '{message}'")
+    result = subprocess.run(base + ["--loss-scaling", "histogram", "--als-bin-edge", "0.25", "--als-threshold", "0.001",
+                                    "--als-update-period", "3"], capture_output=True, text=True, timeout=600)
+    check(result.returncode == 0 and "loss scale now 65536" in result.stdout,
+          "the three flags together run, the scale unchanged within the first period")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--popart-run", default="build/popart-run")
@@ -207,7 +227,7 @@ def main():
         x = rng.standard_normal((STEPS * BATCH, 64)).astype(np.float32) * 4
         np.save(os.path.join(workdir, "x.npy"), x)
         np.save(os.path.join(workdir, "target.npy"), np.argmax(x[:, :10], axis=1).astype(np.int64))
-        for test in (underflow, dynamic, histogram):
+        for test in (underflow, dynamic, histogram, histogram_flags):
             try:
                 test(args, workdir)
             except (Failure, subprocess.TimeoutExpired) as e:
