@@ -1,8 +1,8 @@
 #pragma once
 // Adds an optimiser to a graph with gradients: per weight its state Variables and one in-place
 // update op, plus gradient accumulation, clipping by global norm and the finiteness check of
-// dynamic loss scaling with, for its histogram method, the gradient statistics. Host-side values (hyperparameters per
-// step) come from hyperParameters().
+// dynamic loss scaling, with the gradient statistics of its histogram method. Host-side values
+// (hyperparameters per step) come from hyperParameters().
 
 #include "ir/graph.hpp"
 #include <popart/optimizer.hpp>
@@ -58,7 +58,7 @@ struct AppliedOptimizer {
   /// BOOL scalar, true when every gradient is finite ("" unless checkFinite).
   TensorId allFinite;
   /// INT64 [2] Variable {elements below the edge, elements at or above it (NaN, inf)} of the
-  /// last step's gradients, written in the PreUpdate phase ("" unless gradientStatisticsEdge).
+  /// last step's gradients, written in the PreUpdate phase ("" unless binEdgeLocation).
   TensorId gradientStatistics;
   /// The bin edge those counts use (0 without them).
   float binEdge = 0.0f;

@@ -316,7 +316,7 @@ void TrainingSession::Impl::updateLossScale(bool finite) {
     }
     return;
   }
-  // Histogram (PopART's rule). Halving and doubling a power of two within [2^-24, 2^24] is exact.
+  // Histogram (PopART's rule). Halving and doubling a float within [2^-24, 2^24] is exact.
   auto clamped = [](float s) { return std::clamp(s, kMinHistogramLossScale, kMaxHistogramLossScale); };
   if (!finite) {
     // The skipped step's counts, and those of the period so far, were taken at a scale that no
