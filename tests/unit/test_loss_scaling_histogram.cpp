@@ -347,10 +347,10 @@ TEST(HistogramLossScaling, UpdatePeriodChangesTheScaleEveryNStepsFromSummedCount
   EXPECT_EQ(every->getLossScale(), 8192.0f);
 }
 
-TEST(HistogramLossScaling, EdgeFollowsTheGradientTypeOutsideTheFp16Modes) {
+TEST(HistogramLossScaling, EdgeIsOfFp16InTheFp16ModesElseOfTheGradientType) {
   // fp32: the edge is half of fp32's largest value, which no gradient here reaches: the scale
-  // doubles every step up to the clamp at 2^24 and stays there. (In fp16.32 the same data halves
-  // it at 2^15.)
+  // doubles every step up to the clamp at 2^24 and stays there. In fp16.32 and fp16.16 the same
+  // data halves it at 2^15.
   auto s = session(histogramOptions(0x1p22f, 1, 1e-7f, "fp32"));
   step(*s, data(0));
   EXPECT_EQ(s->getLossScale(), 0x1p23f);
@@ -361,6 +361,13 @@ TEST(HistogramLossScaling, EdgeFollowsTheGradientTypeOutsideTheFp16Modes) {
   auto half = session(histogramOptions(32768.0f));
   step(*half, data(0));
   EXPECT_EQ(half->getLossScale(), 16384.0f);
+  // fp16.16: FLOAT16 weights, whose gradients are fp16 themselves.
+  auto half16 = session(histogramOptions(32768.0f, 1, 1e-7f, "fp16.16"));
+  ASSERT_EQ(half16->getInfo("w").dataType(), DataType::FLOAT16);
+  step(*half16, data(0));
+  EXPECT_EQ(half16->getLossScale(), 16384.0f);
+  step(*half16, data(1));
+  EXPECT_EQ(half16->getLossScale(), 32768.0f);
   // bf16: the edge is half of bfloat16's largest value.
   auto bf16 = session(histogramOptions(32768.0f, 1, 1e-7f, "bf16"));
   step(*bf16, data(0));
