@@ -87,6 +87,9 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--lr-gamma",
                                   "--lr-min",
                                   "--loss-scaling",
+                                  "--als-bin-edge",
+                                  "--als-threshold",
+                                  "--als-update-period",
                                   "--clip-norm",
                                   "--accumulate",
                                   "--steps",
@@ -100,6 +103,9 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--freeze"};
 
 bool given(const CLI::App &app, const char *flag) { return app.count(flag) > 0; }
+
+/// Whether --loss-scaling names a method of automatic loss scaling rather than a static scale.
+bool automaticLossScaling(const TrainOptions &o) { return o.lossScaling == "dynamic" || o.lossScaling == "histogram"; }
 
 /// The learning rate of step \p step (0-based) of \p total under the schedule.
 double scheduledLr(const TrainOptions &o, double base, int64_t step, int64_t total) {
@@ -120,7 +126,7 @@ std::unique_ptr<Optimizer> makeOptimizer(const TrainOptions &o, double lr) {
   std::vector<ClipNormSettings> clip;
   if (o.clipNorm > 0) clip.push_back(ClipNormSettings::clipAllWeights(float(o.clipNorm)));
   float ls = 1.0f;
-  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") ls = std::stof(o.lossScaling);
+  if (!o.lossScaling.empty() && !automaticLossScaling(o)) ls = std::stof(o.lossScaling);
   auto f = [](double v) { return float(v); };
   Optimizer::Params p{{"defaultLearningRate", {f(lr), false}}, {"lossScaling", {ls, true}}};
   const std::string &n = o.optimizer;
@@ -265,7 +271,18 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_option("--lr-step-size", o.lrStepSize, "step schedule: multiply the lr by --lr-gamma every N steps");
   app.add_option("--lr-gamma", o.lrGamma, "step schedule factor (default 0.1)");
   app.add_option("--lr-min", o.lrMin, "cosine schedule: final learning rate (default 0)");
-  app.add_option("--loss-scaling", o.lossScaling, "static loss scale S, or 'dynamic' (GradScaler-style)");
+  app.add_option("--loss-scaling", o.lossScaling,
+                 "static loss scale S; 'dynamic' (GradScaler-style: halve on inf/NaN, double after 2000 good "
+                 "steps); or 'histogram' (PopART's automatic loss scaling: halve or double every --als-update-period "
+                 "steps from the gradients' counts at or above a bin edge); both start at 65536");
+  app.add_option("--als-bin-edge", o.alsBinEdge,
+                 "histogram loss scaling: the bin edge as a proportion of the largest fp16 value (fp16 modes; else "
+                 "of the gradients' type), in (0, 1] (default 0.5)");
+  app.add_option("--als-threshold", o.alsThreshold,
+                 "histogram loss scaling: halve the scale when more than this proportion of gradient elements is at "
+                 "or above the edge, else double it (default 1e-7)");
+  app.add_option("--als-update-period", o.alsUpdatePeriod,
+                 "histogram loss scaling: steps whose counts are summed per change of the scale (default 1)");
   app.add_option("--clip-norm", o.clipNorm, "clip gradients by their global L2 norm")->check(CLI::PositiveNumber);
   app.add_option("--accumulate", o.accumulate, "micro-batches per weight update (mean of their gradients)")
       ->check(CLI::PositiveNumber);
@@ -334,7 +351,16 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     so.enableGradientAccumulation = true;
     so.accumulationFactor = o.accumulate;
   }
-  if (o.lossScaling == "dynamic") so.automaticLossScalingSettings.enabled = true;
+  if (automaticLossScaling(o)) {
+    AutomaticLossScalingSettings &als = so.automaticLossScalingSettings;
+    als.enabled = true;
+    if (o.lossScaling == "histogram") {
+      als.method = AutomaticLossScalingSettings::Method::Histogram;
+      als.binEdgeLocation = static_cast<float>(o.alsBinEdge);
+      als.thresholdUpperCountProportion = static_cast<float>(o.alsThreshold);
+      als.updatePeriod = o.alsUpdatePeriod;
+    }
+  }
   double baseLr = o.lr >= 0                                                                        ? o.lr
                   : (o.optimizer == "sgd" || o.optimizer == "rmsprop" || o.optimizer == "adagrad") ? 0.01
                                                                                                    : 0.001;
@@ -504,7 +530,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     runStep();
     stepMs.push_back(std::chrono::duration<double, std::milli>(clock::now() - s0).count());
     lastLoss = std::accumulate(losses.begin(), losses.end(), 0.0) / double(losses.size());
-    if (!std::isfinite(lastLoss) && o.lossScaling != "dynamic")
+    if (!std::isfinite(lastLoss) && !automaticLossScaling(o))
       throw error("the loss became ", lastLoss, " at step ", step + 1, " (try a smaller --lr or --clip-norm)");
     int64_t done = step + 1;
     double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
@@ -529,6 +555,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   if (session->getSkippedSteps() > 0)
     std::printf("skipped %lld steps with non-finite gradients; loss scale now %g\n",
                 (long long)session->getSkippedSteps(), session->getLossScale());
+  else if (automaticLossScaling(o))
+    std::printf("loss scale now %g\n", session->getLossScale());
   std::printf("final loss: %.6g\n", lastLoss);
   std::printf("%s\n", unchangedReport(weightsBefore, readTrainedWeights(*session)).c_str());
   if (!o.checkpoint.empty()) saveCheckpoint(total);
@@ -581,12 +609,19 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   if ((given(app, "--lr-step-size") || given(app, "--lr-gamma")) && o.lrSchedule != "step")
     throw error("--lr-step-size and --lr-gamma need --lr-schedule step");
   if (given(app, "--lr-min") && o.lrSchedule != "cosine") throw error("--lr-min needs --lr-schedule cosine");
-  if (!o.lossScaling.empty() && o.lossScaling != "dynamic") {
+  if (!o.lossScaling.empty() && !automaticLossScaling(o)) {
     char *end = nullptr;
     double v = std::strtod(o.lossScaling.c_str(), &end);
     if (end == o.lossScaling.c_str() || *end != '\0' || !(v > 0))
-      throw error("--loss-scaling must be a positive number or 'dynamic', got '", o.lossScaling, "'");
+      throw error("--loss-scaling must be a positive number, 'dynamic' or 'histogram', got '", o.lossScaling, "'");
   }
+  for (const char *flag : {"--als-bin-edge", "--als-threshold", "--als-update-period"})
+    if (given(app, flag) && o.lossScaling != "histogram") throw error(flag, " needs --loss-scaling histogram");
+  if (!(o.alsBinEdge > 0 && o.alsBinEdge <= 1))
+    throw error("--als-bin-edge is a proportion of the largest representable value, in (0, 1]; got ", o.alsBinEdge);
+  if (!(o.alsThreshold >= 0 && o.alsThreshold <= 1))
+    throw error("--als-threshold is a proportion of the gradient elements, in [0, 1]; got ", o.alsThreshold);
+  if (o.alsUpdatePeriod < 1) throw error("--als-update-period must be at least 1 step, got ", o.alsUpdatePeriod);
 }
 
 } // namespace popart::cli

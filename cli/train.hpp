@@ -22,7 +22,11 @@ struct TrainOptions {
   std::string lrSchedule = "constant";
   int64_t warmupSteps = 0, lrStepSize = 0;
   double lrGamma = 0.1, lrMin = 0;
-  std::string lossScaling;
+  std::string lossScaling; ///< "" (none), a static scale, "dynamic" or "histogram"
+  /// --loss-scaling histogram: AutomaticLossScalingSettings' binEdgeLocation,
+  /// thresholdUpperCountProportion and updatePeriod.
+  double alsBinEdge = 0.5, alsThreshold = 1e-7;
+  int alsUpdatePeriod = 1;
   double clipNorm = 0;
   int accumulate = 1;
   int64_t steps = 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -144,6 +145,29 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
 
   if (options.checkFinite && !grads.empty())
     result.allFinite = addOp(g, PreUpdate, "ai.graphcore", "AllFinite", grads, {g.uniqueId("popart_all_finite")});
+  if (!(options.binEdgeLocation >= 0.0f && options.binEdgeLocation <= 1.0f))
+    throw error("the gradient statistics' bin edge location must be in (0, 1] (or 0 for none), got ",
+                options.binEdgeLocation);
+  if (options.binEdgeLocation > 0.0f && !grads.empty()) {
+    float largest = options.binEdgeOfHalf ? 65504.0f : std::numeric_limits<float>::max();
+    for (const TensorId &grad : grads) {
+      DataType t = g.tensor(grad).info().dataType();
+      if (t == DataType::FLOAT16) largest = std::min(largest, 65504.0f);
+      if (t == DataType::BFLOAT16) largest = std::min(largest, 0x1.fep127f); // bf16's largest finite value
+    }
+    result.binEdge = options.binEdgeLocation * largest;
+    // The counts go into a Variable: the host reads them after the PreUpdate phase, when the
+    // arena may already hold other tensors, and an in-place update survives dead-code removal.
+    result.gradientStatistics = g.uniqueId("popart_gradient_statistics");
+    g.addTensor(result.gradientStatistics, ir::TensorKind::Variable, TensorInfo(DataType::INT64, {2}))
+        .setData(std::make_shared<TensorData>(TensorInfo(DataType::INT64, {2})));
+    std::vector<TensorId> inputs{result.gradientStatistics};
+    inputs.insert(inputs.end(), grads.begin(), grads.end());
+    ir::Attributes edge;
+    edge.set("edge", result.binEdge);
+    addOp(g, PreUpdate, "ai.graphcore", "GradientStatistics", inputs,
+          {g.uniqueId(result.gradientStatistics + "_updated")}, std::move(edge));
+  }
 
   const auto *sgd = dynamic_cast<const SGD *>(&opt);
   const auto *adam = dynamic_cast<const Adam *>(&opt);

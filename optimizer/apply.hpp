@@ -1,7 +1,8 @@
 #pragma once
 // Adds an optimiser to a graph with gradients: per weight its state Variables and one in-place
 // update op, plus gradient accumulation, clipping by global norm and the finiteness check of
-// dynamic loss scaling. Host-side values (hyperparameters per step) come from hyperParameters().
+// dynamic loss scaling, with the gradient statistics of its histogram method. Host-side values
+// (hyperparameters per step) come from hyperParameters().
 
 #include "ir/graph.hpp"
 #include <popart/optimizer.hpp>
@@ -28,6 +29,13 @@ struct ApplyOptions {
   int accumulationFactor = 1;
   /// Adds an AllFinite op over every gradient (dynamic loss scaling).
   bool checkFinite = false;
+  /// Positive: adds a GradientStatistics op over every gradient (the histogram method of
+  /// automatic loss scaling), counting elements below and at or above the bin edge, this
+  /// proportion (at most 1) of the largest finite value of the narrowest gradient type. 0: none.
+  float binEdgeLocation = 0.0f;
+  /// The bin edge is a proportion of fp16's largest value (65504) whatever the gradients' type:
+  /// the fp16 modes, whose FLOAT master weights' gradients come from fp16 ones.
+  bool binEdgeOfHalf = false;
   /// Type of the optimiser state (momentum, Adam moments, RMSprop and AdaGrad accumulators) and
   /// of the gradient accumulators of FLOAT16 and BFLOAT16 weights. UNDEFINED: the weight's own
   /// type, as PopART's accumulatorAndMomentumType, accumType and accl1Type set to half (PopTorch's
@@ -49,6 +57,11 @@ struct AppliedOptimizer {
   TensorId gradScale;
   /// BOOL scalar, true when every gradient is finite ("" unless checkFinite).
   TensorId allFinite;
+  /// INT64 [2] Variable {elements below the edge, elements at or above it (NaN, inf)} of the
+  /// last step's gradients, written in the PreUpdate phase ("" unless binEdgeLocation).
+  TensorId gradientStatistics;
+  /// The bin edge those counts use (0 without them).
+  float binEdge = 0.0f;
 };
 
 /// Adds the optimiser for \p weightGrads ({weight, gradient of the scaled loss}) to \p graph.

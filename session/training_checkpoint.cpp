@@ -56,6 +56,9 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   header["skipped"] = m.skipped;
   header["goodSteps"] = m.goodSteps;
   header["lossScale"] = m.lossScale;
+  header["histogramBelow"] = m.histogramBelow;
+  header["histogramUpper"] = m.histogramUpper;
+  header["periodSteps"] = m.periodSteps;
   header["seed"] = std::to_string(m.seed);
   header["rngCounter"] = m.rngCounter;
   header["matmulWays"] = tunedWaysToJson(*m.plan);
@@ -154,6 +157,10 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     m.skipped = header.at("skipped").get<int64_t>();
     m.goodSteps = header.at("goodSteps").get<int64_t>();
     m.lossScale = header.at("lossScale").get<float>();
+    // Checkpoints from before the histogram method of loss scaling start a new period.
+    m.histogramBelow = header.value("histogramBelow", int64_t{0});
+    m.histogramUpper = header.value("histogramUpper", int64_t{0});
+    m.periodSteps = header.value("periodSteps", int64_t{0});
     m.seed = std::stoull(header.at("seed").get<std::string>());
     m.rngCounter = header.at("rngCounter").get<int64_t>();
   } catch (const nlohmann::json::exception &e) {

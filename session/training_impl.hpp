@@ -53,11 +53,20 @@ struct TrainingSession::Impl {
 
   int64_t step = 0, skipped = 0, goodSteps = 0;
   float lossScale = 1.0f;
+  /// The histogram method's counts of gradient elements below and at or above the bin edge,
+  /// summed over the steps of the current update period so far (periodSteps of them).
+  int64_t histogramBelow = 0, histogramUpper = 0, periodSteps = 0;
   uint64_t seed = 0;
   int64_t rngCounter = 0;
 
   int accumulation() const { return options.enableGradientAccumulation ? options.accumulationFactor : 1; }
   bool dynamicScaling() const { return options.automaticLossScalingSettings.enabled; }
+  bool histogramScaling() const {
+    return dynamicScaling() &&
+           options.automaticLossScalingSettings.method == AutomaticLossScalingSettings::Method::Histogram;
+  }
+  /// Moves the dynamic loss scale after a step: \p finite says whether its gradients were.
+  void updateLossScale(bool finite);
 
   /// Variables whose values persist across steps and go into checkpoints.
   std::vector<TensorId> persistentIds() const {

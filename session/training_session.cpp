@@ -11,11 +11,18 @@
 #include "session/threads.hpp"
 #include "session/training_impl.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace popart {
 
 namespace {
+
+/// The histogram method keeps the loss scale within [2^-24, 2^24]: a scale that only grows (no
+/// gradient ever near the edge) stays finite, and one that keeps halving (NaN from the data, not
+/// from overflow) stays a normal float that the scaled loss does not flush to zero.
+constexpr float kMinHistogramLossScale = 0x1p-24f;
+constexpr float kMaxHistogramLossScale = 0x1p24f;
 
 WeightStatus::Role statusRole(autodiff::WeightRole role) {
   switch (role) {
@@ -72,6 +79,11 @@ void TrainingSession::Impl::compile() {
   opt.optimizer = optimizer.get();
   opt.options.accumulationFactor = accumulation();
   opt.options.checkFinite = dynamicScaling();
+  const ir::PrecisionPolicy precision = session::precisionPolicy(options, true);
+  if (histogramScaling()) {
+    opt.options.binEdgeLocation = options.automaticLossScalingSettings.binEdgeLocation;
+    opt.options.binEdgeOfHalf = precision.low == DataType::FLOAT16;
+  }
   // Second moments in fp32 in every mode (PopART's accl2Type float). It decides the state of the
   // 16-bit Variables, fp16.16's weights and those of a model.half() model: in fp16 a squared
   // gradient below ~2.4e-4 underflows and Adam divides m by ε; in bfloat16 v can never decrease
@@ -81,7 +93,7 @@ void TrainingSession::Impl::compile() {
   // recomputing the forward pass.
   if (options.kernels != "reference")
     context.recurrentSavedBytes = [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); };
-  context.state<ir::PrecisionPolicy>() = session::precisionPolicy(options, true);
+  context.state<ir::PrecisionPolicy>() = precision;
   passRecords =
       ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 
@@ -145,6 +157,7 @@ void TrainingSession::Impl::resetState() {
     if (!u.accumulator.empty())
       std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
   step = skipped = goodSteps = 0;
+  histogramBelow = histogramUpper = periodSteps = 0;
   rngCounter = 0;
   lossScale = dynamicScaling() ? options.automaticLossScalingSettings.initialScale : optimizer->lossScaling().val();
 }
@@ -178,10 +191,29 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
     throw error("SessionOptions.accumulationFactor is ", options.accumulationFactor,
                 " but enableGradientAccumulation is false");
   const auto &als = options.automaticLossScalingSettings;
-  if (als.enabled && !(als.initialScale > 0.0f && als.growthFactor >= 1.0f && als.backoffFactor > 0.0f &&
-                       als.backoffFactor <= 1.0f && als.growthInterval > 0))
+  using Method = AutomaticLossScalingSettings::Method;
+  if (als.enabled && als.method != Method::GradScaler && als.method != Method::Histogram)
+    throw error("automaticLossScalingSettings: unknown method ", static_cast<int>(als.method),
+                " (GradScaler or Histogram)");
+  if (als.enabled && als.method == Method::GradScaler &&
+      !(als.initialScale > 0.0f && als.growthFactor >= 1.0f && als.backoffFactor > 0.0f && als.backoffFactor <= 1.0f &&
+        als.growthInterval > 0))
     throw error("automaticLossScalingSettings: need initialScale > 0, growthFactor >= 1, 0 < backoffFactor <= 1 "
                 "and growthInterval > 0");
+  if (als.enabled && als.method == Method::Histogram) {
+    if (!(als.initialScale >= kMinHistogramLossScale && als.initialScale <= kMaxHistogramLossScale))
+      throw error("automaticLossScalingSettings: the histogram method needs initialScale in [2^-24, 2^24], got ",
+                  als.initialScale);
+    if (!(als.binEdgeLocation > 0.0f && als.binEdgeLocation <= 1.0f))
+      throw error("automaticLossScalingSettings: binEdgeLocation is a proportion of the largest representable value "
+                  "and must be in (0, 1], got ",
+                  als.binEdgeLocation);
+    if (!(als.thresholdUpperCountProportion >= 0.0f && als.thresholdUpperCountProportion <= 1.0f))
+      throw error("automaticLossScalingSettings: thresholdUpperCountProportion must be in [0, 1], got ",
+                  als.thresholdUpperCountProportion);
+    if (als.updatePeriod < 1)
+      throw error("automaticLossScalingSettings: updatePeriod must be at least 1 step, got ", als.updatePeriod);
+  }
   if (als.enabled && m.optimizer->lossScaling().val() != 1.0f)
     throw error("dynamic loss scaling replaces the optimiser's static lossScaling; set one or the other");
   session::checkPassOptions("training", session::trainingPipeline(), options);
@@ -266,18 +298,48 @@ void TrainingSession::run(StepIO &stepio) {
       ++m.skipped;
     }
     m.plan->run(p3b, p3e);
-    if (m.dynamicScaling()) {
-      const auto &als = m.options.automaticLossScalingSettings;
-      if (!finite) {
-        m.lossScale *= als.backoffFactor;
-        m.goodSteps = 0;
-        logging::logger().info("non-finite gradients: update skipped, loss scale now {}", m.lossScale);
-      } else if (++m.goodSteps >= als.growthInterval) {
-        m.lossScale *= als.growthFactor;
-        m.goodSteps = 0;
-      }
-    }
+    m.updateLossScale(finite);
   }
+}
+
+void TrainingSession::Impl::updateLossScale(bool finite) {
+  if (!dynamicScaling()) return;
+  const auto &als = options.automaticLossScalingSettings;
+  if (!histogramScaling()) {
+    if (!finite) {
+      lossScale *= als.backoffFactor;
+      goodSteps = 0;
+      logging::logger().info("non-finite gradients: update skipped, loss scale now {}", lossScale);
+    } else if (++goodSteps >= als.growthInterval) {
+      lossScale *= als.growthFactor;
+      goodSteps = 0;
+    }
+    return;
+  }
+  // Histogram (PopART's rule). Halving and doubling a float within [2^-24, 2^24] is exact.
+  auto clamped = [](float s) { return std::clamp(s, kMinHistogramLossScale, kMaxHistogramLossScale); };
+  if (!finite) {
+    // The skipped step's counts, and those of the period so far, were taken at a scale that no
+    // longer holds: the period starts again at the halved scale.
+    lossScale = clamped(lossScale * 0.5f);
+    histogramBelow = histogramUpper = periodSteps = 0;
+    logging::logger().info("non-finite gradients: update skipped, loss scale now {}", lossScale);
+    return;
+  }
+  if (!applied.gradientStatistics.empty()) { // a model without trained weights has none
+    const auto *counts = static_cast<const int64_t *>(plan->address(applied.gradientStatistics));
+    histogramBelow += counts[0];
+    histogramUpper += counts[1];
+  }
+  if (++periodSteps < als.updatePeriod) return;
+  const int64_t total = histogramBelow + histogramUpper;
+  const double upperProportion = total > 0 ? static_cast<double>(histogramUpper) / static_cast<double>(total) : 0.0;
+  const float before = lossScale;
+  lossScale = clamped(upperProportion > static_cast<double>(als.thresholdUpperCountProportion) ? lossScale * 0.5f
+                                                                                               : lossScale * 2.0f);
+  logging::logger().debug("loss scale {} -> {}: {} of {} gradient elements at or above the bin edge", before, lossScale,
+                          histogramUpper, total);
+  histogramBelow = histogramUpper = periodSteps = 0;
 }
 
 void TrainingSession::setRandomSeed(uint64_t seed) {

@@ -17,10 +17,16 @@
 //
 // Like the reference kernels these split into ranges (Kernel::rangeElements) that the plan merges
 // across weights into one parallel step.
+//
+// GradientStatistics (the histogram of automatic loss scaling) compares magnitudes as integers:
+// the sign bit cleared, an IEEE value's bits order as its magnitude does, with inf and NaN above
+// every finite value. So each gradient is read in its own type, 16-bit ones unconverted, by a
+// vectorised count against the bits of the smallest value of that type at or above the edge.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/update_kernel.hpp"
+#include "core/half.hpp"
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -28,6 +34,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -307,11 +314,102 @@ private:
   RangeFn<FastAdamKernel> range_ = nullptr;
 };
 
+// ---- GradientStatistics ----
+
+/// Elements of \p bits (IEEE values of one width, \p Bits) whose magnitude bits are at least
+/// \p threshold. One thread: the count is bound by memory, which one core reads at about 20 GB/s
+/// (the MLP's 1.9 M fp32 gradients in 0.4 ms), and a parallel region per gradient measured 40x
+/// slower on a loaded 2-core host, where its barrier waits for a descheduled thread.
+template <typename Bits>
+inline __attribute__((always_inline)) int64_t countAtOrAbove(const Bits *bits, int64_t n, Bits threshold) {
+  constexpr Bits magnitude = std::numeric_limits<Bits>::max() >> 1;
+  int64_t count = 0;
+  for (int64_t c = 0; c < n; c += 16384) {
+    const int64_t end = std::min(n, c + 16384);
+    // 32-bit lanes vectorise where a 64-bit count would not; a chunk cannot overflow them.
+    uint32_t inChunk = 0;
+#pragma omp simd reduction(+ : inChunk)
+    for (int64_t i = c; i < end; ++i)
+      inChunk += static_cast<Bits>(bits[i] & magnitude) >= threshold ? 1u : 0u;
+    count += inChunk;
+  }
+  return count;
+}
+
+// One clone set per width: target_clones takes no templates (clang).
+POPART_CLONES int64_t countAtOrAbove32(const uint32_t *bits, int64_t n, uint32_t threshold) {
+  return countAtOrAbove(bits, n, threshold);
+}
+POPART_CLONES int64_t countAtOrAbove16(const uint16_t *bits, int64_t n, uint16_t threshold) {
+  return countAtOrAbove(bits, n, threshold);
+}
+
+/// The magnitude bits of the smallest value of \p type at or above \p edge (> 0, finite): inf's
+/// if \p edge is above the type's largest finite value.
+uint32_t thresholdBits(DataType type, float edge) {
+  if (type == DataType::FLOAT) {
+    uint32_t bits;
+    std::memcpy(&bits, &edge, sizeof bits);
+    return bits;
+  }
+  const bool half = type == DataType::FLOAT16;
+  uint16_t bits = half ? floatToHalf(edge) : floatToBfloat16(edge); // nearest, maybe below the edge
+  const float value = half ? halfToFloat(bits) : bfloat16ToFloat(bits);
+  if (value < edge) ++bits; // the next larger magnitude (inf after the largest finite value)
+  return bits;
+}
+
+Support supportsGradientStatistics(const ir::Op &op) {
+  if (op.inputCount() < 2 || op.inInfo(0).dataType() != DataType::INT64) return Support::no("counts type");
+  for (size_t k = 1; k < op.inputCount(); ++k) {
+    const DataType t = op.hasInput(k) ? op.inInfo(k).dataType() : DataType::UNDEFINED;
+    if (t != DataType::FLOAT && t != DataType::FLOAT16 && t != DataType::BFLOAT16)
+      return Support::no("gradients of FLOAT, FLOAT16 or BFLOAT16");
+  }
+  return Support::yes();
+}
+
+/// GradientStatistics: counts over every gradient (inputs 1...) of the elements below the edge
+/// and at or above it (NaN and inf included), into the INT64 [2] counts (output 0).
+class FastGradientStatisticsKernel : public Kernel {
+public:
+  explicit FastGradientStatisticsKernel(const ir::Op &op) {
+    const float edge = op.attrs.getFloat("edge");
+    for (size_t k = 1; k < op.inputCount(); ++k) {
+      const TensorInfo &info = op.inInfo(k);
+      inputs_.push_back(
+          {info.elementCount(), info.dataType() == DataType::FLOAT, thresholdBits(info.dataType(), edge)});
+    }
+  }
+  void run(const KernelArgs &a) override {
+    int64_t total = 0, upper = 0;
+    for (size_t k = 0; k < inputs_.size(); ++k) {
+      const Input &in = inputs_[k];
+      total += in.count;
+      upper += in.wide ? countAtOrAbove32(a.in<uint32_t>(k + 1), in.count, in.threshold)
+                       : countAtOrAbove16(a.in<uint16_t>(k + 1), in.count, static_cast<uint16_t>(in.threshold));
+    }
+    int64_t *out = a.out<int64_t>(0);
+    out[0] = total - upper;
+    out[1] = upper;
+  }
+
+private:
+  struct Input {
+    int64_t count;
+    bool wide; ///< FLOAT (32-bit words), else a 16-bit type
+    uint32_t threshold;
+  };
+  std::vector<Input> inputs_;
+};
+
 } // namespace
 
 void registerFastVarUpdateKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "SGDUpdate", KernelProvider::Fast, supportsSgd, makeKernel<FastSgdKernel>});
   r.add({"ai.graphcore", "AdamUpdate", KernelProvider::Fast, supportsAdam, makeKernel<FastAdamKernel>});
+  r.add({"ai.graphcore", "GradientStatistics", KernelProvider::Fast, supportsGradientStatistics,
+         makeKernel<FastGradientStatisticsKernel>});
 }
 
 } // namespace popart::backend_cpu

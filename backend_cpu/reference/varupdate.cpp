@@ -1,5 +1,6 @@
 // Kernels of the ai.graphcore in-place training ops (ir/ops/varupdate.cpp): optimiser updates,
-// gradient accumulation, variable copies and the finiteness check. The formulas follow
+// gradient accumulation, variable copies, the finiteness check and the gradient histogram of
+// automatic loss scaling. The formulas follow
 // torch.optim (1.13) step for step; docs/training.md lists the hyperparameter layouts.
 
 #include "backend_cpu/kernel_families.hpp"
@@ -348,6 +349,43 @@ private:
   std::vector<DataType> types_;
 };
 
+/// GradientStatistics: how many elements of the gradients (inputs 1...) have |g| below the
+/// `edge` attribute, and how many do not, into the INT64 [2] counts (output 0, in place of input
+/// 0). NaN fails every comparison, so it lands in the upper bin with inf.
+class GradientStatisticsKernel : public Kernel {
+public:
+  explicit GradientStatisticsKernel(const ir::Op &op) : edge_(op.attrs.getFloat("edge")) {
+    for (size_t k = 1; k < op.inputCount(); ++k) {
+      counts_.push_back(op.inInfo(k).elementCount());
+      types_.push_back(op.inInfo(k).dataType());
+    }
+  }
+  void run(const KernelArgs &a) override {
+    int64_t below = 0, total = 0;
+    for (size_t k = 0; k < counts_.size(); ++k) {
+      total += counts_[k];
+      below += dispatchFloat(types_[k], "GradientStatistics", [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        using C = compute_t<T>;
+        const T *x = a.in<T>(k + 1);
+        const C edge = static_cast<C>(edge_);
+        int64_t n = 0;
+        for (int64_t i = 0; i < counts_[k]; ++i)
+          n += std::fabs(static_cast<C>(x[i])) < edge ? 1 : 0;
+        return n;
+      });
+    }
+    int64_t *out = a.out<int64_t>(0);
+    out[0] = below;
+    out[1] = total - below;
+  }
+
+private:
+  float edge_;
+  std::vector<int64_t> counts_;
+  std::vector<DataType> types_;
+};
+
 bool isFloating(DataType t) {
   return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16 || t == DataType::DOUBLE;
 }
@@ -355,6 +393,14 @@ bool isFloating(DataType t) {
 bool floatingInputs(const ir::Op &op) {
   for (const ir::Tensor *t : op.inputs)
     if (t && !isFloating(t->info().dataType())) return false;
+  return true;
+}
+
+/// GradientStatistics: INT64 counts, floating gradients.
+bool gradientStatisticsTypes(const ir::Op &op) {
+  if (op.inputCount() < 2 || op.inInfo(0).dataType() != DataType::INT64) return false;
+  for (size_t k = 1; k < op.inputCount(); ++k)
+    if (!op.hasInput(k) || !isFloating(op.inInfo(k).dataType())) return false;
   return true;
 }
 
@@ -378,6 +424,7 @@ void registerReferenceVarUpdateKernels(KernelRegistry &r) {
   add("ResetVar", makeKernel<ResetVarKernel>, nullptr);
   add("CopyVar", makeKernel<CopyVarKernel>, nullptr);
   add("AllFinite", makeKernel<AllFiniteKernel>, floatingInputs);
+  add("GradientStatistics", makeKernel<GradientStatisticsKernel>, gradientStatisticsTypes);
 }
 
 } // namespace popart::backend_cpu

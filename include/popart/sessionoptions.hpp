@@ -9,15 +9,39 @@
 
 namespace popart {
 
-/// Dynamic loss scaling as torch.cuda.amp.GradScaler: the scale starts at initialScale, is
-/// multiplied by growthFactor after growthInterval steps with finite gradients, and by
-/// backoffFactor on a step with an inf/NaN gradient, whose update is skipped.
+/// Dynamic loss scaling (docs/precision.md, "Loss scaling"), in one of two methods. GradScaler
+/// (torch.cuda.amp.GradScaler): the scale starts at initialScale, is multiplied by growthFactor
+/// after growthInterval steps with finite gradients, and by backoffFactor on a step with an
+/// inf/NaN gradient, whose update is skipped. Histogram (PopART's automatic loss scaling): each
+/// step counts the weight gradients' elements with |g| at or above a bin edge; every
+/// updatePeriod steps the scale halves if those counts exceed thresholdUpperCountProportion of
+/// all counted elements, and doubles otherwise. Both skip a step with an inf/NaN gradient.
 struct AutomaticLossScalingSettings {
+  /// How the scale moves.
+  enum class Method {
+    GradScaler, ///< growthFactor, backoffFactor and growthInterval
+    Histogram   ///< binEdgeLocation, thresholdUpperCountProportion and updatePeriod
+  };
+  /// Turns dynamic loss scaling on (it replaces the optimiser's static lossScaling).
   bool enabled = false;
+  /// The method; GradScaler by default.
+  Method method = Method::GradScaler;
+  /// The scale of the first step (both methods).
   float initialScale = 65536.0f;
+  /// GradScaler: factor after growthInterval finite steps.
   float growthFactor = 2.0f;
+  /// GradScaler: factor on a step with non-finite gradients.
   float backoffFactor = 0.5f;
+  /// GradScaler: finite steps between growths.
   int growthInterval = 2000;
+  /// Histogram: the bin edge as a proportion of the largest finite value of fp16 (65504) in the
+  /// fp16 modes and for FLOAT16 gradients, else of the gradients' type; in (0, 1].
+  float binEdgeLocation = 0.5f;
+  /// Histogram: the proportion of gradient elements at or above the edge (NaN and inf included)
+  /// above which the scale halves; in [0, 1].
+  float thresholdUpperCountProportion = 1e-7f;
+  /// Histogram: steps whose counts are summed before the scale changes; at least 1.
+  int updatePeriod = 1;
 };
 
 /// Options that change how a session compiles and runs; the defaults suit most models.

@@ -1,7 +1,8 @@
 // ai.graphcore ops that update Variables in place during training: the optimiser updates
 // (SGDUpdate, AdamUpdate, AdaptiveUpdate), gradient accumulation (Accumulate, ResetVar),
-// copies into a variable (CopyVar: BatchNormalization running statistics) and AllFinite (the
-// inf/NaN check of dynamic loss scaling).
+// copies into a variable (CopyVar: BatchNormalization running statistics), AllFinite (the
+// inf/NaN check of dynamic loss scaling) and GradientStatistics (the two-bin histogram of
+// gradient magnitudes that the histogram method of automatic loss scaling reads).
 //
 // Update ops take [weight, gradient, hyperparameters (FLOAT [K]), gradient scale (FLOAT scalar),
 // state...] and output the weight and state updated in place. The gradient is multiplied by the
@@ -12,6 +13,8 @@
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
+
+#include <cmath>
 
 namespace popart::ir {
 
@@ -74,6 +77,22 @@ void setupAllFinite(Op &op) {
   op.setOutInfo(0, TensorInfo(DataType::BOOL, {}));
 }
 
+/// GradientStatistics(counts, g1, g2...) -> counts: writes into the INT64 [2] Variable `counts`
+/// how many elements of the gradients have |g| below the attribute `edge` and how many not
+/// (NaN and inf among them). It updates a Variable in place rather than making a new tensor so
+/// that its result outlives the step's arena for the host to read, and dead-code removal keeps it.
+void setupGradientStatistics(Op &op) {
+  if (op.inputCount() < 2) throw error(op.debugName(), ": expected the counts Variable and at least one gradient");
+  if (op.inInfo(0) != TensorInfo(DataType::INT64, {2}))
+    throw error(op.debugName(), ": the counts must be INT64 [2], got ", op.inInfo(0).toString());
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    requireType(op, i, {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16, DataType::DOUBLE});
+  const float edge = op.attrs.getFloat("edge");
+  if (!(edge > 0.0f) || !std::isfinite(edge))
+    throw error(op.debugName(), ": the bin edge must be a positive finite value, got ", edge);
+  op.setOutInfo(0, op.inInfo(0));
+}
+
 OpDef def(const char *type, void (*setup)(Op &), std::vector<OpDef::InPlace> modifies) {
   OpDef d = makeDef(type, 1, 1000, setup);
   d.domain = "ai.graphcore";
@@ -92,6 +111,7 @@ void registerVarUpdateOps(OpRegistry &r) {
   r.add(def("ResetVar", setupSameAsInput0, {{0, 0}}));
   r.add(def("CopyVar", setupCopyVar, {{0, 0}}));
   r.add(def("AllFinite", setupAllFinite, {}));
+  r.add(def("GradientStatistics", setupGradientStatistics, {{0, 0}}));
 }
 
 } // namespace popart::ir

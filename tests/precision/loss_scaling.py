@@ -11,6 +11,11 @@
    of 65536, overflow fp16 (its loss is multiplied by 16, its learning rate divided by 16): the
    first steps are skipped and the scale halved each time, then training proceeds with finite
    weights, and the loss falls.
+3. Histogram loss scaling (PopART's automatic loss scaling, --loss-scaling histogram) on both
+   models in fp16.32. On the first, no gradient comes near the bin edge (half of fp16's largest
+   value), so the scale doubles every step from 65536 and every update lands, within 3% of fp32's
+   as the static scale's; on the second the overflowing first steps are skipped and the scale
+   halved, then training proceeds. Both lose no update and their losses fall.
 
 Run: loss_scaling.py --popart-run build/popart-run
 """
@@ -75,7 +80,7 @@ def run(args, model, workdir, name, lr, extra):
         raise Failure(f"{' '.join(command)} exited with {result.returncode}:\n{result.stdout}{result.stderr}")
     print(f"{name}: {' '.join(extra) or '(fp32)'}")
     for line in result.stdout.splitlines():
-        if line.startswith(("weights:", "skipped", "final loss", "step 1/")):
+        if line.startswith(("weights:", "skipped", "loss scale", "final loss", "step 1/")):
             print("  " + line)
     return result.stdout, weights(out)
 
@@ -145,6 +150,70 @@ def dynamic(args, workdir):
     check(len(seen) == STEPS and np.mean(seen[-5:]) < np.mean(seen[:5]), "the loss falls")
 
 
+def final_scale(stdout):
+    """The loss scale popart-run reports at the end of an automatic loss scaling run."""
+    m = re.search(r"loss scale now (\S+)$", stdout, re.M)
+    if not m:
+        raise Failure(f"popart-run printed no final loss scale:\n{stdout}")
+    return float(m.group(1))
+
+
+def histogram(args, workdir):
+    # The models of the two tests above, exported again with their seeds.
+    torch.manual_seed(0)
+    small = os.path.join(workdir, "small-histogram.onnx")
+    factor = 2.0 ** -20
+    export(MLP(factor), small)
+    initial = weights(small)
+    lr = args.lr / factor
+    _, ref = run(args, small, workdir, "fp32-small", lr, [])
+    out, trained = run(args, small, workdir, "fp16.32-histogram", lr,
+                       ["--precision", "fp16.32", "--loss-scaling", "histogram"])
+    check(unchanged(out)[0] == 0, "histogram scaling in fp16.32 changes every weight element")
+    check(not re.search(r"^skipped", out, re.M), "and skips no step")
+    scale = final_scale(out)
+    check(abs(scale / 2.0 ** 24 - 1) < 1e-5, f"the scale doubled every step up to its bound 2^24 ({scale:g})")
+    for k in ref:
+        moved = np.linalg.norm(ref[k] - initial[k])
+        err = np.linalg.norm(trained[k] - ref[k])
+        check(err <= 0.03 * moved, f"{k}: histogram-scaled fp16.32 within 3% of fp32's update ({err / moved:.2g})")
+    seen = losses(out)
+    check(len(seen) == STEPS and np.mean(seen[-5:]) < np.mean(seen[:5]), "the loss falls")
+
+    torch.manual_seed(1)
+    plain = os.path.join(workdir, "plain-histogram.onnx")
+    export(MLP(16.0), plain)
+    out, trained = run(args, plain, workdir, "fp16.32-histogram-overflow", args.lr / 16.0,
+                       ["--precision", "fp16.32", "--loss-scaling", "histogram", "--als-update-period", "2"])
+    m = re.search(r"^skipped (\d+) steps with non-finite gradients; loss scale now (\S+)", out, re.M)
+    check(m is not None and 1 <= int(m.group(1)) < STEPS // 2,
+          "histogram scaling skips the steps whose fp16 gradients overflow at scale 65536, then recovers")
+    check(all(np.all(np.isfinite(w)) for w in trained.values()), "the weights stay finite")
+    check(unchanged(out)[0] == 0, "every weight element changed")
+    seen = losses(out)
+    check(len(seen) == STEPS and np.mean(seen[-5:]) < np.mean(seen[:5]), "the loss falls")
+
+
+def histogram_flags(args, workdir):
+    """The --als-* flags: errors naming the flag without --loss-scaling histogram or out of range."""
+    model = os.path.join(workdir, "flags.onnx")
+    export(MLP(1.0), model)
+    base = [args.popart_run, model, "--train", "--steps", "1", "--input", "x=" + os.path.join(workdir, "x.npy"),
+            "--input", "target=" + os.path.join(workdir, "target.npy")]
+    for extra, message in [(["--loss-scaling", "dynamic", "--als-threshold", "0.1"],
+                            "--als-threshold needs --loss-scaling histogram"),
+                           (["--loss-scaling", "histogram", "--als-bin-edge", "1.5"], "--als-bin-edge is a proportion"),
+                           (["--loss-scaling", "histogram", "--als-update-period", "0"],
+                            "--als-update-period must be at least 1")]:
+        result = subprocess.run(base + extra, capture_output=True, text=True, timeout=600)
+        check(result.returncode != 0 and message in result.stdout + result.stderr,
+              f"{' '.join(extra)}: refused with '{message}'")
+    result = subprocess.run(base + ["--loss-scaling", "histogram", "--als-bin-edge", "0.25", "--als-threshold", "0.001",
+                                    "--als-update-period", "3"], capture_output=True, text=True, timeout=600)
+    check(result.returncode == 0 and "loss scale now 65536" in result.stdout,
+          "the three flags together run, the scale unchanged within the first period")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--popart-run", default="build/popart-run")
@@ -158,7 +227,7 @@ def main():
         x = rng.standard_normal((STEPS * BATCH, 64)).astype(np.float32) * 4
         np.save(os.path.join(workdir, "x.npy"), x)
         np.save(os.path.join(workdir, "target.npy"), np.argmax(x[:, :10], axis=1).astype(np.int64))
-        for test in (underflow, dynamic):
+        for test in (underflow, dynamic, histogram, histogram_flags):
             try:
                 test(args, workdir)
             except (Failure, subprocess.TimeoutExpired) as e:
