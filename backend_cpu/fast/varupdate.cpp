@@ -22,6 +22,7 @@
 // the sign bit cleared, an IEEE value's bits order as its magnitude does, with inf and NaN above
 // every finite value. So each gradient is read in its own type, 16-bit ones unconverted, by a
 // vectorised count against the bits of the smallest value of that type at or above the edge.
+// AllFinite (the finite check of loss scaling) is the same count against inf's bits.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -403,6 +404,49 @@ private:
   std::vector<Input> inputs_;
 };
 
+// ---- AllFinite ----
+
+Support supportsAllFinite(const ir::Op &op) {
+  for (size_t k = 0; k < op.inputCount(); ++k) {
+    const DataType t = op.hasInput(k) ? op.inInfo(k).dataType() : DataType::UNDEFINED;
+    if (t != DataType::FLOAT && t != DataType::FLOAT16 && t != DataType::BFLOAT16)
+      return Support::no("inputs of FLOAT, FLOAT16 or BFLOAT16");
+  }
+  return Support::yes();
+}
+
+/// AllFinite: whether no element of any input is inf or NaN, by the same integer comparison as
+/// GradientStatistics: a value is not finite when its magnitude bits are at least inf's (all
+/// exponent bits set). Stops at the first input that has one.
+class FastAllFiniteKernel : public Kernel {
+public:
+  explicit FastAllFiniteKernel(const ir::Op &op) {
+    for (size_t k = 0; k < op.inputCount(); ++k) {
+      const TensorInfo &info = op.inInfo(k);
+      const DataType t = info.dataType();
+      inputs_.push_back({info.elementCount(), t == DataType::FLOAT,
+                         t == DataType::FLOAT ? 0x7f800000u : (t == DataType::FLOAT16 ? 0x7c00u : 0x7f80u)});
+    }
+  }
+  void run(const KernelArgs &a) override {
+    bool finite = true;
+    for (size_t k = 0; k < inputs_.size() && finite; ++k) {
+      const Input &in = inputs_[k];
+      finite = (in.wide ? countAtOrAbove32(a.in<uint32_t>(k), in.count, in.infBits)
+                        : countAtOrAbove16(a.in<uint16_t>(k), in.count, static_cast<uint16_t>(in.infBits))) == 0;
+    }
+    *a.out<bool>(0) = finite;
+  }
+
+private:
+  struct Input {
+    int64_t count;
+    bool wide; ///< FLOAT (32-bit words), else a 16-bit type
+    uint32_t infBits;
+  };
+  std::vector<Input> inputs_;
+};
+
 } // namespace
 
 void registerFastVarUpdateKernels(KernelRegistry &r) {
@@ -410,6 +454,7 @@ void registerFastVarUpdateKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "AdamUpdate", KernelProvider::Fast, supportsAdam, makeKernel<FastAdamKernel>});
   r.add({"ai.graphcore", "GradientStatistics", KernelProvider::Fast, supportsGradientStatistics,
          makeKernel<FastGradientStatisticsKernel>});
+  r.add({"ai.graphcore", "AllFinite", KernelProvider::Fast, supportsAllFinite, makeKernel<FastAllFiniteKernel>});
 }
 
 } // namespace popart::backend_cpu

@@ -31,6 +31,7 @@ using backend_cpu::KernelProvider;
 using Method = AutomaticLossScalingSettings::Method;
 
 POPART_FAST_KERNEL_COMPARED("ai.graphcore", "GradientStatistics");
+POPART_FAST_KERNEL_COMPARED("ai.graphcore", "AllFinite");
 
 namespace {
 
@@ -155,6 +156,69 @@ TEST(GradientStatistics, CountsMatchPlainLoopsInEveryFloatTypeWithInfAndNaN) {
   EXPECT_EQ(want[0] + want[1], 77 + 300 + 9 + 3 * 11);
   for (KernelProvider p : providers)
     EXPECT_EQ(runGradientStatistics(mixed, 3.5f, p), want) << backend_cpu::kernelProviderName(p);
+}
+
+/// Runs AllFinite over \p inputs with \p provider's kernel through an execution plan.
+bool runAllFinite(const std::vector<TensorData> &inputs, KernelProvider provider) {
+  ir::registerBuiltinOps();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 17;
+  std::vector<TensorId> ids;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    ids.push_back("g" + std::to_string(k));
+    g.addTensor(ids.back(), ir::TensorKind::Stream, inputs[k].info());
+    g.addInput(ids.back());
+  }
+  g.addOp("AllFinite", "ai.graphcore", 1, "", {}, ids, {"finite"});
+  g.addOutput("finite");
+  ir::inferShapes(g, nullptr);
+  backend_cpu::ExecutionPlan plan(g, {provider});
+  EXPECT_EQ(plan.stepProviders().back(), provider) << "the plan chose another provider's kernel";
+  for (size_t k = 0; k < inputs.size(); ++k)
+    std::memcpy(plan.address(ids[k]), inputs[k].data(), static_cast<size_t>(inputs[k].byteCount()));
+  plan.run();
+  return *static_cast<const bool *>(plan.address("finite"));
+}
+
+TEST(AllFinite, FastKernelMatchesTheReferenceAndPlainLoopsInEveryFloatType) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+  const std::vector<KernelProvider> providers{KernelProvider::Reference, KernelProvider::Fast};
+  for (DataType type : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16}) {
+    // The largest finite values and the smallest subnormals are finite; inf and NaN of either
+    // sign are not, wherever they stand (first, last, mid-vector past a vector width).
+    const float largest = type == DataType::FLOAT16    ? kHalfMax
+                          : type == DataType::BFLOAT16 ? kBfloat16Max
+                                                       : std::numeric_limits<float>::max();
+    const float tiny = type == DataType::FLOAT16 ? 6e-8f : 1e-44f;
+    for (size_t n : {size_t{1}, size_t{17}, size_t{40000}}) {
+      std::vector<float> values(n);
+      for (float &v : values)
+        v = d(rng);
+      values[0] = -largest;
+      values[n - 1] = n > 1 ? tiny : largest;
+      const TensorData finite = tensorOf(type, values);
+      for (KernelProvider p : providers)
+        EXPECT_TRUE(runAllFinite({finite}, p)) << toString(type) << " n " << n;
+      for (float special : {kInf, -kInf, kNaN, -kNaN})
+        for (size_t at : {size_t{0}, n / 2 + 1, n - 1}) {
+          if (at >= n) continue;
+          std::vector<float> bad = values;
+          bad[at] = special;
+          const TensorData t = tensorOf(type, bad);
+          bool byHand = true;
+          for (size_t i = 0; i < n; ++i)
+            byHand = byHand && std::isfinite(valueAt(t, i));
+          ASSERT_FALSE(byHand);
+          for (KernelProvider p : providers)
+            EXPECT_FALSE(runAllFinite({t}, p)) << toString(type) << " n " << n << " " << special << " at " << at << " "
+                                               << backend_cpu::kernelProviderName(p);
+          // A finite input first, the bad one second: the check covers every input.
+          for (KernelProvider p : providers)
+            EXPECT_FALSE(runAllFinite({finite, t}, p)) << backend_cpu::kernelProviderName(p);
+        }
+    }
+  }
 }
 
 TEST(GradientStatistics, SetupRefusesBadCountsAndEdgesByName) {
