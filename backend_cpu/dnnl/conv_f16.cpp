@@ -9,11 +9,11 @@
 // way. The weights are widened once per run, whole. ConvWeightGrad sums its chunks' weight
 // gradients in an f32 accumulator in the scratch and narrows the sum once.
 //
-// Chunks: about kChunkBytes of f32 per chunk for the batched input and output together, so that
-// the converted chunk is still in L2 when oneDNN reads it; the batch is split evenly, and the last
-// chunk, when it has fewer images, runs the same primitive over its images and what the buffer
-// holds after them (whose results are dropped; zeros for ConvWeightGrad, so that they add
-// nothing), so that one primitive and one weights layout serve every chunk.
+// Chunks: about kChunkBytesPerThread of f32 per thread for the batched input and output
+// together, so that the converted chunk is still in L2 when oneDNN reads it; the batch is split
+// evenly, and the last chunk, when it has fewer images, runs the same primitive over its images
+// and what the buffer holds after them (whose results are dropped; zeros for ConvWeightGrad, so
+// that they add nothing), so that one primitive and one weights layout serve every chunk.
 //
 // Fusions: the bias and an activation run in the f32 primitive (oneDNN post-ops, as the f32
 // kernel); a residual is added by the narrowing pass, before a Relu (the only activation taken
@@ -45,9 +45,10 @@ using half_blocks::Epilogue;
 using half_blocks::HalfLoops;
 using half_blocks::kThreadedElements;
 
-/// f32 bytes of a chunk's batched input and output together (one image at least): L2 is 2 MiB
-/// per core on the hosts these ran on.
-constexpr int64_t kChunkBytes = int64_t{2} << 20;
+/// f32 bytes of a chunk's batched input and output together per thread (one image at least): L2
+/// is 2 MiB per core on the hosts these ran on, and fewer chunks mean fewer parallel regions,
+/// which cost most on a loaded machine.
+constexpr int64_t kChunkBytesPerThread = int64_t{2} << 20;
 /// Elements per piece of a threaded conversion pass.
 constexpr int64_t kPiece = int64_t{1} << 14;
 
@@ -146,7 +147,8 @@ struct HalfConvSetup {
   bool batched(size_t r) const { return r == 0 || (r == 1) == (pass == Pass::Weights); }
 };
 
-HalfConvSetup halfConvSetup(const ir::Op &op) {
+/// \p threads: the session's, which share a chunk.
+HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
   HalfConvSetup s;
   s.whyNot = halfConvObstacle(op);
   if (!s.whyNot.empty()) return s;
@@ -170,12 +172,14 @@ HalfConvSetup halfConvSetup(const ir::Op &op) {
   }
   if (!s.whyNot.empty()) return s;
 
-  // Chunks of about kChunkBytes of the batched roles in f32, the batch split evenly.
+  // Chunks of about kChunkBytesPerThread of the batched roles in f32 per thread, the batch split
+  // evenly.
   s.batch = shapes[0][0];
   int64_t imageBytes = 0;
   for (size_t r = 0; r < 3; ++r)
     if (s.batched(r)) imageBytes += 4 * shapeElementCount(shapes[r]) / s.batch;
-  s.chunk = std::clamp<int64_t>(kChunkBytes / std::max<int64_t>(imageBytes, 1), 1, s.batch);
+  const int64_t chunkBytes = kChunkBytesPerThread * std::max(threads, 1);
+  s.chunk = std::clamp<int64_t>(chunkBytes / std::max<int64_t>(imageBytes, 1), 1, s.batch);
   s.chunks = (s.batch + s.chunk - 1) / s.chunk;
   s.chunk = (s.batch + s.chunks - 1) / s.chunks;
   for (size_t r = 0; r < 3; ++r) {
@@ -271,8 +275,8 @@ HalfConvSetup halfConvSetup(const ir::Op &op) {
 /// The FLOAT16 convolution in fp32 chunks (see the top of this file).
 class HalfConvKernel : public Kernel {
 public:
-  explicit HalfConvKernel(const ir::Op &op) : loops_(half_blocks::halfLoops()) {
-    HalfConvSetup s = halfConvSetup(op);
+  HalfConvKernel(const ir::Op &op, const KernelContext &context) : loops_(half_blocks::halfLoops()) {
+    HalfConvSetup s = halfConvSetup(op, context.threads);
     if (!s.whyNot.empty()) throw ::popart::error(op.debugName(), ": FLOAT16 convolution on oneDNN: ", s.whyNot);
     auto &eng = dnnl_util::engine();
     pass_ = s.pass;
@@ -453,15 +457,13 @@ Support supportsHalfConv(const ir::Op &op) {
   return Support::unless(halfConvSetup(op).whyNot);
 }
 
-std::unique_ptr<Kernel> createHalfConv(const ir::Op &op) { return std::make_unique<HalfConvKernel>(op); }
-
 } // namespace
 
 void registerDnnlHalfConvKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsHalfConv, createHalfConv});
-  r.add({"ai.onnx", "ConvTranspose", KernelProvider::Dnnl, supportsHalfConv, createHalfConv});
-  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supportsHalfConv, createHalfConv});
-  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, supportsHalfConv, createHalfConv});
+  r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
+  r.add({"ai.onnx", "ConvTranspose", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
+  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
 }
 
 } // namespace popart::backend_cpu
