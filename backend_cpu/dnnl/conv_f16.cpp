@@ -51,6 +51,8 @@ using half_blocks::kThreadedElements;
 constexpr int64_t kChunkBytesPerThread = int64_t{2} << 20;
 /// Elements per piece of a threaded conversion pass.
 constexpr int64_t kPiece = int64_t{1} << 14;
+/// Positions per tile of a conversion to or from blocked channels (16 channels of them: 8 KiB).
+constexpr int64_t kTile = 128;
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -288,6 +290,10 @@ public:
       batched_[r] = s.batched(r);
       const Shape &shape = r < 2 ? op.inInfo(r).shape() : op.outInfo(0).shape();
       elements_[r] = batched_[r] ? shapeElementCount(shape) / batch_ : shapeElementCount(shape); // per image if batched
+      // A chunk in channels blocked by 8 or 16 is converted straight from and to fp16 (one pass
+      // and one parallel region instead of a conversion and a reorder).
+      const int64_t block = batched_[r] && s.chosen[r] != s.plain[r] ? dnnl_util::channelBlock(s.chosen[r]) : 0;
+      if (block > 1) blocked_[r] = {block, shape[1], s.chosen[r].data.padded_dims[1], elements_[r] / shape[1]};
     }
     // The scratch: each role's plain f32 buffer and, where the primitive chose another layout,
     // its buffer in that layout; ConvWeightGrad's second dW buffer (a chunk's, added into the
@@ -299,8 +305,9 @@ public:
       scratchBytes_ += aligned64(static_cast<int64_t>(desc.get_size()));
     };
     for (size_t r = 0; r < 3; ++r) {
-      place(plain_[r], s.plain[r]);
       if (s.chosen[r] != s.plain[r]) place(inner_[r], s.chosen[r]);
+      if (blocked_[r].block > 0) continue;
+      place(plain_[r], s.plain[r]);
       if (inner_[r] && r < 2) toInner_[r] = dnnl_util::userScratchReorder(plain_[r], inner_[r]);
       if (inner_[r] && r == 2) fromInner_ = dnnl_util::userScratchReorder(inner_[r], plain_[r]);
     }
@@ -356,6 +363,10 @@ public:
       for (size_t r = 0; r < 2; ++r) {
         if (!batched_[r]) continue;
         const uint16_t *src = (r == 0 ? in0 : in1) + first * elements_[r];
+        if (blocked_[r].block > 0) {
+          widenBlocked(blocked_[r], src, images, static_cast<float *>(inner_[r].get_data_handle()));
+          continue;
+        }
         widen(src, plainData(r), images * elements_[r]);
         // ConvWeightGrad sums over the images: those after the last chunk's must add nothing.
         if (images < chunk_ && pass_ == Pass::Weights)
@@ -380,6 +391,10 @@ public:
         if (c > 0) accumulate(static_cast<float *>(accumulator), static_cast<const float *>(part_.get_data_handle()));
         continue;
       }
+      if (blocked_[2].block > 0) {
+        narrowBlocked(static_cast<const float *>(inner_[2].get_data_handle()), first, images, args);
+        continue;
+      }
       if (inner_[2])
         dnnl_util::execute(fromInner_, reorderArgs_[2], {{DNNL_ARG_FROM, inner_[2]}, {DNNL_ARG_TO, plain_[2]}});
       narrow(plainData(2), first * elements_[2], images * elements_[2], args);
@@ -393,6 +408,12 @@ public:
   }
 
 private:
+  /// A batched role whose chunk the primitive takes in channels blocked by 8 or 16: the block,
+  /// channels, channels padded to blocks, positions per channel (block 0: through plain f32).
+  struct Blocked {
+    int64_t block = 0, channels = 0, padded = 0, spatial = 0;
+  };
+
   float *plainData(size_t r) const { return static_cast<float *>(plain_[r].get_data_handle()); }
 
   /// \p n fp16 values into f32, in pieces shared among threads when there are many.
@@ -407,22 +428,71 @@ private:
   /// residual (input 3, same elements) and Relu.
   void narrow(const float *acc, int64_t at, int64_t n, const KernelArgs &args) const {
     const int64_t pieces = (n + kPiece - 1) / kPiece;
-    const size_t ySize = yHalf_ ? 2 : 4;
-    auto *y = static_cast<uint8_t *>(args.outputs[0]);
-    const auto *residual = residual_ ? static_cast<const uint8_t *>(args.inputs[3]) : nullptr;
 #pragma omp parallel for schedule(static) if (n >= kThreadedElements)
-    for (int64_t p = 0; p < pieces; ++p) {
-      Epilogue e;
-      const auto offset = static_cast<size_t>(at + p * kPiece) * ySize;
-      e.relu = relu_;
-      if (residual) { // as the addend: before the Relu
-        e.addend = residual + offset;
-        e.addendHalf = yHalf_;
-        e.addendStride = 1;
+    for (int64_t p = 0; p < pieces; ++p)
+      loops_.epilogue(acc + p * kPiece, std::min(kPiece, n - p * kPiece), epilogueAt(at + p * kPiece, args));
+  }
+
+  /// The epilogue of the run of output 0 from element \p at: Y's type, the fused residual (input
+  /// 3, same elements) added before the Relu.
+  Epilogue epilogueAt(int64_t at, const KernelArgs &args) const {
+    const auto offset = static_cast<size_t>(at) * (yHalf_ ? 2 : 4);
+    Epilogue e;
+    e.relu = relu_;
+    if (residual_) { // as the addend: before the Relu
+      e.addend = static_cast<const uint8_t *>(args.inputs[3]) + offset;
+      e.addendHalf = yHalf_;
+      e.addendStride = 1;
+    }
+    e.y = static_cast<uint8_t *>(args.outputs[0]) + offset;
+    e.yHalf = yHalf_;
+    return e;
+  }
+
+  /// \p images images of fp16 \p src (plain) into \p dst in the blocked layout \p b, the padding
+  /// channels zero; for ConvWeightGrad the rest of the chunk zero too (it must add nothing).
+  void widenBlocked(const Blocked &b, const uint16_t *src, int64_t images, float *dst) const {
+    const int64_t groups = b.padded / b.block, tiles = (b.spatial + kTile - 1) / kTile;
+    const int64_t work = images * groups * tiles;
+#pragma omp parallel for schedule(static) if (images * b.padded * b.spatial >= kThreadedElements)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t n = w / (groups * tiles), g = w / tiles % groups, hw = w % tiles * kTile;
+      const int64_t len = std::min(kTile, b.spatial - hw);
+      alignas(64) std::array<float, 16 * kTile> rows; // [channel of the block][position]
+      for (int64_t c = 0; c < b.block; ++c) {
+        const int64_t channel = g * b.block + c;
+        if (channel < b.channels)
+          loops_.widen(src + (n * b.channels + channel) * b.spatial + hw, rows.data() + c * kTile, len);
+        else
+          std::fill_n(rows.data() + c * kTile, len, 0.f);
       }
-      e.y = y + offset;
-      e.yHalf = yHalf_;
-      loops_.epilogue(acc + p * kPiece, std::min(kPiece, n - p * kPiece), e);
+      float *out = dst + ((n * groups + g) * b.spatial + hw) * b.block;
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t c = 0; c < b.block; ++c)
+          out[i * b.block + c] = rows[static_cast<size_t>(c * kTile + i)];
+    }
+    if (images < chunk_ && pass_ == Pass::Weights)
+      std::fill_n(dst + images * b.padded * b.spatial, (chunk_ - images) * b.padded * b.spatial, 0.f);
+  }
+
+  /// The chunk's f32 result \p src in the blocked layout of output 0 into its \p images images
+  /// from image \p first, through the epilogue.
+  void narrowBlocked(const float *src, int64_t first, int64_t images, const KernelArgs &args) const {
+    const Blocked &b = blocked_[2];
+    const int64_t groups = b.padded / b.block, tiles = (b.spatial + kTile - 1) / kTile;
+    const int64_t work = images * groups * tiles;
+#pragma omp parallel for schedule(static) if (images * b.padded * b.spatial >= kThreadedElements)
+    for (int64_t w = 0; w < work; ++w) {
+      const int64_t n = w / (groups * tiles), g = w / tiles % groups, hw = w % tiles * kTile;
+      const int64_t len = std::min(kTile, b.spatial - hw), channels = std::min(b.block, b.channels - g * b.block);
+      alignas(64) std::array<float, 16 * kTile> rows; // [channel of the block][position]
+      const float *in = src + ((n * groups + g) * b.spatial + hw) * b.block;
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t c = 0; c < channels; ++c)
+          rows[static_cast<size_t>(c * kTile + i)] = in[i * b.block + c];
+      for (int64_t c = 0; c < channels; ++c)
+        loops_.epilogue(rows.data() + c * kTile, len,
+                        epilogueAt(((first + n) * b.channels + g * b.block + c) * b.spatial + hw, args));
     }
   }
 
@@ -439,6 +509,7 @@ private:
   int64_t batch_ = 0, chunk_ = 0, chunks_ = 0;
   std::array<bool, 3> batched_{};
   std::array<int64_t, 3> elements_{}; ///< per image of a batched role, else all
+  std::array<Blocked, 3> blocked_{};
   primitive prim_;
   std::array<int, 3> args_{};                              ///< the primitive's argument of each role
   std::vector<dnnl_exec_arg_t> primArgs_, reorderArgs_[3]; ///< dnnl_util::execute's caches
