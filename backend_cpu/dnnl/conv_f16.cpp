@@ -2,11 +2,12 @@
 // 2.6.3 has no f16 convolution on this CPU (only f16 ↔ f32 reorders), and the reference kernels
 // run fp16 convolutions at about 1 GFLOP/s, so these kernels compute in fp32 a chunk of images at
 // a time, without an fp32 copy of a whole activation: the chunk of the batched fp16 input (X, or
-// dY) is widened into the kernel's scratch (Kernel::scratchBytes, planned in the arena), reordered
-// into the layout the f32 primitive chose (blocked channels, as the f32 kernels let oneDNN pick),
-// convolved, and the chunk's f32 result is narrowed into the output (round to nearest even, as
-// core/half.hpp; written as it is for a FLOAT output) with a fused residual and Relu applied on the
-// way. The weights are widened once per run, whole. ConvWeightGrad sums its chunks' weight
+// dY) is widened into the kernel's scratch (Kernel::scratchBytes, planned in the arena) in the
+// layout the f32 primitive chose (as the f32 kernels, oneDNN picks: channels blocked by 8 or 16 are
+// converted to straight from fp16, other layouts through a plain f32 buffer and a oneDNN reorder),
+// convolved, and the chunk's f32 result is narrowed into the output the same way (round to nearest
+// even, as core/half.hpp; written as it is for a FLOAT output) with a fused residual and Relu
+// applied on the way. The weights are widened once per run, whole. ConvWeightGrad sums its chunks' weight
 // gradients in an f32 accumulator in the scratch and narrows the sum once.
 //
 // Chunks: about kChunkBytesPerThread of f32 per thread for the batched input and output
