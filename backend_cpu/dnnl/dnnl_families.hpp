@@ -15,6 +15,9 @@ Support supportsHalfGemm(const ir::Op &op);
 std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op);
 std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op);
 void registerDnnlConvPoolKernels(KernelRegistry &registry);
+/// FLOAT16 Conv, ConvTranspose, ConvDataGrad and ConvWeightGrad (conv_f16.cpp): oneDNN's f32
+/// primitives on chunks of images widened from fp16, for the ops the f32 entries decline.
+void registerDnnlHalfConvKernels(KernelRegistry &registry);
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);
 void registerDnnlReduceKernels(KernelRegistry &registry);

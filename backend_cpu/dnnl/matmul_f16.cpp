@@ -19,13 +19,11 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
+#include "backend_cpu/dnnl/half_blocks.hpp"
 #include "core/half.hpp"
 #include "core/tensordata.hpp"
 #include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
-
-#include <cpuid.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <array>
@@ -53,169 +51,9 @@ constexpr int64_t kThreadedElements = int64_t{1} << 17;
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/// What is applied to each f32 product element v on its way to Y:
-/// relu(alpha·v + beta·addend) + residual, then Y's type.
-struct Epilogue {
-  float alpha = 1.f, beta = 1.f;
-  bool relu = false;
-  const void *addend = nullptr; ///< this row's first element; null: none
-  bool addendHalf = false;
-  int64_t addendStride = 0;       ///< 0 (broadcast along the row) or 1
-  const void *residual = nullptr; ///< this row's first element, Y's type and layout; null: none
-  void *y = nullptr;              ///< this row's first element
-  bool yHalf = true;
-  int64_t yStride = 1; ///< elements between Y's (and the residual's) columns
-};
-
-float loadAs(const void *p, bool half, int64_t i) {
-  return half ? halfToFloat(static_cast<const uint16_t *>(p)[i]) : static_cast<const float *>(p)[i];
-}
-
-// The conversions, three ways: AVX-512 (F16C's 16-wide forms, masked tails), AVX2 with F16C
-// (8-wide, scalar tails) and plain C++ (core/half.hpp). vcvtps2ph with _MM_FROUND_TO_NEAREST_INT
-// rounds to nearest even with subnormals and overflow to infinity as floatToHalf does (a NaN keeps
-// its payload's top bits where floatToHalf gives the canonical quiet NaN: NaN either way).
-
-void widenScalar(const uint16_t *src, float *dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = halfToFloat(src[i]);
-}
-
-void epilogueScalar(const float *acc, int64_t cols, const Epilogue &e) {
-  for (int64_t j = 0; j < cols; ++j) {
-    float v = e.alpha * acc[j];
-    if (e.addend) v += e.beta * loadAs(e.addend, e.addendHalf, j * e.addendStride);
-    if (e.relu && v < 0.f) v = 0.f; // NaN stays NaN
-    if (e.residual) v += loadAs(e.residual, e.yHalf, j * e.yStride);
-    if (e.yHalf)
-      static_cast<uint16_t *>(e.y)[j * e.yStride] = floatToHalf(v);
-    else
-      static_cast<float *>(e.y)[j * e.yStride] = v;
-  }
-}
-
-__attribute__((target("avx2,f16c,fma"))) void widenAvx2(const uint16_t *src, float *dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i))));
-  widenScalar(src + i, dst + i, n - i);
-}
-
-__attribute__((target("avx2,f16c,fma"))) void epilogueAvx2(const float *acc, int64_t cols, const Epilogue &e) {
-  if (e.yStride != 1) return epilogueScalar(acc, cols, e);
-  const __m256 alpha = _mm256_set1_ps(e.alpha), beta = _mm256_set1_ps(e.beta), zero = _mm256_setzero_ps();
-  const __m256 broadcast =
-      _mm256_set1_ps(e.addend && e.addendStride == 0 ? e.beta * loadAs(e.addend, e.addendHalf, 0) : 0.f);
-  int64_t j = 0;
-  for (; j + 8 <= cols; j += 8) {
-    __m256 v = _mm256_mul_ps(_mm256_loadu_ps(acc + j), alpha);
-    if (e.addend) {
-      if (e.addendStride == 0)
-        v = _mm256_add_ps(v, broadcast);
-      else if (e.addendHalf)
-        v = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128(
-                                reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(e.addend) + j))),
-                            beta, v);
-      else
-        v = _mm256_fmadd_ps(_mm256_loadu_ps(static_cast<const float *>(e.addend) + j), beta, v);
-    }
-    if (e.relu) v = _mm256_max_ps(zero, v); // the second operand when either is NaN: NaN stays NaN
-    if (e.residual)
-      v = _mm256_add_ps(v, e.yHalf ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(
-                                         static_cast<const uint16_t *>(e.residual) + j)))
-                                   : _mm256_loadu_ps(static_cast<const float *>(e.residual) + j));
-    if (e.yHalf)
-      _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(e.y) + j),
-                       _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    else
-      _mm256_storeu_ps(static_cast<float *>(e.y) + j, v);
-  }
-  if (j == cols) return;
-  Epilogue tail = e;
-  auto advance = [&](const void *p, bool half, int64_t by) -> const void * {
-    return p ? static_cast<const uint8_t *>(p) + by * (half ? 2 : 4) : nullptr;
-  };
-  tail.addend = advance(e.addend, e.addendHalf, j * e.addendStride);
-  tail.residual = advance(e.residual, e.yHalf, j);
-  tail.y = const_cast<void *>(advance(e.y, e.yHalf, j));
-  epilogueScalar(acc + j, cols - j, tail);
-}
-
-// GCC 12 warns (maybe-uninitialized) of the _mm512_undefined_* inside the unmasked forms of these
-// three: their zero-masked forms with every lane set are the same instructions.
-constexpr __mmask16 kAllLanes = 0xffff;
-__attribute__((target("avx512f"))) inline __m512 widen16(__m256i h) { return _mm512_maskz_cvtph_ps(kAllLanes, h); }
-__attribute__((target("avx512f"))) inline __m256i narrow16(__m512 v) {
-  return _mm512_maskz_cvtps_ph(kAllLanes, v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-__attribute__((target("avx512f"))) inline __m512 max16(__m512 a, __m512 b) {
-  return _mm512_maskz_max_ps(kAllLanes, a, b);
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void widenAvx512(const uint16_t *src, float *dst,
-                                                                               int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, widen16(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i))));
-  if (i < n) {
-    auto mask = static_cast<__mmask16>((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(dst + i, mask, widen16(_mm256_maskz_loadu_epi16(mask, src + i)));
-  }
-}
-
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma"))) void epilogueAvx512(const float *acc, int64_t cols,
-                                                                                  const Epilogue &e) {
-  if (e.yStride != 1) return epilogueScalar(acc, cols, e);
-  const __m512 alpha = _mm512_set1_ps(e.alpha), beta = _mm512_set1_ps(e.beta), zero = _mm512_setzero_ps();
-  const __m512 broadcast =
-      _mm512_set1_ps(e.addend && e.addendStride == 0 ? e.beta * loadAs(e.addend, e.addendHalf, 0) : 0.f);
-  const auto *addendHalf = static_cast<const uint16_t *>(e.addend);
-  const auto *addendFloat = static_cast<const float *>(e.addend);
-  const auto *residualHalf = static_cast<const uint16_t *>(e.residual);
-  const auto *residualFloat = static_cast<const float *>(e.residual);
-  for (int64_t j = 0; j < cols; j += 16) {
-    __mmask16 mask = cols - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (cols - j)) - 1);
-    __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, acc + j), alpha);
-    if (e.addend) {
-      if (e.addendStride == 0)
-        v = _mm512_add_ps(v, broadcast);
-      else if (e.addendHalf)
-        v = _mm512_fmadd_ps(widen16(_mm256_maskz_loadu_epi16(mask, addendHalf + j)), beta, v);
-      else
-        v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, addendFloat + j), beta, v);
-    }
-    if (e.relu) v = max16(zero, v); // the second operand when either is NaN: NaN stays NaN
-    if (e.residual)
-      v = _mm512_add_ps(v, e.yHalf ? widen16(_mm256_maskz_loadu_epi16(mask, residualHalf + j))
-                                   : _mm512_maskz_loadu_ps(mask, residualFloat + j));
-    if (e.yHalf)
-      _mm256_mask_storeu_epi16(static_cast<uint16_t *>(e.y) + j, mask, narrow16(v));
-    else
-      _mm512_mask_storeu_ps(static_cast<float *>(e.y) + j, mask, v);
-  }
-}
-
-/// The conversion loops this CPU runs best.
-struct HalfLoops {
-  void (*widen)(const uint16_t *, float *, int64_t) = widenScalar;
-  void (*epilogue)(const float *, int64_t, const Epilogue &) = epilogueScalar;
-};
-
-/// Whether the CPU converts with F16C (cpuid leaf 1, ecx bit 29; Clang's __builtin_cpu_supports
-/// does not know the name).
-bool hasF16c() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
-}
-
-HalfLoops halfLoops() {
-  __builtin_cpu_init();
-  if (!hasF16c() || !__builtin_cpu_supports("fma")) return {};
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return {widenAvx512, epilogueAvx512};
-  if (__builtin_cpu_supports("avx2")) return {widenAvx2, epilogueAvx2};
-  return {};
-}
+using half_blocks::Epilogue;
+using half_blocks::HalfLoops;
+using half_blocks::halfLoops;
 
 /// A batch of matrix products Y_b = epilogue(A_b · B_b): element (i, p) of A_b at
 /// a + offsetA[b] + i·aRow + p·aCol, and so on; the addend (bias, C) at addendRow/addendCol strides
