@@ -569,11 +569,6 @@ TEST(Dnnl16Bit, TransposeMovesBitsExactly) {
   }
 }
 
-TEST(Dnnl16Bit, ConvFloat16Declines) {
-  OneOp conv = makeOp("Conv", "ai.onnx", 13, {TensorInfo(F16, {1, 4, 6, 6}), TensorInfo(F16, {4, 4, 3, 3})});
-  expectDnnlDeclines(*conv.op, "f16");
-}
-
 // The reference kernels of every family a training step uses take FLOAT16 and BFLOAT16 (computing
 // in float, core/dispatch.hpp's compute_t) and agree with their fp32 twins within the tolerance.
 namespace {
