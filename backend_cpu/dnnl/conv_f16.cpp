@@ -333,7 +333,7 @@ public:
 
   std::string choice() const override {
     return "fp32 chunks of " + std::to_string(chunk_) + " of " + std::to_string(batch_) + " images (" +
-           std::to_string(chunks_) + " chunks; " + implementation_ + ")";
+           std::to_string(chunks_) + (chunks_ == 1 ? " chunk; " : " chunks; ") + implementation_ + ")";
   }
 
   void run(const KernelArgs &args) override {
@@ -524,18 +524,15 @@ private:
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
 };
 
+} // namespace
+
 Support supportsHalfConv(const ir::Op &op) {
-  if (op.inInfo(0).dataType() != DataType::FLOAT16) return Support::no("the FLOAT16 kernel: X is not FLOAT16");
+  if (op.inInfo(0).dataType() != DataType::FLOAT16) return Support::no("X is not FLOAT16");
   return Support::unless(halfConvSetup(op).whyNot);
 }
 
-} // namespace
-
-void registerDnnlHalfConvKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
-  r.add({"ai.onnx", "ConvTranspose", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
-  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
-  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, supportsHalfConv, makeKernel<HalfConvKernel>});
+std::unique_ptr<Kernel> createHalfConv(const ir::Op &op, const KernelContext &context) {
+  return std::make_unique<HalfConvKernel>(op, context);
 }
 
 } // namespace popart::backend_cpu

@@ -382,17 +382,18 @@ template <typename K> Support supports(const ir::Op &op) {
   return Support::unless(K::whyNot(op));
 }
 
+Support supportsWeightGrad(const ir::Op &op) {
+  if (depthwiseWeightGrad(op)) return Support::no("depthwise: the fast kernel is faster");
+  return supports<ConvWeightGradKernel>(op);
+}
+
 } // namespace
 
 void registerDnnlConvGradKernels(KernelRegistry &r) {
-  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, supports<ConvDataGradKernel>,
-         makeKernel<ConvDataGradKernel>});
-  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl,
-         [](const ir::Op &op) {
-           if (depthwiseWeightGrad(op)) return Support::no("depthwise: the fast kernel is faster");
-           return supports<ConvWeightGradKernel>(op);
-         },
-         makeKernel<ConvWeightGradKernel>});
+  r.add({"ai.graphcore", "ConvDataGrad", KernelProvider::Dnnl, halfConvOr<supports<ConvDataGradKernel>>,
+         makeHalfConvOr<makeKernel<ConvDataGradKernel>>});
+  r.add({"ai.graphcore", "ConvWeightGrad", KernelProvider::Dnnl, halfConvOr<supportsWeightGrad>,
+         makeHalfConvOr<makeKernel<ConvWeightGradKernel>>});
   r.add({"ai.graphcore", "AveragePoolGrad", KernelProvider::Dnnl, supports<AveragePoolGradKernel>,
          makeKernel<AveragePoolGradKernel>});
   r.add({"ai.graphcore", "MaxPoolGrad", KernelProvider::Dnnl,

@@ -634,8 +634,8 @@ Support supportsPool(const ir::Op &op) {
 } // namespace
 
 void registerDnnlConvPoolKernels(KernelRegistry &r) {
-  r.add({"ai.onnx", "Conv", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});
-  r.add({"ai.onnx", "ConvTranspose", KernelProvider::Dnnl, supportsConv, makeKernel<ConvKernel>});
+  for (const char *type : {"Conv", "ConvTranspose"})
+    r.add({"ai.onnx", type, KernelProvider::Dnnl, halfConvOr<supportsConv>, makeHalfConvOr<makeKernel<ConvKernel>>});
   r.add({"ai.onnx", "MaxPool", KernelProvider::Dnnl, supportsPool, makeKernel<PoolKernel>});
   r.add({"ai.onnx", "AveragePool", KernelProvider::Dnnl, supportsPool, makeKernel<PoolKernel>});
 }

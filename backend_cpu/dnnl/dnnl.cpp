@@ -13,7 +13,6 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlSoftmaxKernels(r);
   registerDnnlReduceKernels(r);
   registerDnnlConvGradKernels(r);
-  registerDnnlHalfConvKernels(r);
   registerDnnlActGradKernels(r);
   registerDnnlTransposeKernels(r);
   registerDnnlRnnKernels(r);

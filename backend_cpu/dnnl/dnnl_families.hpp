@@ -16,8 +16,19 @@ std::unique_ptr<Kernel> createHalfMatMul(const ir::Op &op);
 std::unique_ptr<Kernel> createHalfGemm(const ir::Op &op);
 void registerDnnlConvPoolKernels(KernelRegistry &registry);
 /// FLOAT16 Conv, ConvTranspose, ConvDataGrad and ConvWeightGrad (conv_f16.cpp): oneDNN's f32
-/// primitives on chunks of images widened from fp16, for the ops the f32 entries decline.
-void registerDnnlHalfConvKernels(KernelRegistry &registry);
+/// primitives on chunks of images widened from fp16. The oneDNN entries of these ops hand FLOAT16
+/// X to these.
+Support supportsHalfConv(const ir::Op &op);
+std::unique_ptr<Kernel> createHalfConv(const ir::Op &op, const KernelContext &context);
+/// A convolution entry's check: supportsHalfConv for FLOAT16 X, else \p Check.
+template <Support (*Check)(const ir::Op &)> Support halfConvOr(const ir::Op &op) {
+  return op.inInfo(0).dataType() == DataType::FLOAT16 ? supportsHalfConv(op) : Check(op);
+}
+/// A convolution entry's kernel: createHalfConv's for FLOAT16 X, else \p Create's.
+template <std::unique_ptr<Kernel> (*Create)(const ir::Op &, const KernelContext &)>
+std::unique_ptr<Kernel> makeHalfConvOr(const ir::Op &op, const KernelContext &context) {
+  return op.inInfo(0).dataType() == DataType::FLOAT16 ? createHalfConv(op, context) : Create(op, context);
+}
 void registerDnnlNormKernels(KernelRegistry &registry);
 void registerDnnlSoftmaxKernels(KernelRegistry &registry);
 void registerDnnlReduceKernels(KernelRegistry &registry);
