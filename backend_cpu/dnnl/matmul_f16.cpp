@@ -10,12 +10,15 @@
 //
 // Block sizes (kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): B whole when its f32 form is at
 // most 4 MiB (a [1024, 1024] weight), else panels of at most 2 MiB; rows of A in blocks of at most
-// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. So the scratch is at most
-// about 10 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
-// oneDNN reads them, and a block is large (every product of the Fashion-MNIST MLP is one block)
-// so that oneDNN sees long products and the conversions few parallel regions: one OpenMP region
-// widens A's block (and B's panel), one narrows the result, around oneDNN's. A panel's rows of A are
-// widened once per panel: B of more than 4 MiB costs one extra pass over A per 2 MiB of B.
+// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. Within those caps the whole
+// scratch is held to a quarter of the bytes of A, B and Y as stored, or 512 KiB if that is more
+// (kScratchShareOfOperands, kMinScratch), half of it for B: the scratch is planned in the arena
+// and live during its step, often the step of the arena's peak, and a whole widened B beside fp16
+// operands made the fp16.32 MLP's arena larger than fp32's. So the scratch is at most about 10 MiB
+// whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when oneDNN reads
+// them, and a block still holds long products: one OpenMP region widens A's block (and B's panel),
+// one narrows the result, around oneDNN's. A panel's rows of A are widened once per panel: B cut
+// into P panels costs P - 1 extra passes over A.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -47,6 +50,12 @@ constexpr int64_t kMaxPanelB = int64_t{2} << 20;
 constexpr int64_t kMaxBlockA = int64_t{2} << 20;
 /// ... and an f32 result block of at most this many bytes.
 constexpr int64_t kMaxBlockY = int64_t{4} << 20;
+/// The scratch is at most this share of the bytes of A, B and Y as stored (1/4: a FLOAT16
+/// product's working copy stays small beside the tensors live around it, which matters at the
+/// arena's peak: a whole-B block made the fp16.32 MLP's arena larger than fp32's) ...
+constexpr int64_t kScratchShareOfOperands = 4;
+/// ... but may be this large, for blocks long enough for oneDNN's f32 matmul to run at speed.
+constexpr int64_t kMinScratch = int64_t{512} << 10;
 /// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
 /// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
 constexpr int64_t kThreadedElements = int64_t{1} << 17;
@@ -335,8 +344,15 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
-    int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
+    // Half the budget for B (whole or a panel), the rest for the blocks of A and Y.
+    const int64_t operands = op.inInfo(0).byteCount() + op.inInfo(1).byteCount() + op.outInfo(0).byteCount();
+    const int64_t budget = std::max(kMinScratch, operands / kScratchShareOfOperands);
+    nb_ = k * n * 4 <= std::min(kMaxWholeB, budget / 2)
+              ? n
+              : std::min(n, std::max<int64_t>(16, std::min(kMaxPanelB, budget / 2) / (4 * k) / 16 * 16));
+    const int64_t rest = std::max<int64_t>(0, budget - 4 * k * nb_);
+    int64_t mbMax = std::max<int64_t>(
+        16, std::min({kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_), rest / (4 * (k + nb_))}) / 16 * 16);
     int64_t blocks = (m + mbMax - 1) / mbMax;
     mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
     bOffset_ = aligned64(mb_ * k * 4);
