@@ -10,15 +10,12 @@
 //
 // Block sizes (kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): B whole when its f32 form is at
 // most 4 MiB (a [1024, 1024] weight), else panels of at most 2 MiB; rows of A in blocks of at most
-// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. Within those caps the whole
-// scratch is held to a quarter of the bytes of A, B and Y as stored, or 512 KiB if that is more
-// (kScratchShareOfOperands, kMinScratch), half of it for B: the scratch is planned in the arena
-// and live during its step, often the step of the arena's peak, and a whole widened B beside fp16
-// operands made the fp16.32 MLP's arena larger than fp32's. So the scratch is at most about 10 MiB
-// whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when oneDNN reads
-// them, and a block still holds long products: one OpenMP region widens A's block (and B's panel),
-// one narrows the result, around oneDNN's. A panel's rows of A are widened once per panel: B cut
-// into P panels costs P - 1 extra passes over A.
+// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. So the scratch is at most
+// about 10 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
+// oneDNN reads them, and a block is large (every product of the Fashion-MNIST MLP is one block)
+// so that oneDNN sees long products and the conversions few parallel regions: one OpenMP region
+// widens A's block (and B's panel), one narrows the result, around oneDNN's. A panel's rows of A are
+// widened once per panel: B of more than 4 MiB costs one extra pass over A per 2 MiB of B.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -50,12 +47,6 @@ constexpr int64_t kMaxPanelB = int64_t{2} << 20;
 constexpr int64_t kMaxBlockA = int64_t{2} << 20;
 /// ... and an f32 result block of at most this many bytes.
 constexpr int64_t kMaxBlockY = int64_t{4} << 20;
-/// The scratch is at most this share of the bytes of A, B and Y as stored (1/4: a FLOAT16
-/// product's working copy stays small beside the tensors live around it, which matters at the
-/// arena's peak: a whole-B block made the fp16.32 MLP's arena larger than fp32's) ...
-constexpr int64_t kScratchShareOfOperands = 4;
-/// ... but may be this large, for blocks long enough for oneDNN's f32 matmul to run at speed.
-constexpr int64_t kMinScratch = int64_t{512} << 10;
 /// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
 /// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
 constexpr int64_t kThreadedElements = int64_t{1} << 17;
@@ -344,27 +335,26 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    // Half the budget for B (whole or a panel), the rest for the blocks of A and Y.
-    const int64_t operands = op.inInfo(0).byteCount() + op.inInfo(1).byteCount() + op.outInfo(0).byteCount();
-    const int64_t budget = std::max(kMinScratch, operands / kScratchShareOfOperands);
-    nb_ = k * n * 4 <= std::min(kMaxWholeB, budget / 2)
-              ? n
-              : std::min(n, std::max<int64_t>(16, std::min(kMaxPanelB, budget / 2) / (4 * k) / 16 * 16));
-    const int64_t rest = std::max<int64_t>(0, budget - 4 * k * nb_);
-    int64_t mbMax = std::max<int64_t>(
-        16, std::min({kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_), rest / (4 * (k + nb_))}) / 16 * 16);
+    nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
+    int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
     int64_t blocks = (m + mbMax - 1) / mbMax;
     mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
     bOffset_ = aligned64(mb_ * k * 4);
     yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
-    scratchBytes_ = yOffset_ + aligned64(mb_ * nb_ * 4);
+    // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
+    // Fusion::outputType) is oneDNN's destination itself: no f32 block of it in the scratch, which
+    // is planned in the arena at the step of the product (often the arena's peak), and no pass
+    // copying it out.
+    yDirect_ = !p_.yHalf && p_.yCol == 1 && p_.yRow >= n && p_.alpha == 1.f && p_.addendInput < 0 &&
+               p_.residualInput < 0 && !p_.relu;
+    scratchBytes_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
     for (int r = 0; r < 2; ++r)
       for (int c = 0; c < 2; ++c) {
         int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
         if (rows == 0 || cols == 0) continue;
         memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
         memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
-        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{cols, 1});
+        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
         Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
         matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
         if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
@@ -396,7 +386,7 @@ public:
       if (blk.prim) {
         blk.a.set_data_handle(aBlock);
         blk.b.set_data_handle(bPanel);
-        blk.y.set_data_handle(yBlock);
+        if (!yDirect_) blk.y.set_data_handle(yBlock);
       }
     const auto *a = static_cast<const uint16_t *>(args.inputs[0]);
     const auto *b = static_cast<const uint16_t *>(args.inputs[1]);
@@ -421,9 +411,11 @@ public:
             widenA(a + p_.offsetA[bi], m0, rows, aBlock);
           }
           Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
+          if (yDirect_)
+            blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
           dnnl_util::execute(blk.prim, blk.args,
                              {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
-          store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
+          if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
         }
       }
   }
@@ -508,6 +500,7 @@ private:
   bool aTransposed_ = false, bTransposed_ = false;
   int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
   int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
+  bool yDirect_ = false; ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
   std::array<Block, 4> blocks_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};

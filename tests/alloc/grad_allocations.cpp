@@ -126,10 +126,12 @@ int checkHalfMlp() {
   ir::registerBuiltinOps();
   ir::Graph g;
   g.opsets()["ai.onnx"] = 17;
-  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {300, 512}));
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {1100, 512}));
   g.addInput("x");
   std::vector<TensorId> weights{"w1", "b1", "w2"};
-  std::vector<Shape> shapes{{512, 700}, {700}, {700, 10}};
+  // B of the first product is more than the 4 MiB of f32 the kernel widens whole, and every product
+  // (forward and gradient) more than one block of rows or columns.
+  std::vector<Shape> shapes{{512, 2100}, {2100}, {2100, 10}};
   for (size_t i = 0; i < weights.size(); ++i) {
     ir::Tensor &w = g.addTensor(weights[i], ir::TensorKind::Variable, TensorInfo(DataType::FLOAT, shapes[i]));
     auto data = std::make_shared<TensorData>(TensorInfo(DataType::FLOAT, shapes[i]));
@@ -152,7 +154,7 @@ int checkHalfMlp() {
   ir::inferShapes(g, nullptr);
   session::fuseAfterGradients(g);
   backend_cpu::ExecutionPlan plan(g, {});
-  for (int64_t e = 0; e < 300 * 512; ++e)
+  for (int64_t e = 0; e < 1100 * 512; ++e)
     static_cast<float *>(plan.address("x"))[e] = static_cast<float>(e % 13) / 13.f;
   plan.run();
   int failures = 0, halfProducts = 0;
