@@ -60,11 +60,10 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
     order.push_back(iv);
   for (size_t s = 0; s < scratch.size() && s < schedule.size(); ++s)
     if (scratch[s] > 0) order.push_back(Interval{"", alignUp(scratch[s]), s, s, static_cast<int64_t>(s)});
-  std::sort(order.begin(), order.end(),
-            [](const Interval &a, const Interval &b) {
-              if (a.bytes != b.bytes) return a.bytes > b.bytes;
-              return a.id != b.id ? a.id < b.id : a.scratchStep < b.scratchStep;
-            });
+  std::sort(order.begin(), order.end(), [](const Interval &a, const Interval &b) {
+    if (a.bytes != b.bytes) return a.bytes > b.bytes;
+    return a.id != b.id ? a.id < b.id : a.scratchStep < b.scratchStep;
+  });
   MemoryPlan plan;
   plan.scratchOffsets.assign(schedule.size(), -1);
   std::vector<std::pair<Interval, int64_t>> placed;
@@ -87,6 +86,24 @@ MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<T
       plan.offsets[iv.id] = offset;
     plan.arenaBytes = std::max(plan.arenaBytes, offset + iv.bytes);
   }
+  // The step with the most live bytes, by a difference array over the lifetimes (pinned tensors
+  // reach one past the last step).
+  std::vector<int64_t> delta(end + 2, 0);
+  for (const Interval &iv : order) {
+    delta[iv.first] += iv.bytes;
+    delta[iv.last + 1] -= iv.bytes;
+  }
+  int64_t liveBytes = 0;
+  for (size_t s = 0; s < end; ++s) {
+    liveBytes += delta[s];
+    if (liveBytes > plan.peakLiveBytes) plan.peakLiveBytes = liveBytes, plan.peakStep = s;
+  }
+  const std::set<TensorId> pinnedIds(pinned.begin(), pinned.end());
+  for (const Interval &iv : order)
+    if (iv.first <= plan.peakStep && plan.peakStep <= iv.last)
+      plan.peakLive.push_back(LiveBlock{iv.id, iv.bytes, iv.scratchStep, iv.first, iv.last,
+                                        iv.scratchStep < 0 && pinnedIds.count(iv.id) != 0});
+  // order is already largest first, ties by name
   return plan;
 }
 
@@ -370,8 +387,8 @@ std::map<TensorId, int64_t> ExecutionPlan::agreeLayouts(const std::vector<ir::Op
       std::string names;
       for (const ir::Op *reader : t->consumers()) {
         if (std::count(reader->inputs.begin(), reader->inputs.end(), t) != 1) break;
-        size_t input = static_cast<size_t>(std::find(reader->inputs.begin(), reader->inputs.end(), t) -
-                                           reader->inputs.begin());
+        size_t input =
+            static_cast<size_t>(std::find(reader->inputs.begin(), reader->inputs.end(), t) - reader->inputs.begin());
         Kernel *k = steps_[stepOf.at(reader)].kernel.get();
         if (!k->acceptsInputIn(input, layout)) break;
         readers.emplace_back(k, input);

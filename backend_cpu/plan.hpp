@@ -12,6 +12,15 @@
 
 namespace popart::backend_cpu {
 
+/// One block of the arena live at the plan's peak: a tensor, or a step's scratch.
+struct LiveBlock {
+  TensorId id;                ///< the tensor (the root of views and in-place outputs); empty for scratch
+  int64_t bytes = 0;          ///< as planned: aligned to 64 bytes, padded layouts included
+  int64_t scratchStep = -1;   ///< the step whose Kernel::scratchBytes this is; -1 for a tensor
+  size_t first = 0, last = 0; ///< the steps of its lifetime (last is the step count for pinned tensors)
+  bool pinned = false;        ///< a graph input or output, live for the whole run
+};
+
 /// Offsets of the tensors that share the arena, from liveness over the schedule.
 struct MemoryPlan {
   std::map<TensorId, int64_t> offsets;
@@ -20,6 +29,12 @@ struct MemoryPlan {
   int64_t arenaBytes = 0;
   /// Sum of the sizes of all planned tensors, as if none shared memory.
   int64_t unsharedBytes = 0;
+  /// The first step at which the most bytes are live at once (tensors and that step's scratch).
+  size_t peakStep = 0;
+  /// The bytes live at peakStep: the arena's lower bound (arenaBytes less the gaps placement left).
+  int64_t peakLiveBytes = 0;
+  /// Everything live at peakStep, largest first (ties by tensor name), summing to peakLiveBytes.
+  std::vector<LiveBlock> peakLive;
 };
 
 /// Plans \p schedule: tensors whose lifetimes do not overlap share bytes. Tensors in
@@ -28,7 +43,9 @@ struct MemoryPlan {
 /// Reshape-like ops, mapped to the planned tensor whose bytes they reinterpret) get no bytes
 /// either, and each use of a view keeps its root alive. \p scratch (bytes per step, if given)
 /// is working memory live during its step only. \p sizes gives the bytes of tensors kept in a
-/// layout larger than their plain one (blocked channels padded to the block).
+/// layout larger than their plain one (blocked channels padded to the block). The plan also
+/// records what is live at the step with the most live bytes (MemoryPlan::peakLive), for the
+/// memory report.
 MemoryPlan planMemory(const std::vector<ir::Op *> &schedule, const std::vector<TensorId> &pinned,
                       const ir::Graph &graph, const std::map<TensorId, TensorId> &aliases = {},
                       const std::map<TensorId, TensorId> &views = {}, const std::vector<int64_t> &scratch = {},
@@ -43,11 +60,11 @@ std::map<TensorId, TensorId> findViews(const std::vector<ir::Op *> &schedule, co
 
 /// What the profiler knows of one step, fixed at compile time.
 struct StepInfo {
-  std::string name;     ///< "Conv 'conv1'"
-  std::string type;     ///< "Conv", "ai.graphcore.ConvDataGrad"
+  std::string name; ///< "Conv 'conv1'"
+  std::string type; ///< "Conv", "ai.graphcore.ConvDataGrad"
   int phase = 0;
-  double flops = 0;     ///< floating-point operations of one run (estimate, see ir::estimateFlops)
-  int64_t bytes = 0;    ///< bytes read and written (inputs + outputs)
+  double flops = 0;  ///< floating-point operations of one run (estimate, see ir::estimateFlops)
+  int64_t bytes = 0; ///< bytes read and written (inputs + outputs)
 };
 
 /// Floating-point operations of \p op, from its definition's flops hook (ir::estimateFlops: 2·M·N·K

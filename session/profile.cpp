@@ -136,6 +136,45 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
   for (size_t i = 0; i < memory.size(); ++i)
     s += (i ? "; " : " ") + memory[i].first + " " + megabytes(memory[i].second);
   s += "\n";
+  s += arenaPeak(plan);
+  return s;
+}
+
+std::string arenaPeak(const backend_cpu::ExecutionPlan &plan, size_t topBlocks) {
+  const backend_cpu::MemoryPlan &mp = plan.memoryPlan();
+  if (mp.peakLive.empty()) return "arena peak: nothing planned\n";
+  const auto &names = plan.stepNames();
+  auto stepName = [&](size_t step) { return step < names.size() ? names[step] : std::string("the end"); };
+  std::string s = "arena peak: " + megabytes(mp.peakLiveBytes) + " live at step " + std::to_string(mp.peakStep) + " (" +
+                  stepName(mp.peakStep) + ") of the " + megabytes(mp.arenaBytes) +
+                  " arena (the rest: gaps between lifetimes); largest:\n";
+  char line[512];
+  std::snprintf(line, sizeof line, "  %10s  %-8s  %-18s  %-11s  %s\n", "bytes", "type", "shape", "live steps",
+                "tensor");
+  s += line;
+  int64_t restBytes = 0;
+  for (size_t k = 0; k < mp.peakLive.size(); ++k) {
+    const backend_cpu::LiveBlock &b = mp.peakLive[k];
+    if (k >= topBlocks) {
+      restBytes += b.bytes;
+      continue;
+    }
+    std::string type = "-", shape = "-", what;
+    if (b.scratchStep >= 0) {
+      what = "scratch of " + stepName(static_cast<size_t>(b.scratchStep));
+    } else {
+      const TensorInfo &info = plan.info(b.id);
+      type = toString(info.dataType());
+      shape = toString(info.shape());
+      what = b.id + (b.pinned ? " (graph input or output)" : "");
+    }
+    std::string steps = b.pinned ? "all" : std::to_string(b.first) + "-" + std::to_string(b.last);
+    std::snprintf(line, sizeof line, "  %10s  %-8s  %-18s  %-11s  %s\n", megabytes(b.bytes).c_str(), type.c_str(),
+                  shape.c_str(), steps.c_str(), what.c_str());
+    s += line;
+  }
+  if (mp.peakLive.size() > topBlocks)
+    s += "  " + megabytes(restBytes) + " in " + std::to_string(mp.peakLive.size() - topBlocks) + " more\n";
   return s;
 }
 

@@ -179,14 +179,20 @@ public:
     mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
     bOffset_ = aligned64(mb_ * k * 4);
     yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
-    scratchBytes_ = yOffset_ + aligned64(mb_ * nb_ * 4);
+    // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
+    // Fusion::outputType) is oneDNN's destination itself: no f32 block of it in the scratch, which
+    // is planned in the arena at the step of the product (often the arena's peak), and no pass
+    // copying it out.
+    yDirect_ = !p_.yHalf && p_.yCol == 1 && p_.yRow >= n && p_.alpha == 1.f && p_.addendInput < 0 &&
+               p_.residualInput < 0 && !p_.relu;
+    scratchBytes_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
     for (int r = 0; r < 2; ++r)
       for (int c = 0; c < 2; ++c) {
         int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
         if (rows == 0 || cols == 0) continue;
         memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
         memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
-        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{cols, 1});
+        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
         Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
         matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
         if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
@@ -218,7 +224,7 @@ public:
       if (blk.prim) {
         blk.a.set_data_handle(aBlock);
         blk.b.set_data_handle(bPanel);
-        blk.y.set_data_handle(yBlock);
+        if (!yDirect_) blk.y.set_data_handle(yBlock);
       }
     const auto *a = static_cast<const uint16_t *>(args.inputs[0]);
     const auto *b = static_cast<const uint16_t *>(args.inputs[1]);
@@ -243,9 +249,11 @@ public:
             widenA(a + p_.offsetA[bi], m0, rows, aBlock);
           }
           Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
+          if (yDirect_)
+            blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
           dnnl_util::execute(blk.prim, blk.args,
                              {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
-          store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
+          if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
         }
       }
   }
@@ -330,6 +338,7 @@ private:
   bool aTransposed_ = false, bTransposed_ = false;
   int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
   int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
+  bool yDirect_ = false; ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
   std::array<Block, 4> blocks_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
