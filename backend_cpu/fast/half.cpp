@@ -34,12 +34,12 @@ namespace {
 
 /// f32 bytes of a block's blocked tensors, per thread: small enough to stay in L2 between the
 /// widening, the f32 kernel and the narrowing.
-constexpr int64_t kBlockBytes = 256 * 1024;
+constexpr int64_t kBlockBytes = int64_t{256} * 1024;
 /// The largest row (all blocked tensors' f32 bytes for one row) taken; longer rows stay with the
 /// reference kernel rather than need a scratch this large per thread.
-constexpr int64_t kMaxRowBytes = 4 * 1024 * 1024;
+constexpr int64_t kMaxRowBytes = int64_t{4} * 1024 * 1024;
 /// The largest f32 copy of the whole (broadcast) inputs.
-constexpr int64_t kMaxWholeBytes = 4 * 1024 * 1024;
+constexpr int64_t kMaxWholeBytes = int64_t{4} * 1024 * 1024;
 
 /// How an op's rows are found: elementwise ops may merge every dimension; the ops with an axis
 /// only the dimensions before it, and their twin gets the axis renumbered.
@@ -96,7 +96,7 @@ struct BlockPlan {
   std::vector<Part> in, out;
   int64_t twinAxis = -1; ///< the renumbered axis (BeforeAxis), or -1
   bool sumWholeOutputs = false;
-  int64_t rowBytes = 0; ///< f32 bytes of one row of every blocked tensor that is converted
+  int64_t rowBytes = 0; ///< f32 bytes of one row of all blocked tensors
 };
 
 /// The FLOAT16 and FLOAT tensors of \p op, at least one FLOAT16; why not otherwise.
@@ -120,9 +120,9 @@ std::string notHalfOrFloat(const ir::Op &op) {
   return {};
 }
 
-/// Cuts tensor \p t against the output's leading dimensions \p lead (k of rank r): blocked if its
-/// own leading dimensions (aligned to the right) are those, whole if they are all 1. False if
-/// neither.
+/// Cuts tensor \p t against the first \p k dimensions of the output shape \p outShape: blocked if
+/// its own leading dimensions (aligned to the right) are those, whole if they are all 1 (and the
+/// output's are not: with a single row the two are the same). False if neither.
 bool cut(const TensorInfo &t, const Shape &outShape, size_t k, Part &p) {
   const Shape &s = t.shape();
   const size_t r = outShape.size();
@@ -138,8 +138,7 @@ bool cut(const TensorInfo &t, const Shape &outShape, size_t k, Part &p) {
   p.half = t.dataType() == DataType::FLOAT16;
   p.tail = Shape(s.begin() + static_cast<std::ptrdiff_t>(std::max(k, pad) - pad), s.end());
   p.rowElems = shapeElementCount(p.tail);
-  int64_t leadCount = shapeElementCount(Shape(outShape.begin(), outShape.begin() + static_cast<std::ptrdiff_t>(k)));
-  if (same && leadCount > 1) {
+  if (same) {
     p.blocked = true;
     return true;
   }

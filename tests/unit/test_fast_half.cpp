@@ -97,24 +97,24 @@ TensorInfo omitted() { return TensorInfo(F32, {-1}); }
 
 double tol(int64_t k = 1) { return kernel_compare::sixteenBitTolerance(F16, k); }
 
-/// Expects the fast block kernel, and nothing ranked above it, to run \p op, in several blocks.
-void expectChosen(const ir::Op &op) {
+/// Expects the fast block kernel, and nothing ranked above it, to run \p op, in several blocks
+/// unless \p oneBlock.
+void expectChosen(const ir::Op &op, bool oneBlock = false) {
   const auto &registry = backend_cpu::KernelRegistry::instance();
   const backend_cpu::KernelEntry *e = registry.find(op);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->provider, KernelProvider::Fast) << op.type << ": " << registry.choose(op).explanation();
   auto kernel = backend_cpu::createKernel(op, KernelProvider::Fast);
   EXPECT_NE(kernel->choice().find("f32 blocks"), std::string::npos) << op.type << ": " << kernel->choice();
-  EXPECT_EQ(kernel->choice().rfind("1 f32 blocks", 0), std::string::npos)
-      << op.type << ": one block only, the test covers no tail: " << kernel->choice();
+  EXPECT_EQ(kernel->choice().rfind("1 f32 blocks", 0) == 0, oneBlock) << op.type << ": " << kernel->choice();
 }
 
 /// The fast kernel against the fp32 reference on the widened inputs.
 void expectHalf(const ir::Op &op, double tolerance, const std::function<float(size_t, std::mt19937 &)> &fill,
-                unsigned seed = 7) {
+                bool oneBlock = false) {
   SCOPED_TRACE(op.type + " " + toString(op.outInfo(0).shape()));
-  expectChosen(op);
-  std::mt19937 rng(seed);
+  expectChosen(op, oneBlock);
+  std::mt19937 rng(7);
   kernel_compare::expectSixteenBitMatchesFp32Reference(KernelProvider::Fast, op, rng, fill, tolerance);
 }
 
@@ -269,6 +269,12 @@ TEST(FastHalf, SoftmaxFamilyOverRows) {
     OneOp old = makeOp(t, "ai.onnx", 11, {TensorInfo(F16, {400, 3, 100})}); // opset 11: axis 1, flattened
     expectHalf(*old.op, tol(300), uniform(-6, 6));
   }
+  // A single row (batch-1 inference's classifier): one block, every tensor whole and blocked alike.
+  OneOp single = makeOp("Softmax", "ai.onnx", 13, {TensorInfo(F16, {1, 3000})});
+  expectHalf(*single.op, tol(3000), uniform(-6, 6), true);
+  OneOp lnSingle = makeOp("LayerNormalizationGrad", "ai.graphcore", 1,
+                          {TensorInfo(F16, {1, 500}), TensorInfo(F16, {500}), TensorInfo(F16, {1, 500})}, {}, 3);
+  expectHalf(*lnSingle.op, tol(500), uniform(-2, 2), true);
   for (const char *t : {"SoftmaxGrad", "LogSoftmaxGrad"}) {
     OneOp o = makeOp(t, "ai.graphcore", 1, {TensorInfo(F16, s), TensorInfo(F16, s)});
     bool log = std::string(t) == "LogSoftmaxGrad";
