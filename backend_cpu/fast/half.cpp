@@ -11,7 +11,8 @@
 // (vec::toHalf, core/half.hpp's rounding), or written in place where the output is FLOAT. So no
 // full-size f32 copy of any tensor is made, and a block's tensors stay in cache between the three
 // passes. A whole output (LayerNormalizationGrad's dScale and dBias) sums its blocks' partial
-// results in block order, so no result depends on the thread count.
+// results in block order. Blocks run on the kernel's threads when the twin is a fast loop; a oneDNN
+// twin runs them in turn on the calling thread, threading each block itself.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -298,6 +299,10 @@ public:
     const KernelEntry *fullEntry = nullptr, *tailEntry = nullptr;
     if (Support s = twinEntry(*fullTwin_.op, fullEntry); !s) throw error(op.debugName(), ": ", s.reason);
     if (Support s = twinEntry(*tailTwin_.op, tailEntry); !s) throw error(op.debugName(), ": ", s.reason);
+    // oneDNN's primitives run on the thread that created them (its library scratchpad is per
+    // thread: a layer-norm gradient run on a worker thread gave dBias 0), each block threaded by
+    // oneDNN as for f32 ops; only the fast loops run blocks on threads of their own.
+    if (fullEntry->provider != KernelProvider::Fast || tailEntry->provider != KernelProvider::Fast) threads_ = 1;
     int64_t twinScratch = 0;
     for (int i = 0; i < threads_; ++i) {
       full_.push_back(createKernel(*fullEntry, *fullTwin_.op, context));
@@ -374,21 +379,13 @@ public:
       {
         const int t = omp_get_thread_num(), n = omp_get_num_threads();
         uint8_t *mine = scratch + shared_ + perThread_ * t;
-        // Blocks in a fixed round-robin; inside the region a oneDNN primitive runs on its thread
-        // alone, so each block is computed the same way whichever thread runs it.
+        // Blocks in a fixed round-robin, so each is computed the same way whichever thread runs it.
         for (int64_t b = t; b < blocks; b += n)
           runBlock(a, scratch, mine, t, b);
       }
     } else {
-      // One thread for the twin outside a region too: oneDNN's layer-norm gradient sums dScale
-      // over its threads, so the bits would follow the thread count, and a parallel region per
-      // block of a small op cost more than it saved (a [64, 256] Relu gradient: 137 µs on two
-      // threads against 34 µs for the reference loop).
-      const int saved = omp_get_max_threads();
-      omp_set_num_threads(1);
       for (int64_t b = 0; b < blocks; ++b)
         runBlock(a, scratch, scratch + shared_, 0, b);
-      omp_set_num_threads(saved);
     }
     if (plan_.sumWholeOutputs) sumPartials(a, scratch);
   }

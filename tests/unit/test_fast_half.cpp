@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -120,8 +121,8 @@ void expectHalf(const ir::Op &op, double tolerance, const std::function<float(si
 
 /// Runs \p op's fast kernel on \p threads threads and its fp32 twin's \p oracle kernel (the
 /// reference, or the f32 kernel Any chooses) on the widened inputs \p values (FLOAT16 inputs
-/// rounded from them first; NaN and infinities allowed), and expects output 0 to be the oracle's
-/// narrowed once: NaN where it is NaN, the same infinity, else within \p tolerance relative.
+/// rounded from them first; NaN and infinities allowed), and expects every FLOAT16 output to be the
+/// oracle's narrowed once: NaN where it is NaN, the same infinity, else within \p tolerance relative.
 void expectHalfWithSpecials(const ir::Op &op, const std::vector<std::vector<float>> &values, int threads,
                             double tolerance, KernelProvider oracle = KernelProvider::Reference) {
   SCOPED_TRACE(op.type + " on " + std::to_string(threads) + " threads");
@@ -147,27 +148,36 @@ void expectHalfWithSpecials(const ir::Op &op, const std::vector<std::vector<floa
     inp.push_back(in[i].data());
     widep.push_back(wide[i].data());
   }
-  TensorData ref(twin.op->outInfo(0)), out(op.outInfo(0));
-  void *refp = ref.data(), *outp = out.data();
+  std::vector<TensorData> refs, outs;
+  std::vector<void *> refp, outp;
+  for (size_t i = 0; i < op.outputCount(); ++i) {
+    refs.emplace_back(op.hasOutput(i) ? twin.op->outInfo(i) : TensorInfo(F32, {0}));
+    outs.emplace_back(op.hasOutput(i) ? op.outInfo(i) : TensorInfo(F32, {0}));
+    refp.push_back(op.hasOutput(i) ? refs.back().data() : nullptr);
+    outp.push_back(op.hasOutput(i) ? outs.back().data() : nullptr);
+  }
   auto oracleKernel = backend_cpu::createKernel(*twin.op, oracle);
   std::vector<uint8_t> oracleScratch(static_cast<size_t>(oracleKernel->scratchBytes()) + 64);
-  oracleKernel->run({widep.data(), widep.size(), &refp, 1,
+  oracleKernel->run({widep.data(), widep.size(), refp.data(), refp.size(),
                      oracleScratch.data() + (64 - reinterpret_cast<uintptr_t>(oracleScratch.data()) % 64) % 64});
   backend_cpu::KernelContext context;
   context.threads = threads;
   auto kernel = backend_cpu::createKernel(op, KernelProvider::Fast, context);
   std::vector<uint8_t> scratch(static_cast<size_t>(kernel->scratchBytes()) + 64);
   void *aligned = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
-  kernel->run({inp.data(), inp.size(), &outp, 1, aligned});
-  int bad = 0;
-  for (int64_t k = 0; k < op.outInfo(0).elementCount() && bad < 5; ++k) {
-    float want = halfToFloat(floatToHalf(ref.as<float>()[k])), got = halfToFloat(out.as<uint16_t>()[k]);
-    bool ok = std::isnan(want)   ? std::isnan(got)
-              : std::isinf(want) ? got == want
-                                 : !std::isnan(got) && kernel_compare::relDiff(got, want) < tolerance;
-    if (!ok) {
-      ++bad;
-      ADD_FAILURE() << "element " << k << ": got " << got << ", want " << want;
+  kernel->run({inp.data(), inp.size(), outp.data(), outp.size(), aligned});
+  for (size_t o = 0; o < op.outputCount(); ++o) {
+    if (!op.hasOutput(o)) continue;
+    int bad = 0;
+    for (int64_t k = 0; k < op.outInfo(o).elementCount() && bad < 5; ++k) {
+      float want = halfToFloat(floatToHalf(refs[o].as<float>()[k])), got = halfToFloat(outs[o].as<uint16_t>()[k]);
+      bool ok = std::isnan(want)   ? std::isnan(got)
+                : std::isinf(want) ? got == want
+                                   : !std::isnan(got) && kernel_compare::relDiff(got, want) < tolerance;
+      if (!ok) {
+        ++bad;
+        ADD_FAILURE() << "output " << o << " element " << k << ": got " << got << ", want " << want;
+      }
     }
   }
 }
@@ -362,4 +372,43 @@ TEST(FastHalf, DeclinesWhatItDoesNotCover) {
   EXPECT_EQ(e->provider, KernelProvider::Reference) << "a row of 8 MiB in f32 stays with the reference kernel";
   EXPECT_NE(registry.choose(*huge.op, KernelProvider::Fast).explanation().find("rows of more than 4 MiB"),
             std::string::npos);
+}
+
+TEST(FastHalf, LayerNormGradOnTwoThreadsAndFastTwinsBitIdenticalOnAnyThreadCount) {
+  // dScale and dBias sum the blocks' partial results; oneDNN's twin runs on the creating thread.
+  Shape x{3, 400, 64};
+  OneOp ln = makeOp("LayerNormalizationGrad", "ai.graphcore", 1,
+                    {TensorInfo(F16, x), TensorInfo(F16, {64}), TensorInfo(F16, x)}, {}, 3);
+  std::vector<std::vector<float>> values;
+  for (unsigned i = 0; i < 3; ++i) {
+    std::mt19937 rng(10 + i);
+    values.emplace_back();
+    for (int64_t k = 0; k < ln.op->inInfo(i).elementCount(); ++k)
+      values.back().push_back(std::uniform_real_distribution<float>(-2, 2)(rng));
+  }
+  for (int threads : {1, 2})
+    expectHalfWithSpecials(*ln.op, values, threads, tol(1200));
+  // SoftmaxGrad's twin is the fast row pass: blocks on threads of their own, the same bits.
+  Shape s{7, 111, 100};
+  OneOp sg = makeOp("SoftmaxGrad", "ai.graphcore", 1, {TensorInfo(F16, s), TensorInfo(F16, s)});
+  std::vector<TensorData> in;
+  std::mt19937 rng(3);
+  for (size_t i = 0; i < 2; ++i) {
+    in.emplace_back(sg.op->inInfo(i));
+    for (int64_t k = 0; k < sg.op->inInfo(i).elementCount(); ++k)
+      in.back().as<uint16_t>()[k] = floatToHalf(std::uniform_real_distribution<float>(i == 0 ? 0 : -2, 2)(rng));
+  }
+  const void *inp[2] = {in[0].data(), in[1].data()};
+  std::vector<TensorData> outs;
+  for (int threads : {1, 2, 3}) {
+    backend_cpu::KernelContext context;
+    context.threads = threads;
+    auto kernel = backend_cpu::createKernel(*sg.op, KernelProvider::Fast, context);
+    outs.emplace_back(sg.op->outInfo(0));
+    void *outp[1] = {outs.back().data()};
+    kernel->run({inp, 2, outp, 1});
+  }
+  for (size_t t = 1; t < outs.size(); ++t)
+    EXPECT_EQ(std::memcmp(outs[t].data(), outs[0].data(), static_cast<size_t>(outs[0].byteCount())), 0)
+        << "SoftmaxGrad on " << t + 1 << " threads differs from one thread's";
 }
