@@ -18,6 +18,7 @@ void registerFastKernels(KernelRegistry &r) {
   registerFastVarUpdateKernels(r);
   registerFastBroadcastKernels(r);
   registerFastCastKernels(r);
+  registerFastHalfKernels(r);
 }
 
 } // namespace popart::backend_cpu
