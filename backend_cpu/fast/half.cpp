@@ -1,5 +1,5 @@
-// Fast FLOAT16 kernels for the elementwise, activation, softmax and layer-normalisation ops and
-// their gradients, through one mechanism instead of a kernel per op. oneDNN 2.6 has no f16
+// Fast FLOAT16 kernels for the elementwise, activation, softmax, layer-normalisation and pooling ops
+// and their gradients, through one mechanism instead of a kernel per op. oneDNN 2.6 has no f16
 // eltwise, softmax or layer norm on CPUs without fp16 units, and the reference kernels run these
 // at about 0.03 GFLOP/s. Here the op's tensors are cut into blocks of rows: the leading k
 // dimensions of the output merged into rows (every element a row for elementwise ops; the
@@ -43,8 +43,9 @@ constexpr int64_t kMaxRowBytes = int64_t{4} * 1024 * 1024;
 constexpr int64_t kMaxWholeBytes = int64_t{4} * 1024 * 1024;
 
 /// How an op's rows are found: elementwise ops may merge every dimension; the ops with an axis
-/// only the dimensions before it, and their twin gets the axis renumbered.
-enum class RowKind { Elementwise, BeforeAxis };
+/// only the dimensions before it, and their twin gets the axis renumbered; the pools and their
+/// gradients only the batch (a row is an image, so the twin pools [rows, C, spatial...]).
+enum class RowKind { Elementwise, BeforeAxis, Batch };
 
 struct OpKind {
   RowKind rows = RowKind::Elementwise;
@@ -70,6 +71,9 @@ const std::vector<std::pair<std::pair<std::string, std::string>, OpKind>> &halfO
       v.push_back({{"ai.graphcore", t}, OpKind{RowKind::BeforeAxis, -1, -1}});
     v.push_back({{"ai.onnx", "LayerNormalization"}, OpKind{RowKind::BeforeAxis, -1, -1}});
     v.push_back({{"ai.graphcore", "LayerNormalizationGrad"}, OpKind{RowKind::BeforeAxis, -1, -1, true}});
+    for (const char *t : {"MaxPool", "AveragePool", "GlobalAveragePool"})
+      v.push_back({{"ai.onnx", t}, OpKind{RowKind::Batch}});
+    v.push_back({{"ai.graphcore", "MaxPoolGrad"}, OpKind{RowKind::Batch}});
     return v;
   }();
   return ops;
@@ -166,6 +170,7 @@ Support planBlocks(const ir::Op &op, BlockPlan &plan) {
     if (axis < 0 || axis >= r) return Support::no("axis out of range");
     kMax = axis;
   }
+  if (kind->rows == RowKind::Batch) kMax = 1;
   for (int64_t k = kMax; k >= 1; --k) {
     BlockPlan p;
     bool ok = true;

@@ -50,6 +50,10 @@ POPART_FAST_KERNEL_COMPARED("ai.graphcore", "SoftmaxGrad");
 POPART_FAST_KERNEL_COMPARED("ai.graphcore", "LogSoftmaxGrad");
 POPART_FAST_KERNEL_COMPARED("ai.onnx", "LayerNormalization");
 POPART_FAST_KERNEL_COMPARED("ai.graphcore", "LayerNormalizationGrad");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "MaxPool");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "AveragePool");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "GlobalAveragePool");
+POPART_FAST_KERNEL_COMPARED("ai.graphcore", "MaxPoolGrad");
 
 namespace {
 
@@ -294,6 +298,32 @@ TEST(FastHalf, SoftmaxFamilyOverRows) {
       return i == 0 && log ? std::log(v + 1e-3f) : v;
     });
   }
+}
+
+// The pools in blocks of images: [20, 16, 24, 24] is 36 KiB of f32 input per image, so several
+// blocks and a shorter last one. Max picks one of its inputs (exact); averages sum a window.
+TEST(FastHalf, PoolsAndTheirGradientsOverBlocksOfImages) {
+  const Shape x{20, 16, 24, 24}, pooled{20, 16, 12, 12};
+  ir::Attributes tiled; // windows that tile the plane
+  tiled.set("kernel_shape", std::vector<int64_t>{2, 2});
+  tiled.set("strides", std::vector<int64_t>{2, 2});
+  ir::Attributes overlapping; // 3x3 windows at stride 2 with padding
+  overlapping.set("kernel_shape", std::vector<int64_t>{3, 3});
+  overlapping.set("strides", std::vector<int64_t>{2, 2});
+  overlapping.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  for (const ir::Attributes &attrs : {tiled, overlapping}) {
+    OneOp max = makeOp("MaxPool", "ai.onnx", 12, {TensorInfo(F16, x)}, attrs);
+    expectHalf(*max.op, tol(), uniform(-4, 4));
+    OneOp avg = makeOp("AveragePool", "ai.onnx", 11, {TensorInfo(F16, x)}, attrs);
+    expectHalf(*avg.op, tol(9), uniform(-4, 4));
+    ir::Attributes gradAttrs = attrs; // the gradient op carries the forward's attributes in full
+    gradAttrs.set("dilations", std::vector<int64_t>{1, 1});
+    if (!gradAttrs.has("pads")) gradAttrs.set("pads", std::vector<int64_t>{0, 0, 0, 0});
+    OneOp maxGrad = makeOp("MaxPoolGrad", "ai.graphcore", 1, {TensorInfo(F16, x), TensorInfo(F16, pooled)}, gradAttrs);
+    expectHalf(*maxGrad.op, tol(9), uniform(-4, 4));
+  }
+  OneOp global = makeOp("GlobalAveragePool", "ai.onnx", 13, {TensorInfo(F16, x)});
+  expectHalf(*global.op, tol(24 * 24), uniform(-4, 4));
 }
 
 TEST(FastHalf, LayerNormForwardWithHalfOrFloatStatistics) {
