@@ -34,7 +34,8 @@ struct ApplyOptions {
   /// proportion (at most 1) of the largest finite value of the narrowest gradient type. 0: none.
   float binEdgeLocation = 0.0f;
   /// The bin edge is a proportion of fp16's largest value (65504) whatever the gradients' type:
-  /// the fp16 modes, whose FLOAT master weights' gradients come from fp16 ones.
+  /// the fp16 modes, whose gradients are computed in fp16 even where one reaches the optimiser as
+  /// FLOAT (accumulated in fp32, or without keepWeightGradientsLow).
   bool binEdgeOfHalf = false;
   /// Type of the optimiser state (momentum, Adam moments, RMSprop and AdaGrad accumulators) and
   /// of the gradient accumulators of FLOAT16 and BFLOAT16 weights. UNDEFINED: the weight's own
@@ -65,7 +66,9 @@ struct AppliedOptimizer {
 };
 
 /// Adds the optimiser for \p weightGrads ({weight, gradient of the scaled loss}) to \p graph.
-/// Weights are FLOAT, FLOAT16 or BFLOAT16, each gradient of its weight's type.
+/// Weights are FLOAT, FLOAT16 or BFLOAT16, each gradient of its weight's type or, for a FLOAT
+/// (master) weight, FLOAT16 or BFLOAT16: every op here reads such a gradient as it is (clipping
+/// squares it in fp32, an accumulator stays FLOAT) and the update widens it in its kernel.
 AppliedOptimizer applyOptimizer(ir::Graph &graph, const Optimizer &optimizer,
                                 const std::vector<std::pair<TensorId, TensorId>> &weightGrads,
                                 const ApplyOptions &options);

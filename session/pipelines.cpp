@@ -50,6 +50,7 @@ const std::vector<std::string> &trainingPipeline() {
       "findWeights",
       "scaleLoss",
       "buildGradients",
+      "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
       "applyOptimizer",
       "inferShapes",
       "markHalfPartials", // after autodiff: the gradient products too

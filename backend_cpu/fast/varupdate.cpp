@@ -1,6 +1,7 @@
 // Fast optimiser updates: SGDUpdate (plain and with momentum) and AdamUpdate in mode "adam", for
 // FLOAT, FLOAT16 and BFLOAT16 weights with gradient and state in the weight's type or FLOAT
-// (UpdateTypes: the second moment FLOAT or the first moment's type).
+// (UpdateTypes: the second moment FLOAT or the first moment's type), and FLOAT master weights
+// with a FLOAT16 or BFLOAT16 gradient (fp16.32, bf16), which alone is widened in blocks.
 //
 // - f32 Adam / AdamW through vec::adamStep, built for AVX2 and AVX-512 (sqrt and divide): built
 //   for baseline x86-64, as the reference is, it ran BERT's AdamW at 13.5 GB/s, compute-bound;

@@ -6,14 +6,17 @@
 //
 // Storage types: the weight is FLOAT, FLOAT16 or BFLOAT16; the gradient and the state tensors
 // each have the weight's type or FLOAT (ir/ops/varupdate.cpp), the second-order state (PopART's
-// accl2) possibly FLOAT beside first-order state of the weight's type. Kernels are templated on
-// the four (UpdateTypes) and compute in float, rounding each stored value once.
+// accl2) possibly FLOAT beside first-order state of the weight's type. A FLOAT weight may take a
+// FLOAT16 or BFLOAT16 gradient (fp16.32's and bf16's master weights), widened in the kernel.
+// Kernels are templated on the four (UpdateTypes) and compute in float, rounding each stored
+// value once.
 
 #include "backend_cpu/kernel.hpp"
 #include "core/dispatch.hpp"
 
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace popart::backend_cpu {
@@ -46,6 +49,16 @@ template <typename W, typename F> decltype(auto) weightTypeOrFloat(DataType type
   return f(TypeTag<float>{});
 }
 
+/// Calls \p f with the tag of the gradient type \p type of a \p W weight: as weightTypeOrFloat,
+/// and for a float weight also Half or BFloat16 (a master weight's 16-bit gradient).
+template <typename W, typename F> decltype(auto) gradientType(DataType type, F &&f) {
+  if constexpr (std::is_same_v<W, float>) {
+    if (type == DataType::FLOAT16) return f(TypeTag<Half>{});
+    if (type == DataType::BFLOAT16) return f(TypeTag<BFloat16>{});
+  }
+  return weightTypeOrFloat<W>(type, std::forward<F>(f));
+}
+
 /// The DataType of the present state tensors of \p op that are second-order (\p secondOrder) or
 /// first-order: \p fallback when there is none, UNDEFINED when they disagree.
 inline DataType stateTypeOf(const ir::Op &op, bool secondOrder, DataType fallback) {
@@ -70,33 +83,37 @@ inline DataType updateStateType(const ir::Op &op) {
 inline DataType updateSecondMomentType(const ir::Op &op) { return detail::stateTypeOf(op, true, updateStateType(op)); }
 
 /// Whether \p op's weight, gradient and state types are ones dispatchUpdateTypes takes: the
-/// weight FLOAT, FLOAT16 or BFLOAT16; the gradient and the state of each order the weight's type
-/// or FLOAT, the second-order state FLOAT unless the first-order state is the weight's type; the
-/// hyperparameters and gradient scale FLOAT.
+/// weight FLOAT, FLOAT16 or BFLOAT16; the gradient the weight's type or FLOAT, or any of the three
+/// for a FLOAT weight; the state of each order the weight's type or FLOAT, the second-order state
+/// FLOAT unless the first-order state is the weight's type; the hyperparameters and gradient
+/// scale FLOAT.
 inline bool updateTypesSupported(const ir::Op &op) {
   if (op.inputCount() < 4) return false;
   const DataType w = op.inInfo(0).dataType(), g = op.inInfo(1).dataType(), s = updateStateType(op),
                  s2 = updateSecondMomentType(op);
   auto weightOrFloat = [&](DataType t) { return t == w || t == DataType::FLOAT; };
-  return (w == DataType::FLOAT || w == DataType::FLOAT16 || w == DataType::BFLOAT16) && weightOrFloat(g) &&
-         weightOrFloat(s) && (s2 == s || s2 == DataType::FLOAT) && op.inInfo(2).dataType() == DataType::FLOAT &&
-         op.inInfo(3).dataType() == DataType::FLOAT;
+  const bool masterGradient = w == DataType::FLOAT && (g == DataType::FLOAT16 || g == DataType::BFLOAT16);
+  return (w == DataType::FLOAT || w == DataType::FLOAT16 || w == DataType::BFLOAT16) &&
+         (weightOrFloat(g) || masterGradient) && weightOrFloat(s) && (s2 == s || s2 == DataType::FLOAT) &&
+         op.inInfo(2).dataType() == DataType::FLOAT && op.inInfo(3).dataType() == DataType::FLOAT;
 }
 
 /// Calls \p f(UpdateTypes<W, G, S, S2>{}) for \p op's storage types (updateTypesSupported).
-/// Every combination is one instantiation of \p f: one for FLOAT weights, six for each 16-bit type.
+/// Every combination is one instantiation of \p f: three for FLOAT weights (one per gradient
+/// type), six for each 16-bit type.
 template <typename F> decltype(auto) dispatchUpdateTypes(const ir::Op &op, F &&f) {
   if (!updateTypesSupported(op))
     throw error(op.debugName(), ": cannot update weight ", op.inInfo(0).toString(), " with gradient ",
                 op.inInfo(1).toString(), ", state ", toString(updateStateType(op)), " and second-order state ",
                 toString(updateSecondMomentType(op)),
-                " (the weight FLOAT, FLOAT16 or BFLOAT16; gradient and state its type or FLOAT, the state of each "
-                "order of one type, and the second-order state FLOAT or the first-order state's type)");
+                " (the weight FLOAT, FLOAT16 or BFLOAT16; gradient and state its type or FLOAT, or a 16-bit "
+                "gradient of a FLOAT weight; the state of each order of one type, and the second-order state "
+                "FLOAT or the first-order state's type)");
   const DataType g = op.inInfo(1).dataType(), s = updateStateType(op), s2 = updateSecondMomentType(op);
   // (Tags pass through std::decay_t: GCC sees a captured tag parameter as a reference.)
   auto withWeight = [&](auto wTag) -> decltype(auto) {
     using W = typename std::decay_t<decltype(wTag)>::type;
-    return detail::weightTypeOrFloat<W>(g, [&](auto gTag) -> decltype(auto) {
+    return detail::gradientType<W>(g, [&](auto gTag) -> decltype(auto) {
       using G = typename std::decay_t<decltype(gTag)>::type;
       return detail::weightTypeOrFloat<W>(s, [&](auto sTag) -> decltype(auto) {
         using S = typename std::decay_t<decltype(sTag)>::type;

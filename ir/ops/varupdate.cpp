@@ -9,7 +9,9 @@
 // gradient scale first (1 / (loss scale · accumulation factor), times the clipping factor).
 // The weight is FLOAT, FLOAT16 or BFLOAT16; the gradient and each state tensor have its shape and
 // either its type or FLOAT (fp32 optimiser state, or a gradient accumulated in fp32), each on its
-// own: fp16.16 keeps fp16 first-order state beside FLOAT second moments (optimizer/apply.hpp).
+// own: fp16.16 keeps fp16 first-order state beside FLOAT second moments (optimizer/apply.hpp). A
+// FLOAT weight may also take a 16-bit gradient: fp16.32's and bf16's master weights, whose
+// gradients stay in the low type until the update widens them.
 
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
@@ -36,8 +38,12 @@ void setupUpdate(Op &op) {
   if (op.inputCount() < 4) throw error(op.debugName(), ": expected weight, gradient, hyperparameters, gradient scale");
   const TensorInfo &w = op.inInfo(0);
   requireType(op, 0, {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16});
-  if (!matchesWeight(op.inInfo(1), w))
-    throw error(op.debugName(), ": gradient ", op.inInfo(1).toString(), " does not match weight ", w.toString());
+  const DataType g = op.inInfo(1).dataType();
+  const bool lowGradient = w.dataType() == DataType::FLOAT && (g == DataType::FLOAT16 || g == DataType::BFLOAT16) &&
+                           op.inInfo(1).shape() == w.shape();
+  if (!matchesWeight(op.inInfo(1), w) && !lowGradient)
+    throw error(op.debugName(), ": gradient ", op.inInfo(1).toString(), " does not match weight ", w.toString(),
+                " (expected its shape, and its type, FLOAT, or a 16-bit type for a FLOAT weight)");
   if (op.inInfo(2).dataType() != DataType::FLOAT ||
       op.inInfo(2).elementCount() != int64_t(hyperParameterCount(op.type)))
     throw error(op.debugName(), ": expected ", hyperParameterCount(op.type), " FLOAT hyperparameters, got ",

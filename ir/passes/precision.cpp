@@ -268,6 +268,32 @@ int markHalfPartials(Graph &graph, const PrecisionPolicy &policy) {
   return marked;
 }
 
+int keepWeightGradientsLow(Graph &graph, const PrecisionPolicy &policy, TrainingTensors &training,
+                           const std::vector<TensorId> &keep) {
+  if (policy.low == DataType::UNDEFINED || !policy.masterWeights) return 0;
+  std::set<TensorId> kept(keep.begin(), keep.end());
+  kept.insert(graph.outputs().begin(), graph.outputs().end());
+  int changed = 0;
+  for (auto &[weight, grad] : training.weightGrads) {
+    const Tensor *w = graph.findTensor(weight);
+    Tensor *g = graph.findTensor(grad);
+    if (!w || !g || w->info().dataType() != DataType::FLOAT || kept.count(grad) || !g->consumers().empty()) continue;
+    Op *cast = g->producer();
+    if (!cast || cast->domain != "ai.onnx" || cast->type != "Cast" || !cast->hasInput(0)) continue;
+    const Tensor &low = cast->input(0);
+    const DataType t = low.info().dataType();
+    // The widening is exact, so the update computes from the same values; only a Cast from a
+    // 16-bit type qualifies (a narrowing one would change them).
+    if ((t != DataType::FLOAT16 && t != DataType::BFLOAT16) || low.info().shape() != w->info().shape()) continue;
+    TensorId castOut = grad;
+    grad = low.id();
+    graph.removeOp(*cast);
+    graph.removeTensor(castOut);
+    ++changed;
+  }
+  return changed;
+}
+
 void registerPrecisionPasses(PassRegistry &r) {
   r.add({
       .name = "convertPrecision",
@@ -276,6 +302,18 @@ void registerPrecisionPasses(PassRegistry &r) {
       .needs = ShapesInferred,
       .before = GradientsBuilt,
       .run = [](Graph &g, PassContext &c) { return convertPrecision(g, c.state<PrecisionPolicy>(), c.keep); },
+  });
+  r.add({
+      .name = "keepWeightGradientsLow",
+      .purpose = "fp16.32, bf16: the optimiser reads each master weight's 16-bit gradient, not its Cast to FLOAT, "
+                 "and widens it in the update",
+      .needs = ShapesInferred | GradientsBuilt,
+      .before = OptimizerApplied,
+      .optional = true,
+      .run =
+          [](Graph &g, PassContext &c) {
+            return keepWeightGradientsLow(g, c.state<PrecisionPolicy>(), c.state<TrainingTensors>(), c.keep);
+          },
   });
   r.add({
       .name = "markHalfPartials",

@@ -53,6 +53,17 @@ PrecisionClass precisionClass(const Op &op);
 /// Tensors that decide shapes are left alone. Returns the number of casts and conversions made.
 int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep);
 
+struct TrainingTensors;
+
+/// fp16.32 and bf16 (a \p policy with a low type and master weights): each FLOAT weight of
+/// \p training whose gradient is a Cast of a FLOAT16 or BFLOAT16 gradient (the master copy's Cast,
+/// differentiated) takes that 16-bit gradient instead, and the Cast goes, unless \p keep or the
+/// graph's outputs name its result. The optimiser then reads the gradient in the low type and
+/// widens it in its kernels onto the master weight: half the memory, the same values. Returns
+/// how many gradients it changed.
+int keepWeightGradientsLow(Graph &graph, const PrecisionPolicy &policy, TrainingTensors &training,
+                           const std::vector<TensorId> &keep);
+
 /// With \p policy.halfPartials, marks every MatMul and Gemm of 16-bit operands (forward and
 /// gradient ones alike) with internal_attr::kHalfPartials; returns how many.
 int markHalfPartials(Graph &graph, const PrecisionPolicy &policy);

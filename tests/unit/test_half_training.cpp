@@ -190,6 +190,13 @@ std::vector<std::pair<DataType, DataType>> stateTypes(DataType w) {
   return {{w, w}, {w, DataType::FLOAT}, {DataType::FLOAT, DataType::FLOAT}};
 }
 
+/// The gradient types tested with weights of type \p w: its own and FLOAT, and for FLOAT (master)
+/// weights also the 16-bit types (fp16.32's and bf16's gradients).
+std::vector<DataType> gradientTypes(DataType w) {
+  if (w == DataType::FLOAT) return {w, DataType::FLOAT16, DataType::BFLOAT16};
+  return {w, DataType::FLOAT};
+}
+
 /// One update op on typed buffers: weight of type \p w, gradient \p g, first-order state \p s and
 /// second-order state \p s2 (UNDEFINED: \p s).
 class TypedUpdate {
@@ -351,6 +358,36 @@ TEST(HalfUpdateKernels, FloatGradientsOfAccumulatedMicroBatchesUpdate16BitWeight
       }
 }
 
+TEST(HalfUpdateKernels, FloatMasterWeightsTake16BitGradientsAsTheFp32UpdateOfTheWidenedGradient) {
+  // fp16.32 and bf16: the update reads the 16-bit gradient of an fp32 master weight with fp32
+  // state. Widening is exact, so every optimiser gives the fp32 reference kernel's bits for the
+  // same gradient values given as FLOAT; the fast kernels (SGD, Adam) the fast FLOAT kernel's.
+  for (const UpdateCase &c : updateCases())
+    for (DataType g : {DataType::FLOAT16, DataType::BFLOAT16}) {
+      compareWithRoundedFloat(c, DataType::FLOAT, g, DataType::FLOAT, DataType::FLOAT, KernelProvider::Reference, 203,
+                              0.0);
+      if (::testing::Test::HasFatalFailure()) return;
+      if (c.type == "AdaptiveUpdate" || (c.type == "AdamUpdate" && c.attrs.getString("mode", "adam") != "adam"))
+        continue;
+      for (int64_t n : {int64_t{1500}, int64_t{70001}}) {
+        TypedUpdate low(c, DataType::FLOAT, g, DataType::FLOAT, n),
+            wide(c, DataType::FLOAT, DataType::FLOAT, DataType::FLOAT, n);
+        auto lk = low.kernel(KernelProvider::Fast), wk = wide.kernel(KernelProvider::Fast);
+        const auto grads = gradients(n, 3);
+        for (int t = 1; t <= 3; ++t) {
+          std::vector<float> grad = grads[static_cast<size_t>(t - 1)];
+          for (float &x : grad)
+            x = roundTo(g, x);
+          low.step(*lk, grad, c.hyper(t), 0.5f);
+          wide.step(*wk, grad, c.hyper(t), 0.5f);
+        }
+        for (size_t k = 0; k < low.bufferCount(); ++k)
+          EXPECT_EQ(low.values(k), wide.values(k))
+              << c.name << " grad " << toString(g) << " n " << n << " buffer " << k;
+      }
+    }
+}
+
 TEST(HalfUpdateKernels, FastSgdAndAdamMatchTheReference) {
   // Fast SGD is built without FMA contraction and widens/rounds exactly, so it computes the
   // reference's bits for every type. Fast Adam's FMA rounds once where the reference rounds
@@ -361,9 +398,10 @@ TEST(HalfUpdateKernels, FastSgdAndAdamMatchTheReference) {
     if (c.type == "AdaptiveUpdate" || (c.type == "AdamUpdate" && c.attrs.getString("mode", "adam") != "adam")) continue;
     for (DataType w : {DataType::FLOAT, DataType::FLOAT16, DataType::BFLOAT16})
       for (const auto &[s, s2] : stateTypes(w))
-        for (DataType g : {w, DataType::FLOAT})
+        for (DataType g : gradientTypes(w))
           for (int64_t n : {int64_t{203}, int64_t{1500}, int64_t{70001}}) {
-            if (n == 70001 && (s != w || g != w)) continue; // threads: fp16.16's combinations
+            // threads: fp16.16's combinations and fp16.32's and bf16's master weights
+            if (n == 70001 && (s != w || g != w) && w != DataType::FLOAT) continue;
             TypedUpdate fast(c, w, g, s, n, s2), ref(c, w, g, s, n, s2);
             EXPECT_EQ(fast.op().type, c.type);
             auto fk = fast.kernel(KernelProvider::Fast), rk = ref.kernel(KernelProvider::Reference);
@@ -421,6 +459,14 @@ TEST(HalfUpdateKernels, FastKernelsAreChosenFor16BitWeightsAndFloatStateAndNotFo
         EXPECT_EQ(e->provider, KernelProvider::Fast)
             << c->name << " " << toString(w) << " state " << toString(s) << "/" << toString(s2);
       }
+  // fp16.32's and bf16's master weights: FLOAT weight and state, 16-bit gradient.
+  for (DataType g : {DataType::FLOAT16, DataType::BFLOAT16})
+    for (const UpdateCase *c : {&sgd, &adamw}) {
+      TypedUpdate u(*c, DataType::FLOAT, g, DataType::FLOAT, 10);
+      const backend_cpu::KernelEntry *e = backend_cpu::KernelRegistry::instance().find(u.op(), KernelProvider::Any);
+      ASSERT_NE(e, nullptr) << c->name << " grad " << toString(g);
+      EXPECT_EQ(e->provider, KernelProvider::Fast) << c->name << " grad " << toString(g);
+    }
 }
 
 TEST(HalfUpdateKernels, AFloatFirstMomentBesideA16BitSecondMomentHasNoKernel) {
@@ -554,18 +600,19 @@ TEST(HalfUpdateKernels, OnnxTrainingOpsRoundADoubleOnceTo16Bits) {
 
 namespace {
 
-/// A graph with one 16-bit weight w [4] and its gradient as a stream input, the optimiser applied
-/// with \p options; runs one update with gradient \p grad and returns the weight.
+/// A graph with one weight w [4] of \p type and its gradient g (of \p gradType, UNDEFINED: \p type)
+/// as a stream input, the optimiser applied with \p options.
 struct AppliedGraph {
   ir::Graph graph;
   optimizer::AppliedOptimizer applied;
-  AppliedGraph(DataType type, const Optimizer &opt, const optimizer::ApplyOptions &options) {
+  AppliedGraph(DataType type, const Optimizer &opt, const optimizer::ApplyOptions &options,
+               DataType gradType = DataType::UNDEFINED) {
     ir::registerBuiltinOps();
     backend_cpu::registerBuiltinKernels();
     graph.opsets()["ai.onnx"] = 17;
     graph.addTensor("w", ir::TensorKind::Variable, TensorInfo(type, {4}))
         .setData(std::make_shared<TensorData>(tensorOf(type, {0.5f, -1.0f, 2.0f, 0.25f})));
-    graph.addTensor("g", ir::TensorKind::Stream, TensorInfo(type, {4}));
+    graph.addTensor("g", ir::TensorKind::Stream, TensorInfo(gradType == DataType::UNDEFINED ? type : gradType, {4}));
     graph.addInput("g");
     applied = optimizer::applyOptimizer(graph, opt, {{"w", "g"}}, options);
     ir::inferShapes(graph, nullptr);
@@ -701,6 +748,53 @@ TEST(HalfApplyOptimizer, FloatStateRunsThroughAPlanAndClipsInFloat) {
       const std::vector<float> want{roundTo(type, float(0.5 - 300.0 * coef)), roundTo(type, float(-1.0 - 300.0 * coef)),
                                     2.0f, 0.25f};
       expectWithinUlps(floatsOf(w), want, type, 1.0, toString(type) + " state " + toString(state));
+    }
+}
+
+TEST(HalfApplyOptimizer, AFloatMasterWeightReadsA16BitGradientWithFloatStateAccumulatorAndNorms) {
+  // fp16.32 and bf16: every reader of the 16-bit gradient takes it as it is (the update, the
+  // finiteness check, the accumulator) except the clipping norm, which squares it in fp32: the
+  // norm of [300, 300, 0, 0] is 424.3, whose square overflows fp16. State and accumulator FLOAT.
+  SGD sgd({{"defaultLearningRate", {1.0f, false}}, {"defaultMomentum", {0.9f, true}}},
+          {ClipNormSettings::clipAllWeights(1.0f)});
+  for (DataType g : {DataType::FLOAT16, DataType::BFLOAT16})
+    for (int accumulation : {1, 2}) {
+      const std::string what = toString(g) + " accumulation " + std::to_string(accumulation);
+      optimizer::ApplyOptions options;
+      options.checkFinite = true;
+      options.accumulationFactor = accumulation;
+      AppliedGraph a(DataType::FLOAT, sgd, options, g);
+      const optimizer::WeightUpdate &u = a.applied.updates[0];
+      EXPECT_EQ(a.typeOf(u.state[0]), DataType::FLOAT) << what;
+      if (accumulation > 1) {
+        EXPECT_EQ(a.typeOf(u.accumulator), DataType::FLOAT) << what;
+      }
+      // Accumulated, the update and the check read the FLOAT sum; else the 16-bit gradient itself.
+      const DataType effective = accumulation > 1 ? DataType::FLOAT : g;
+      for (const auto &op : a.graph.ops()) {
+        if (op->type == "ReduceSumSquare") {
+          EXPECT_EQ(op->inInfo(0).dataType(), DataType::FLOAT) << what;
+        }
+        if (op->type == "SGDUpdate") {
+          EXPECT_EQ(op->inInfo(1).dataType(), effective) << what;
+        }
+        if (op->type == "AllFinite") {
+          EXPECT_EQ(op->inInfo(0).dataType(), effective) << what;
+        }
+        if (op->type == "Accumulate") {
+          EXPECT_EQ(op->input(1).id(), "g") << what;
+        }
+      }
+      a.graph.addOutput(a.applied.allFinite);
+      backend_cpu::ExecutionPlan plan(a.graph, {});
+      TensorData grad = tensorOf(g, {300.0f, 300.0f, 0.0f, 0.0f});
+      std::memcpy(plan.address("g"), grad.data(), static_cast<size_t>(grad.byteCount()));
+      plan.run();
+      EXPECT_TRUE(*static_cast<const bool *>(plan.address(a.applied.allFinite))) << what;
+      TensorData w(TensorInfo(DataType::FLOAT, {4}), plan.address("w"));
+      const double coef = 1.0 / (std::sqrt(2.0) * 300.0 + 1e-6); // g·coef = 1/√2 each
+      const std::vector<float> want{float(0.5 - 300.0 * coef), float(-1.0 - 300.0 * coef), 2.0f, 0.25f};
+      expectWithinUlps(floatsOf(w), want, DataType::FLOAT, 4.0, what);
     }
 }
 

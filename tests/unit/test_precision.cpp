@@ -325,6 +325,89 @@ TEST(Precision, Fp16And32AndBf16TrainLikeFp32WithFp32MasterWeights) {
   }
 }
 
+namespace {
+
+/// The inputs of each op of \p type in \p ir (Graph::dump's "%N domain::Type-V 'name' (a, -, b) -> (...)").
+std::vector<std::vector<TensorId>> inputsOfOps(const std::string &ir, const std::string &type) {
+  std::vector<std::vector<TensorId>> all;
+  std::istringstream lines(ir);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find("::" + type + "-") == std::string::npos) continue;
+    const size_t close = line.find(") -> (");
+    const size_t open = line.rfind(" (", close);
+    if (close == std::string::npos || open == std::string::npos) continue;
+    std::vector<TensorId> inputs;
+    std::istringstream list(line.substr(open + 2, close - open - 2));
+    std::string id;
+    while (std::getline(list, id, ','))
+      inputs.push_back(id.substr(id.find_first_not_of(' ')));
+    all.push_back(inputs);
+  }
+  return all;
+}
+
+} // namespace
+
+TEST(Precision, UpdatesReadTheMasterWeightsGradientsInTheLowTypeInFp16And32AndBf16) {
+  // fp16.32 and bf16 store the gradients of the FLOAT master weights in the low type, as their
+  // other gradients; the update widens them. What reads a gradient before it (the histogram of
+  // loss scaling, the finiteness check, the Cast before the clipping norm, the FLOAT accumulator)
+  // reads the 16-bit one too. fp32 mode keeps FLOAT gradients.
+  TensorId lossId;
+  const std::string model = mlp(&lossId);
+  for (const auto &[mode, low] : std::vector<std::pair<std::string, DataType>>{
+           {"fp32", DataType::FLOAT}, {"fp16.32", DataType::FLOAT16}, {"bf16", DataType::BFLOAT16}})
+    for (int accumulation : {1, 2}) {
+      const std::string what = mode + " accumulation " + std::to_string(accumulation);
+      SessionOptions so;
+      so.precision = mode;
+      so.numThreads = 1;
+      so.verifyIr = true;
+      so.enableGradientAccumulation = accumulation > 1;
+      so.accumulationFactor = accumulation;
+      so.automaticLossScalingSettings.enabled = true;
+      so.automaticLossScalingSettings.method = AutomaticLossScalingSettings::Method::Histogram;
+      Adam adam({{"defaultLearningRate", {1e-3f, true}}}, AdamMode::Adam, WeightDecayMode::Decay,
+                {ClipNormSettings::clipAllWeights(1.0f)});
+      auto s = TrainingSession::createFromOnnxModel(model, DataFlow(1, {lossId}, AnchorReturnType("FINAL")), lossId,
+                                                    adam, so);
+      s->prepareDevice();
+      const std::string ir = s->dumpIr();
+      std::set<TensorId> gradients; // as the optimiser's first readers see them
+      for (const auto &in : inputsOfOps(ir, accumulation > 1 ? "Accumulate" : "AdamUpdate")) {
+        ASSERT_GE(in.size(), 2u) << what;
+        gradients.insert(in[1]);
+        EXPECT_EQ(s->getInfo(in[1]).dataType(), low) << what << ": " << in[1];
+        EXPECT_EQ(s->getInfo(in[0]).dataType(), DataType::FLOAT) << what << ": " << in[0];
+      }
+      EXPECT_EQ(gradients.size(), kMlpWeights.size()) << what << "\n" << ir;
+      for (const auto &in : inputsOfOps(ir, "AdamUpdate")) {
+        EXPECT_EQ(s->getInfo(in[0]).dataType(), DataType::FLOAT) << what << ": the master weight " << in[0];
+        const DataType read = s->getInfo(in[1]).dataType();
+        EXPECT_EQ(read, accumulation > 1 ? DataType::FLOAT : low) << what << ": " << in[1];
+        for (size_t k = 4; k < in.size(); ++k)
+          EXPECT_EQ(s->getInfo(in[k]).dataType(), DataType::FLOAT) << what << ": state " << in[k];
+      }
+      if (accumulation == 1) {
+        for (const char *reader : {"AllFinite", "GradientStatistics"}) {
+          const auto readers = inputsOfOps(ir, reader);
+          ASSERT_EQ(readers.size(), 1u) << what << " " << reader;
+          std::set<TensorId> read(readers[0].begin() + (std::string(reader) == "AllFinite" ? 0 : 1), readers[0].end());
+          EXPECT_EQ(read, gradients) << what << " " << reader;
+        }
+        for (const auto &in : inputsOfOps(ir, "ReduceSumSquare"))
+          EXPECT_EQ(s->getInfo(in[0]).dataType(), DataType::FLOAT) << what << ": the clipping norm sums in fp32";
+      }
+      s->weightsFromHost();
+      if (accumulation == 1) {
+        const std::vector<float> losses = runSteps(*s, 3);
+        for (float l : losses)
+          EXPECT_TRUE(std::isfinite(l)) << what;
+      }
+    }
+}
+
 TEST(Precision, InferenceKeepsTheOutputTypeAndAnUnknownModeIsNamed) {
   SessionOptions so;
   so.precision = "fp8";
