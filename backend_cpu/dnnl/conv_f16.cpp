@@ -67,45 +67,6 @@ Pass passOf(const ir::Op &op) {
   return Pass::Forward;
 }
 
-/// ONNX weights of shape \p w as oneDNN's f32 ([g,] oc, ic, k...) over the same (widened) buffer:
-/// a Conv's (M, C/g, k...), or a ConvTranspose's (C, M/g, k...), whose oc and ic axes are swapped.
-memory::desc weightsDesc(const Shape &w, int64_t group, bool transposed) {
-  memory::dims spatial(w.begin() + 2, w.end()), spatialStrides = dnnl_util::plainStrides(spatial);
-  int64_t k = 1;
-  for (int64_t d : spatial)
-    k *= d;
-  memory::dims dims, strides;
-  if (!transposed) {
-    int64_t oc = w[0] / group, ic = w[1];
-    dims = {oc, ic}, strides = {ic * k, k};
-    if (group > 1) dims.insert(dims.begin(), group), strides.insert(strides.begin(), oc * ic * k);
-  } else {
-    int64_t ic = w[0] / group, oc = w[1];
-    dims = {oc, ic}, strides = {k, oc * k};
-    if (group > 1) dims.insert(dims.begin(), group), strides.insert(strides.begin(), oc * ic * k);
-  }
-  dims.insert(dims.end(), spatial.begin(), spatial.end());
-  strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
-  return memory::desc(dims, memory::data_type::f32, strides);
-}
-
-/// \p act as oneDNN eltwise post-ops (2.6 has no hard sigmoid: a linear one, then a clip).
-void appendActivation(post_ops &po, const ir::FusedActivation &act) {
-  using K = ir::FusedActivation::Kind;
-  switch (act.kind) {
-  case K::Relu: po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f); break;
-  case K::Clip: po.append_eltwise(1.f, algorithm::eltwise_clip_v2, act.alpha, act.beta); break;
-  case K::HardSigmoid:
-    po.append_eltwise(1.f, algorithm::eltwise_linear, act.alpha, act.beta);
-    po.append_eltwise(1.f, algorithm::eltwise_clip_v2, 0.f, 1.f);
-    break;
-  case K::HardSwish: po.append_eltwise(1.f, algorithm::eltwise_hardswish, 0.f, 0.f); break;
-  case K::Sigmoid: po.append_eltwise(1.f, algorithm::eltwise_logistic, 0.f, 0.f); break;
-  case K::Swish: po.append_eltwise(1.f, algorithm::eltwise_swish, 1.f, 0.f); break;
-  case K::None: break;
-  }
-}
-
 /// Why the kernel does not take \p op's types, fusions or shapes ("" if it does).
 std::string halfConvObstacle(const ir::Op &op) {
   if (op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0)
@@ -189,7 +150,7 @@ HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
     Shape chunkShape = shapes[r];
     if (s.batched(r)) chunkShape[0] = s.chunk;
     s.plain[r] = r == (s.pass == Pass::Weights ? 2u : 1u)
-                     ? weightsDesc(shapes[r], group, s.transposed)
+                     ? dnnl_util::convWeightsDesc(shapes[r], group, s.transposed, memory::data_type::f32)
                      : dnnl_util::plainDesc(chunkShape, chunkShape.size(), memory::data_type::f32);
   }
   if (s.pass == Pass::Forward && op.hasInput(2))
@@ -199,7 +160,7 @@ HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
   attr.set_scratchpad_mode(scratchpad_mode::user);      // in the kernel's scratch, not per run
   if (s.pass == Pass::Forward && !op.fusion.residual) { // with a residual, the narrowing pass applies the Relu
     post_ops po;
-    appendActivation(po, op.fusion.activation);
+    dnnl_util::appendActivation(po, op.fusion.activation);
     attr.set_post_ops(po);
   }
   auto &eng = dnnl_util::engine();

@@ -30,14 +30,6 @@ Window makeWindow(const ir::Op &op, const Shape &x, const Shape &y, const std::v
   return dnnl_util::makeWindow(op, x, y, kernel, false);
 }
 
-/// ONNX Conv weights (M, C/g, k...) as oneDNN's ([g,] M/g, C/g, k...) over the same buffer.
-memory::desc weightsDesc(const Shape &w, int64_t group, memory::data_type type) {
-  memory::dims dims{w[0] / group, w[1]}, spatial(w.begin() + 2, w.end());
-  if (group > 1) dims.insert(dims.begin(), group);
-  dims.insert(dims.end(), spatial.begin(), spatial.end());
-  return memory::desc(dims, type, dnnl_util::plainStrides(dims));
-}
-
 primitive_attr userScratchpad() {
   primitive_attr a;
   a.set_scratchpad_mode(scratchpad_mode::user);
@@ -124,7 +116,7 @@ struct ConvDescs {
       : win(makeWindow(op, xs, dys, Shape(ws.begin() + 2, ws.end()))),
         x(dnnl_util::plainDesc(xs, xs.size(), dnnl_util::dnnlType(op.inInfo(0)))),
         y(dnnl_util::plainDesc(dys, dys.size(), dnnl_util::dnnlType(op.inInfo(0)))),
-        w(weightsDesc(ws, op.attrs.getInt("group", 1), dnnl_util::dnnlType(op.inInfo(0)))) {}
+        w(dnnl_util::convWeightsDesc(ws, op.attrs.getInt("group", 1), false, dnnl_util::dnnlType(op.inInfo(0)))) {}
   /// The forward convolution both backward primitives take as a hint, on \p x, \p w, \p y;
   /// empty if oneDNN has none.
   convolution_forward::primitive_desc forward(const memory::desc &x, const memory::desc &w,

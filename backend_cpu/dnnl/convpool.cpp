@@ -37,54 +37,6 @@ bool spatialRankOk(const ir::Op &op) {
   return r >= 3 && r <= 5 && op.outInfo(0).elementCount() > 0 && op.inInfo(0).elementCount() > 0;
 }
 
-/// Weights of Conv / ConvTranspose as oneDNN's (g, oc, ic, spatial...) over ONNX's buffer.
-memory::desc weightsDesc(const ir::Op &op, bool transposed) {
-  const memory::data_type type = dnnl_util::dnnlType(op.inInfo(1));
-  const Shape &w = op.inInfo(1).shape();
-  int64_t group = op.attrs.getInt("group", 1);
-  int64_t k = 1;
-  for (size_t i = 2; i < w.size(); ++i)
-    k *= w[i];
-  memory::dims spatial(w.begin() + 2, w.end());
-  memory::dims spatialStrides = dnnl_util::plainStrides(spatial);
-  memory::dims dims, strides;
-  if (!transposed) {
-    // ONNX (M, C/g, k...) is already (g, M/g, C/g, k...) row-major.
-    int64_t oc = w[0] / group, ic = w[1];
-    if (group > 1)
-      dims = {group, oc, ic}, strides = {oc * ic * k, ic * k, k};
-    else
-      dims = {oc, ic}, strides = {ic * k, k};
-  } else {
-    // ONNX (C, M/g, k...) is (g, C/g, M/g, k...): oneDNN's oc and ic axes are swapped.
-    int64_t ic = w[0] / group, oc = w[1];
-    if (group > 1)
-      dims = {group, oc, ic}, strides = {oc * ic * k, k, oc * k};
-    else
-      dims = {oc, ic}, strides = {k, oc * k};
-  }
-  dims.insert(dims.end(), spatial.begin(), spatial.end());
-  strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
-  return memory::desc(dims, type, strides);
-}
-
-/// \p act as oneDNN eltwise post-ops (oneDNN 2.6 has no hard sigmoid: a linear one, then a clip).
-void appendActivation(post_ops &po, const ir::FusedActivation &act) {
-  using K = ir::FusedActivation::Kind;
-  switch (act.kind) {
-  case K::Relu: po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f); break;
-  case K::Clip: po.append_eltwise(1.f, algorithm::eltwise_clip_v2, act.alpha, act.beta); break;
-  case K::HardSigmoid:
-    po.append_eltwise(1.f, algorithm::eltwise_linear, act.alpha, act.beta);
-    po.append_eltwise(1.f, algorithm::eltwise_clip_v2, 0.f, 1.f);
-    break;
-  case K::HardSwish: po.append_eltwise(1.f, algorithm::eltwise_hardswish, 0.f, 0.f); break;
-  case K::Sigmoid: po.append_eltwise(1.f, algorithm::eltwise_logistic, 0.f, 0.f); break;
-  case K::Swish: po.append_eltwise(1.f, algorithm::eltwise_swish, 1.f, 0.f); break;
-  case K::None: break;
-  }
-}
-
 /// Whether \p op (a Conv) is trained: a ConvWeightGrad reads its image or a ConvDataGrad its
 /// weights.
 bool trained(const ir::Op &op) {
@@ -162,7 +114,8 @@ ConvSetup convSetup(const ir::Op &op) {
   const memory::data_type type = dnnl_util::dnnlType(op.inInfo(0));
   s.mdX = dnnl_util::plainDesc(x, x.size(), type);
   s.mdY = dnnl_util::plainDesc(s.y, s.y.size(), dnnl_util::dnnlType(op.outInfo(0)));
-  s.mdW = weightsDesc(op, s.transposed);
+  s.mdW = dnnl_util::convWeightsDesc(op.inInfo(1).shape(), op.attrs.getInt("group", 1), s.transposed,
+                                     dnnl_util::dnnlType(op.inInfo(1)));
   s.hasBias = op.hasInput(2);
   s.mdB = s.hasBias ? memory::desc({s.y[1]}, dnnl_util::dnnlType(op.inInfo(2)), memory::dims{1}) : memory::desc();
   s.attr.set_scratchpad_mode(scratchpad_mode::user); // allocated with the kernel, not per run
@@ -186,7 +139,7 @@ ConvSetup convSetup(const ir::Op &op) {
   auto setPostOps = [&](const memory::desc *residual) {
     post_ops po;
     if (residual) po.append_binary(algorithm::binary_add, *residual);
-    appendActivation(po, act);
+    dnnl_util::appendActivation(po, act);
     s.attr.set_post_ops(po);
   };
   setPostOps(nullptr);

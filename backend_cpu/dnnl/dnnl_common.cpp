@@ -1,5 +1,6 @@
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "core/half.hpp"
+#include "ir/fusion.hpp"
 #include "ir/internal_attributes.hpp"
 #include <popart/error.hpp>
 
@@ -49,6 +50,43 @@ dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims) {
   for (int i = static_cast<int>(dims.size()) - 2; i >= 0; --i)
     s[i] = s[i + 1] * dims[i + 1];
   return s;
+}
+
+dnnl::memory::desc convWeightsDesc(const Shape &w, int64_t group, bool transposed, dnnl::memory::data_type type) {
+  dnnl::memory::dims spatial(w.begin() + 2, w.end()), spatialStrides = plainStrides(spatial);
+  int64_t k = 1;
+  for (int64_t d : spatial)
+    k *= d;
+  dnnl::memory::dims dims, strides;
+  if (!transposed) {
+    const int64_t oc = w[0] / group, ic = w[1];
+    dims = {oc, ic}, strides = {ic * k, k};
+    if (group > 1) dims.insert(dims.begin(), group), strides.insert(strides.begin(), oc * ic * k);
+  } else {
+    const int64_t ic = w[0] / group, oc = w[1];
+    dims = {oc, ic}, strides = {k, oc * k};
+    if (group > 1) dims.insert(dims.begin(), group), strides.insert(strides.begin(), oc * ic * k);
+  }
+  dims.insert(dims.end(), spatial.begin(), spatial.end());
+  strides.insert(strides.end(), spatialStrides.begin(), spatialStrides.end());
+  return {dims, type, strides};
+}
+
+void appendActivation(dnnl::post_ops &po, const ir::FusedActivation &act) {
+  using K = ir::FusedActivation::Kind;
+  using dnnl::algorithm;
+  switch (act.kind) {
+  case K::Relu: po.append_eltwise(1.f, algorithm::eltwise_relu, 0.f, 0.f); break;
+  case K::Clip: po.append_eltwise(1.f, algorithm::eltwise_clip_v2, act.alpha, act.beta); break;
+  case K::HardSigmoid:
+    po.append_eltwise(1.f, algorithm::eltwise_linear, act.alpha, act.beta);
+    po.append_eltwise(1.f, algorithm::eltwise_clip_v2, 0.f, 1.f);
+    break;
+  case K::HardSwish: po.append_eltwise(1.f, algorithm::eltwise_hardswish, 0.f, 0.f); break;
+  case K::Sigmoid: po.append_eltwise(1.f, algorithm::eltwise_logistic, 0.f, 0.f); break;
+  case K::Swish: po.append_eltwise(1.f, algorithm::eltwise_swish, 1.f, 0.f); break;
+  case K::None: break;
+  }
 }
 
 dnnl::memory::desc plainDesc(const Shape &shape, size_t rank, dnnl::memory::data_type type) {

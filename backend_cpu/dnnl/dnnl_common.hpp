@@ -12,6 +12,10 @@
 #include <utility>
 #include <vector>
 
+namespace popart::ir {
+struct FusedActivation;
+}
+
 namespace popart::backend_cpu::dnnl_util {
 
 /// The CPU engine, created once.
@@ -22,6 +26,13 @@ dnnl::stream &stream();
 dnnl::memory::dims toDims(const Shape &shape);
 /// Plain row-major strides for \p dims.
 dnnl::memory::dims plainStrides(const dnnl::memory::dims &dims);
+/// ONNX convolution weights of shape \p w as oneDNN's ([g,] oc, ic, k...) of \p type over the
+/// same buffer: a Conv's (M, C/g, k...), already (g, M/g, C/g, k...) row-major, or (\p transposed)
+/// a ConvTranspose's (C, M/g, k...), whose oc and ic axes are swapped.
+dnnl::memory::desc convWeightsDesc(const Shape &w, int64_t group, bool transposed, dnnl::memory::data_type type);
+/// \p act as oneDNN eltwise post-ops appended to \p po (oneDNN 2.6 has no hard sigmoid: a linear
+/// one, then a clip).
+void appendActivation(dnnl::post_ops &po, const ir::FusedActivation &act);
 /// Executes \p prim with \p args. The C++ API builds an argument vector on every call; this
 /// builds it into \p cache on the first call only (the memories are handles whose data
 /// pointers kernels update), so later runs allocate nothing.
