@@ -60,8 +60,9 @@ struct OpKind {
 const std::vector<std::pair<std::pair<std::string, std::string>, OpKind>> &halfOps() {
   static const std::vector<std::pair<std::pair<std::string, std::string>, OpKind>> ops = [] {
     std::vector<std::pair<std::pair<std::string, std::string>, OpKind>> v;
-    for (const char *t : {"Relu", "LeakyRelu", "Elu", "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "Neg", "Softplus",
-                          "HardSwish", "HardSigmoid", "Erf", "Clip", "Pow", "Add", "Sub", "Mul", "Div"})
+    for (const char *t :
+         {"Relu",        "LeakyRelu", "Elu",  "Tanh", "Sigmoid", "Exp", "Sqrt", "Abs", "Neg", "Softplus", "HardSwish",
+          "HardSigmoid", "Erf",       "Clip", "Pow",  "Add",     "Sub", "Mul",  "Div", "Sum", "Mean"})
       v.push_back({{"ai.onnx", t}, OpKind{}});
     v.push_back({{"ai.graphcore", "Gelu"}, OpKind{}});
     v.push_back({{"ai.graphcore", "ActivationGrad"}, OpKind{}});

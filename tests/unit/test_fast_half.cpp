@@ -51,6 +51,8 @@ POPART_FAST_KERNEL_COMPARED("ai.graphcore", "LogSoftmaxGrad");
 POPART_FAST_KERNEL_COMPARED("ai.onnx", "LayerNormalization");
 POPART_FAST_KERNEL_COMPARED("ai.graphcore", "LayerNormalizationGrad");
 POPART_FAST_KERNEL_COMPARED("ai.onnx", "MaxPool");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Sum");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Mean");
 POPART_FAST_KERNEL_COMPARED("ai.onnx", "AveragePool");
 POPART_FAST_KERNEL_COMPARED("ai.onnx", "GlobalAveragePool");
 POPART_FAST_KERNEL_COMPARED("ai.graphcore", "MaxPoolGrad");
@@ -268,6 +270,17 @@ TEST(FastHalf, BinaryOpsWithBroadcasts) {
   OneOp scaled = makeOp("Div", "ai.onnx", 13, {TensorInfo(F16, {8, 4, 64, 64}), TensorInfo(F16, {})}, {}, 1,
                         {{1, TensorData::fromDoubles(F16, {}, {8.0})}});
   expectHalf(*scaled.op, tol(2), uniform(-40, 40));
+}
+
+// The variadic ops (Sum accumulates the gradient contributions of a tensor read twice) over
+// operands of one shape (with broadcasts their f32 twin is the reference kernel: declined).
+TEST(FastHalf, VariadicOpsInBlocks) {
+  for (const char *t : {"Sum", "Mean"}) {
+    OneOp o = makeOp(t, "ai.onnx", 13,
+                     {TensorInfo(F16, {5, 13001}), TensorInfo(F16, {5, 13001}), TensorInfo(F16, {5, 13001})});
+    SCOPED_TRACE(t);
+    expectHalf(*o.op, tol(3), uniform(-3, 3));
+  }
 }
 
 // 7 × 111 rows of 100: softmax blocks hold 320 rows, so two full blocks and a tail.
