@@ -8,14 +8,16 @@
 // Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
 // reference kernel's.
 //
-// Block sizes (kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): B whole when its f32 form is at
-// most 4 MiB (a [1024, 1024] weight), else panels of at most 2 MiB; rows of A in blocks of at most
-// 2 MiB of f32, split evenly, with the f32 result block at most 4 MiB. So the scratch is at most
-// about 10 MiB whatever the operands' sizes, the converted blocks are still in cache (L2/L3) when
-// oneDNN reads them, and a block is large (every product of the Fashion-MNIST MLP is one block)
-// so that oneDNN sees long products and the conversions few parallel regions: one OpenMP region
-// widens A's block (and B's panel), one narrows the result, around oneDNN's. A panel's rows of A are
-// widened once per panel: B of more than 4 MiB costs one extra pass over A per 2 MiB of B.
+// Block sizes (kMaxPanelOnceA, kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): when all of A is at
+// most 2 MiB of f32 (every product of the bench MLP, BERT-mini's attention and weight gradients) it
+// is one block, widened once per batch and kept while B passes through in panels of at most 1 MiB
+// (and results of at most 1 MiB), so the scratch stays near A's size. Otherwise B is whole when its f32 form is at most
+// 4 MiB (a [1024, 1024] weight), else in panels of at most 2 MiB; rows of A in blocks of at most 2 MiB of f32, split
+// evenly, with the f32 result block at most 4 MiB, and a panel's rows of A are widened once per panel: B of more than 4
+// MiB costs one extra pass over A per 2 MiB of B. So the scratch is at most about 10 MiB whatever the operands' sizes,
+// the converted blocks are still in cache (L2/L3) when oneDNN reads them, and blocks are large so that oneDNN sees long
+// products and the conversions few parallel regions: one OpenMP region widens A's block (and B's panel), one narrows
+// the result, around oneDNN's.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -41,6 +43,8 @@ using namespace dnnl;
 constexpr int64_t kMaxWholeB = int64_t{4} << 20;
 /// Otherwise in panels of columns of at most this many bytes of f32.
 constexpr int64_t kMaxPanelB = int64_t{2} << 20;
+/// Panels of B, and blocks of the f32 result, when A is one block (widened once for all panels).
+constexpr int64_t kMaxPanelOnceA = int64_t{1} << 20;
 /// Rows of A widened at a time: at most this many bytes of f32 ...
 constexpr int64_t kMaxBlockA = int64_t{2} << 20;
 /// ... and an f32 result block of at most this many bytes.
@@ -173,10 +177,24 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
-    int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
-    int64_t blocks = (m + mbMax - 1) / mbMax;
-    mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
+    // A in one block is widened once and kept for every panel of B, so B's panels can be small
+    // at no cost in conversions: the scratch (planned in the arena at this step) stays near A's
+    // f32 size instead of holding all of a B of up to 4 MiB.
+    if (m * k * 4 <= kMaxBlockA) {
+      int64_t cols = std::min(n, std::max<int64_t>(16, kMaxPanelOnceA / (4 * k) / 16 * 16));
+      cols = std::min(cols, std::max<int64_t>(16, kMaxPanelOnceA / (4 * m) / 16 * 16)); // the f32 result block too
+      if (m * std::min(cols, n) * 4 <= kMaxBlockY) {
+        aOnce_ = true;
+        nb_ = std::min(cols, n);
+        mb_ = m;
+      }
+    }
+    if (!aOnce_) {
+      nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
+      int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
+      int64_t blocks = (m + mbMax - 1) / mbMax;
+      mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
+    }
     bOffset_ = aligned64(mb_ * k * 4);
     yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
     // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
@@ -242,11 +260,11 @@ public:
           const int64_t rows = std::min(mb_, m - m0);
           // One parallel region for both conversions (each is an orphaned omp for).
           const bool panel = newPanel && m0 == 0;
-          const bool threads = (rows + (panel ? cols : 0)) * p_.k >= kThreadedElements;
+          const bool threads = ((!aOnce_ || n0 == 0 ? rows : 0) + (panel ? cols : 0)) * p_.k >= kThreadedElements;
 #pragma omp parallel if (threads)
           {
             if (panel) widenB(widenedB, n0, cols, bPanel);
-            widenA(a + p_.offsetA[bi], m0, rows, aBlock);
+            if (!aOnce_ || n0 == 0) widenA(a + p_.offsetA[bi], m0, rows, aBlock);
           }
           Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
           if (yDirect_)
@@ -339,6 +357,7 @@ private:
   int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
   int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
   bool yDirect_ = false; ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
+  bool aOnce_ = false;   ///< A is one block, widened once per batch for all of B's panels
   std::array<Block, 4> blocks_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
