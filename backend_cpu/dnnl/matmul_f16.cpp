@@ -62,10 +62,7 @@ using half_blocks::halfLoops;
 /// A batch of matrix products Y_b = epilogue(A_b · B_b): element (i, p) of A_b at
 /// a + offsetA[b] + i·aRow + p·aCol, and so on; the addend (bias, C) at addendRow/addendCol strides
 /// (0 where broadcast), the same for every batch; the residual in Y's layout.
-struct Product {
-  int64_t m = 0, k = 0, n = 0;
-  int64_t aRow = 0, aCol = 0, bRow = 0, bCol = 0, yRow = 0, yCol = 0;
-  std::vector<int64_t> offsetA{0}, offsetB{0}, offsetY{0};
+struct Product : ir::MatMulGeometry {
   float alpha = 1.f, beta = 1.f;
   bool relu = false;
   int addendInput = -1, residualInput = -1; ///< -1: none
@@ -75,33 +72,8 @@ struct Product {
 
 Product matMulProduct(const ir::Op &op) {
   Product p;
-  // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp), as the
-  // reference kernel reads them.
-  ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
-  bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
-  if (aVec) { // [k] is [1, k]; the result has no m axis
-    a.shape.insert(a.shape.begin(), 1);
-    a.strides.insert(a.strides.begin(), 0);
-  }
-  if (bVec) { // [k] is [k, 1]; the result has no n axis
-    b.shape.push_back(1);
-    b.strides.push_back(0);
-  }
-  p.m = a.shape[a.shape.size() - 2];
-  p.k = a.shape.back();
-  p.n = b.shape.back();
-  p.aRow = a.strides[a.strides.size() - 2];
-  p.aCol = a.strides.back();
-  p.bRow = b.strides[b.strides.size() - 2];
-  p.bCol = b.strides.back();
-  size_t yMatrix = (aVec ? 0 : 1) + (bVec ? 0 : 1);
-  size_t rank = y.shape.size() - yMatrix; // batch axes
-  p.yRow = aVec ? 0 : y.strides[rank];
-  p.yCol = bVec ? 1 : y.strides.back(); // one column: any stride
-  ir::BatchOffsets offsets = ir::matMulBatchOffsets(a, b, y, rank);
-  p.offsetA = std::move(offsets.a);
-  p.offsetB = std::move(offsets.b);
-  p.offsetY = std::move(offsets.y);
+  // Operands and result through strides (Fusion::transA/B, permA/B/Y), as the reference kernel reads them.
+  static_cast<ir::MatMulGeometry &>(p) = ir::matMulGeometry(op);
   const auto batches = static_cast<int64_t>(p.offsetA.size());
   // [..., M, K] x [K, N] whose batches of A and Y follow on from each other: one product of all the rows.
   bool foldable = batches > 1;

@@ -14,37 +14,9 @@ class MatMulKernel : public Kernel {
 public:
   explicit MatMulKernel(const ir::Op &op)
       : type_(op.inInfo(0).dataType()), floatOutput_(op.outInfo(0).dataType() == DataType::FLOAT),
-        halfPartials_(op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0) {
-    // Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp).
-    ir::StridedShape a = ir::matMulOperand(op, 0), b = ir::matMulOperand(op, 1), y = ir::matMulResult(op);
+        halfPartials_(op.attrs.getInt(ir::internal_attr::kHalfPartials, 0) != 0), g_(ir::matMulGeometry(op)) {
     scale_ = op.fusion.scale.value_or(1.f);
     relu_ = op.fusion.relu();
-    bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
-    if (aVec) { // [k] is [1, k]; the result has no m axis
-      a.shape.insert(a.shape.begin(), 1);
-      a.strides.insert(a.strides.begin(), 0);
-    }
-    if (bVec) { // [k] is [k, 1]; the result has no n axis
-      b.shape.push_back(1);
-      b.strides.push_back(0);
-    }
-    m_ = a.shape[a.shape.size() - 2];
-    k_ = a.shape.back();
-    n_ = b.shape.back();
-    aI_ = a.strides[a.strides.size() - 2];
-    aP_ = a.strides.back();
-    bP_ = b.strides[b.strides.size() - 2];
-    bJ_ = b.strides.back();
-    size_t yMatrix = (aVec ? 0 : 1) + (bVec ? 0 : 1);
-    size_t rank = y.shape.size() - yMatrix; // batch axes
-    yI_ = aVec ? 0 : y.strides[rank];
-    yJ_ = bVec ? 0 : y.strides.back();
-    // Each batch's A, B and Y offsets (broadcast batch axes of A and B have stride 0), once.
-    ir::BatchOffsets offsets = ir::matMulBatchOffsets(a, b, y, rank);
-    offsetA_ = std::move(offsets.a);
-    offsetB_ = std::move(offsets.b);
-    offsetY_ = std::move(offsets.y);
-    batches_ = static_cast<int64_t>(offsetA_.size());
   }
 
   void run(const KernelArgs &args) override {
@@ -70,19 +42,20 @@ private:
     const T *bias = args.hasInput(2) ? args.in<T>(2) : nullptr;     // fused by fuseMatMulBias
     const O *residual = args.hasInput(3) ? args.in<O>(3) : nullptr; // fused by fuseMatMulResidual
     const auto scale = static_cast<C>(scale_);                      // fused by fuseMatMulScale
-    for (int64_t bi = 0; bi < batches_; ++bi) {
-      const T *pa = a + offsetA_[bi];
-      const T *pb = b + offsetB_[bi];
-      for (int64_t i = 0; i < m_; ++i)
-        for (int64_t j = 0; j < n_; ++j) {
+    const ir::MatMulGeometry &g = g_;
+    for (size_t bi = 0; bi < g.offsetA.size(); ++bi) {
+      const T *pa = a + g.offsetA[bi];
+      const T *pb = b + g.offsetB[bi];
+      for (int64_t i = 0; i < g.m; ++i)
+        for (int64_t j = 0; j < g.n; ++j) {
           C acc = bias ? static_cast<C>(bias[j]) : C(0);
-          for (int64_t p = 0; p < k_; ++p) {
-            acc += static_cast<C>(pa[i * aI_ + p * aP_]) * static_cast<C>(pb[p * bP_ + j * bJ_]);
+          for (int64_t p = 0; p < g.k; ++p) {
+            acc += static_cast<C>(pa[i * g.aRow + p * g.aCol]) * static_cast<C>(pb[p * g.bRow + j * g.bCol]);
             if (halfPartials_) acc = static_cast<C>(static_cast<T>(acc)); // fp16.16: 16-bit partials
           }
           C v = scale_ == 1.f ? acc : acc * scale;
-          if (relu_ && v < C(0)) v = C(0);               // fused by fuseRelu; NaN stays NaN
-          int64_t at = offsetY_[bi] + i * yI_ + j * yJ_; // the residual is stored as the output
+          if (relu_ && v < C(0)) v = C(0);                      // fused by fuseRelu; NaN stays NaN
+          int64_t at = g.offsetY[bi] + i * g.yRow + j * g.yCol; // the residual is stored as the output
           if (residual) v += static_cast<C>(residual[at]);
           y[at] = static_cast<O>(v);
         }
@@ -94,9 +67,8 @@ private:
   bool halfPartials_; ///< internal_attr::kHalfPartials
   float scale_ = 1.f;
   bool relu_ = false; ///< fuseRelu
-  int64_t m_, k_, n_, batches_;
-  int64_t aI_, aP_, bP_, bJ_, yI_, yJ_; ///< element strides of rows and columns
-  std::vector<int64_t> offsetA_, offsetB_, offsetY_;
+  /// Operands and result through strides (Fusion::transA/B, permA/B/Y; matmul_layout.hpp).
+  ir::MatMulGeometry g_;
 };
 
 class GemmKernel : public Kernel {

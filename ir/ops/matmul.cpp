@@ -70,6 +70,36 @@ BatchOffsets matMulBatchOffsets(const StridedShape &a, const StridedShape &b, co
   return offsets;
 }
 
+MatMulGeometry matMulGeometry(const Op &op) {
+  StridedShape a = matMulOperand(op, 0), b = matMulOperand(op, 1), y = matMulResult(op);
+  const bool aVec = a.shape.size() == 1, bVec = b.shape.size() == 1;
+  if (aVec) { // [k] is [1, k]; the result has no m axis
+    a.shape.insert(a.shape.begin(), 1);
+    a.strides.insert(a.strides.begin(), 0);
+  }
+  if (bVec) { // [k] is [k, 1]; the result has no n axis
+    b.shape.push_back(1);
+    b.strides.push_back(0);
+  }
+  MatMulGeometry g;
+  g.m = a.shape[a.shape.size() - 2];
+  g.k = a.shape.back();
+  g.n = b.shape.back();
+  g.aRow = a.strides[a.strides.size() - 2];
+  g.aCol = a.strides.back();
+  g.bRow = b.strides[b.strides.size() - 2];
+  g.bCol = b.strides.back();
+  const size_t yMatrix = (aVec ? 0 : 1) + (bVec ? 0 : 1);
+  const size_t rank = y.shape.size() - yMatrix; // batch axes
+  g.yRow = aVec ? 0 : y.strides[rank];
+  g.yCol = bVec ? 1 : y.strides.back(); // one column: any stride
+  BatchOffsets offsets = matMulBatchOffsets(a, b, y, rank);
+  g.offsetA = std::move(offsets.a);
+  g.offsetB = std::move(offsets.b);
+  g.offsetY = std::move(offsets.y);
+  return g;
+}
+
 StridedShape matMulResult(const Op &op) {
   const Shape &stored = op.outInfo(0).shape();
   StridedShape s{stored, rowMajorStrides(stored)};

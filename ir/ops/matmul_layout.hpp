@@ -36,4 +36,14 @@ struct BatchOffsets {
 };
 BatchOffsets matMulBatchOffsets(const StridedShape &a, const StridedShape &b, const StridedShape &y, size_t rank);
 
+/// A MatMul as the kernels loop over it: a batch of [m, k] x [k, n] products, each operand and the
+/// result read through row and column element strides from each batch's offsets (vector operands
+/// padded to matrices: a vector A is one row, a vector B one column).
+struct MatMulGeometry {
+  int64_t m = 0, k = 0, n = 0;
+  int64_t aRow = 0, aCol = 0, bRow = 0, bCol = 0, yRow = 0, yCol = 0;
+  std::vector<int64_t> offsetA{0}, offsetB{0}, offsetY{0};
+};
+MatMulGeometry matMulGeometry(const Op &op);
+
 } // namespace popart::ir
