@@ -45,6 +45,8 @@ void registerFastCastKernels(KernelRegistry &registry);
 /// FLOAT16 elementwise, activation, softmax and layer-norm ops and their gradients, in f32 blocks
 /// on the f32 kernels of the ops' fp32 twins (backend_cpu/fast/half.cpp).
 void registerFastHalfKernels(KernelRegistry &registry);
+/// fp16.16's FLOAT16 MatMul and Gemm with partial sums rounded to fp16 (fast/half_partials.cpp).
+void registerFastHalfPartialsKernels(KernelRegistry &registry);
 
 /// Bytes of the saved state (ir::saveRecurrentState) through which the oneDNN kernels of LSTM,
 /// GRU or RNN op \p op and of its grad op pass the forward's workspace; 0 if oneDNN does not

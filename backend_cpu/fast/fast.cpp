@@ -18,6 +18,7 @@ void registerFastKernels(KernelRegistry &r) {
   registerFastVarUpdateKernels(r);
   registerFastBroadcastKernels(r);
   registerFastCastKernels(r);
+  registerFastHalfPartialsKernels(r);
   registerFastHalfKernels(r);
 }
 

@@ -3,6 +3,7 @@
 // operand form and fusion, sizes whose blocks and panels leave edges, broadcast batches, a FLOAT
 // output; its rounding bit for bit against core/half.hpp; and no allocation in run().
 
+#include "fast_cases.hpp"
 #include "kernel_compare.hpp"
 
 #include "backend_cpu/kernel.hpp"
@@ -13,8 +14,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -262,4 +265,146 @@ TEST(DnnlHalfProduct, RoundsLikeCoreHalf) {
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(subnormal, 0);
   EXPECT_GT(infinite, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// fp16.16's products (backend_cpu/fast/half_partials.cpp): partial sums rounded to fp16 after
+// every addition, bit for bit the reference kernel's.
+
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "MatMul");
+POPART_FAST_KERNEL_COMPARED("ai.onnx", "Gemm");
+
+namespace {
+
+/// Whether \p a and \p b hold the same values bit for bit, any NaN matching any NaN.
+bool sameBits(const TensorData &a, const TensorData &b) {
+  if (a.byteCount() != b.byteCount()) return false;
+  const bool half = a.info().dataType() == F16;
+  for (int64_t i = 0; i < a.info().elementCount(); ++i) {
+    const float x = half ? halfToFloat(a.as<uint16_t>()[i]) : a.as<float>()[i];
+    const float y = half ? halfToFloat(b.as<uint16_t>()[i]) : b.as<float>()[i];
+    if (std::isnan(x) && std::isnan(y)) continue;
+    if (std::memcmp(&x, &y, sizeof x) != 0) return false;
+  }
+  return true;
+}
+
+/// Marks \p op fp16.16 (kHalfPartials), expects the fast kernel to take it, and runs it and the
+/// reference on the same inputs (uniform in ±\p range, with \p specials NaN and ±inf placed in A):
+/// the results must be the same bits. The fast kernel runs twice, in a scratch of garbage.
+void expectHalfPartialsLikeReference(ir::Op &op, float range = 2.f, bool specials = false, unsigned seed = 3) {
+  op.attrs.set(ir::internal_attr::kHalfPartials, int64_t{1});
+  backend_cpu::KernelChoice choice = backend_cpu::KernelRegistry::instance().choose(op, KernelProvider::Fast);
+  ASSERT_NE(choice.entry, nullptr) << op.type << ": " << choice.explanation();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-range, range);
+  std::vector<TensorData> inputs;
+  std::vector<const void *> in;
+  for (size_t i = 0; i < op.inputCount(); ++i) {
+    inputs.emplace_back(op.hasInput(i) ? op.inInfo(i) : TensorInfo(F32, {0}));
+    TensorData &t = inputs.back();
+    for (int64_t k = 0; k < t.info().elementCount(); ++k) {
+      float v = d(rng);
+      if (specials && i == 0 && k % 97 == 5)
+        v = k % 3 == 0 ? std::numeric_limits<float>::quiet_NaN()
+                       : (k % 3 == 1 ? 1.f : -1.f) * std::numeric_limits<float>::infinity();
+      if (t.info().dataType() == F16)
+        t.as<uint16_t>()[k] = floatToHalf(v);
+      else
+        t.as<float>()[k] = v;
+    }
+    in.push_back(op.hasInput(i) ? t.data() : nullptr);
+  }
+  TensorData ref(op.outInfo(0)), out(op.outInfo(0));
+  std::memset(out.data(), 0x7b, static_cast<size_t>(out.byteCount()));
+  void *refp = ref.data(), *outp = out.data();
+  backend_cpu::createKernel(op, KernelProvider::Reference)->run({in.data(), in.size(), &refp, 1});
+  auto kernel = backend_cpu::createKernel(op, KernelProvider::Fast);
+  std::vector<float> scratch(static_cast<size_t>(kernel->scratchBytes() / 4 + 16), 3e7f);
+  void *aligned =
+      reinterpret_cast<uint8_t *>(scratch.data()) + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+  for (int run = 0; run < 2; ++run)
+    kernel->run({in.data(), in.size(), &outp, 1, aligned});
+  EXPECT_TRUE(sameBits(out, ref)) << op.type << " " << toString(op.inInfo(0).shape()) << " x "
+                                  << toString(op.inInfo(1).shape()) << " (" << kernel->choice() << ")";
+}
+
+} // namespace
+
+TEST(FastHalfPartials, MatMulFormsMatchTheReferenceBitForBit) {
+  struct Case {
+    Shape a, b;
+  };
+  // Columns: multiples of 8 and not, one chunk of 64 and more, a single one; K long enough for the
+  // fp16 partials to saturate (|sum| over 2048 terms of ±2).
+  for (const Case &c : std::vector<Case>{{{64, 96}, {96, 80}},
+                                         {{7, 3}, {3, 5}},
+                                         {{3, 17, 40}, {3, 40, 24}},
+                                         {{2, 1, 17, 40}, {3, 40, 203}},
+                                         {{17, 40}, {2, 40, 24}},
+                                         {{40}, {40, 24}},
+                                         {{5, 40}, {40}},
+                                         {{1, 256}, {256, 1000}},
+                                         {{9, 2048}, {2048, 72}}}) {
+    OneOp o = matMul(c.a, c.b);
+    expectHalfPartialsLikeReference(*o.op);
+  }
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) { // a transposed B is copied row-major into the scratch first
+      OneOp o =
+          matMul(ta ? Shape{130, 21} : Shape{21, 130}, tb ? Shape{3, 77, 130} : Shape{3, 130, 77}, [&](ir::Op &op) {
+            op.fusion.transA = ta;
+            op.fusion.transB = tb;
+          });
+      expectHalfPartialsLikeReference(*o.op);
+    }
+}
+
+TEST(FastHalfPartials, MatMulFusionsFloatOutputAndSpecialValues) {
+  Shape a{37, 64}, b{64, 45};
+  OneOp everything = matMul({2, 37, 64}, b,
+                            [](ir::Op &op) {
+                              op.fusion.bias = true;
+                              op.fusion.residual = true;
+                              op.fusion.scale = 0.125f;
+                              op.fusion.activation.kind = ir::FusedActivation::Kind::Relu;
+                            },
+                            {TensorInfo(F16, {45}), TensorInfo(F16, {2, 37, 45})});
+  expectHalfPartialsLikeReference(*everything.op);
+  OneOp floatY = matMul(a, b,
+                        [](ir::Op &op) {
+                          op.fusion.outputType = DataType::FLOAT;
+                          op.fusion.bias = true;
+                        },
+                        {TensorInfo(F16, {45})});
+  expectHalfPartialsLikeReference(*floatY.op);
+  // Large values overflow the fp16 partials to ±inf; NaN and ±inf in A propagate.
+  OneOp big = matMul(a, b);
+  expectHalfPartialsLikeReference(*big.op, 300.f, true);
+}
+
+TEST(FastHalfPartials, GemmTransposesAlphaBetaCAndRelu) {
+  for (int ta : {0, 1})
+    for (int tb : {0, 1})
+      for (const Shape &c : std::vector<Shape>{{}, {41}, {29, 1}, {29, 41}}) {
+        ir::Attributes attrs;
+        attrs.set("transA", int64_t{ta});
+        attrs.set("transB", int64_t{tb});
+        attrs.set("alpha", 0.5f);
+        attrs.set("beta", 1.5f);
+        Shape a = ta ? Shape{72, 29} : Shape{29, 72}, b = tb ? Shape{41, 72} : Shape{72, 41};
+        OneOp o = makeOp("Gemm", {TensorInfo(F16, a), TensorInfo(F16, b), TensorInfo(F16, c)}, attrs, [&](ir::Op &op) {
+          if (c.size() == 2) op.fusion.activation.kind = ir::FusedActivation::Kind::Relu;
+        });
+        SCOPED_TRACE("transA " + std::to_string(ta) + " transB " + std::to_string(tb) + " C " + toString(c));
+        expectHalfPartialsLikeReference(*o.op);
+      }
+}
+
+TEST(FastHalfPartials, DeclinesWithoutHalfPartialsOrFloat16) {
+  OneOp plain = matMul({8, 32}, {32, 8});
+  EXPECT_FALSE(backend_cpu::KernelRegistry::instance().choose(*plain.op, KernelProvider::Fast).entry);
+  OneOp bf16 = makeOp("MatMul", {TensorInfo(DataType::BFLOAT16, {8, 32}), TensorInfo(DataType::BFLOAT16, {32, 8})});
+  bf16.op->attrs.set(ir::internal_attr::kHalfPartials, int64_t{1});
+  EXPECT_FALSE(backend_cpu::KernelRegistry::instance().choose(*bf16.op, KernelProvider::Fast).entry);
 }
