@@ -53,6 +53,7 @@ int rank(KernelProvider provider) {
 KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) const {
   KernelChoice choice;
   bool dnnlEntry = false;
+  std::vector<std::pair<KernelProvider, std::string>> declined;
   for (const auto &e : entries_) {
     if (e.type != op.type || e.domain != op.domain) continue;
     if (provider != KernelProvider::Any && e.provider != provider) continue;
@@ -60,12 +61,16 @@ KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) c
     if (e.supports) {
       Support s = e.supports(op);
       if (!s) {
-        choice.declined.push_back(std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
+        declined.emplace_back(e.provider, std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
         continue;
       }
     }
     if (!choice.entry || rank(e.provider) < rank(choice.entry->provider)) choice.entry = &e;
   }
+  // Why the chosen kernel runs: the declines of the providers preferred to it (a fast entry for
+  // other types does not explain why oneDNN's runs).
+  for (auto &[p, why] : declined)
+    if (!choice.entry || rank(p) < rank(choice.entry->provider)) choice.declined.push_back(std::move(why));
   if (!dnnlEntry && (provider == KernelProvider::Any || provider == KernelProvider::Dnnl))
     choice.declined.insert(choice.declined.begin(), "oneDNN: no kernel for " + op.type);
   return choice;

@@ -157,9 +157,10 @@ struct KernelEntry {
 /// The entry chosen for an op, and why the entries before it in preference were not.
 struct KernelChoice {
   const KernelEntry *entry = nullptr;
-  /// "oneDNN: no kernel for Gather", "fast declined: ..." for each provider not chosen.
+  /// "oneDNN: no kernel for Gather", "fast declined: ..." for each entry of a provider preferred to
+  /// the chosen one (of every provider when none is chosen).
   std::vector<std::string> declined;
-  /// "oneDNN (reference declined: ...)", "reference (oneDNN: no kernel for Gather)".
+  /// "oneDNN", "fast (oneDNN declined: ...)", "reference (oneDNN: no kernel for Gather)".
   std::string explanation() const;
 };
 

@@ -81,10 +81,16 @@ struct StepUse {
   long allocations = 0, bytes = 0;
   long executions = 0; ///< oneDNN primitives the step executed
   bool dnnl = false;   ///< the step runs a oneDNN kernel
-  /// What a oneDNN step may allocate: the bookkeeping of each execution.
-  long dnnlAllowance() const { return std::max(kDnnlBookkeepingBytes, kDnnlBookkeepingBytesPerExecution * executions); }
-  /// More than the step may allocate: anything for our kernels, more than the bookkeeping for oneDNN's.
-  bool tooMuch() const { return dnnl ? bytes > dnnlAllowance() : allocations > 0; }
+  /// What the step may allocate: the bookkeeping of each oneDNN execution it made (a oneDNN step
+  /// at least a step's, kDnnlBookkeepingBytes), whichever provider's kernel made them (the fast
+  /// FLOAT16 block kernels run oneDNN's f32 primitives on their blocks).
+  long allowance() const {
+    const long perExecution = kDnnlBookkeepingBytesPerExecution * executions;
+    return dnnl ? std::max(kDnnlBookkeepingBytes, perExecution) : perExecution;
+  }
+  /// More than the step may allocate: anything for a step that runs no oneDNN primitive, more than
+  /// oneDNN's bookkeeping otherwise.
+  bool tooMuch() const { return !dnnl && executions == 0 ? allocations > 0 : bytes > allowance(); }
 };
 
 /// Where the self-check's allocations go, so that the compiler cannot drop them.

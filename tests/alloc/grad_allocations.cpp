@@ -105,7 +105,7 @@ int check(const Case &c) {
       std::cout << c.type << ": " << step << " did not get the oneDNN kernel\n";
       ++failures;
     }
-    if (use.dnnl ? use.bytes > use.dnnlAllowance() + c.extraDnnlBytes : use.tooMuch()) {
+    if (use.dnnl ? use.bytes > use.allowance() + c.extraDnnlBytes : use.tooMuch()) {
       std::cout << c.type << ": " << step << " allocates " << use.bytes << " bytes per run\n";
       ++failures;
     }

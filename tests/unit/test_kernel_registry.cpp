@@ -46,11 +46,14 @@ TEST(KernelRegistry, ChoiceNamesTheProviderAndWhyOthersDeclined) {
   auto gemmChoice = KernelRegistry::instance().choose(gemm);
   ASSERT_NE(gemmChoice.entry, nullptr);
   EXPECT_EQ(gemmChoice.entry->provider, KernelProvider::Reference);
-  EXPECT_EQ(gemmChoice.explanation(), "reference (oneDNN declined: beta other than 1 with C)");
+  // Every provider preferred to the chosen one says why not (fast's Gemm is fp16.16's).
+  EXPECT_EQ(
+      gemmChoice.explanation(),
+      "reference (fast declined: no fp16.16 partials (kHalfPartials); oneDNN declined: beta other than 1 with C)");
   auto mmChoice = KernelRegistry::instance().choose(matmul);
   ASSERT_NE(mmChoice.entry, nullptr);
   EXPECT_EQ(mmChoice.entry->provider, KernelProvider::Dnnl);
-  EXPECT_EQ(mmChoice.explanation(), "oneDNN");
+  EXPECT_EQ(mmChoice.explanation(), "oneDNN"); // a decline of a provider after oneDNN's is no reason
   EXPECT_EQ(KernelRegistry::instance().find(matmul), mmChoice.entry);
   EXPECT_EQ(KernelRegistry::instance().find(gemm), gemmChoice.entry);
 }
