@@ -4,6 +4,7 @@
 // the oneDNN Cast, bit for bit against core/half.hpp's conversions.
 
 #include "kernel_compare.hpp"
+#include "one_op.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "core/half.hpp"
@@ -27,36 +28,13 @@ constexpr DataType BF16 = DataType::BFLOAT16;
 constexpr DataType F16 = DataType::FLOAT16;
 constexpr DataType F32 = DataType::FLOAT;
 
-/// One op of its own graph: stream inputs of \p ins, constants of \p consts (by input index), and
-/// \p outputs outputs; \p prepare edits the op (fusion fields) before its setup.
-struct OneOp {
-  std::unique_ptr<ir::Graph> graph = std::make_unique<ir::Graph>();
-  ir::Op *op = nullptr;
-};
+using test_ops::OneOp;
 
+/// One op of its own graph (test_ops::makeOneOp).
 OneOp makeOp(const std::string &type, const std::string &domain, int opset, const std::vector<TensorInfo> &ins,
              ir::Attributes attrs = {}, size_t outputs = 1, const std::map<size_t, TensorData> &consts = {},
              const std::function<void(ir::Op &)> &prepare = {}) {
-  ir::registerBuiltinOps();
-  backend_cpu::registerBuiltinKernels();
-  OneOp o;
-  o.graph->opsets()[domain] = opset;
-  std::vector<TensorId> inIds, outIds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    inIds.push_back("x" + std::to_string(i));
-    if (auto c = consts.find(i); c != consts.end())
-      o.graph->addConst(inIds.back(), c->second);
-    else if (ins[i].shape() == Shape{-1})
-      inIds.back().clear(); // omitted
-    else
-      o.graph->addTensor(inIds.back(), ir::TensorKind::Stream, ins[i]);
-  }
-  for (size_t i = 0; i < outputs; ++i)
-    outIds.push_back("y" + std::to_string(i));
-  o.op = &o.graph->addOp(type, domain, opset, "", std::move(attrs), inIds, outIds);
-  if (prepare) prepare(*o.op);
-  o.op->def->setup(*o.op);
-  return o;
+  return test_ops::makeOneOp(type, domain, opset, ins, std::move(attrs), outputs, consts, prepare);
 }
 
 /// An omitted optional input.

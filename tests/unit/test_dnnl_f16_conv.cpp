@@ -5,6 +5,7 @@
 // residual, a FLOAT output; that oneDNN's entry takes them, and what it declines.
 
 #include "kernel_compare.hpp"
+#include "one_op.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "ir/graph.hpp"
@@ -26,32 +27,13 @@ namespace {
 constexpr DataType F16 = DataType::FLOAT16;
 constexpr DataType F32 = DataType::FLOAT;
 
-struct OneOp {
-  std::unique_ptr<ir::Graph> graph = std::make_unique<ir::Graph>();
-  ir::Op *op = nullptr;
-};
+using test_ops::OneOp;
 
 /// One op of its own graph reading stream inputs \p ins (shape {-1}: omitted); \p prepare sets
 /// fusion fields before its setup.
 OneOp makeOp(const std::string &type, const std::string &domain, const std::vector<TensorInfo> &ins,
              ir::Attributes attrs, const std::function<void(ir::Op &)> &prepare = {}) {
-  ir::registerBuiltinOps();
-  backend_cpu::registerBuiltinKernels();
-  OneOp o;
-  const int version = domain == "ai.onnx" ? 13 : 1;
-  o.graph->opsets()[domain] = version;
-  std::vector<TensorId> inIds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    inIds.push_back("x" + std::to_string(i));
-    if (ins[i].shape() == Shape{-1})
-      inIds.back().clear();
-    else
-      o.graph->addTensor(inIds.back(), ir::TensorKind::Stream, ins[i]);
-  }
-  o.op = &o.graph->addOp(type, domain, version, "", std::move(attrs), inIds, {"y"});
-  if (prepare) prepare(*o.op);
-  o.op->def->setup(*o.op);
-  return o;
+  return test_ops::makeOneOp(type, domain, domain == "ai.onnx" ? 13 : 1, ins, std::move(attrs), 1, {}, prepare);
 }
 
 TensorInfo omitted() { return TensorInfo(F32, {-1}); }

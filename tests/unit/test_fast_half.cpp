@@ -5,6 +5,7 @@
 
 #include "fast_cases.hpp"
 #include "kernel_compare.hpp"
+#include "one_op.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "core/half.hpp"
@@ -62,37 +63,14 @@ namespace {
 constexpr DataType F16 = DataType::FLOAT16;
 constexpr DataType F32 = DataType::FLOAT;
 
-struct OneOp {
-  std::unique_ptr<ir::Graph> graph = std::make_unique<ir::Graph>();
-  ir::Op *op = nullptr;
-};
+using test_ops::OneOp;
 
 /// \p type of \p domain over stream inputs \p ins (constants where \p consts gives them, omitted
 /// where the shape is {-1}), with \p outputs outputs (empty ids in \p omittedOutputs).
 OneOp makeOp(const std::string &type, const std::string &domain, int opset, const std::vector<TensorInfo> &ins,
              ir::Attributes attrs = {}, size_t outputs = 1, const std::map<size_t, TensorData> &consts = {},
              const std::vector<size_t> &omittedOutputs = {}) {
-  ir::registerBuiltinOps();
-  backend_cpu::registerBuiltinKernels();
-  OneOp o;
-  o.graph->opsets()[domain] = opset;
-  std::vector<TensorId> inIds, outIds;
-  for (size_t i = 0; i < ins.size(); ++i) {
-    inIds.push_back("x" + std::to_string(i));
-    if (auto c = consts.find(i); c != consts.end())
-      o.graph->addConst(inIds.back(), c->second);
-    else if (ins[i].shape() == Shape{-1})
-      inIds.back().clear();
-    else
-      o.graph->addTensor(inIds.back(), ir::TensorKind::Stream, ins[i]);
-  }
-  for (size_t i = 0; i < outputs; ++i)
-    outIds.push_back(std::find(omittedOutputs.begin(), omittedOutputs.end(), i) == omittedOutputs.end()
-                         ? "y" + std::to_string(i)
-                         : std::string());
-  o.op = &o.graph->addOp(type, domain, opset, "", std::move(attrs), inIds, outIds);
-  o.op->def->setup(*o.op);
-  return o;
+  return test_ops::makeOneOp(type, domain, opset, ins, std::move(attrs), outputs, consts, {}, omittedOutputs);
 }
 
 std::function<float(size_t, std::mt19937 &)> uniform(float lo, float hi) {
