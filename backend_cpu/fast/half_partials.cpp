@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,7 +31,7 @@ namespace {
 
 /// Columns computed per pass over K: 8 vectors of 8 accumulators, which stay in registers.
 constexpr int kVectors = 8;
-constexpr int64_t kChunk = 8 * kVectors;
+constexpr int64_t kChunk = int64_t{8} * kVectors;
 
 /// Whether the CPU has AVX2, FMA and F16C (cpuid leaf 1, ecx bit 29, for F16C).
 bool hasVectorHalf() {
@@ -47,18 +48,18 @@ __attribute__((target("avx2,fma,f16c"))) void halfPartialsChunk(const uint16_t *
                                                                 int64_t bRow, int64_t k, float *acc) {
   __m256 r[V];
   for (int v = 0; v < V; ++v)
-    r[v] = _mm256_loadu_ps(acc + 8 * v);
+    r[v] = _mm256_loadu_ps(acc + ptrdiff_t{8} * v);
   for (int64_t p = 0; p < k; ++p) {
     const __m256 av = _mm256_set1_ps(_cvtsh_ss(a[p * aCol]));
     const uint16_t *bp = b + p * bRow;
     for (int v = 0; v < V; ++v) {
-      const __m256 bv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(bp + 8 * v)));
+      const __m256 bv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(bp + ptrdiff_t{8} * v)));
       const __m256 sum = _mm256_fmadd_ps(av, bv, r[v]);
       r[v] = _mm256_cvtph_ps(_mm256_cvtps_ph(sum, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
   }
   for (int v = 0; v < V; ++v)
-    _mm256_storeu_ps(acc + 8 * v, r[v]);
+    _mm256_storeu_ps(acc + ptrdiff_t{8} * v, r[v]);
 }
 
 using ChunkFn = void (*)(const uint16_t *, int64_t, const uint16_t *, int64_t, int64_t, float *);
@@ -81,7 +82,7 @@ void halfPartialsRow(const uint16_t *a, int64_t aCol, const uint16_t *b, int64_t
     const int vectors = static_cast<int>(std::min<int64_t>(kVectors, (n - j) / 8));
     kChunkFns[vectors](a, aCol, b + j, bRow, k, acc + j);
     if (vectors < kVectors) {
-      j += 8 * vectors;
+      j += int64_t{8} * vectors;
       break;
     }
   }
