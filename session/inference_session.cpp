@@ -37,6 +37,7 @@ struct InferenceSession::Impl {
   std::map<TensorId, TensorData> compiledValues;
   bool profiling = false;
   std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
+  session::Streams streams;                ///< inputs and anchors the device keeps in 16 bits
 
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
@@ -78,6 +79,7 @@ struct InferenceSession::Impl {
     context.state<ir::PrecisionPolicy>() = session::precisionPolicy(options, false);
     passRecords =
         ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
+    streams.host = context.state<ir::StreamTypes>().host;
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
     if (profiling) plan->enableProfiling();
     graph = std::move(g);
@@ -221,7 +223,7 @@ void InferenceSession::run(StepIO &stepio) {
   }
   for (const auto &[id, arr] : stepio.outputs()) {
     if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
-    const TensorInfo &info = m.plan->info(id);
+    const TensorInfo info = m.streams.hostInfo(id, m.plan->info(id));
     Shape expected = info.shape();
     int count = m.dataFlow.returnedCount(id);
     if (count > 1 || (bps > 1 && m.dataFlow.art(id).id() != AnchorReturnTypeId::Final &&
@@ -247,9 +249,10 @@ void InferenceSession::run(StepIO &stepio) {
         continue;
       }
       IArray &arr = stepio.inputs().at(id);
-      int64_t bytes = m.plan->info(id).byteCount();
+      const TensorInfo &device = m.plan->info(id);
+      int64_t bytes = m.streams.hostInfo(id, device).byteCount();
       if (bytes == 0) continue;
-      std::memcpy(m.plan->address(id), static_cast<uint8_t *>(arr.data()) + b * bytes, static_cast<size_t>(bytes));
+      m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + b * bytes, m.plan->address(id));
     }
     m.plan->run();
     for (const auto &[id, arr] : stepio.outputs()) {
@@ -262,7 +265,7 @@ void InferenceSession::run(StepIO &stepio) {
         std::copy(c->strings().begin(), c->strings().end(), static_cast<std::string *>(arr.data()));
         continue;
       }
-      session::writeAnchor(art, info, src, arr, b, bps);
+      session::writeAnchor(art, m.streams.hostInfo(id, info), info.dataType(), src, arr, b, bps);
     }
   }
 }
@@ -271,7 +274,7 @@ std::vector<TensorId> InferenceSession::getInputIds() const { return impl_->inpu
 std::vector<TensorId> InferenceSession::getOutputIds() const { return impl_->outputIds; }
 
 TensorInfo InferenceSession::getInfo(const TensorId &id) const {
-  if (impl_->plan) return impl_->plan->info(id);
+  if (impl_->plan) return impl_->streams.hostInfo(id, impl_->plan->info(id));
   if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end())
     return impl_->resolvedInfo(id);
   return impl_->declared->tensor(id).info();

@@ -1,6 +1,8 @@
 #include "session/session_common.hpp"
+#include "backend_cpu/convert.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
+#include "core/half.hpp"
 #include "ir/passes/passes.hpp"
 #include "session/pipelines.hpp"
 #include "session/threads.hpp"
@@ -150,28 +152,51 @@ Shape anchorShape(const AnchorReturnType &art, const TensorInfo &info, const Sha
   return s;
 }
 
-void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &arr, int b, int count) {
+TensorInfo Streams::hostInfo(const TensorId &id, const TensorInfo &device) const {
+  auto it = host.find(id);
+  return it == host.end() ? device : TensorInfo(it->second, device.shape());
+}
+
+void Streams::copyIn(const TensorId &id, const TensorInfo &device, const void *src, void *dst) const {
+  auto it = host.find(id);
+  if (it == host.end())
+    std::memcpy(dst, src, static_cast<size_t>(device.byteCount()));
+  else
+    backend_cpu::convertElements(it->second, src, device.dataType(), dst, device.elementCount());
+}
+
+void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, DataType deviceType, const void *src, IArray &arr,
+                 int b, int count) {
   int64_t bytes = info.byteCount();
   if (bytes == 0) return; // empty anchors: the user's buffer may be null
   auto *dst = static_cast<uint8_t *>(arr.data());
+  const int64_t n = info.elementCount();
+  auto copy = [&](uint8_t *to) { backend_cpu::convertElements(deviceType, src, info.dataType(), to, n); };
   switch (art.id()) {
-  case AnchorReturnTypeId::All: std::memcpy(dst + b * bytes, src, static_cast<size_t>(bytes)); break;
+  case AnchorReturnTypeId::All: copy(dst + b * bytes); break;
   case AnchorReturnTypeId::Final:
-    if (b == count - 1) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    if (b == count - 1) copy(dst);
     break;
   case AnchorReturnTypeId::EveryN:
-    if ((b + 1) % art.rp() == 0) std::memcpy(dst + ((b + 1) / art.rp() - 1) * bytes, src, static_cast<size_t>(bytes));
+    if ((b + 1) % art.rp() == 0) copy(dst + ((b + 1) / art.rp() - 1) * bytes);
     break;
   case AnchorReturnTypeId::Sum:
     if (b == 0) {
-      std::memcpy(dst, src, static_cast<size_t>(bytes));
+      copy(dst);
+      break;
+    }
+    if (deviceType != info.dataType()) { // a 16-bit device value summed into a FLOAT host buffer
+      auto *d = reinterpret_cast<float *>(dst);
+      const auto *s = static_cast<const uint16_t *>(src);
+      for (int64_t i = 0; i < n; ++i)
+        d[i] += deviceType == DataType::BFLOAT16 ? bfloat16ToFloat(s[i]) : halfToFloat(s[i]);
       break;
     }
     dispatchNumeric(info.dataType(), "SUM anchor", [&](auto tag) {
       using T = typename decltype(tag)::type;
       auto *d = reinterpret_cast<T *>(dst);
       const auto *s = static_cast<const T *>(src);
-      for (int64_t i = 0; i < info.elementCount(); ++i)
+      for (int64_t i = 0; i < n; ++i)
         d[i] = static_cast<T>(static_cast<compute_t<T>>(d[i]) + static_cast<compute_t<T>>(s[i]));
     });
     break;

@@ -9,6 +9,7 @@
 #include <popart/sessionoptions.hpp>
 #include <popart/stepio.hpp>
 
+#include <map>
 #include <string>
 
 namespace popart::session {
@@ -64,8 +65,20 @@ void checkInputArray(const TensorId &id, const IArray &arr, const TensorInfo &in
 /// shape as a prefix is \p prefix.
 Shape anchorShape(const AnchorReturnType &art, const TensorInfo &info, const Shape &prefix, int count);
 
-/// Writes the value \p src of an anchor after micro-batch \p index (0-based) of \p count.
-void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, const void *src, IArray &dst, int index,
-                 int count);
+/// The graph inputs and anchors that the device keeps in another type than the user's
+/// (ir::StreamTypes: 16-bit on the device, FLOAT for the user), converted as they are copied.
+struct Streams {
+  std::map<TensorId, DataType> host;
+
+  /// \p id as the user sees it: \p device with the host type.
+  TensorInfo hostInfo(const TensorId &id, const TensorInfo &device) const;
+  /// Copies input \p id's values for one run from \p src (its host type) to \p dst (\p device).
+  void copyIn(const TensorId &id, const TensorInfo &device, const void *src, void *dst) const;
+};
+
+/// Writes the value \p src of an anchor after micro-batch \p index (0-based) of \p count; \p info
+/// is its host info, \p deviceType the type of \p src (converted when they differ).
+void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, DataType deviceType, const void *src, IArray &dst,
+                 int index, int count);
 
 } // namespace popart::session

@@ -50,6 +50,7 @@ struct TrainingSession::Impl {
   /// optimiser state), so that the session does not hold another copy of them.
   std::map<TensorId, std::shared_ptr<const TensorData>> initialValues;
   std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
+  session::Streams streams;                ///< inputs and anchors the device keeps in 16 bits
 
   int64_t step = 0, skipped = 0, goodSteps = 0;
   float lossScale = 1.0f;

@@ -98,6 +98,7 @@ void TrainingSession::Impl::compile() {
       ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 
   lossId = context.loss;
+  streams.host = context.state<ir::StreamTypes>().host;
   const ir::TrainingTensors &tt = context.state<ir::TrainingTensors>();
   weightIds = tt.weights;
   weightStatuses.clear();
@@ -257,11 +258,11 @@ void TrainingSession::run(StepIO &stepio) {
   for (const auto &id : m.inputIds) {
     auto it = stepio.inputs().find(id);
     if (it == stepio.inputs().end()) throw error("input '", id, "' is missing from the StepIO");
-    session::checkInputArray(id, it->second, m.plan->info(id), prefix);
+    session::checkInputArray(id, it->second, m.streams.hostInfo(id, m.plan->info(id)), prefix);
   }
   for (const auto &[id, arr] : stepio.outputs()) {
     if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
-    const TensorInfo &info = m.plan->info(id);
+    const TensorInfo info = m.streams.hostInfo(id, m.plan->info(id));
     Shape expected = session::anchorShape(m.dataFlow.art(id), info, prefix, micro);
     if (arr.dataType() != info.dataType() || arr.shape() != expected)
       throw error("output buffer for anchor '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
@@ -278,15 +279,17 @@ void TrainingSession::run(StepIO &stepio) {
       int k = b * accum + a;
       for (const auto &id : m.inputIds) {
         IArray &arr = stepio.inputs().at(id);
-        int64_t bytes = m.plan->info(id).byteCount();
+        const TensorInfo &device = m.plan->info(id);
+        int64_t bytes = m.streams.hostInfo(id, device).byteCount();
         if (bytes > 0)
-          std::memcpy(m.plan->address(id), static_cast<uint8_t *>(arr.data()) + k * bytes, static_cast<size_t>(bytes));
+          m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + k * bytes, m.plan->address(id));
       }
       rng[0] = static_cast<int64_t>(m.seed);
       rng[1] = m.rngCounter++;
       m.plan->run(p0b, p0e);
       for (const auto &[id, arr] : stepio.outputs())
-        session::writeAnchor(m.dataFlow.art(id), m.plan->info(id), m.plan->address(id), arr, k, micro);
+        session::writeAnchor(m.dataFlow.art(id), m.streams.hostInfo(id, m.plan->info(id)), m.plan->info(id).dataType(),
+                             m.plan->address(id), arr, k, micro);
     }
     m.plan->run(p1b, p1e);
     bool finite = true;
@@ -367,7 +370,7 @@ const TensorId &TrainingSession::getLossId() const {
 }
 TensorInfo TrainingSession::getInfo(const TensorId &id) const {
   const_cast<TrainingSession *>(this)->prepareDevice();
-  return impl_->plan->info(id);
+  return impl_->streams.hostInfo(id, impl_->plan->info(id));
 }
 int64_t TrainingSession::getStepCount() const { return impl_->step; }
 float TrainingSession::getLossScale() const { return impl_->lossScale; }

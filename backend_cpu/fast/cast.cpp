@@ -5,11 +5,15 @@
 // kernel (dnnl/cast.cpp) takes only bf16 → f32, where it is exact (and as fast: both run at memory
 // speed). BFLOAT16 ↔ FLOAT16, which no precision mode casts, stays with the reference kernel.
 
+#include "backend_cpu/convert.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
 
+#include <popart/error.hpp>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace popart::backend_cpu {
 
@@ -25,23 +29,24 @@ Support supportsCast(const ir::Op &op) {
   return Support::yes();
 }
 
-/// One conversion loop of vecloops.hpp over n elements, in chunks of kChunk in parallel.
+/// \p loop over \p n elements in chunks, in parallel: the conversion runs at memory speed, so
+/// threads pay off from a few chunks up.
+template <typename From, typename To>
+void convertChunks(void (*loop)(const From *, To *, int64_t), const From *x, To *y, int64_t n) {
+  constexpr int64_t kChunk = 16384;
+#pragma omp parallel for schedule(static) if (n > 2 * kChunk)
+  for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
+    loop(x + c * kChunk, y + c * kChunk, std::min(kChunk, n - c * kChunk));
+}
+
+/// One conversion loop of vecloops.hpp over the whole tensor.
 template <typename From, typename To> class CastKernel : public Kernel {
 public:
   using Loop = void (*)(const From *, To *, int64_t);
   CastKernel(int64_t n, Loop loop) : n_(n), loop_(loop) {}
-  void run(const KernelArgs &a) override {
-    const From *x = a.in<From>(0);
-    To *y = a.out<To>(0);
-    const int64_t n = n_;
-    // The conversion runs at memory speed: threads pay off from a few chunks up.
-#pragma omp parallel for schedule(static) if (n > 2 * kChunk)
-    for (int64_t c = 0; c < (n + kChunk - 1) / kChunk; ++c)
-      loop_(x + c * kChunk, y + c * kChunk, std::min(kChunk, n - c * kChunk));
-  }
+  void run(const KernelArgs &a) override { convertChunks(loop_, a.in<From>(0), a.out<To>(0), n_); }
 
 private:
-  static constexpr int64_t kChunk = 16384;
   int64_t n_;
   Loop loop_;
 };
@@ -62,6 +67,24 @@ std::unique_ptr<Kernel> createCast(const ir::Op &op) {
 }
 
 } // namespace
+
+void convertElements(DataType from, const void *src, DataType to, void *dst, int64_t n) {
+  using DT = DataType;
+  const auto *f = static_cast<const float *>(src);
+  const auto *h = static_cast<const uint16_t *>(src);
+  if (from == to)
+    std::memcpy(dst, src, static_cast<size_t>(n) * dataTypeSize(from));
+  else if (from == DT::FLOAT && to == DT::BFLOAT16)
+    convertChunks(vec::toBfloat16, f, static_cast<uint16_t *>(dst), n);
+  else if (from == DT::FLOAT && to == DT::FLOAT16)
+    convertChunks(vec::toHalf, f, static_cast<uint16_t *>(dst), n);
+  else if (from == DT::BFLOAT16 && to == DT::FLOAT)
+    convertChunks(vec::fromBfloat16, h, static_cast<float *>(dst), n);
+  else if (from == DT::FLOAT16 && to == DT::FLOAT)
+    convertChunks(vec::fromHalf, h, static_cast<float *>(dst), n);
+  else
+    throw error("convertElements: no conversion from ", toString(from), " to ", toString(to));
+}
 
 void registerFastCastKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "Cast", KernelProvider::Fast, supportsCast, createCast});

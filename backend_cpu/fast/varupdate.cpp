@@ -361,14 +361,31 @@ uint32_t thresholdBits(DataType type, float edge) {
   return bits;
 }
 
-Support supportsGradientStatistics(const ir::Op &op) {
-  if (op.inputCount() < 2 || op.inInfo(0).dataType() != DataType::INT64) return Support::no("counts type");
-  for (size_t k = 1; k < op.inputCount(); ++k) {
+/// Whether inputs \p first... of \p op are all FLOAT, FLOAT16 or BFLOAT16 (\p what names them).
+Support floatInputsFrom(const ir::Op &op, size_t first, const char *what) {
+  for (size_t k = first; k < op.inputCount(); ++k) {
     const DataType t = op.hasInput(k) ? op.inInfo(k).dataType() : DataType::UNDEFINED;
     if (t != DataType::FLOAT && t != DataType::FLOAT16 && t != DataType::BFLOAT16)
-      return Support::no("gradients of FLOAT, FLOAT16 or BFLOAT16");
+      return Support::no(std::string(what) + " of FLOAT, FLOAT16 or BFLOAT16");
   }
   return Support::yes();
+}
+
+/// One input counted against a threshold on its magnitude bits.
+struct CountedInput {
+  int64_t count;
+  bool wide; ///< FLOAT (32-bit words), else a 16-bit type
+  uint32_t threshold;
+
+  int64_t atOrAbove(const void *bits) const {
+    return wide ? countAtOrAbove32(static_cast<const uint32_t *>(bits), count, threshold)
+                : countAtOrAbove16(static_cast<const uint16_t *>(bits), count, static_cast<uint16_t>(threshold));
+  }
+};
+
+Support supportsGradientStatistics(const ir::Op &op) {
+  if (op.inputCount() < 2 || op.inInfo(0).dataType() != DataType::INT64) return Support::no("counts type");
+  return floatInputsFrom(op, 1, "gradients");
 }
 
 /// GradientStatistics: counts over every gradient (inputs 1...) of the elements below the edge
@@ -386,10 +403,8 @@ public:
   void run(const KernelArgs &a) override {
     int64_t total = 0, upper = 0;
     for (size_t k = 0; k < inputs_.size(); ++k) {
-      const Input &in = inputs_[k];
-      total += in.count;
-      upper += in.wide ? countAtOrAbove32(a.in<uint32_t>(k + 1), in.count, in.threshold)
-                       : countAtOrAbove16(a.in<uint16_t>(k + 1), in.count, static_cast<uint16_t>(in.threshold));
+      total += inputs_[k].count;
+      upper += inputs_[k].atOrAbove(a.in<uint8_t>(k + 1));
     }
     int64_t *out = a.out<int64_t>(0);
     out[0] = total - upper;
@@ -397,24 +412,12 @@ public:
   }
 
 private:
-  struct Input {
-    int64_t count;
-    bool wide; ///< FLOAT (32-bit words), else a 16-bit type
-    uint32_t threshold;
-  };
-  std::vector<Input> inputs_;
+  std::vector<CountedInput> inputs_;
 };
 
 // ---- AllFinite ----
 
-Support supportsAllFinite(const ir::Op &op) {
-  for (size_t k = 0; k < op.inputCount(); ++k) {
-    const DataType t = op.hasInput(k) ? op.inInfo(k).dataType() : DataType::UNDEFINED;
-    if (t != DataType::FLOAT && t != DataType::FLOAT16 && t != DataType::BFLOAT16)
-      return Support::no("inputs of FLOAT, FLOAT16 or BFLOAT16");
-  }
-  return Support::yes();
-}
+Support supportsAllFinite(const ir::Op &op) { return floatInputsFrom(op, 0, "inputs"); }
 
 /// AllFinite: whether no element of any input is inf or NaN, by the same integer comparison as
 /// GradientStatistics: a value is not finite when its magnitude bits are at least inf's (all
@@ -431,21 +434,13 @@ public:
   }
   void run(const KernelArgs &a) override {
     bool finite = true;
-    for (size_t k = 0; k < inputs_.size() && finite; ++k) {
-      const Input &in = inputs_[k];
-      finite = (in.wide ? countAtOrAbove32(a.in<uint32_t>(k), in.count, in.infBits)
-                        : countAtOrAbove16(a.in<uint16_t>(k), in.count, static_cast<uint16_t>(in.infBits))) == 0;
-    }
+    for (size_t k = 0; k < inputs_.size() && finite; ++k)
+      finite = inputs_[k].atOrAbove(a.in<uint8_t>(k)) == 0;
     *a.out<bool>(0) = finite;
   }
 
 private:
-  struct Input {
-    int64_t count;
-    bool wide; ///< FLOAT (32-bit words), else a 16-bit type
-    uint32_t infBits;
-  };
-  std::vector<Input> inputs_;
+  std::vector<CountedInput> inputs_; ///< thresholds: inf's bits
 };
 
 } // namespace

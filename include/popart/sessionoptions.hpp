@@ -110,7 +110,8 @@ struct SessionOptions {
   /// "fp16.16" (as fp16.32, but fp16 weights and first-order state, no master copy, and MatMul
   /// partial sums rounded to fp16; second moments stay fp32) or
   /// "bf16" (bfloat16 on oneDNN's bf16 kernels, fp32 master weights and state). Losses, batch
-  /// statistics and large reductions stay fp32; graph inputs and outputs keep their types.
+  /// statistics and large reductions stay fp32; graph inputs and outputs keep their types for
+  /// the user (the session converts those the device keeps in 16 bits as it copies them).
   std::string precision = "fp32";
 };
 

@@ -60,8 +60,10 @@ const char *suffix(DataType t) {
 
 class Converter {
 public:
-  Converter(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep)
-      : graph_(graph), policy_(policy), kept_(keep.begin(), keep.end()) {
+  Converter(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep, StreamTypes *streams,
+            TensorId loss)
+      : graph_(graph), policy_(policy), kept_(keep.begin(), keep.end()),
+        streams_(policy.lowStreams ? streams : nullptr), loss_(std::move(loss)) {
     for (const auto &id : graph.outputs())
       kept_.insert(id);
     for (const auto &[t, use] : shapeDecidingTensors(graph))
@@ -76,6 +78,7 @@ public:
     if (policy_.masterWeights) promoteVariables();
     for (Op *op : graph_.schedule())
       convertOp(*op);
+    if (streams_) streamInputsLow();
     if (!policy_.masterWeights) convertVariablesInPlace();
     return changes_;
   }
@@ -93,6 +96,28 @@ private:
       if (t->data()) t->setData(std::make_shared<TensorData>(convertedData(*t->data(), DataType::FLOAT)));
       t->setInfo(TensorInfo(DataType::FLOAT, t->info().shape()));
       ++changes_;
+    }
+  }
+
+  /// A FLOAT graph input read only through its Cast to the low type becomes a low input, which
+  /// the Cast's readers read directly; the session narrows the user's values as it copies them.
+  void streamInputsLow() {
+    for (const TensorId &id : graph_.inputs()) {
+      Tensor *t = graph_.findTensor(id);
+      auto cast = casts_.find({id, policy_.low});
+      if (!t || t->producer() || t->kind() != TensorKind::Stream || t->info().dataType() != DataType::FLOAT ||
+          kept_.count(id) || cast == casts_.end() || t->consumers().size() != 1)
+        continue;
+      Tensor &low = graph_.tensor(cast->second);
+      if (t->consumers()[0] != low.producer()) continue;
+      for (Op *reader : std::vector<Op *>(low.consumers()))
+        for (size_t i = 0; i < reader->inputCount(); ++i)
+          if (reader->inputs[i] == &low) graph_.setOpInput(*reader, i, t);
+      graph_.removeOp(*low.producer());
+      graph_.removeTensor(cast->second);
+      casts_.erase(cast);
+      t->setInfo(TensorInfo(policy_.low, t->info().shape()));
+      streams_->host[id] = DataType::FLOAT;
     }
   }
 
@@ -211,6 +236,11 @@ private:
     for (size_t j = 0; j < op.outputs.size(); ++j) {
       Tensor *t = op.outputs[j];
       if (!t || before[j] != DataType::FLOAT || t->info().dataType() == DataType::FLOAT || !keptOutput(*t)) continue;
+      if (streams_ && t->id() != loss_) { // it stays low; the session widens it for the user
+        streams_->host[t->id()] = DataType::FLOAT;
+        ++changes_;
+        continue;
+      }
       TensorId id = t->id();
       TensorInfo lowInfo = t->info();
       TensorId lowId = graph_.uniqueId(id + "_" + suffix(lowInfo.dataType()));
@@ -231,6 +261,8 @@ private:
   Graph &graph_;
   const PrecisionPolicy &policy_;
   std::set<TensorId> kept_;
+  StreamTypes *streams_;
+  TensorId loss_;
   std::set<const Tensor *> shapeDeciding_;
   std::set<const Op *> forProducts_;
   std::map<std::pair<TensorId, DataType>, TensorId> casts_;
@@ -251,8 +283,9 @@ PrecisionClass precisionClass(const Op &op) {
   return PrecisionClass::Follow;
 }
 
-int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep) {
-  return Converter(graph, policy, keep).run();
+int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep,
+                     StreamTypes *streams, const TensorId &loss) {
+  return Converter(graph, policy, keep, streams, loss).run();
 }
 
 int markHalfPartials(Graph &graph, const PrecisionPolicy &policy) {
@@ -301,7 +334,10 @@ void registerPrecisionPasses(PassRegistry &r) {
                  "(docs/precision.md), one Cast per tensor and type",
       .needs = ShapesInferred,
       .before = GradientsBuilt,
-      .run = [](Graph &g, PassContext &c) { return convertPrecision(g, c.state<PrecisionPolicy>(), c.keep); },
+      .run =
+          [](Graph &g, PassContext &c) {
+            return convertPrecision(g, c.state<PrecisionPolicy>(), c.keep, &c.state<StreamTypes>(), c.loss);
+          },
   });
   r.add({
       .name = "keepWeightGradientsLow",

@@ -4,6 +4,7 @@
 
 #include "ir/graph.hpp"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,17 @@ struct PrecisionPolicy {
   /// fp16.16: MatMul and Gemm of 16-bit operands round their partial sums to 16 bits after every
   /// addition (PopART's partialsType half; markHalfPartials), instead of accumulating in fp32.
   bool halfPartials = false;
+  /// The graph's inputs read only in the low type, and its outputs and anchors that a low op writes,
+  /// are kept in the low type on the device; the session converts them from and to their declared
+  /// type as it copies them (StreamTypes), instead of a Cast op and a FLOAT copy in the arena. The
+  /// values are the same either way: the conversions round as the Casts do.
+  bool lowStreams = true;
+};
+
+/// What convertPrecision left in the low type of the graph's inputs and kept tensors, with the type
+/// the user passes or receives (their declared one); PassContext::state<StreamTypes>().
+struct StreamTypes {
+  std::map<TensorId, DataType> host;
 };
 
 /// How convertPrecision treats an op type (docs/precision.md lists them).
@@ -50,8 +62,11 @@ PrecisionClass precisionClass(const Op &op);
 /// if any is 16-bit), so that everything computed from a product is low and what only the loss
 /// feeds stays fp32. Each tensor is cast once per type it is read in (constants are converted, not
 /// cast), and the tensors in \p keep and the graph's outputs keep their types (a Cast writes them).
-/// Tensors that decide shapes are left alone. Returns the number of casts and conversions made.
-int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep);
+/// Tensors that decide shapes are left alone. With \p policy.lowStreams and \p streams, the
+/// graph's inputs and kept tensors go without those Casts where they can (PrecisionPolicy::lowStreams),
+/// all but \p loss, and \p streams records them. Returns the number of casts and conversions made.
+int convertPrecision(Graph &graph, const PrecisionPolicy &policy, const std::vector<TensorId> &keep,
+                     StreamTypes *streams = nullptr, const TensorId &loss = {});
 
 struct TrainingTensors;
 

@@ -33,4 +33,9 @@ OneOp makeOneOp(const std::string &type, const std::string &domain, int opset, c
   return o;
 }
 
+TensorData tensorOf(DataType type, const std::vector<float> &values) {
+  return TensorData::fromDoubles(type, {static_cast<int64_t>(values.size())},
+                                 std::vector<double>(values.begin(), values.end()));
+}
+
 } // namespace popart::test_ops

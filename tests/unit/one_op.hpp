@@ -27,4 +27,7 @@ OneOp makeOneOp(const std::string &type, const std::string &domain, int opset, c
                 ir::Attributes attrs = {}, size_t outputs = 1, const std::map<size_t, TensorData> &consts = {},
                 const std::function<void(ir::Op &)> &prepare = {}, const std::vector<size_t> &omittedOutputs = {});
 
+/// \p values as a 1-D tensor of \p type (rounded to nearest even for the 16-bit types).
+TensorData tensorOf(DataType type, const std::vector<float> &values);
+
 } // namespace popart::test_ops

@@ -7,6 +7,7 @@
 // compares the 16-bit updates with torch.optim.
 
 #include "fast_cases.hpp"
+#include "one_op.hpp"
 #include "op_runner.hpp"
 
 #include "backend_cpu/kernel.hpp"
@@ -58,19 +59,7 @@ float roundTo(DataType type, float v) {
   }
 }
 
-/// \p values stored in \p type.
-TensorData tensorOf(DataType type, const std::vector<float> &values) {
-  TensorData t(TensorInfo(type, {static_cast<int64_t>(values.size())}));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (type == DataType::FLOAT16)
-      t.as<uint16_t>()[i] = floatToHalf(values[i]);
-    else if (type == DataType::BFLOAT16)
-      t.as<uint16_t>()[i] = floatToBfloat16(values[i]);
-    else
-      t.as<float>()[i] = values[i];
-  }
-  return t;
-}
+using test_ops::tensorOf;
 
 std::vector<float> floatsOf(const TensorData &t) {
   std::vector<float> v(static_cast<size_t>(t.info().elementCount()));

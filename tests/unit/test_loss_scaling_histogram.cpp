@@ -5,6 +5,7 @@
 // gradient of w is the loss scale times x).
 
 #include "fast_cases.hpp"
+#include "one_op.hpp"
 
 #include "backend_cpu/kernel.hpp"
 #include "backend_cpu/plan.hpp"
@@ -43,19 +44,7 @@ constexpr float kBfloat16Max = 0x1.fep127f;
 // ---------------------------------------------------------------------------------------------
 // The kernels
 
-/// \p values stored in \p type (rounded to nearest even for the 16-bit types).
-TensorData tensorOf(DataType type, const std::vector<float> &values) {
-  TensorData t(TensorInfo(type, {static_cast<int64_t>(values.size())}));
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (type == DataType::FLOAT16)
-      t.as<uint16_t>()[i] = floatToHalf(values[i]);
-    else if (type == DataType::BFLOAT16)
-      t.as<uint16_t>()[i] = floatToBfloat16(values[i]);
-    else
-      t.as<float>()[i] = values[i];
-  }
-  return t;
-}
+using test_ops::tensorOf;
 
 /// Element \p i of \p t as a float.
 float valueAt(const TensorData &t, size_t i) {

@@ -195,6 +195,19 @@ TEST(Precision, OpsThatFollowTheirInputsStayFp32WhereOnlyFp32TensorsFeedThem) {
 
 namespace {
 
+/// A function (rows, cols, name) → an initializer of \p b in \p type, normal(0, \p sd) values
+/// drawn from one generator seeded with \p seed (rounded to \p type, so the same in every type).
+auto randomWeights(Builder &b, DataType type, unsigned seed, float sd) {
+  return [&b, type, rng = std::mt19937(seed), n = std::normal_distribution<float>(0.0f, sd)](int64_t rows, int64_t cols,
+                                                                                             const char *name) mutable {
+    std::vector<double> v(static_cast<size_t>(rows * cols));
+    for (auto &e : v)
+      e = n(rng);
+    TensorData t = TensorData::fromDoubles(type, {rows, cols}, v);
+    return b.addInitializedInputTensor(t.data(), t.info(), name);
+  };
+}
+
 /// x [16, 32] → Gemm(32→24) → Relu → Gemm(24→4) → SoftmaxCrossEntropyLoss with labels y.
 /// ... in \p type: FLOAT16 is a model exported after model.half(), its logits cast to FLOAT for the
 /// loss as `.float()` would.
@@ -203,15 +216,7 @@ std::string mlp(TensorId *lossId = nullptr, DataType type = DataType::FLOAT) {
   auto ai = b->aiOnnxOpset13();
   TensorId x = b->addInputTensor(TensorInfo(type, {16, 32}), "x");
   TensorId y = b->addInputTensor(TensorInfo(DataType::INT64, {16}), "y");
-  std::mt19937 rng(7);
-  std::normal_distribution<float> n(0.0f, 0.2f);
-  auto weights = [&](int64_t rows, int64_t cols, const char *name) {
-    std::vector<double> v(static_cast<size_t>(rows * cols));
-    for (auto &e : v)
-      e = n(rng);
-    TensorData t = TensorData::fromDoubles(type, {rows, cols}, v);
-    return b->addInitializedInputTensor(t.data(), t.info(), name);
-  };
+  auto weights = randomWeights(*b, type, 7, 0.2f);
   TensorId h = ai.relu({ai.gemm({x, weights(32, 24, "w1"), weights(1, 24, "b1")})});
   TensorId logits = ai.gemm({h, weights(24, 4, "w2"), weights(1, 4, "b2")});
   if (type != DataType::FLOAT) logits = ai.cast({logits}, "FLOAT");
@@ -423,6 +428,114 @@ TEST(Precision, InferenceKeepsTheOutputTypeAndAnUnknownModeIsNamed) {
   auto s = InferenceSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), so);
   s->prepareDevice();
   EXPECT_EQ(s->getInfo(s->getOutputIds().at(0)).dataType(), DataType::FLOAT);
+}
+
+TEST(Precision, StreamsLeaveInputsReadOnlyInTheLowTypeAndOutputsOfLowOpsLowButNotTheLoss) {
+  for (DataType low : {DataType::FLOAT16, DataType::BFLOAT16}) {
+    for (const TensorId loss : {"", "out"}) {
+      ir::Graph g;
+      addShape4(g);
+      buildGraph(g);
+      ir::inferShapes(g, nullptr);
+      ir::PrecisionPolicy policy;
+      policy.low = low;
+      ir::StreamTypes streams;
+      ir::convertPrecision(g, policy, {}, &streams, loss);
+      ir::verifyGraph(g, "");
+      EXPECT_EQ(g.tensor("x").info().dataType(), low) << "x is read only in the low type (MatMul, Add)";
+      EXPECT_EQ(&opNamed(g, "mm").input(0), &g.tensor("x")) << "no Cast between x and its readers";
+      std::map<TensorId, DataType> expected{{"x", DataType::FLOAT}, {"big", DataType::FLOAT}};
+      if (loss.empty()) expected["out"] = DataType::FLOAT;
+      EXPECT_EQ(streams.host, expected);
+      EXPECT_EQ(g.tensor("big").info().dataType(), low);
+      EXPECT_EQ(g.tensor("out").info().dataType(), loss.empty() ? low : DataType::FLOAT) << "the loss stays FLOAT";
+      EXPECT_EQ(g.tensor("c1").info().dataType(), DataType::FLOAT) << "an fp32 op's output is FLOAT anyway";
+      // An input that an fp32 op reads too keeps its type.
+      ir::Graph g2;
+      addShape4(g2);
+      buildGraph(g2);
+      g2.addOp("CumSum", "", 13, "cumx", {}, {"x", "axis"}, {"cx"});
+      g2.addOutput("cx");
+      ir::inferShapes(g2, nullptr);
+      ir::StreamTypes streams2;
+      ir::convertPrecision(g2, policy, {}, &streams2, loss);
+      EXPECT_EQ(g2.tensor("x").info().dataType(), DataType::FLOAT);
+      EXPECT_FALSE(streams2.host.count("x"));
+    }
+  }
+}
+
+namespace {
+
+/// x [8, 12] → Gemm(12→16) → Relu → h → Gemm(16→5) → logits, all in \p type; the weights are the
+/// same values rounded to \p type.
+struct SmallNet {
+  std::string model;
+  TensorId h, logits;
+};
+
+SmallNet smallNet(DataType type) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(type, {8, 12}), "x");
+  auto weights = randomWeights(*b, type, 11, 0.3f);
+  TensorId h = ai.relu({ai.gemm({x, weights(12, 16, "w1"), weights(1, 16, "b1")})});
+  TensorId logits = ai.gemm({h, weights(16, 5, "w2"), weights(1, 5, "b2")});
+  b->addOutputTensor(logits);
+  return {b->getModelProto(), h, logits};
+}
+
+} // namespace
+
+TEST(Precision, StreamedInputsAndAnchorsGiveTheValuesOfALowModelAndTheUserKeepsFloat) {
+  for (const char *mode : {"bf16", "fp16.32"}) {
+    const DataType low = std::string(mode) == "bf16" ? DataType::BFLOAT16 : DataType::FLOAT16;
+    std::vector<double> xs(2 * 8 * 12);
+    std::mt19937 rng(5);
+    std::normal_distribution<double> n(0.0, 1.0);
+    for (auto &v : xs)
+      v = n(rng);
+    SessionOptions so;
+    so.precision = mode;
+    so.numThreads = 1;
+    // The FLOAT model, fed FLOAT: x narrowed and h, logits widened by the session.
+    const SmallNet net = smallNet(DataType::FLOAT);
+    const TensorId &h = net.h, &lg = net.logits;
+    auto s = InferenceSession::createFromOnnxModel(
+        net.model, DataFlow(2, {{lg, AnchorReturnType("ALL")}, {h, AnchorReturnType("SUM")}}), so);
+    s->prepareDevice();
+    EXPECT_EQ(s->getInfo("x").dataType(), DataType::FLOAT);
+    EXPECT_EQ(s->getInfo(lg).dataType(), DataType::FLOAT);
+    EXPECT_EQ(s->getInfo(h).dataType(), DataType::FLOAT);
+    EXPECT_EQ(s->dumpIr().find("Cast"), std::string::npos) << "the session converts, not Cast ops:\n" << s->dumpIr();
+    std::vector<float> x(xs.begin(), xs.end()), logits(2 * 8 * 5), hSum(8 * 16);
+    NDArrayWrapper<float> xa(x.data(), {2, 8, 12}), la(logits.data(), {2, 8, 5}), ha(hSum.data(), {8, 16});
+    StepIO io({{"x", xa}}, {{lg, la}, {h, ha}});
+    s->run(io);
+    // The same model in the low type, fed low values: no conversion anywhere but the user's.
+    const SmallNet net16 = smallNet(low);
+    ASSERT_EQ(net16.h, h);
+    ASSERT_EQ(net16.logits, lg);
+    auto s16 = InferenceSession::createFromOnnxModel(
+        net16.model, DataFlow(2, {{lg, AnchorReturnType("ALL")}, {h, AnchorReturnType("ALL")}}), so);
+    s16->prepareDevice();
+    ASSERT_EQ(s16->getInfo("x").dataType(), low);
+    TensorData x16 = TensorData::fromDoubles(low, {2, 8, 12}, xs);
+    TensorData l16(TensorInfo(low, {2, 8, 5})), h16(TensorInfo(low, {2, 8, 16}));
+    RawArray xa16(x16.data(), low, {2, 8, 12}), la16(l16.data(), low, {2, 8, 5}), ha16(h16.data(), low, {2, 8, 16});
+    StepIO io16({{"x", xa16}}, {{lg, la16}, {h, ha16}});
+    s16->run(io16);
+    const std::vector<double> want = l16.toDoubleVector(), hs = h16.toDoubleVector();
+    for (size_t i = 0; i < logits.size(); ++i)
+      ASSERT_EQ(logits[i], static_cast<float>(want[i])) << mode << " logits " << i;
+    for (size_t i = 0; i < hSum.size(); ++i) // the SUM anchor adds the widened values in FLOAT
+      ASSERT_EQ(hSum[i], static_cast<float>(hs[i]) + static_cast<float>(hs[i + hSum.size()])) << mode << " h " << i;
+    // A low buffer for a streamed input is refused, naming the type the user passes.
+    TensorData wrong(TensorInfo(low, {2, 8, 12}));
+    RawArray wa(wrong.data(), low, {2, 8, 12});
+    StepIO bad({{"x", wa}}, {{lg, la}, {h, ha}});
+    EXPECT_NE(thrown([&] { s->run(bad); }).find("FLOAT"), std::string::npos);
+  }
 }
 
 TEST(Precision, DocsListEveryFp32Op) {
