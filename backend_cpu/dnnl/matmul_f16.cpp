@@ -8,16 +8,15 @@
 // Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
 // reference kernel's.
 //
-// Block sizes (kMaxPanelOnceA, kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): when all of A is at
-// most 2 MiB of f32 (every product of the bench MLP, BERT-mini's attention and weight gradients) it
-// is one block, widened once per batch and kept while B passes through in panels of at most 1 MiB
-// (and results of at most 1 MiB), so the scratch stays near A's size. Otherwise B is whole when its f32 form is at most
-// 4 MiB (a [1024, 1024] weight), else in panels of at most 2 MiB; rows of A in blocks of at most 2 MiB of f32, split
-// evenly, with the f32 result block at most 4 MiB, and a panel's rows of A are widened once per panel: B of more than 4
-// MiB costs one extra pass over A per 2 MiB of B. So the scratch is at most about 10 MiB whatever the operands' sizes,
-// the converted blocks are still in cache (L2/L3) when oneDNN reads them, and blocks are large so that oneDNN sees long
-// products and the conversions few parallel regions: one OpenMP region widens A's block (and B's panel), one narrows
-// the result, around oneDNN's.
+// Block sizes (kBlockBytes): a block of rows of A, a panel of columns of B and the f32 result block
+// are each about 256 KiB of f32 (16 rows or columns at least), whatever the operands' sizes, so that
+// the scratch, planned in the arena at the product's step (the MLP's and BERT's arena peaks were
+// at 16-bit products whose scratch held up to 2.4 MB), is a small fraction of the operands, and the
+// converted blocks are in L2 when oneDNN reads them. The price is widening one operand again for
+// each block of the other (unless the other is one block): the loop order keeps whichever operand
+// costs more to widen again in the outer loop. fp16 modes gain memory on CPUs without fp16
+// arithmetic, not speed. One OpenMP region widens A's block and B's panel, one narrows the result,
+// around oneDNN's.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -39,16 +38,8 @@ namespace {
 
 using namespace dnnl;
 
-/// B is widened whole (once per run and batch) up to this many bytes of f32.
-constexpr int64_t kMaxWholeB = int64_t{4} << 20;
-/// Otherwise in panels of columns of at most this many bytes of f32.
-constexpr int64_t kMaxPanelB = int64_t{2} << 20;
-/// Panels of B, and blocks of the f32 result, when A is one block (widened once for all panels).
-constexpr int64_t kMaxPanelOnceA = int64_t{1} << 20;
-/// Rows of A widened at a time: at most this many bytes of f32 ...
-constexpr int64_t kMaxBlockA = int64_t{2} << 20;
-/// ... and an f32 result block of at most this many bytes.
-constexpr int64_t kMaxBlockY = int64_t{4} << 20;
+/// f32 bytes of a block of rows of A, of a panel of columns of B and of a result block, each.
+constexpr int64_t kBlockBytes = int64_t{256} << 10;
 /// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
 /// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
 constexpr int64_t kThreadedElements = int64_t{1} << 17;
@@ -149,24 +140,25 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    // A in one block is widened once and kept for every panel of B, so B's panels can be small
-    // at no cost in conversions: the scratch (planned in the arena at this step) stays near A's
-    // f32 size instead of holding all of a B of up to 4 MiB.
-    if (m * k * 4 <= kMaxBlockA) {
-      int64_t cols = std::min(n, std::max<int64_t>(16, kMaxPanelOnceA / (4 * k) / 16 * 16));
-      cols = std::min(cols, std::max<int64_t>(16, kMaxPanelOnceA / (4 * m) / 16 * 16)); // the f32 result block too
-      if (m * std::min(cols, n) * 4 <= kMaxBlockY) {
-        aOnce_ = true;
-        nb_ = std::min(cols, n);
-        mb_ = m;
-      }
+    // Blocks of rows of A, panels of columns of B and result blocks of about kBlockBytes of f32
+    // each (16 rows or columns at least), so that the scratch, planned in the arena at this step
+    // (often its peak), is a small fraction of the operands; rows and columns split evenly.
+    auto split = [](int64_t total, int64_t most) {
+      const int64_t parts = (total + most - 1) / most;
+      return std::min(total, ((total + parts - 1) / parts + 15) / 16 * 16);
+    };
+    const int64_t lines = std::max<int64_t>(16, kBlockBytes / (4 * k) / 16 * 16); // rows of A or columns of B
+    mb_ = split(m, lines), nb_ = split(n, lines);
+    while (mb_ * nb_ * 4 > kBlockBytes && std::max(mb_, nb_) > 16) { // the result block
+      if (mb_ >= nb_)
+        mb_ = split(m, std::max<int64_t>(16, mb_ / 2));
+      else
+        nb_ = split(n, std::max<int64_t>(16, nb_ / 2));
     }
-    if (!aOnce_) {
-      nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
-      int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
-      int64_t blocks = (m + mbMax - 1) / mbMax;
-      mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
-    }
+    // One of the operands is widened again for each block of the other (unless the other is one
+    // block): the loop keeps the one whose repeated widening costs more in the outer loop.
+    const int64_t rowBlocks = (m + mb_ - 1) / mb_, panels = (n + nb_ - 1) / nb_;
+    rowsOuter_ = (panels > 1 ? rowBlocks * k * n : k * n) + m * k < (rowBlocks > 1 ? panels * m * k : m * k) + k * n;
     bOffset_ = aligned64(mb_ * k * 4);
     yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
     // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
@@ -197,8 +189,8 @@ public:
 
   std::string choice() const override {
     return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns" +
-           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ +
-           ")";
+           (rowsOuter_ ? ", rows outer" : "") + (aTransposed_ ? ", A transposed" : "") +
+           (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ + ")";
   }
 
   void run(const KernelArgs &args) override {
@@ -221,30 +213,37 @@ public:
     const void *addend = p_.addendInput >= 0 ? args.inputs[static_cast<size_t>(p_.addendInput)] : nullptr;
     const void *residual = p_.residualInput >= 0 ? args.inputs[static_cast<size_t>(p_.residualInput)] : nullptr;
     const int64_t m = p_.m, n = p_.n;
-    const uint16_t *widenedB = nullptr; // the B panel in bPanel, to widen a broadcast B once
-    int64_t widenedColumn = -1;
-    for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
-      for (int64_t n0 = 0; n0 < n; n0 += nb_) {
-        const int64_t cols = std::min(nb_, n - n0);
-        const bool newPanel = widenedB != b + p_.offsetB[bi] || widenedColumn != n0;
-        widenedB = b + p_.offsetB[bi], widenedColumn = n0;
-        for (int64_t m0 = 0; m0 < m; m0 += mb_) {
-          const int64_t rows = std::min(mb_, m - m0);
-          // One parallel region for both conversions (each is an orphaned omp for).
-          const bool panel = newPanel && m0 == 0;
-          const bool threads = ((!aOnce_ || n0 == 0 ? rows : 0) + (panel ? cols : 0)) * p_.k >= kThreadedElements;
+    // What the scratch holds: A's block and B's panel are widened only when they change (a
+    // broadcast B, or A or B in one block, is widened once).
+    const uint16_t *widenedA = nullptr, *widenedB = nullptr;
+    int64_t widenedRow = -1, widenedColumn = -1;
+    auto step = [&](size_t bi, int64_t m0, int64_t n0) {
+      const int64_t rows = std::min(mb_, m - m0), cols = std::min(nb_, n - n0);
+      const uint16_t *batchA = a + p_.offsetA[bi], *batchB = b + p_.offsetB[bi];
+      const bool newBlock = widenedA != batchA || widenedRow != m0;
+      const bool newPanel = widenedB != batchB || widenedColumn != n0;
+      widenedA = batchA, widenedRow = m0, widenedB = batchB, widenedColumn = n0;
+      // One parallel region for both conversions (each is an orphaned omp for).
+      const bool threads = ((newBlock ? rows : 0) + (newPanel ? cols : 0)) * p_.k >= kThreadedElements;
 #pragma omp parallel if (threads)
-          {
-            if (panel) widenB(widenedB, n0, cols, bPanel);
-            if (!aOnce_ || n0 == 0) widenA(a + p_.offsetA[bi], m0, rows, aBlock);
-          }
-          Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
-          if (yDirect_)
-            blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
-          dnnl_util::execute(blk.prim, blk.args,
-                             {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
-          if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
-        }
+      {
+        if (newPanel) widenB(batchB, n0, cols, bPanel);
+        if (newBlock) widenA(batchA, m0, rows, aBlock);
+      }
+      Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
+      if (yDirect_) blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
+      dnnl_util::execute(blk.prim, blk.args, {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
+      if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
+    };
+    for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
+      if (rowsOuter_) {
+        for (int64_t m0 = 0; m0 < m; m0 += mb_)
+          for (int64_t n0 = 0; n0 < n; n0 += nb_)
+            step(bi, m0, n0);
+      } else {
+        for (int64_t n0 = 0; n0 < n; n0 += nb_)
+          for (int64_t m0 = 0; m0 < m; m0 += mb_)
+            step(bi, m0, n0);
       }
   }
 
@@ -272,7 +271,8 @@ private:
 
   /// Columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst, f32 in B's orientation:
   /// [K, cols] row-major, or [cols, K] when B is stored transposed. Shared among the threads of
-  /// the enclosing parallel region, if any, without a barrier (widenA's follows).
+  /// the enclosing parallel region, if any, without a barrier (widenA's follows, if any, and the
+  /// region's end).
   void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst) const {
     const int64_t k = p_.k;
     if (bTransposed_) {
@@ -328,8 +328,8 @@ private:
   bool aTransposed_ = false, bTransposed_ = false;
   int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
   int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
-  bool yDirect_ = false; ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
-  bool aOnce_ = false;   ///< A is one block, widened once per batch for all of B's panels
+  bool yDirect_ = false;   ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
+  bool rowsOuter_ = false; ///< blocks of A in the outer loop (B's panels widened for each), else panels of B
   std::array<Block, 4> blocks_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
