@@ -8,15 +8,15 @@
 // Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
 // reference kernel's.
 //
-// Block sizes (kBlockBytes): a block of rows of A, a panel of columns of B and the f32 result block
-// are each about 256 KiB of f32 (16 rows or columns at least), whatever the operands' sizes, so that
-// the scratch, planned in the arena at the product's step (the MLP's and BERT's arena peaks were
-// at 16-bit products whose scratch held up to 2.4 MB), is a small fraction of the operands, and the
-// converted blocks are in L2 when oneDNN reads them. The price is widening one operand again for
-// each block of the other (unless the other is one block): the loop order keeps whichever operand
-// costs more to widen again in the outer loop. fp16 modes gain memory on CPUs without fp16
-// arithmetic, not speed. One OpenMP region widens A's block and B's panel, one narrows the result,
-// around oneDNN's.
+// Blocks (kBlockABytes, kPanelBytes): the scratch is planned in the arena at the product's step,
+// and the arena peaks of the MLP and of BERT were at 16-bit products whose blocks held up to 2.4 MB,
+// more than the operands. A block of rows of A (about 512 KiB of f32) is widened by all threads
+// together and shared; each thread takes panels of columns of B (about 64 KiB) with a result
+// block and a oneDNN scratchpad of its own, so the scratch is a fraction of the operands whatever
+// their sizes. The price is widening B's panels again for each block of A. The threads run their
+// panels' products on one-thread primitives in one parallel region per run, with two barriers
+// per block of A: no fork-join per block (oneDNN's own, and one per conversion), which costs most
+// on a loaded machine. fp16 modes gain memory on CPUs without fp16 arithmetic, not speed.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -26,9 +26,12 @@
 #include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -38,11 +41,10 @@ namespace {
 
 using namespace dnnl;
 
-/// f32 bytes of a block of rows of A, of a panel of columns of B and of a result block, each.
-constexpr int64_t kBlockBytes = int64_t{256} << 10;
-/// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
-/// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
-constexpr int64_t kThreadedElements = int64_t{1} << 17;
+/// f32 bytes of a block of rows of A, shared by the threads ...
+constexpr int64_t kBlockABytes = int64_t{512} << 10;
+/// ... and of each thread's panel of columns of B, and of its result block.
+constexpr int64_t kPanelBytes = int64_t{64} << 10;
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -140,57 +142,82 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    // Blocks of rows of A, panels of columns of B and result blocks of about kBlockBytes of f32
-    // each (16 rows or columns at least), so that the scratch, planned in the arena at this step
-    // (often its peak), is a small fraction of the operands; rows and columns split evenly.
+    // A block of rows of A (about kBlockABytes of f32) is widened once, shared by the threads; each
+    // thread takes panels of columns of B (about kPanelBytes, with a result block of at most that)
+    // and widens them again for each block of A. B is the per-thread operand because oneDNN's
+    // brgemm matmul copies its weights into a scratchpad of its own (per thread here) when they are
+    // not in its blocked layout: that copy is a panel's size, not a block of A's.
     auto split = [](int64_t total, int64_t most) {
       const int64_t parts = (total + most - 1) / most;
       return std::min(total, ((total + parts - 1) / parts + 15) / 16 * 16);
     };
-    const int64_t lines = std::max<int64_t>(16, kBlockBytes / (4 * k) / 16 * 16); // rows of A or columns of B
-    mb_ = split(m, lines), nb_ = split(n, lines);
-    while (mb_ * nb_ * 4 > kBlockBytes && std::max(mb_, nb_) > 16) { // the result block
-      if (mb_ >= nb_)
-        mb_ = split(m, std::max<int64_t>(16, mb_ / 2));
-      else
-        nb_ = split(n, std::max<int64_t>(16, nb_ / 2));
-    }
-    // One of the operands is widened again for each block of the other (unless the other is one
-    // block): the loop keeps the one whose repeated widening costs more in the outer loop.
-    const int64_t rowBlocks = (m + mb_ - 1) / mb_, panels = (n + nb_ - 1) / nb_;
-    rowsOuter_ = (panels > 1 ? rowBlocks * k * n : k * n) + m * k < (rowBlocks > 1 ? panels * m * k : m * k) + k * n;
-    bOffset_ = aligned64(mb_ * k * 4);
-    yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
+    auto linesOf = [k](int64_t bytes) { return std::max<int64_t>(16, bytes / (4 * k) / 16 * 16); };
+    mb_ = split(m, linesOf(kBlockABytes));
+    nb_ = split(n, std::max<int64_t>(16, std::min(linesOf(kPanelBytes), kPanelBytes / (4 * mb_) / 16 * 16)));
+    rowBlocks_ = (m + mb_ - 1) / mb_, panels_ = (n + nb_ - 1) / nb_;
+    threads_ = static_cast<int>(std::clamp<int64_t>(panels_, 1, omp_get_max_threads()));
     // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
     // Fusion::outputType) is oneDNN's destination itself: no f32 block of it in the scratch, which
     // is planned in the arena at the step of the product (often the arena's peak), and no pass
     // copying it out.
     yDirect_ = !p_.yHalf && p_.yCol == 1 && p_.yRow >= n && p_.alpha == 1.f && p_.addendInput < 0 &&
                p_.residualInput < 0 && !p_.relu;
-    scratchBytes_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
-    for (int r = 0; r < 2; ++r)
-      for (int c = 0; c < 2; ++c) {
-        int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
-        if (rows == 0 || cols == 0) continue;
-        memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
-        memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
-        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
-        Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
-        matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
-        if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
-        blk.prim = matmul(pd);
-        blk.a = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
-        blk.b = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
-        blk.y = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
-      }
+    // The threads run whole products of blocks in one parallel region per run: oneDNN's own threads
+    // and a region per conversion made several fork-joins per block, which on a loaded machine
+    // cost more than small blocks' products. So the primitives are made for one thread (oneDNN
+    // fixes a matmul's threads when it is made), each thread with its own oneDNN scratchpad.
+    const int outer = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int64_t scratchpad = 0;
+    try {
+      primitive_attr attr;
+      attr.set_scratchpad_mode(scratchpad_mode::user);
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c) {
+          int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
+          if (rows == 0 || cols == 0) continue;
+          memory::desc mdA({rows, k}, memory::data_type::f32,
+                           aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
+          memory::desc mdB({k, cols}, memory::data_type::f32,
+                           bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
+          memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
+          matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), attr, dnnl_util::engine());
+          if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
+          const auto shape = static_cast<size_t>(r) * 2 + static_cast<size_t>(c);
+          prims_[shape] = matmul(pd);
+          descs_[shape] = {mdA, mdB, mdY, pd.scratchpad_desc()};
+          scratchpad = std::max(scratchpad, static_cast<int64_t>(pd.scratchpad_desc().get_size()));
+        }
+    } catch (...) {
+      omp_set_num_threads(outer);
+      throw;
+    }
+    omp_set_num_threads(outer);
+    // The scratch: the block of A, then a slice per thread (its panel of B, result block and
+    // oneDNN scratchpad).
+    sharedBytes_ = aligned64(mb_ * k * 4);
+    yOffset_ = aligned64(k * nb_ * 4);
+    padOffset_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
+    sliceBytes_ = padOffset_ + aligned64(scratchpad);
+    slices_.resize(static_cast<size_t>(threads_));
+    for (Slice &slice : slices_)
+      for (size_t shape = 0; shape < 4; ++shape)
+        if (prims_[shape]) {
+          Block &blk = slice.blocks[shape];
+          blk.a = memory(descs_[shape][0], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.b = memory(descs_[shape][1], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.y = memory(descs_[shape][2], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.pad = memory(descs_[shape][3], dnnl_util::engine(), DNNL_MEMORY_NONE);
+        }
+    scratchBytes_ = sharedBytes_ + sliceBytes_ * threads_;
   }
 
   int64_t scratchBytes() const override { return scratchBytes_; }
 
   std::string choice() const override {
     return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns" +
-           (rowsOuter_ ? ", rows outer" : "") + (aTransposed_ ? ", A transposed" : "") +
-           (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ + ")";
+           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " on " +
+           std::to_string(threads_) + " thread" + (threads_ == 1 ? "" : "s") + " (" + implementation_ + ")";
   }
 
   void run(const KernelArgs &args) override {
@@ -199,93 +226,113 @@ public:
     // plan hold up to 10 MiB it never touches, which the memory report counted.
     if (!args.scratch && !owned_) owned_ = alignedBytes(static_cast<size_t>(scratchBytes_));
     auto *scratch = static_cast<uint8_t *>(args.scratch ? args.scratch : owned_.get());
-    auto *aBlock = reinterpret_cast<float *>(scratch);
-    auto *bPanel = reinterpret_cast<float *>(scratch + bOffset_);
-    auto *yBlock = reinterpret_cast<float *>(scratch + yOffset_);
-    for (Block &blk : blocks_)
-      if (blk.prim) {
-        blk.a.set_data_handle(aBlock);
-        blk.b.set_data_handle(bPanel);
-        if (!yDirect_) blk.y.set_data_handle(yBlock);
+    std::exception_ptr failure;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    runThread(scratch, args, failure);
+    if (failure) std::rethrow_exception(failure);
+  }
+
+private:
+  /// The per-thread memories of one block shape over the thread's slice of the scratch.
+  struct Block {
+    memory a, b, y, pad;
+    std::vector<dnnl_exec_arg_t> args; ///< dnnl_util::execute's cache
+  };
+  /// A thread's blocks: [0] full rows and columns, [1] full rows and the last columns, [2] the
+  /// last rows and full columns, [3] the last rows and columns.
+  struct Slice {
+    std::array<Block, 4> blocks;
+  };
+
+  /// One thread's part of a run (all of it outside a parallel region): for each block of A, its
+  /// share of widening it, a barrier, then its panels' products; a failure is kept in \p failure
+  /// (an exception must not leave the parallel region).
+  void runThread(uint8_t *scratch, const KernelArgs &args, std::exception_ptr &failure) {
+    const int t = omp_get_thread_num(), team = omp_get_num_threads();
+    uint8_t *slice = scratch + sharedBytes_ + sliceBytes_ * t;
+    auto *aBlock = reinterpret_cast<float *>(scratch), *bPanel = reinterpret_cast<float *>(slice);
+    auto *yBlock = reinterpret_cast<float *>(slice + yOffset_);
+    std::array<Block, 4> &blks = slices_[static_cast<size_t>(t)].blocks;
+    for (size_t shape = 0; shape < 4; ++shape)
+      if (prims_[shape]) {
+        blks[shape].a.set_data_handle(aBlock);
+        blks[shape].b.set_data_handle(bPanel);
+        blks[shape].pad.set_data_handle(slice + padOffset_);
+        if (!yDirect_) blks[shape].y.set_data_handle(yBlock);
       }
     const auto *a = static_cast<const uint16_t *>(args.inputs[0]);
     const auto *b = static_cast<const uint16_t *>(args.inputs[1]);
     const void *addend = p_.addendInput >= 0 ? args.inputs[static_cast<size_t>(p_.addendInput)] : nullptr;
     const void *residual = p_.residualInput >= 0 ? args.inputs[static_cast<size_t>(p_.residualInput)] : nullptr;
-    const int64_t m = p_.m, n = p_.n;
-    // What the scratch holds: A's block and B's panel are widened only when they change (a
-    // broadcast B, or A or B in one block, is widened once).
-    const uint16_t *widenedA = nullptr, *widenedB = nullptr;
-    int64_t widenedRow = -1, widenedColumn = -1;
-    auto step = [&](size_t bi, int64_t m0, int64_t n0) {
-      const int64_t rows = std::min(mb_, m - m0), cols = std::min(nb_, n - n0);
-      const uint16_t *batchA = a + p_.offsetA[bi], *batchB = b + p_.offsetB[bi];
-      const bool newBlock = widenedA != batchA || widenedRow != m0;
-      const bool newPanel = widenedB != batchB || widenedColumn != n0;
-      widenedA = batchA, widenedRow = m0, widenedB = batchB, widenedColumn = n0;
-      // One parallel region for both conversions (each is an orphaned omp for).
-      const bool threads = ((newBlock ? rows : 0) + (newPanel ? cols : 0)) * p_.k >= kThreadedElements;
-#pragma omp parallel if (threads)
-      {
-        if (newPanel) widenB(batchB, n0, cols, bPanel);
-        if (newBlock) widenA(batchA, m0, rows, aBlock);
-      }
-      Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
-      if (yDirect_) blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
-      dnnl_util::execute(blk.prim, blk.args, {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
-      if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
-    };
+    // A thread's panel of B is widened when it changes: once per run when the thread has one
+    // panel and B is the same for every batch.
+    const uint16_t *widenedB = nullptr;
+    int64_t widenedColumn = -1;
     for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
-      if (rowsOuter_) {
-        for (int64_t m0 = 0; m0 < m; m0 += mb_)
-          for (int64_t n0 = 0; n0 < n; n0 += nb_)
-            step(bi, m0, n0);
-      } else {
-        for (int64_t n0 = 0; n0 < n; n0 += nb_)
-          for (int64_t m0 = 0; m0 < m; m0 += mb_)
-            step(bi, m0, n0);
+      for (int64_t blockA = 0; blockA < rowBlocks_; ++blockA) {
+        const uint16_t *batchA = a + p_.offsetA[bi], *batchB = b + p_.offsetB[bi];
+        const int64_t m0 = blockA * mb_, rows = std::min(mb_, p_.m - m0);
+        if (bi > 0 || blockA > 0) {
+#pragma omp barrier
+        } // the previous block of A's products are done
+        widenA(batchA, m0, rows, aBlock, t, team);
+#pragma omp barrier
+        for (int64_t panel = t; panel < panels_; panel += team) {
+          const int64_t n0 = panel * nb_, cols = std::min(nb_, p_.n - n0);
+          if (widenedB != batchB || widenedColumn != n0) widenB(batchB, n0, cols, bPanel, 0, 1);
+          widenedB = batchB, widenedColumn = n0;
+          const size_t shape = (rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1});
+          Block &blk = blks[shape];
+          if (yDirect_)
+            blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
+          try {
+            dnnl_util::execute(prims_[shape], blk.args,
+                               {{DNNL_ARG_SRC, blk.a},
+                                {DNNL_ARG_WEIGHTS, blk.b},
+                                {DNNL_ARG_DST, blk.y},
+                                {DNNL_ARG_SCRATCHPAD, blk.pad}});
+          } catch (...) {
+#pragma omp critical(popart_half_product_failure)
+            failure = std::current_exception();
+            continue;
+          }
+          if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
+        }
       }
   }
 
-private:
-  /// Rows [m0, m0 + rows) of A (from \p a, this batch's) into \p dst, f32 in A's orientation:
-  /// [rows, K] row-major, or [K, rows] when A is stored transposed. Shared among the threads of
-  /// the enclosing parallel region, if any; ends with its barrier.
-  void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst) const {
+  /// Part \p part of \p parts (an even share of its lines) of rows [m0, m0 + rows) of A (from \p a,
+  /// this batch's) into \p dst, f32 in A's orientation: [rows, K] row-major, or [K, rows] when A is
+  /// stored transposed.
+  void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst, int part, int parts) const {
     const int64_t k = p_.k;
+    const int64_t lines = aTransposed_ ? k : rows, from = lines * part / parts, to = lines * (part + 1) / parts;
     if (aTransposed_) {
-#pragma omp for schedule(static)
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         loops_.widen(a + q * p_.aCol + m0, dst + q * rows, rows);
     } else if (p_.aCol == 1 || k == 1) {
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < rows; ++i)
+      for (int64_t i = from; i < to; ++i)
         loops_.widen(a + (m0 + i) * p_.aRow, dst + i * k, k);
     } else { // neither axis contiguous (a permuted operand): element by element
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < rows; ++i)
+      for (int64_t i = from; i < to; ++i)
         for (int64_t q = 0; q < k; ++q)
           dst[i * k + q] = halfToFloat(a[(m0 + i) * p_.aRow + q * p_.aCol]);
     }
   }
 
-  /// Columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst, f32 in B's orientation:
-  /// [K, cols] row-major, or [cols, K] when B is stored transposed. Shared among the threads of
-  /// the enclosing parallel region, if any, without a barrier (widenA's follows, if any, and the
-  /// region's end).
-  void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst) const {
+  /// Part \p part of \p parts of columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst,
+  /// f32 in B's orientation: [K, cols] row-major, or [cols, K] when B is stored transposed.
+  void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst, int part, int parts) const {
     const int64_t k = p_.k;
+    const int64_t lines = bTransposed_ ? cols : k, from = lines * part / parts, to = lines * (part + 1) / parts;
     if (bTransposed_) {
-#pragma omp for schedule(static) nowait
-      for (int64_t j = 0; j < cols; ++j)
+      for (int64_t j = from; j < to; ++j)
         loops_.widen(b + (n0 + j) * p_.bCol, dst + j * k, k);
     } else if (p_.bCol == 1 || cols == 1) {
-#pragma omp for schedule(static) nowait
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         loops_.widen(b + q * p_.bRow + n0, dst + q * cols, cols);
     } else {
-#pragma omp for schedule(static) nowait
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         for (int64_t j = 0; j < cols; ++j)
           dst[q * cols + j] = halfToFloat(b[q * p_.bRow + (n0 + j) * p_.bCol]);
     }
@@ -295,8 +342,6 @@ private:
   void store(const float *acc, int64_t offsetY, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const void *addend,
              const void *residual, void *y) const {
     const size_t ySize = p_.yHalf ? 2 : 4, addendSize = p_.addendHalf ? 2 : 4;
-    const bool threads = rows * cols >= kThreadedElements;
-#pragma omp parallel for schedule(static) if (threads)
     for (int64_t i = 0; i < rows; ++i) {
       Epilogue e;
       e.alpha = p_.alpha, e.beta = p_.beta, e.relu = p_.relu;
@@ -315,22 +360,18 @@ private:
     }
   }
 
-  /// The primitive for one block shape: [0] full rows and columns, [1] full rows and the last
-  /// columns, [2] the last rows and full columns, [3] the last rows and columns.
-  struct Block {
-    primitive prim;
-    memory a, b, y;
-    std::vector<dnnl_exec_arg_t> args;
-  };
-
   Product p_;
   HalfLoops loops_;
   bool aTransposed_ = false, bTransposed_ = false;
-  int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
-  int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
-  bool yDirect_ = false;   ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
-  bool rowsOuter_ = false; ///< blocks of A in the outer loop (B's panels widened for each), else panels of B
-  std::array<Block, 4> blocks_;
+  int64_t mb_ = 0, nb_ = 0;            ///< rows and columns of a full block
+  int64_t rowBlocks_ = 0, panels_ = 0; ///< blocks of rows of A and panels of B per batch
+  int threads_ = 1;                    ///< threads sharing the tiles, each with its slice of the scratch
+  int64_t sharedBytes_ = 0, sliceBytes_ = 0, scratchBytes_ = 0; ///< the outer block's, a thread's slice's, all
+  int64_t yOffset_ = 0, padOffset_ = 0;                         ///< in a slice, after its inner block
+  bool yDirect_ = false;                             ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
+  std::array<primitive, 4> prims_;                   ///< one-thread matmuls of the block shapes (Slice::blocks' order)
+  std::array<std::array<memory::desc, 4>, 4> descs_; ///< their A, B, Y and scratchpad
+  std::vector<Slice> slices_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
 };
