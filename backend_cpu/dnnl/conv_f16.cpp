@@ -89,7 +89,8 @@ std::string halfConvObstacle(const ir::Op &op) {
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (op.hasInput(i) && op.inInfo(i).elementCount() == 0) return "an empty input";
   if (op.outInfo(0).elementCount() == 0) return "an empty result";
-  if (op.fusion.pool && (op.type != "Conv" || op.fusion.residual)) return "a fused max pool on other than a Conv";
+  if (op.fusion.pool && op.type != "Conv") return "a fused max pool on other than a Conv";
+  if (op.fusion.pool && op.fusion.residual) return "a fused max pool with a residual";
   if (op.fusion.residual) {
     if (op.fusion.activated() && !op.fusion.relu()) return "a residual with an activation other than Relu";
     if (op.inInfo(3).dataType() != y) return "a residual not in Y's type";
