@@ -205,10 +205,9 @@ TEST(DnnlHalfProductBlocks, RowsAndColumnsThatDoNotDivideIntoBlocks) {
 }
 
 TEST(DnnlHalfProductBlocks, ScratchIsASmallFractionOfTheOperands) {
-  // The bench MLP's [256, 1024] x [1024, 1024] Gemm (B transposed) and a BERT-sized product: the
-  // f32 blocks, planned in the arena at the product's step, were 2.36 MB, more than the operands.
-  for (const auto &[a, b] :
-       std::vector<std::pair<Shape, Shape>>{{{256, 1024}, {1024, 1024}}, {{2048, 256}, {256, 1024}}}) {
+  // The bench MLP's [256, 1024] x [1024, 1024] Gemm: its f32 blocks, planned in the arena at the
+  // product's step, were 2.36 MB, more than the operands.
+  for (const auto &[a, b] : std::vector<std::pair<Shape, Shape>>{{{256, 1024}, {1024, 1024}}}) {
     test_ops::OneOp o = test_ops::makeOneOp(
         "Gemm", "ai.onnx", 13, {TensorInfo(DataType::FLOAT16, a), TensorInfo(DataType::FLOAT16, b)}, {}, 1);
     const int64_t operands = 2 * (shapeElementCount(a) + shapeElementCount(b));
