@@ -11,15 +11,18 @@
 // gradients in an f32 accumulator in the scratch and narrows the sum once.
 //
 // Chunks: about kChunkBytesPerThread of f32 per thread for the batched input and output
-// together, so that the converted chunk is still in L2 when oneDNN reads it; the batch is split
+// together, so that the scratch is small next to the activations and the converted chunk is still
+// in L2 when oneDNN reads it; the batch is split
 // evenly, and the last chunk, when it has fewer images, runs the same primitive over its images
 // and what the buffer holds after them (whose results are dropped; zeros for ConvWeightGrad, so
 // that they add nothing), so that one primitive and one weights layout serve every chunk.
 //
 // Fusions: the bias and an activation run in the f32 primitive (oneDNN post-ops, as the f32
 // kernel); a residual is added by the narrowing pass, before a Relu (the only activation taken
-// with one). A fused max pool and fp16.16's rounded partials (internal_attr::kHalfPartials) are
-// declined, and stay on the other kernels.
+// with one). A fused max pool (fuseConvPool) pools each chunk's f32 result in the scratch with
+// oneDNN's f32 pooling, so that only the pooled chunk is narrowed and no full-size result exists
+// in any type. fp16.16's rounded partials (internal_attr::kHalfPartials) are declined, and stay
+// on the reference kernel.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -46,10 +49,13 @@ using half_blocks::Epilogue;
 using half_blocks::HalfLoops;
 using half_blocks::kThreadedElements;
 
-/// f32 bytes of a chunk's batched input and output together per thread (one image at least): L2
-/// is 2 MiB per core on the hosts these ran on, and fewer chunks mean fewer parallel regions,
-/// which cost most on a loaded machine.
-constexpr int64_t kChunkBytesPerThread = int64_t{2} << 20;
+/// f32 bytes of a chunk's batched input and output (and pooled result) together per thread (one
+/// image at least). The scratch is planned in the arena at the convolution's step: at 2 MiB per
+/// thread the CNN's second convolution held 3.8 MB of it, more than its 16-bit input and output;
+/// at 256 KiB the CNN ran as fast (best of four runs at 2 threads on the loaded 2-core host: 3.14
+/// against 2.91 ms, within its noise), the conversions and oneDNN's direct convolutions being
+/// per-image work.
+constexpr int64_t kChunkBytesPerThread = int64_t{256} << 10;
 /// Elements per piece of a threaded conversion pass.
 constexpr int64_t kPiece = int64_t{1} << 14;
 /// Positions per tile of a conversion to or from blocked channels (16 channels of them: 8 KiB).
@@ -83,7 +89,8 @@ std::string halfConvObstacle(const ir::Op &op) {
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (op.hasInput(i) && op.inInfo(i).elementCount() == 0) return "an empty input";
   if (op.outInfo(0).elementCount() == 0) return "an empty result";
-  if (op.fusion.pool) return "a fused max pool (the pooled kernel is fp32 code)";
+  if (op.fusion.pool && op.type != "Conv") return "a fused max pool on other than a Conv";
+  if (op.fusion.pool && op.fusion.residual) return "a fused max pool with a residual";
   if (op.fusion.residual) {
     if (op.fusion.activated() && !op.fusion.relu()) return "a residual with an activation other than Relu";
     if (op.inInfo(3).dataType() != y) return "a residual not in Y's type";
@@ -106,6 +113,11 @@ struct HalfConvSetup {
   std::array<int, 3> args{};
   memory::desc bias; ///< f32 [M] (Forward with a bias), else empty
   primitive_desc pd;
+  /// A fused max pool: the convolution writes a chunk of its result in \p convDst, the pool reads
+  /// it and writes role 2 (plain and chosen then describe the pooled chunk).
+  bool pooled = false;
+  memory::desc convDst;
+  pooling_v2_forward::primitive_desc poolPd;
 
   /// Whether role \p r holds a chunk of images (otherwise the whole operand).
   bool batched(size_t r) const { return r == 0 || (r == 1) == (pass == Pass::Weights); }
@@ -119,7 +131,11 @@ HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
   s.pass = passOf(op);
   s.transposed = op.type == "ConvTranspose";
   const int64_t group = op.attrs.getInt("group", 1);
-  const std::array<Shape, 3> shapes{op.inInfo(0).shape(), op.inInfo(1).shape(), op.outInfo(0).shape()};
+  ir::FusedPool pool;
+  s.pooled = ir::fusedPool(op, pool);
+  // Output 0 is the pooled result; the convolution's is pool.input.
+  const std::array<Shape, 3> shapes{op.inInfo(0).shape(), op.inInfo(1).shape(),
+                                    s.pooled ? pool.input : op.outInfo(0).shape()};
   // X, W and Y (or dX, W, dY) in the primitive's terms.
   const Shape &x = s.pass == Pass::Forward ? shapes[0] : s.pass == Pass::Data ? shapes[2] : shapes[1];
   const Shape &w = s.pass == Pass::Weights ? shapes[2] : shapes[1];
@@ -142,6 +158,7 @@ HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
   int64_t imageBytes = 0;
   for (size_t r = 0; r < 3; ++r)
     if (s.batched(r)) imageBytes += 4 * shapeElementCount(shapes[r]) / s.batch;
+  if (s.pooled) imageBytes += 4 * op.outInfo(0).elementCount() / s.batch;
   const int64_t chunkBytes = kChunkBytesPerThread * std::max(threads, 1);
   s.chunk = std::clamp<int64_t>(chunkBytes / std::max<int64_t>(imageBytes, 1), 1, s.batch);
   s.chunks = (s.batch + s.chunk - 1) / s.chunk;
@@ -233,6 +250,36 @@ HalfConvSetup halfConvSetup(const ir::Op &op, int threads = 1) {
     s.chosen[r] = pd.query_md(roles[p][r]);
     s.args[r] = args[p][r];
   }
+  if (s.pooled) {
+    // On the convolution's layout (blocked channels as a rule), into whatever layout oneDNN's
+    // pooling picks for the pooled chunk.
+    Shape pooledChunk = op.outInfo(0).shape();
+    pooledChunk[0] = s.chunk;
+    const size_t nsp = pool.kernel.size();
+    const auto half = static_cast<std::ptrdiff_t>(nsp);
+    dnnl_util::Window pw;
+    pw.kernel.assign(pool.kernel.begin(), pool.kernel.end());
+    pw.strides.assign(pool.strides.begin(), pool.strides.end());
+    pw.dilates.assign(nsp, 0);
+    pw.padL.assign(pool.pads.begin(), pool.pads.begin() + half);
+    pw.padR.assign(pool.pads.begin() + half, pool.pads.end());
+    const memory::desc plainPooled = dnnl_util::plainDesc(pooledChunk, pooledChunk.size(), memory::data_type::f32);
+    const memory::desc anyPooled = dnnl_util::anyLayout(plainPooled);
+    if (dnnl_util::poolingValid(prop_kind::forward_inference, algorithm::pooling_max, s.chosen[2], anyPooled, pw)) {
+      pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, s.chosen[2], anyPooled,
+                                 pw.strides, pw.kernel, pw.dilates, pw.padL, pw.padR);
+      primitive_attr poolAttr; // not the convolution's: its activation ran before the pool
+      poolAttr.set_scratchpad_mode(scratchpad_mode::user);
+      s.poolPd = pooling_v2_forward::primitive_desc(d, poolAttr, eng, true);
+    }
+    if (isRef(s.poolPd)) {
+      s.whyNot = "no optimised oneDNN f32 pooling for the fused max pool";
+      return s;
+    }
+    s.convDst = s.chosen[2];
+    s.plain[2] = plainPooled;
+    s.chosen[2] = s.poolPd.dst_desc();
+  }
   return s;
 }
 
@@ -285,6 +332,15 @@ public:
       place(scratchpad_, s.pd.scratchpad_desc());
     else
       scratchpad_ = memory(s.pd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+    if (s.pooled) {
+      pool_ = pooling_v2_forward(s.poolPd);
+      place(convDst_, s.convDst);
+      if (s.poolPd.scratchpad_desc().get_size() > 0)
+        place(poolScratchpad_, s.poolPd.scratchpad_desc());
+      else
+        poolScratchpad_ = memory(s.poolPd.scratchpad_desc(), eng, DNNL_MEMORY_NONE);
+      implementation_ += std::string("; max pool: ") + s.poolPd.impl_info_str();
+    }
     yHalf_ = op.outInfo(0).dataType() == DataType::FLOAT16;
     residual_ = op.fusion.residual;
     relu_ = residual_ && op.fusion.relu();
@@ -339,16 +395,20 @@ public:
       }
       if (pass_ == Pass::Weights) out.set_data_handle(c == 0 ? accumulator : part_.get_data_handle());
       const memory &a0 = inner_[0] ? inner_[0] : plain_[0], &a1 = inner_[1] ? inner_[1] : plain_[1];
+      const memory &result = pool_ ? convDst_ : out;
       if (bias_)
         dnnl_util::execute(prim_, primArgs_,
                            {{args_[0], a0},
                             {args_[1], a1},
                             {DNNL_ARG_BIAS, bias_},
-                            {args_[2], out},
+                            {args_[2], result},
                             {DNNL_ARG_SCRATCHPAD, scratchpad_}});
       else
         dnnl_util::execute(prim_, primArgs_,
-                           {{args_[0], a0}, {args_[1], a1}, {args_[2], out}, {DNNL_ARG_SCRATCHPAD, scratchpad_}});
+                           {{args_[0], a0}, {args_[1], a1}, {args_[2], result}, {DNNL_ARG_SCRATCHPAD, scratchpad_}});
+      if (pool_)
+        dnnl_util::execute(pool_, poolArgs_,
+                           {{DNNL_ARG_SRC, convDst_}, {DNNL_ARG_DST, out}, {DNNL_ARG_SCRATCHPAD, poolScratchpad_}});
       if (pass_ == Pass::Weights) {
         if (c > 0) accumulate(static_cast<float *>(accumulator), static_cast<const float *>(part_.get_data_handle()));
         continue;
@@ -472,10 +532,11 @@ private:
   std::array<bool, 3> batched_{};
   std::array<int64_t, 3> elements_{}; ///< per image of a batched role, else all
   std::array<Blocked, 3> blocked_{};
-  primitive prim_;
-  std::array<int, 3> args_{};                              ///< the primitive's argument of each role
-  std::vector<dnnl_exec_arg_t> primArgs_, reorderArgs_[3]; ///< dnnl_util::execute's caches
+  primitive prim_, pool_;                                             ///< pool_: the fused max pool (empty: none)
+  std::array<int, 3> args_{};                                         ///< the primitive's argument of each role
+  std::vector<dnnl_exec_arg_t> primArgs_, poolArgs_, reorderArgs_[3]; ///< dnnl_util::execute's caches
   memory plain_[3], inner_[3], part_, bias_, scratchpad_;
+  memory convDst_, poolScratchpad_; ///< with a fused pool: a chunk of the convolution's result
   primitive toInner_[2], fromInner_;
   std::vector<memory *> held_;   ///< the memories placed in the scratch ...
   std::vector<int64_t> offsets_; ///< ... and where

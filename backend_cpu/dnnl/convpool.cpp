@@ -1,7 +1,7 @@
-// oneDNN kernels, f32 or bf16 (bf16 without a fused pool): Conv (convolution_forward, in the layouts oneDNN picks,
+// oneDNN kernels, f32 or bf16: Conv (convolution_forward, in the layouts oneDNN picks,
 // reordered from and to the plain buffers inside the kernel; optionally with a fused residual add (binary post-op),
 // Relu and max pool, the pool on the convolution's blocked layout, a chunk of images at a
-// time), ConvTranspose
+// time: vec::maxPoolBlocked in f32, oneDNN's pooling in bf16), ConvTranspose
 // (deconvolution_forward), MaxPool and AveragePool (pooling_v2_forward), on plain layouts.
 // Each supports() chooses the primitive descriptors (creating no primitive, throwing nothing)
 // and says why it declines.
@@ -26,7 +26,8 @@ using namespace dnnl;
 
 /// The convolution result per chunk of a fused Conv + MaxPool: half of a 1 MiB L2. The CNN's
 /// first Conv + Relu + pool (64 images, [32, 32, 32] result) took 0.97 ms on the whole batch and
-/// 0.83-0.93 ms in chunks of 4 images on the AVX2 host.
+/// 0.83-0.93 ms in chunks of 4 images on the AVX2 host. In bytes, whatever the type: a bf16
+/// chunk holds twice the images of an f32 one in the same memory.
 constexpr int64_t kChunkBytes = int64_t{512} * 1024;
 
 using dnnl_util::makeWindow;
@@ -74,9 +75,10 @@ struct ConvSetup {
   }
 };
 
-/// The fused max pool on the convolution's result \p src by oneDNN (empty if it has no
-/// implementation), where blockedPool does not run it.
-pooling_v2_forward::primitive_desc fusedPoolPd(const ir::Op &op, const ir::FusedPool &pool, const memory::desc &src) {
+/// The fused max pool from the convolution's result \p src into \p dst by oneDNN (empty if it
+/// has no implementation), where blockedPool does not run it.
+pooling_v2_forward::primitive_desc fusedPoolPd(const ir::FusedPool &pool, const memory::desc &src,
+                                               const memory::desc &dst) {
   size_t nsp = pool.kernel.size();
   Window w;
   w.strides.assign(pool.strides.begin(), pool.strides.end());
@@ -84,11 +86,10 @@ pooling_v2_forward::primitive_desc fusedPoolPd(const ir::Op &op, const ir::Fused
   w.dilates.assign(nsp, 0);
   w.padL.assign(pool.pads.begin(), pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp));
   w.padR.assign(pool.pads.begin() + static_cast<std::ptrdiff_t>(nsp), pool.pads.end());
-  auto mdOut = dnnl_util::anyLayout(dnnl_util::plainDesc(op.outInfo(0), op.outInfo(0).rank()));
-  if (!dnnl_util::poolingValid(prop_kind::forward_inference, algorithm::pooling_max, src, mdOut, w)) return {};
+  if (!dnnl_util::poolingValid(prop_kind::forward_inference, algorithm::pooling_max, src, dst, w)) return {};
   primitive_attr attr;
   attr.set_scratchpad_mode(scratchpad_mode::user);
-  pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, src, mdOut, w.strides, w.kernel,
+  pooling_v2_forward::desc d(prop_kind::forward_inference, algorithm::pooling_max, src, dst, w.strides, w.kernel,
                              w.dilates, w.padL, w.padR);
   return pooling_v2_forward::primitive_desc(d, attr, dnnl_util::engine(), true);
 }
@@ -146,10 +147,6 @@ ConvSetup convSetup(const ir::Op &op) {
   auto isRef = [](const convolution_forward::primitive_desc &pd) { return !pd || dnnl_util::implIs(pd, "ref"); };
   auto pd = s.make(dnnl_util::anyLayout(s.mdX), dnnl_util::anyLayout(s.mdW), dnnl_util::anyLayout(s.mdY));
   s.pooled = ir::fusedPool(op, s.pool);
-  if (s.pooled && type != memory::data_type::f32) {
-    s.whyNot = "a fused max pool in bf16 (the pool on blocked channels is f32's)";
-    return s;
-  }
   if (const int64_t group = op.attrs.getInt("group", 1); group > 1 && ws[1] == 1 && x.size() == 4) {
     // Depthwise: oneDNN 2.6 picks brdgmm on nhwc when left to choose, so the 16-channel
     // blocks of the pointwise convolutions around it were reordered in and out of every
@@ -188,10 +185,13 @@ ConvSetup convSetup(const ir::Op &op) {
     }
   }
   s.pd = pd;
-  const bool blockedPool = s.pooled && dnnl_util::channelBlock(pd.dst_desc()) > 0 && s.pool.kernel.size() == 2 &&
+  // vec::maxPoolBlocked is f32 code: bf16 pools with oneDNN's pooling on the same layout.
+  const bool blockedPool = s.pooled && type == memory::data_type::f32 && dnnl_util::channelBlock(pd.dst_desc()) > 0 &&
+                           s.pool.kernel.size() == 2 &&
                            std::all_of(s.pool.pads.begin(), s.pool.pads.end(), [](int64_t p) { return p == 0; });
   if (s.pooled && !blockedPool) {
-    s.poolPd = fusedPoolPd(op, s.pool, pd.dst_desc());
+    s.poolPd = fusedPoolPd(s.pool, pd.dst_desc(),
+                           dnnl_util::anyLayout(dnnl_util::plainDesc(op.outInfo(0), op.outInfo(0).rank())));
     if (!s.poolPd) s.whyNot = "no oneDNN pooling for the fused MaxPool on the convolution's layout";
   }
   return s;
@@ -218,7 +218,7 @@ public:
       pooled_ = s.pooled;
       if (pd.dst_desc() != s.mdY || pooled_) inner_[2] = memory(pd.dst_desc(), eng);
       if (pooled_) initPool(op, s, pd.dst_desc(), s.y);
-      if (poolBlock_) initChunks(op, context.convPoolChunk, pd, s);
+      if (pooled_) initChunks(op, context.convPoolChunk, pd, s);
     }
     x_ = memory(s.mdX, eng, DNNL_MEMORY_NONE);
     w_ = memory(s.mdW, eng, DNNL_MEMORY_NONE);
@@ -362,7 +362,7 @@ private:
       return;
     }
     auto &eng = dnnl_util::engine();
-    auto mdOut = dnnl_util::plainDesc(out, op.outInfo(0).rank());
+    auto mdOut = dnnl_util::plainDesc(op.outInfo(0), op.outInfo(0).rank());
     pool_ = pooling_v2_forward(s.poolPd);
     poolScratch_ = memory(s.poolPd.scratchpad_desc(), eng);
     if (s.poolPd.dst_desc() != mdOut) poolDst_ = memory(s.poolPd.dst_desc(), eng);
@@ -385,7 +385,7 @@ private:
     if (d.format_kind != dnnl_blocked || d.padded_dims[0] != d.dims[0] || d.offset0 != 0) return {};
     for (int i = 0; i < d.format_desc.blocking.inner_nblks; ++i)
       if (d.format_desc.blocking.inner_idxs[i] == 0) return {};
-    if (d.format_desc.blocking.strides[0] * d.dims[0] * static_cast<int64_t>(sizeof(float)) !=
+    if (d.format_desc.blocking.strides[0] * d.dims[0] * static_cast<int64_t>(memory::data_type_size(md.data_type())) !=
         static_cast<int64_t>(md.get_size()))
       return {};
     d.dims[0] = d.padded_dims[0] = mb;
@@ -396,9 +396,10 @@ private:
   /// whole batch is convolved first. Convolving and pooling a few images at a time keeps it in
   /// cache: chunks of about kChunkBytes of result (KernelContext::convPoolChunk = N forces N
   /// images), with body primitives for the chunk and tail ones for the rest, all
-  /// convolving into one small buffer and pooling into their slice of the output. Left whole when
-  /// a layout pads the batch or does not keep it outermost, or a chunk would take another
-  /// implementation or weight layout.
+  /// convolving into one small buffer and pooling into their slice of the output (by
+  /// blockedPool, or by oneDNN pooling primitives of the chunk's size). Left whole when a layout
+  /// pads the batch or does not keep it outermost, or a chunk would take another implementation
+  /// or weight layout, or oneDNN has no optimised pooling for it.
   void initChunks(const ir::Op &op, int64_t forcedChunk, const convolution_forward::primitive_desc &full,
                   const ConvSetup &setup) {
     int64_t n = full.src_desc().data.dims[0];
@@ -416,6 +417,14 @@ private:
       if (!pd || pd.weights_desc() != full.weights_desc() || pd.src_desc() != x || pd.dst_desc() != y ||
           dnnl_util::implIs(pd, "ref"))
         return;
+      pooling_v2_forward::primitive_desc poolPd;
+      if (!poolBlock_) {
+        const memory::desc pooled =
+            withBatch(poolDst_ ? poolDst_.get_desc() : dnnl_util::plainDesc(op.outInfo(0), op.outInfo(0).rank()), mb);
+        if (!pooled) return;
+        poolPd = fusedPoolPd(setup.pool, y, pooled);
+        if (!poolPd || dnnl_util::implIs(poolPd, "ref")) return;
+      }
       auto &eng = dnnl_util::engine();
       Part p;
       p.mb = mb;
@@ -423,12 +432,17 @@ private:
       p.scratch = memory(pd.scratchpad_desc(), eng);
       p.x = memory(x, eng, DNNL_MEMORY_NONE);
       p.y = parts.empty() ? memory(y, eng) : memory(y, eng, parts[0].y.get_data_handle());
+      if (poolPd) {
+        p.pool = pooling_v2_forward(poolPd);
+        p.poolScratch = memory(poolPd.scratchpad_desc(), eng);
+        p.pooled = memory(poolPd.dst_desc(), eng, DNNL_MEMORY_NONE);
+      }
       parts.push_back(std::move(p));
     }
     xImageBytes_ = static_cast<int64_t>(full.src_desc().get_size()) / n;
-    dstImageBytes_ = (poolDst_ ? static_cast<int64_t>(poolDst_.get_desc().get_size())
-                               : op.outInfo(0).elementCount() * static_cast<int64_t>(sizeof(float))) /
-                     n;
+    dstImageBytes_ = (poolDst_ ? static_cast<int64_t>(poolDst_.get_desc().get_size()) : op.outInfo(0).byteCount()) / n;
+    pool_ = primitive(); // the chunks' pooling primitives replace the whole batch's
+    poolScratch_ = memory();
     parts_ = std::move(parts);
     inner_[2] = memory(); // the chunks' buffer replaces the whole batch's
   }
@@ -451,17 +465,23 @@ private:
         dnnl_util::execute(
             p.conv, p.args,
             {{DNNL_ARG_SRC, p.x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, p.y}, {DNNL_ARG_SCRATCHPAD, p.scratch}});
-      blockedPool(static_cast<const float *>(p.y.get_data_handle()),
-                  reinterpret_cast<float *>(dstBase + start * dstImageBytes_), p.mb);
+      if (poolBlock_) {
+        blockedPool(static_cast<const float *>(p.y.get_data_handle()),
+                    reinterpret_cast<float *>(dstBase + start * dstImageBytes_), p.mb);
+      } else {
+        p.pooled.set_data_handle(dstBase + start * dstImageBytes_);
+        dnnl_util::execute(p.pool, p.poolArgs,
+                           {{DNNL_ARG_SRC, p.y}, {DNNL_ARG_DST, p.pooled}, {DNNL_ARG_SCRATCHPAD, p.poolScratch}});
+      }
       start += p.mb;
     }
   }
 
   struct Part {
     int64_t mb = 0;
-    primitive conv;
-    memory x, y, scratch;
-    std::vector<dnnl_exec_arg_t> args;
+    primitive conv, pool; ///< pool: oneDNN's, where blockedPool does not run it
+    memory x, y, scratch, pooled, poolScratch;
+    std::vector<dnnl_exec_arg_t> args, poolArgs;
   };
   std::vector<Part> parts_; ///< body and tail chunk primitives (empty: the whole batch at once)
   int64_t batch_ = 0, xImageBytes_ = 0, dstImageBytes_ = 0;

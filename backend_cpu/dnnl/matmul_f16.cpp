@@ -8,16 +8,19 @@
 // Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
 // reference kernel's.
 //
-// Block sizes (kMaxPanelOnceA, kMaxWholeB, kMaxPanelB, kMaxBlockA, kMaxBlockY): when all of A is at
-// most 2 MiB of f32 (every product of the bench MLP, BERT-mini's attention and weight gradients) it
-// is one block, widened once per batch and kept while B passes through in panels of at most 1 MiB
-// (and results of at most 1 MiB), so the scratch stays near A's size. Otherwise B is whole when its f32 form is at most
-// 4 MiB (a [1024, 1024] weight), else in panels of at most 2 MiB; rows of A in blocks of at most 2 MiB of f32, split
-// evenly, with the f32 result block at most 4 MiB, and a panel's rows of A are widened once per panel: B of more than 4
-// MiB costs one extra pass over A per 2 MiB of B. So the scratch is at most about 10 MiB whatever the operands' sizes,
-// the converted blocks are still in cache (L2/L3) when oneDNN reads them, and blocks are large so that oneDNN sees long
-// products and the conversions few parallel regions: one OpenMP region widens A's block (and B's panel), one narrows
-// the result, around oneDNN's.
+// Blocks (kBlockABytes, kPanelBytes): the scratch is planned in the arena at the product's step,
+// and the arena peaks of the MLP and of BERT were at 16-bit products whose blocks held up to 2.4 MB,
+// more than the operands. A block of rows of A (about 512 KiB of f32) is widened by all threads
+// together and shared; each thread takes panels of columns of B (about 128 KiB) with a result
+// block and a oneDNN scratchpad of its own, so the scratch is a fraction of the operands whatever
+// their sizes. The price is widening B's panels again for each block of A. The threads run their
+// panels' products on one-thread primitives in one parallel region per run, with two barriers
+// per block of A: no fork-join per block (oneDNN's own, and one per conversion), which costs most
+// on a loaded machine. fp16 modes gain memory on CPUs without fp16 arithmetic, not speed: with
+// one thread the bench MLP's fp16.32 inference and training steps took 0-20% longer than with
+// blocks of up to 2 MiB (its noisy host), for 1.1 MB of scratch at its Gemm instead of 2.4 MB
+// (64 KiB panels: 0.9 MB, 30-45% longer). A transposed A (a weight gradient's X) is copied by
+// brgemm into each thread's scratchpad: there the scratch is larger than it need be.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -27,9 +30,12 @@
 #include "ir/internal_attributes.hpp"
 #include "ir/ops/matmul_layout.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -39,19 +45,10 @@ namespace {
 
 using namespace dnnl;
 
-/// B is widened whole (once per run and batch) up to this many bytes of f32.
-constexpr int64_t kMaxWholeB = int64_t{4} << 20;
-/// Otherwise in panels of columns of at most this many bytes of f32.
-constexpr int64_t kMaxPanelB = int64_t{2} << 20;
-/// Panels of B, and blocks of the f32 result, when A is one block (widened once for all panels).
-constexpr int64_t kMaxPanelOnceA = int64_t{1} << 20;
-/// Rows of A widened at a time: at most this many bytes of f32 ...
-constexpr int64_t kMaxBlockA = int64_t{2} << 20;
-/// ... and an f32 result block of at most this many bytes.
-constexpr int64_t kMaxBlockY = int64_t{4} << 20;
-/// Elements below which a conversion pass runs on one thread: one thread converts 128 Ki elements
-/// in some 50 µs, and an OpenMP region costs microseconds, far more on a loaded machine.
-constexpr int64_t kThreadedElements = int64_t{1} << 17;
+/// f32 bytes of a block of rows of A, shared by the threads ...
+constexpr int64_t kBlockABytes = int64_t{512} << 10;
+/// ... and of each thread's panel of columns of B, and of its result block.
+constexpr int64_t kPanelBytes = int64_t{128} << 10;
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -149,56 +146,82 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    // A in one block is widened once and kept for every panel of B, so B's panels can be small
-    // at no cost in conversions: the scratch (planned in the arena at this step) stays near A's
-    // f32 size instead of holding all of a B of up to 4 MiB.
-    if (m * k * 4 <= kMaxBlockA) {
-      int64_t cols = std::min(n, std::max<int64_t>(16, kMaxPanelOnceA / (4 * k) / 16 * 16));
-      cols = std::min(cols, std::max<int64_t>(16, kMaxPanelOnceA / (4 * m) / 16 * 16)); // the f32 result block too
-      if (m * std::min(cols, n) * 4 <= kMaxBlockY) {
-        aOnce_ = true;
-        nb_ = std::min(cols, n);
-        mb_ = m;
-      }
-    }
-    if (!aOnce_) {
-      nb_ = k * n * 4 <= kMaxWholeB ? n : std::min(n, std::max<int64_t>(16, kMaxPanelB / (4 * k) / 16 * 16));
-      int64_t mbMax = std::max<int64_t>(16, std::min(kMaxBlockA / (4 * k), kMaxBlockY / (4 * nb_)) / 16 * 16);
-      int64_t blocks = (m + mbMax - 1) / mbMax;
-      mb_ = std::min(m, ((m + blocks - 1) / blocks + 15) / 16 * 16); // rows split evenly
-    }
-    bOffset_ = aligned64(mb_ * k * 4);
-    yOffset_ = bOffset_ + aligned64(k * nb_ * 4);
+    // A block of rows of A (about kBlockABytes of f32) is widened once, shared by the threads; each
+    // thread takes panels of columns of B (about kPanelBytes, with a result block of at most that)
+    // and widens them again for each block of A. B is the per-thread operand because oneDNN's
+    // brgemm matmul copies its weights into a scratchpad of its own (per thread here) when they are
+    // not in its blocked layout: that copy is a panel's size, not a block of A's.
+    auto split = [](int64_t total, int64_t most) {
+      const int64_t parts = (total + most - 1) / most;
+      return std::min(total, ((total + parts - 1) / parts + 15) / 16 * 16);
+    };
+    auto linesOf = [k](int64_t bytes) { return std::max<int64_t>(16, bytes / (4 * k) / 16 * 16); };
+    mb_ = split(m, linesOf(kBlockABytes));
+    nb_ = split(n, std::max<int64_t>(16, std::min(linesOf(kPanelBytes), kPanelBytes / (4 * mb_) / 16 * 16)));
+    rowBlocks_ = (m + mb_ - 1) / mb_, panels_ = (n + nb_ - 1) / nb_;
+    threads_ = static_cast<int>(std::clamp<int64_t>(panels_, 1, omp_get_max_threads()));
     // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
     // Fusion::outputType) is oneDNN's destination itself: no f32 block of it in the scratch, which
     // is planned in the arena at the step of the product (often the arena's peak), and no pass
     // copying it out.
     yDirect_ = !p_.yHalf && p_.yCol == 1 && p_.yRow >= n && p_.alpha == 1.f && p_.addendInput < 0 &&
                p_.residualInput < 0 && !p_.relu;
-    scratchBytes_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
-    for (int r = 0; r < 2; ++r)
-      for (int c = 0; c < 2; ++c) {
-        int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
-        if (rows == 0 || cols == 0) continue;
-        memory::desc mdA({rows, k}, memory::data_type::f32, aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
-        memory::desc mdB({k, cols}, memory::data_type::f32, bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
-        memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
-        Block &blk = blocks_[static_cast<size_t>(r) * 2 + static_cast<size_t>(c)];
-        matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), dnnl_util::engine());
-        if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
-        blk.prim = matmul(pd);
-        blk.a = memory(mdA, dnnl_util::engine(), DNNL_MEMORY_NONE);
-        blk.b = memory(mdB, dnnl_util::engine(), DNNL_MEMORY_NONE);
-        blk.y = memory(mdY, dnnl_util::engine(), DNNL_MEMORY_NONE);
-      }
+    // The threads run whole products of blocks in one parallel region per run: oneDNN's own threads
+    // and a region per conversion made several fork-joins per block, which on a loaded machine
+    // cost more than small blocks' products. So the primitives are made for one thread (oneDNN
+    // fixes a matmul's threads when it is made), each thread with its own oneDNN scratchpad.
+    const int outer = omp_get_max_threads();
+    omp_set_num_threads(1);
+    int64_t scratchpad = 0;
+    try {
+      primitive_attr attr;
+      attr.set_scratchpad_mode(scratchpad_mode::user);
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 2; ++c) {
+          int64_t rows = r == 0 ? mb_ : (m % mb_), cols = c == 0 ? nb_ : (n % nb_);
+          if (rows == 0 || cols == 0) continue;
+          memory::desc mdA({rows, k}, memory::data_type::f32,
+                           aTransposed_ ? memory::dims{1, rows} : memory::dims{k, 1});
+          memory::desc mdB({k, cols}, memory::data_type::f32,
+                           bTransposed_ ? memory::dims{1, k} : memory::dims{cols, 1});
+          memory::desc mdY({rows, cols}, memory::data_type::f32, memory::dims{yDirect_ ? p_.yRow : cols, 1});
+          matmul::primitive_desc pd(matmul::desc(mdA, mdB, mdY), attr, dnnl_util::engine());
+          if (r == 0 && c == 0) implementation_ = pd.impl_info_str();
+          const auto shape = static_cast<size_t>(r) * 2 + static_cast<size_t>(c);
+          prims_[shape] = matmul(pd);
+          descs_[shape] = {mdA, mdB, mdY, pd.scratchpad_desc()};
+          scratchpad = std::max(scratchpad, static_cast<int64_t>(pd.scratchpad_desc().get_size()));
+        }
+    } catch (...) {
+      omp_set_num_threads(outer);
+      throw;
+    }
+    omp_set_num_threads(outer);
+    // The scratch: the block of A, then a slice per thread (its panel of B, result block and
+    // oneDNN scratchpad).
+    sharedBytes_ = aligned64(mb_ * k * 4);
+    yOffset_ = aligned64(k * nb_ * 4);
+    padOffset_ = yOffset_ + (yDirect_ ? 0 : aligned64(mb_ * nb_ * 4));
+    sliceBytes_ = padOffset_ + aligned64(scratchpad);
+    slices_.resize(static_cast<size_t>(threads_));
+    for (Slice &slice : slices_)
+      for (size_t shape = 0; shape < 4; ++shape)
+        if (prims_[shape]) {
+          Block &blk = slice.blocks[shape];
+          blk.a = memory(descs_[shape][0], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.b = memory(descs_[shape][1], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.y = memory(descs_[shape][2], dnnl_util::engine(), DNNL_MEMORY_NONE);
+          blk.pad = memory(descs_[shape][3], dnnl_util::engine(), DNNL_MEMORY_NONE);
+        }
+    scratchBytes_ = sharedBytes_ + sliceBytes_ * threads_;
   }
 
   int64_t scratchBytes() const override { return scratchBytes_; }
 
   std::string choice() const override {
     return "fp32 blocks of " + std::to_string(mb_) + " rows x " + std::to_string(nb_) + " columns" +
-           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " (" + implementation_ +
-           ")";
+           (aTransposed_ ? ", A transposed" : "") + (bTransposed_ ? ", B transposed" : "") + " on " +
+           std::to_string(threads_) + " thread" + (threads_ == 1 ? "" : "s") + " (" + implementation_ + ")";
   }
 
   void run(const KernelArgs &args) override {
@@ -207,85 +230,113 @@ public:
     // plan hold up to 10 MiB it never touches, which the memory report counted.
     if (!args.scratch && !owned_) owned_ = alignedBytes(static_cast<size_t>(scratchBytes_));
     auto *scratch = static_cast<uint8_t *>(args.scratch ? args.scratch : owned_.get());
-    auto *aBlock = reinterpret_cast<float *>(scratch);
-    auto *bPanel = reinterpret_cast<float *>(scratch + bOffset_);
-    auto *yBlock = reinterpret_cast<float *>(scratch + yOffset_);
-    for (Block &blk : blocks_)
-      if (blk.prim) {
-        blk.a.set_data_handle(aBlock);
-        blk.b.set_data_handle(bPanel);
-        if (!yDirect_) blk.y.set_data_handle(yBlock);
+    std::exception_ptr failure;
+#pragma omp parallel num_threads(threads_) if (threads_ > 1)
+    runThread(scratch, args, failure);
+    if (failure) std::rethrow_exception(failure);
+  }
+
+private:
+  /// The per-thread memories of one block shape over the thread's slice of the scratch.
+  struct Block {
+    memory a, b, y, pad;
+    std::vector<dnnl_exec_arg_t> args; ///< dnnl_util::execute's cache
+  };
+  /// A thread's blocks: [0] full rows and columns, [1] full rows and the last columns, [2] the
+  /// last rows and full columns, [3] the last rows and columns.
+  struct Slice {
+    std::array<Block, 4> blocks;
+  };
+
+  /// One thread's part of a run (all of it outside a parallel region): for each block of A, its
+  /// share of widening it, a barrier, then its panels' products; a failure is kept in \p failure
+  /// (an exception must not leave the parallel region).
+  void runThread(uint8_t *scratch, const KernelArgs &args, std::exception_ptr &failure) {
+    const int t = omp_get_thread_num(), team = omp_get_num_threads();
+    uint8_t *slice = scratch + sharedBytes_ + sliceBytes_ * t;
+    auto *aBlock = reinterpret_cast<float *>(scratch), *bPanel = reinterpret_cast<float *>(slice);
+    auto *yBlock = reinterpret_cast<float *>(slice + yOffset_);
+    std::array<Block, 4> &blks = slices_[static_cast<size_t>(t)].blocks;
+    for (size_t shape = 0; shape < 4; ++shape)
+      if (prims_[shape]) {
+        blks[shape].a.set_data_handle(aBlock);
+        blks[shape].b.set_data_handle(bPanel);
+        blks[shape].pad.set_data_handle(slice + padOffset_);
+        if (!yDirect_) blks[shape].y.set_data_handle(yBlock);
       }
     const auto *a = static_cast<const uint16_t *>(args.inputs[0]);
     const auto *b = static_cast<const uint16_t *>(args.inputs[1]);
     const void *addend = p_.addendInput >= 0 ? args.inputs[static_cast<size_t>(p_.addendInput)] : nullptr;
     const void *residual = p_.residualInput >= 0 ? args.inputs[static_cast<size_t>(p_.residualInput)] : nullptr;
-    const int64_t m = p_.m, n = p_.n;
-    const uint16_t *widenedB = nullptr; // the B panel in bPanel, to widen a broadcast B once
+    // A thread's panel of B is widened when it changes: once per run when the thread has one
+    // panel and B is the same for every batch.
+    const uint16_t *widenedB = nullptr;
     int64_t widenedColumn = -1;
     for (size_t bi = 0; bi < p_.offsetA.size(); ++bi)
-      for (int64_t n0 = 0; n0 < n; n0 += nb_) {
-        const int64_t cols = std::min(nb_, n - n0);
-        const bool newPanel = widenedB != b + p_.offsetB[bi] || widenedColumn != n0;
-        widenedB = b + p_.offsetB[bi], widenedColumn = n0;
-        for (int64_t m0 = 0; m0 < m; m0 += mb_) {
-          const int64_t rows = std::min(mb_, m - m0);
-          // One parallel region for both conversions (each is an orphaned omp for).
-          const bool panel = newPanel && m0 == 0;
-          const bool threads = ((!aOnce_ || n0 == 0 ? rows : 0) + (panel ? cols : 0)) * p_.k >= kThreadedElements;
-#pragma omp parallel if (threads)
-          {
-            if (panel) widenB(widenedB, n0, cols, bPanel);
-            if (!aOnce_ || n0 == 0) widenA(a + p_.offsetA[bi], m0, rows, aBlock);
-          }
-          Block &blk = blocks_[(rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1})];
+      for (int64_t blockA = 0; blockA < rowBlocks_; ++blockA) {
+        const uint16_t *batchA = a + p_.offsetA[bi], *batchB = b + p_.offsetB[bi];
+        const int64_t m0 = blockA * mb_, rows = std::min(mb_, p_.m - m0);
+        if (bi > 0 || blockA > 0) {
+#pragma omp barrier
+        } // the previous block of A's products are done
+        widenA(batchA, m0, rows, aBlock, t, team);
+#pragma omp barrier
+        for (int64_t panel = t; panel < panels_; panel += team) {
+          const int64_t n0 = panel * nb_, cols = std::min(nb_, p_.n - n0);
+          if (widenedB != batchB || widenedColumn != n0) widenB(batchB, n0, cols, bPanel, 0, 1);
+          widenedB = batchB, widenedColumn = n0;
+          const size_t shape = (rows == mb_ ? size_t{0} : size_t{2}) + (cols == nb_ ? size_t{0} : size_t{1});
+          Block &blk = blks[shape];
           if (yDirect_)
             blk.y.set_data_handle(static_cast<float *>(args.outputs[0]) + p_.offsetY[bi] + m0 * p_.yRow + n0);
-          dnnl_util::execute(blk.prim, blk.args,
-                             {{DNNL_ARG_SRC, blk.a}, {DNNL_ARG_WEIGHTS, blk.b}, {DNNL_ARG_DST, blk.y}});
+          try {
+            dnnl_util::execute(prims_[shape], blk.args,
+                               {{DNNL_ARG_SRC, blk.a},
+                                {DNNL_ARG_WEIGHTS, blk.b},
+                                {DNNL_ARG_DST, blk.y},
+                                {DNNL_ARG_SCRATCHPAD, blk.pad}});
+          } catch (...) {
+#pragma omp critical(popart_half_product_failure)
+            failure = std::current_exception();
+            continue;
+          }
           if (!yDirect_) store(yBlock, p_.offsetY[bi], m0, rows, n0, cols, addend, residual, args.outputs[0]);
         }
       }
   }
 
-private:
-  /// Rows [m0, m0 + rows) of A (from \p a, this batch's) into \p dst, f32 in A's orientation:
-  /// [rows, K] row-major, or [K, rows] when A is stored transposed. Shared among the threads of
-  /// the enclosing parallel region, if any; ends with its barrier.
-  void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst) const {
+  /// Part \p part of \p parts (an even share of its lines) of rows [m0, m0 + rows) of A (from \p a,
+  /// this batch's) into \p dst, f32 in A's orientation: [rows, K] row-major, or [K, rows] when A is
+  /// stored transposed.
+  void widenA(const uint16_t *a, int64_t m0, int64_t rows, float *dst, int part, int parts) const {
     const int64_t k = p_.k;
+    const int64_t lines = aTransposed_ ? k : rows, from = lines * part / parts, to = lines * (part + 1) / parts;
     if (aTransposed_) {
-#pragma omp for schedule(static)
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         loops_.widen(a + q * p_.aCol + m0, dst + q * rows, rows);
     } else if (p_.aCol == 1 || k == 1) {
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < rows; ++i)
+      for (int64_t i = from; i < to; ++i)
         loops_.widen(a + (m0 + i) * p_.aRow, dst + i * k, k);
     } else { // neither axis contiguous (a permuted operand): element by element
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < rows; ++i)
+      for (int64_t i = from; i < to; ++i)
         for (int64_t q = 0; q < k; ++q)
           dst[i * k + q] = halfToFloat(a[(m0 + i) * p_.aRow + q * p_.aCol]);
     }
   }
 
-  /// Columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst, f32 in B's orientation:
-  /// [K, cols] row-major, or [cols, K] when B is stored transposed. Shared among the threads of
-  /// the enclosing parallel region, if any, without a barrier (widenA's follows).
-  void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst) const {
+  /// Part \p part of \p parts of columns [n0, n0 + cols) of B (from \p b, this batch's) into \p dst,
+  /// f32 in B's orientation: [K, cols] row-major, or [cols, K] when B is stored transposed.
+  void widenB(const uint16_t *b, int64_t n0, int64_t cols, float *dst, int part, int parts) const {
     const int64_t k = p_.k;
+    const int64_t lines = bTransposed_ ? cols : k, from = lines * part / parts, to = lines * (part + 1) / parts;
     if (bTransposed_) {
-#pragma omp for schedule(static) nowait
-      for (int64_t j = 0; j < cols; ++j)
+      for (int64_t j = from; j < to; ++j)
         loops_.widen(b + (n0 + j) * p_.bCol, dst + j * k, k);
     } else if (p_.bCol == 1 || cols == 1) {
-#pragma omp for schedule(static) nowait
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         loops_.widen(b + q * p_.bRow + n0, dst + q * cols, cols);
     } else {
-#pragma omp for schedule(static) nowait
-      for (int64_t q = 0; q < k; ++q)
+      for (int64_t q = from; q < to; ++q)
         for (int64_t j = 0; j < cols; ++j)
           dst[q * cols + j] = halfToFloat(b[q * p_.bRow + (n0 + j) * p_.bCol]);
     }
@@ -295,8 +346,6 @@ private:
   void store(const float *acc, int64_t offsetY, int64_t m0, int64_t rows, int64_t n0, int64_t cols, const void *addend,
              const void *residual, void *y) const {
     const size_t ySize = p_.yHalf ? 2 : 4, addendSize = p_.addendHalf ? 2 : 4;
-    const bool threads = rows * cols >= kThreadedElements;
-#pragma omp parallel for schedule(static) if (threads)
     for (int64_t i = 0; i < rows; ++i) {
       Epilogue e;
       e.alpha = p_.alpha, e.beta = p_.beta, e.relu = p_.relu;
@@ -315,22 +364,18 @@ private:
     }
   }
 
-  /// The primitive for one block shape: [0] full rows and columns, [1] full rows and the last
-  /// columns, [2] the last rows and full columns, [3] the last rows and columns.
-  struct Block {
-    primitive prim;
-    memory a, b, y;
-    std::vector<dnnl_exec_arg_t> args;
-  };
-
   Product p_;
   HalfLoops loops_;
   bool aTransposed_ = false, bTransposed_ = false;
-  int64_t mb_ = 0, nb_ = 0; ///< rows and columns of a full block
-  int64_t bOffset_ = 0, yOffset_ = 0, scratchBytes_ = 0;
-  bool yDirect_ = false; ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
-  bool aOnce_ = false;   ///< A is one block, widened once per batch for all of B's panels
-  std::array<Block, 4> blocks_;
+  int64_t mb_ = 0, nb_ = 0;            ///< rows and columns of a full block
+  int64_t rowBlocks_ = 0, panels_ = 0; ///< blocks of rows of A and panels of B per batch
+  int threads_ = 1;                    ///< threads sharing the tiles, each with its slice of the scratch
+  int64_t sharedBytes_ = 0, sliceBytes_ = 0, scratchBytes_ = 0; ///< the outer block's, a thread's slice's, all
+  int64_t yOffset_ = 0, padOffset_ = 0;                         ///< in a slice, after its inner block
+  bool yDirect_ = false;                             ///< oneDNN writes Y's blocks in place (a FLOAT Y with no epilogue)
+  std::array<primitive, 4> prims_;                   ///< one-thread matmuls of the block shapes (Slice::blocks' order)
+  std::array<std::array<memory::desc, 4>, 4> descs_; ///< their A, B, Y and scratchpad
+  std::vector<Slice> slices_;
   std::string implementation_; ///< oneDNN's implementation of the full block
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> owned_{nullptr, nullptr};
 };

@@ -161,8 +161,10 @@ int fuseConvPool(Graph &graph) {
     if (!c || c->type != "Conv" || c->domain != "ai.onnx" || c->fusion.pool || c->fusion.residual) return false;
     const Tensor &convOut = c->output(0);
     if (convOut.consumers().size() != 1 || isGraphOutput(graph, convOut)) return false;
-    // The pooled Conv's kernel is fp32 code: a 16-bit one would fall back to the reference Conv.
-    if (convOut.info().dataType() != DataType::FLOAT) return false;
+    // The pooled kernels: oneDNN's f32 and bf16 convolutions, and the FLOAT16 one's f32 chunks, each
+    // pooling a chunk of images as it is convolved, so that no full-size result is stored.
+    const DataType t = convOut.info().dataType();
+    if (t != DataType::FLOAT && t != DataType::BFLOAT16 && t != DataType::FLOAT16) return false;
     const Shape &x = p->inInfo(0).shape();
     size_t nsp = x.size() - 2;
     if (nsp < 1 || nsp > 3 || p->attrs.getInt("ceil_mode", 0) != 0) return false;

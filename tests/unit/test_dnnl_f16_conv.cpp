@@ -82,7 +82,7 @@ std::vector<Geometry> geometries() {
       {{3, 3, 17, 17}, {8, 3, 5, 5}, 1, {2, 2, 2, 2}, {2, 2}, {1, 1}},                 // three channels in
       {{3, 4, 20}, {6, 4, 5}, 1, {2, 2}, {1}, {1}},                                    // 1-D
       {{2, 4, 5, 6, 7}, {8, 4, 3, 3, 3}, 1, {1, 1, 1, 1, 1, 1}, {1, 2, 1}, {1, 1, 1}}, // 3-D
-      {{13, 16, 40, 40}, {32, 16, 3, 3}, 1, {1, 1, 1, 1}, {1, 1}, {1, 1}},             // chunks of 5, the last of 3
+      {{13, 16, 16, 16}, {32, 16, 3, 3}, 1, {1, 1, 1, 1}, {1, 1}, {1, 1}},             // chunks of 5, the last of 3
   };
 }
 
@@ -190,10 +190,11 @@ TEST(DnnlHalfConv, TakesFloat16AndDeclinesWhatItCannotDo) {
   partials.op->attrs.set(ir::internal_attr::kHalfPartials, int64_t{1});
   EXPECT_NE(reasons(*partials.op).find("fp16.16"), std::string::npos);
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*partials.op)->provider, KernelProvider::Reference);
+  // A fused max pool is pooled in the f32 chunks (test_dnnl_convpool16.cpp).
   OneOp pooled = makeOp("Conv", "ai.onnx", {TensorInfo(F16, g.x), TensorInfo(F16, g.w)}, convAttrs(g), [](ir::Op &op) {
     op.fusion.pool = ir::FusedPool{{2, 2}, {2, 2}, {0, 0, 0, 0}, {2, 8, 8, 8}};
   });
-  EXPECT_NE(reasons(*pooled.op).find("fused max pool"), std::string::npos);
+  EXPECT_NE(backend_cpu::createKernel(*pooled.op, KernelProvider::Dnnl)->choice().find("max pool"), std::string::npos);
   OneOp clipResidual =
       makeOp("Conv", "ai.onnx", {TensorInfo(F16, g.x), TensorInfo(F16, g.w), omitted(), TensorInfo(F16, {2, 8, 8, 8})},
              convAttrs(g), [](ir::Op &op) {
