@@ -23,9 +23,10 @@ struct PrecisionPolicy {
 
 /// How convertPrecision treats an op type (docs/precision.md lists them).
 enum class PrecisionClass {
-  Low,    ///< the products (kLowOps): float inputs in the low type; the kernel accumulates in fp32
-  Fp32,   ///< fp32Ops(): float inputs cast to FLOAT; the op computes and writes fp32
-  Follow, ///< every other op: low if any float input is 16-bit, else left as it is
+  Low,     ///< the products (kLowOps): float inputs in the low type; the kernel accumulates in fp32
+  Fp32,    ///< fp32Ops(): float inputs cast to FLOAT; the op computes and writes fp32
+  LowData, ///< fp32Ops() marked lowData: X (input 0) low, the other float inputs FLOAT; statistics in fp32
+  Follow,  ///< every other op: low if any float input is 16-bit, else left as it is
 };
 
 /// The ops that always compute in the low type: the products, where half precision pays.
@@ -37,6 +38,9 @@ struct Fp32Op {
   const char *reason;
   /// Only when each output reduces more than kLargeReduction elements.
   bool onlyLargeReductions;
+  /// Only the parameters and statistics: X (input 0) and Y in the low type, every other float
+  /// input FLOAT, the statistics computed in fp32 (PrecisionClass::LowData).
+  bool lowData = false;
 };
 const std::vector<Fp32Op> &fp32Ops();
 /// Reductions over more elements than this per output stay in fp32 (their sums overflow fp16).
