@@ -50,7 +50,8 @@ constexpr int64_t kLargeReduction = 4096;
 PrecisionClass precisionClass(const Op &op);
 
 /// Converts the float tensors of \p graph to \p policy.low: the ops of kLowOps read their float
-/// inputs in the low type, those of fp32Ops() read FLOAT, and every other op follows its inputs (low
+/// inputs in the low type, those of fp32Ops() read FLOAT (the lowData ones all but X, which is
+/// low), and every other op follows its inputs (low
 /// if any is 16-bit), so that everything computed from a product is low and what only the loss
 /// feeds stays fp32. Each tensor is cast once per type it is read in (constants are converted, not
 /// cast), and the tensors in \p keep and the graph's outputs keep their types (a Cast writes them).
