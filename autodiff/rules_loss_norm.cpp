@@ -248,28 +248,41 @@ void batchNormTrainingRule(GradContext &c) {
 }
 
 /// Inference form: the statistics are inputs, so y is affine in x: y = (x − m)·γ·r + β, r = 1/√(v + ε).
+/// Under mixed precision X may be 16-bit beside FLOAT parameters and statistics: the per-channel
+/// factors are computed in the statistics' type and cast to X's for the X-sized products, and the
+/// parameters' gradients, reduced in X's type (in fp32 inside the kernels), are cast to their types.
 void batchNormRule(GradContext &c) {
   if (ir::batchNormTraining(c.op())) return batchNormTrainingRule(c);
   const Shape &x = c.inShape(0);
   if (x.size() < 2) throw error(c.op().debugName(), ": input must have rank >= 2, got ", x.size());
+  const DataType xType = c.op().inInfo(0).dataType(), varType = c.op().inInfo(4).dataType();
+  auto as = [&](const TensorId &t, DataType from, DataType to) {
+    return from == to ? t : c.add("Cast", {t}, intAttr("to", static_cast<int64_t>(to)));
+  };
+  auto asX = [&](size_t i, const TensorId &t) { return as(t, c.op().inInfo(i).dataType(), xType); };
+  auto asInput = [&](size_t i, const TensorId &t) { return as(t, xType, c.op().inInfo(i).dataType()); };
   Shape ch = channelShape(x);
   std::vector<int64_t> notChannel = axesExceptChannel(x.size());
   TensorId dy = c.outGrad(0);
-  TensorId scale = reshape(c, c.in(1), ch), mean = reshape(c, c.in(3), ch), var = reshape(c, c.in(4), ch);
-  TensorId invStd =
-      c.add("Reciprocal", {c.add("Sqrt", {c.add("Add", {var, c.scalar(c.op().attrs.getFloat("epsilon", 1e-5f))})})});
+  TensorId scale = asX(1, reshape(c, c.in(1), ch)), mean = asX(3, reshape(c, c.in(3), ch));
+  TensorId var = reshape(c, c.in(4), ch);
+  TensorId eps = c.constant(TensorData::fromDoubles(varType, {}, {c.op().attrs.getFloat("epsilon", 1e-5f)}));
+  TensorId invStdOfVar = c.add("Reciprocal", {c.add("Sqrt", {c.add("Add", {var, eps})})});
+  TensorId invStd = as(invStdOfVar, varType, xType);
   TensorId centered = c.add("Sub", {c.in(0), mean});
   TensorId xhat = c.add("Mul", {centered, invStd});
   TensorId dxhat = c.add("Mul", {dy, scale});
   TensorId dx = c.add("Mul", {dxhat, invStd});
   c.setInGrad(0, dx);
-  c.setInGrad(1, reduce(c, "ReduceSum", c.add("Mul", {dy, xhat}), notChannel, false));
-  c.setInGrad(2, reduce(c, "ReduceSum", dy, notChannel, false));
-  c.setInGrad(3, c.add("Neg", {reduce(c, "ReduceSum", dx, notChannel, false)}));
-  // dv = Σ dx̂·(x − m)·(−r³/2)
-  TensorId r3 = c.add("Mul", {invStd, c.add("Mul", {invStd, invStd})});
-  TensorId dvar = c.add("Mul", {c.add("Mul", {dxhat, centered}), c.add("Mul", {r3, c.scalar(-0.5)})});
-  c.setInGrad(4, reduce(c, "ReduceSum", dvar, notChannel, false));
+  c.setInGrad(1, asInput(1, reduce(c, "ReduceSum", c.add("Mul", {dy, xhat}), notChannel, false)));
+  c.setInGrad(2, asInput(2, reduce(c, "ReduceSum", dy, notChannel, false)));
+  c.setInGrad(3, asInput(3, c.add("Neg", {reduce(c, "ReduceSum", dx, notChannel, false)})));
+  // dv = Σ dx̂·(x − m)·(−r³/2) = −r²/2 · Σ dx̂·x̂: r² is applied per channel in the variance's type,
+  // since in fp16 it overflows for a variance below 1.5e-5.
+  TensorId sumDxhatXhat = asInput(4, reduce(c, "ReduceSum", c.add("Mul", {dxhat, xhat}), notChannel, false));
+  TensorId halfR2 =
+      c.add("Div", {c.constant(TensorData::fromDoubles(varType, {}, {-0.5})), c.add("Add", {c.in(4), eps})});
+  c.setInGrad(4, c.add("Mul", {sumDxhatXhat, halfR2}));
 }
 
 } // namespace

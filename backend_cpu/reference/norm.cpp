@@ -41,6 +41,24 @@ template <typename T> std::pair<double, double> meanAndInvStd(const T *p, int64_
   return {mean, 1.0 / std::sqrt((n > 0 ? sq / static_cast<double>(n) : 0.0) + eps)};
 }
 
+/// \p n elements of the floating-point buffer \p buf of type \p t into \p dst, as double.
+void readDoubles(const void *buf, DataType t, int64_t n, double *dst) {
+  dispatchFloat(t, "normalisation parameters", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    for (int64_t i = 0; i < n; ++i)
+      dst[i] = static_cast<double>(static_cast<const T *>(buf)[i]);
+  });
+}
+
+/// The type of input \p i of \p op if present, else FLOAT.
+DataType inType(const ir::Op &op, size_t i) { return op.hasInput(i) ? op.inInfo(i).dataType() : DataType::FLOAT; }
+/// The type of output \p i of \p op if present, else FLOAT.
+DataType outType(const ir::Op &op, size_t i) {
+  return op.outputCount() > i && op.hasOutput(i) ? op.outInfo(i).dataType() : DataType::FLOAT;
+}
+
+// X and Y are one type; scale, B and the statistics may each be another (a 16-bit X with FLOAT
+// parameters and statistics under mixed precision), so they are read into double first.
 std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t n = x[0], c = x[1], s = planeSize(x);
@@ -52,13 +70,19 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
   double varFactor = training ? ir::runningVarianceFactor(op, n * s) : 1.0;
   int64_t params = perPosition ? c * s : c;
   bool relu = op.fusion.relu(); // fused by fuseBatchNormRelu
+  DataType paramTypes[4] = {inType(op, 1), inType(op, 2), inType(op, 3), inType(op, 4)};
+  DataType statTypes[4] = {outType(op, 1), outType(op, 2), outType(op, 3), outType(op, 4)};
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
-    auto scratch = std::make_shared<std::vector<double>>(2 * c);
+    // The batch mean and variance (c each), then scale, B, mean and var (params each).
+    auto scratch = std::make_shared<std::vector<double>>(2 * c + 4 * params);
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *X = a.in<T>(0), *scale = a.in<T>(1), *B = a.in<T>(2), *mean = a.in<T>(3), *var = a.in<T>(4);
+      const T *X = a.in<T>(0);
       T *Y = a.out<T>(0);
-      double *bm = scratch->data(), *bv = scratch->data() + c;
+      double *bm = scratch->data(), *bv = scratch->data() + c, *param = scratch->data() + 2 * c;
+      for (size_t i = 0; i < 4; ++i)
+        readDoubles(a.inputs[i + 1], paramTypes[i], params, param + static_cast<int64_t>(i) * params);
+      const double *scale = param, *B = param + params, *mean = param + 2 * params, *var = param + 3 * params;
       if (training) {
         double count = static_cast<double>(n * s);
         for (int64_t ch = 0; ch < c; ++ch) {
@@ -77,38 +101,45 @@ std::unique_ptr<Kernel> createBatchNorm(const ir::Op &op) {
         for (int64_t ch = 0; ch < c; ++ch)
           for (int64_t i = 0; i < s; ++i) {
             int64_t p = perPosition ? ch * s + i : ch;
-            double m = training ? bm[ch] : static_cast<double>(mean[p]);
-            double v = training ? bv[ch] : static_cast<double>(var[p]);
+            double m = training ? bm[ch] : mean[p];
+            double v = training ? bv[ch] : var[p];
             int64_t e = (b * c + ch) * s + i;
-            double r = (static_cast<double>(X[e]) - m) / std::sqrt(v + eps) * static_cast<double>(scale[p]) +
-                       static_cast<double>(B[p]);
+            double r = (static_cast<double>(X[e]) - m) / std::sqrt(v + eps) * scale[p] + B[p];
             if (relu && r < 0) r = 0;
             Y[e] = static_cast<T>(static_cast<compute_t<T>>(r));
           }
       if (!training) return;
       for (int64_t ch = 0; ch < params; ++ch) {
-        double rm = static_cast<double>(mean[ch]) * momentum + bm[ch] * (1 - momentum);
-        double rv = static_cast<double>(var[ch]) * momentum + bv[ch] * varFactor * (1 - momentum);
-        if (a.hasOutput(1)) a.out<T>(1)[ch] = static_cast<T>(static_cast<compute_t<T>>(rm));
-        if (a.hasOutput(2)) a.out<T>(2)[ch] = static_cast<T>(static_cast<compute_t<T>>(rv));
-        if (a.hasOutput(3)) a.out<T>(3)[ch] = static_cast<T>(static_cast<compute_t<T>>(bm[ch]));
-        if (a.hasOutput(4)) a.out<T>(4)[ch] = static_cast<T>(static_cast<compute_t<T>>(bv[ch]));
+        double stats[4] = {mean[ch] * momentum + bm[ch] * (1 - momentum),
+                           var[ch] * momentum + bv[ch] * varFactor * (1 - momentum), bm[ch], bv[ch]};
+        for (size_t k = 0; k < 4; ++k)
+          if (a.hasOutput(k + 1)) storeFloat(a.outputs[k + 1], statTypes[k], ch, stats[k]);
       }
     });
   });
 }
 
 /// dX = γ·r·(dY − mean(dY) − x̂·mean(dY·x̂)), dScale = Σ dY·x̂, dBias = Σ dY over (N, spatial), with
-/// the batch statistics given as inputs 3 and 4 or computed from X.
+/// the batch statistics given as inputs 3 and 4 or computed from X. X, dY and dX are one type;
+/// scale, the statistics, dScale and dBias may be FLOAT beside a 16-bit X.
 std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
   const Shape &x = op.inInfo(0).shape();
   int64_t n = x[0], c = x[1], s = planeSize(x);
   double eps = op.attrs.getFloat("epsilon", 1e-5f);
+  DataType scaleType = inType(op, 1), statType = inType(op, 3);
+  DataType dScaleType = outType(op, 1), dBiasType = outType(op, 2);
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
+    auto scratch = std::make_shared<std::vector<double>>(3 * c); // scale, given mean, given variance
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *X = a.in<T>(0), *scale = a.in<T>(1), *dY = a.in<T>(2);
+      const T *X = a.in<T>(0), *dY = a.in<T>(2);
       bool givenStats = a.hasInput(3);
+      double *scale = scratch->data(), *givenMean = scale + c, *givenVar = scale + 2 * c;
+      readDoubles(a.inputs[1], scaleType, c, scale);
+      if (givenStats) {
+        readDoubles(a.inputs[3], statType, c, givenMean);
+        readDoubles(a.inputs[4], statType, c, givenVar);
+      }
       double count = static_cast<double>(n * s);
       auto at = [&](const T *p, int64_t b, int64_t ch, int64_t i) {
         return static_cast<double>(p[(b * c + ch) * s + i]);
@@ -116,8 +147,8 @@ std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
       for (int64_t ch = 0; ch < c; ++ch) {
         double mean = 0, var = 0;
         if (givenStats) {
-          mean = static_cast<double>(a.in<T>(3)[ch]);
-          var = static_cast<double>(a.in<T>(4)[ch]);
+          mean = givenMean[ch];
+          var = givenVar[ch];
         } else if (count > 0) {
           for (int64_t b = 0; b < n; ++b)
             for (int64_t i = 0; i < s; ++i)
@@ -136,10 +167,10 @@ std::unique_ptr<Kernel> createBatchNormGrad(const ir::Op &op) {
             sumDy += dy;
             sumDyXhat += dy * (at(X, b, ch, i) - mean) * r;
           }
-        if (a.hasOutput(1)) a.out<T>(1)[ch] = static_cast<T>(static_cast<compute_t<T>>(sumDyXhat));
-        if (a.hasOutput(2)) a.out<T>(2)[ch] = static_cast<T>(static_cast<compute_t<T>>(sumDy));
+        if (a.hasOutput(1)) storeFloat(a.outputs[1], dScaleType, ch, sumDyXhat);
+        if (a.hasOutput(2)) storeFloat(a.outputs[2], dBiasType, ch, sumDy);
         if (!a.hasOutput(0) || count == 0) continue;
-        double gr = static_cast<double>(scale[ch]) * r, meanDy = sumDy / count, meanDyXhat = sumDyXhat / count;
+        double gr = scale[ch] * r, meanDy = sumDy / count, meanDyXhat = sumDyXhat / count;
         for (int64_t b = 0; b < n; ++b)
           for (int64_t i = 0; i < s; ++i) {
             double xhat = (at(X, b, ch, i) - mean) * r;

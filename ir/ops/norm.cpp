@@ -31,8 +31,12 @@ void setupBatchNorm(Op &op) {
     for (size_t i = 2; i < x.size(); ++i)
       params *= x[i];
   const char *roles[] = {"", "scale", "B", "mean", "var"};
-  for (size_t i = 1; i < 5; ++i)
+  // The parameters and statistics may be of another float type than X (FLOAT beside a 16-bit X
+  // under mixed precision); the statistics outputs take the mean's.
+  for (size_t i = 1; i < 5; ++i) {
+    requireType(op, i, kFloatTypes);
     requireChannelVector(op, i, params, roles[i]);
+  }
   bool training = op.version >= 14 && op.attrs.getInt("training_mode", 0) != 0;
   if (op.version >= 14 && !training)
     for (size_t i = 1; i < op.outputCount(); ++i)
@@ -44,7 +48,8 @@ void setupBatchNorm(Op &op) {
 
 /// ai.graphcore BatchNormalizationGrad: inputs X, scale, dY and optionally the batch mean and
 /// (biased) variance that the forward computed; without them the kernel recomputes them from X.
-/// Outputs dX, dScale, dBias, each optional. Attribute epsilon as in the forward op.
+/// Outputs dX (X's type), dScale and dBias (scale's type), each optional. Attribute epsilon as in
+/// the forward op.
 void setupBatchNormGrad(Op &op) {
   requireInputCount(op, 3, 5);
   requireType(op, 0, kFloatTypes);
@@ -55,10 +60,19 @@ void setupBatchNormGrad(Op &op) {
     throw error(op.debugName(), ": dY has shape ", toString(op.inInfo(2).shape()), ", expected ", toString(x));
   if (op.hasInput(3) != op.hasInput(4))
     throw error(op.debugName(), ": give both the batch mean and variance, or neither");
-  for (size_t i = 1; i < op.inputCount(); ++i)
-    if (op.hasInput(i) && op.inInfo(i).dataType() != op.inInfo(0).dataType())
+  // dY is X's type; scale and the statistics may also be FLOAT under a 16-bit X (mixed precision
+  // keeps them in fp32, as the forward op reads them).
+  const DataType xType = op.inInfo(0).dataType();
+  if (op.inInfo(2).dataType() != xType)
+    throw error(op.debugName(), ": dY has type ", toString(op.inInfo(2).dataType()), ", expected ", toString(xType),
+                " like X");
+  for (size_t i : {size_t{1}, size_t{3}, size_t{4}})
+    if (op.hasInput(i) && op.inInfo(i).dataType() != xType && op.inInfo(i).dataType() != DataType::FLOAT)
       throw error(op.debugName(), ": input ", i, " has type ", toString(op.inInfo(i).dataType()), ", expected ",
-                  toString(op.inInfo(0).dataType()), " like X");
+                  toString(xType), " like X, or FLOAT");
+  if (op.hasInput(3) && op.inInfo(3).dataType() != op.inInfo(4).dataType())
+    throw error(op.debugName(), ": the batch mean is ", toString(op.inInfo(3).dataType()), " and the variance ",
+                toString(op.inInfo(4).dataType()), ", expected one type");
   if (op.hasInput(3)) {
     requireChannelVector(op, 3, x[1], "mean");
     requireChannelVector(op, 4, x[1], "var");

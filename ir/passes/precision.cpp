@@ -20,7 +20,7 @@ const std::vector<Fp32Op> &fp32Ops() {
   static const std::vector<Fp32Op> ops{
       {"SoftmaxCrossEntropyLoss", "a loss: log-softmax and a mean over the batch", false},
       {"NegativeLogLikelihoodLoss", "a loss: a mean over the batch", false},
-      {"BatchNormalization", "batch statistics; the running mean and variance stay fp32", false},
+      {"BatchNormalization", "statistics in fp32, data in the low type", false, true},
       {"InstanceNormalization", "per-instance statistics", false},
       {"MeanVarianceNormalization", "statistics", false},
       {"CumSum", "a running sum outgrows fp16's range and bf16's precision", false},
@@ -184,7 +184,8 @@ private:
   DataType computeType(const Op &op) const {
     switch (precisionClass(op)) {
     case PrecisionClass::Fp32: return DataType::FLOAT;
-    case PrecisionClass::Low: return policy_.low;
+    case PrecisionClass::Low:
+    case PrecisionClass::LowData: return policy_.low;
     case PrecisionClass::Follow: break;
     }
     if (forProducts_.count(&op)) return policy_.low;
@@ -227,9 +228,12 @@ private:
     for (Tensor *t : op.outputs)
       before.push_back(t ? t->info().dataType() : DataType::UNDEFINED);
     const DataType want = convertInputs ? computeType(op) : DataType::UNDEFINED;
-    for (size_t i = 0; want != DataType::UNDEFINED && i < op.inputCount(); ++i)
-      if (convertible(op, i) && op.inputs[i]->info().dataType() != want)
-        graph_.setOpInput(op, i, as(*op.inputs[i], want));
+    const bool lowData = want != DataType::UNDEFINED && precisionClass(op) == PrecisionClass::LowData;
+    for (size_t i = 0; want != DataType::UNDEFINED && i < op.inputCount(); ++i) {
+      const DataType wantHere = lowData && i > 0 ? DataType::FLOAT : want;
+      if (convertible(op, i) && op.inputs[i]->info().dataType() != wantHere)
+        graph_.setOpInput(op, i, as(*op.inputs[i], wantHere));
+    }
     // Every op is set up again: its inputs may have changed type upstream.
     op.def->setup(op);
     // Outputs that must keep their types: the op writes a new low tensor, which a Cast converts.
@@ -277,6 +281,7 @@ PrecisionClass precisionClass(const Op &op) {
     if (op.type == t) return PrecisionClass::Low;
   for (const Fp32Op &f : fp32Ops())
     if (op.type == f.type) {
+      if (f.lowData) return PrecisionClass::LowData;
       if (!f.onlyLargeReductions || reductionLength(op) > kLargeReduction) return PrecisionClass::Fp32;
       break;
     }

@@ -35,9 +35,10 @@ struct StreamTypes {
 
 /// How convertPrecision treats an op type (docs/precision.md lists them).
 enum class PrecisionClass {
-  Low,    ///< the products (kLowOps): float inputs in the low type; the kernel accumulates in fp32
-  Fp32,   ///< fp32Ops(): float inputs cast to FLOAT; the op computes and writes fp32
-  Follow, ///< every other op: low if any float input is 16-bit, else left as it is
+  Low,     ///< the products (kLowOps): float inputs in the low type; the kernel accumulates in fp32
+  Fp32,    ///< fp32Ops(): float inputs cast to FLOAT; the op computes and writes fp32
+  LowData, ///< fp32Ops() marked lowData: X (input 0) low, the other float inputs FLOAT; statistics in fp32
+  Follow,  ///< every other op: low if any float input is 16-bit, else left as it is
 };
 
 /// The ops that always compute in the low type: the products, where half precision pays.
@@ -49,6 +50,9 @@ struct Fp32Op {
   const char *reason;
   /// Only when each output reduces more than kLargeReduction elements.
   bool onlyLargeReductions;
+  /// Only the parameters and statistics: X (input 0) and Y in the low type, every other float
+  /// input FLOAT, the statistics computed in fp32 (PrecisionClass::LowData).
+  bool lowData = false;
 };
 const std::vector<Fp32Op> &fp32Ops();
 /// Reductions over more elements than this per output stay in fp32 (their sums overflow fp16).
@@ -58,7 +62,8 @@ constexpr int64_t kLargeReduction = 4096;
 PrecisionClass precisionClass(const Op &op);
 
 /// Converts the float tensors of \p graph to \p policy.low: the ops of kLowOps read their float
-/// inputs in the low type, those of fp32Ops() read FLOAT, and every other op follows its inputs (low
+/// inputs in the low type, those of fp32Ops() read FLOAT (the lowData ones all but X, which is
+/// low), and every other op follows its inputs (low
 /// if any is 16-bit), so that everything computed from a product is low and what only the loss
 /// feeds stays fp32. Each tensor is cast once per type it is read in (constants are converted, not
 /// cast), and the tensors in \p keep and the graph's outputs keep their types (a Cast writes them).
