@@ -23,10 +23,11 @@ struct RecomputeCastOptions {
 /// clusters where two consecutive readers are more than \p options.maxOpsBetweenReaders ops
 /// apart (and, with \p options.onlyAcrossThePeak, the copy is held across the peak), and gives
 /// every cluster after the first a Cast of its own of the same input (same type, phase of the
-/// cluster's first reader), which Graph::schedule() then places just before that reader. The copy is then live only
-/// around its readers. The new Cast reads the input before any op that updates it in place, as the original does (the
-/// schedule's in-place edges). Casts whose output is modified in place, or read by an op with subgraph captures, are
-/// left alone. Returns how many Casts it added.
+/// cluster's first reader), which Graph::schedule() places just before that reader: the copy is
+/// then live only around its readers. The new Cast reads the input before any op that updates
+/// it in place, as the original does (the schedule's in-place edges). Casts whose output is
+/// modified in place, or read by an op with subgraph captures, are left alone. Returns how many
+/// Casts it added.
 int recomputeCasts(Graph &graph, const RecomputeCastOptions &options = {});
 
 } // namespace popart::ir

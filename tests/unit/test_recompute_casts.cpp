@@ -295,6 +295,7 @@ struct Trained {
 Trained train(const Mlp &mlp, const std::string &precision, bool recompute) {
   SessionOptions so;
   so.precision = precision;
+  so.verifyIr = true;
   if (!recompute) so.disabledPasses.push_back("recomputeCasts");
   Adam adam(Optimizer::Params{{"defaultLearningRate", {0.01f, false}}, {"defaultWeightDecay", {0.01f, true}}},
             AdamMode::Adam, WeightDecayMode::Decay);
