@@ -191,10 +191,21 @@ std::vector<Op *> Graph::schedule() const {
         for (Op *reader : op->input(static_cast<size_t>(m.input)).consumers())
           addEdge(reader, op.get());
   }
+  // Ops that depend on nothing (the Casts of weights and graph inputs, ops reading only
+  // constants) would all be ready at the start, and their outputs would stay live from the first
+  // step to their readers. They are left out of the ordering and placed afterwards just before
+  // their first successor, so that a weight's 16-bit copy lives only while its layer runs.
+  std::vector<Op *> sources;
+  for (const auto &op : ops_)
+    if (pending[op.get()] == 0) sources.push_back(op.get());
+  for (const Op *source : sources)
+    for (Op *c : successors[source])
+      --pending[c];
   // Ready ops of the lowest phase first, in the order they became ready.
+  std::set<const Op *> sourceSet(sources.begin(), sources.end());
   std::map<int, std::deque<Op *>> ready;
   for (const auto &op : ops_)
-    if (pending[op.get()] == 0) ready[op->phase].push_back(op.get());
+    if (pending[op.get()] == 0 && !sourceSet.count(op.get())) ready[op->phase].push_back(op.get());
   std::vector<Op *> order;
   order.reserve(ops_.size());
   while (!ready.empty()) {
@@ -209,7 +220,7 @@ std::vector<Op *> Graph::schedule() const {
     for (Op *c : successors[op])
       if (--pending[c] == 0) ready[c->phase].push_back(c);
   }
-  if (order.size() != ops_.size()) {
+  if (order.size() + sources.size() != ops_.size()) {
     for (const auto &op : ops_)
       if (pending[op.get()] > 0)
         for (Tensor *t : op->inputs)
@@ -218,7 +229,31 @@ std::vector<Op *> Graph::schedule() const {
                         "', which depends on its own output");
     throw error("the graph has a cycle");
   }
-  return order;
+  // Each source goes before its first successor, and no later than the end of its own phase so
+  // that the schedule stays phase-monotone; sources sharing a place keep their insertion order.
+  std::map<const Op *, size_t> position;
+  for (size_t i = 0; i < order.size(); ++i)
+    position[order[i]] = i;
+  std::vector<std::vector<Op *>> before(order.size() + 1);
+  for (Op *source : sources) {
+    auto phaseEnd =
+        std::partition_point(order.begin(), order.end(), [&](const Op *op) { return op->phase <= source->phase; });
+    size_t at = static_cast<size_t>(phaseEnd - order.begin());
+    for (const Op *c : successors[source]) {
+      if (c->phase < source->phase)
+        throw error(c->debugName(), " of phase ", c->phase, " depends on ", source->debugName(), " of phase ",
+                    source->phase);
+      at = std::min(at, position.at(c));
+    }
+    before[at].push_back(source);
+  }
+  std::vector<Op *> result;
+  result.reserve(ops_.size());
+  for (size_t i = 0; i <= order.size(); ++i) {
+    result.insert(result.end(), before[i].begin(), before[i].end());
+    if (i < order.size()) result.push_back(order[i]);
+  }
+  return result;
 }
 
 void Graph::checkConnected() const {

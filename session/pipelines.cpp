@@ -67,6 +67,7 @@ const std::vector<std::string> &trainingPipeline() {
       "foldLossCasts",         // after the loss joins its gradient, so that its Cast goes too
       "fuseLossGradClassSums", // after foldLossCasts: the class sums in the logits' type
       "saveRecurrentState",
+      "recomputeCasts", // last: it splits readers by their distance in the final schedule
   };
   return pipeline;
 }

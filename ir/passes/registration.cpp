@@ -19,6 +19,7 @@ void registerChannelShufflePasses(PassRegistry &r);
 void registerLossFusionPasses(PassRegistry &r);
 void registerRecurrentStatePasses(PassRegistry &r);
 void registerPrecisionPasses(PassRegistry &r);
+void registerRecomputeCastPasses(PassRegistry &r);
 
 void registerIrPasses() {
   static std::once_flag once;
@@ -37,6 +38,7 @@ void registerIrPasses() {
     registerLossFusionPasses(r);
     registerRecurrentStatePasses(r);
     registerPrecisionPasses(r);
+    registerRecomputeCastPasses(r);
   });
 }
 
