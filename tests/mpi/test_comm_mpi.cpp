@@ -235,8 +235,9 @@ TEST(CommMpi, BroadcastFromEveryRoot) {
   comm.barrier();
 }
 
-// Several collectives in flight at once, waited for in another order than started: each has its
-// own tag, so their messages never mix.
+// Several collectives in flight at once, waited for in another order than started, and in a
+// different order on odd and even ranks: each has its own tag, so their messages never mix, and
+// waiting for one advances the others, which the other ranks may be waiting for.
 TEST(CommMpi, NonBlockingCollectivesInFlightTogether) {
   MpiCommunicator comm(testOptions());
   int n = comm.size();
@@ -252,10 +253,16 @@ TEST(CommMpi, NonBlockingCollectivesInFlightTogether) {
   auto requestOne = comm.allReduceAsync(&one, 1, DataType::INT64, ReduceOp::Sum);
   auto requestY = comm.allReduceAsync(y.data(), 20000, DataType::FLOAT, ReduceOp::Mean);
   auto barrier = comm.barrierAsync();
-  while (!requestY.test()) {
+  if (comm.rank() % 2 == 0) {
+    while (!requestY.test()) {
+    }
+    requestOne.wait();
+    requestX.wait();
+  } else {
+    requestX.wait();
+    requestOne.wait();
+    requestY.wait();
   }
-  requestOne.wait();
-  requestX.wait();
   barrier.wait();
   EXPECT_EQ(one, n);
   for (int64_t i = 0; i < 20000; ++i) {
