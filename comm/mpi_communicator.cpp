@@ -180,9 +180,11 @@ public:
   void wait() override {
     using Clock = std::chrono::steady_clock;
     auto start = Clock::now();
-    // Spinning first keeps the latency of short collectives low; sleeping afterwards leaves the
-    // core to the other ranks when the machine is oversubscribed.
-    constexpr auto spinFor = std::chrono::milliseconds(2);
+    // Polling without sleeping (yielding to other ranks on an oversubscribed machine) for the
+    // length of a large bucket's all-reduce: after 2 ms instead, the 100 us naps made a 16.8 MB
+    // all-reduce on 2 ranks 1.5x slower than MPI_Allreduce (4.8 ms against 3.2 ms; 3.0 ms without
+    // them). Past that, a nap costs little and saves a core while a dead rank runs out the timeout.
+    constexpr auto spinFor = std::chrono::milliseconds(100);
     while (!test()) {
       auto waited = Clock::now() - start;
       if (state_->timeout.count() > 0 && waited >= state_->timeout) {

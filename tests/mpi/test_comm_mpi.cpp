@@ -271,6 +271,17 @@ TEST(CommMpi, NonBlockingCollectivesInFlightTogether) {
   }
 }
 
+// A request dropped before it completed is waited for, so its buffer holds the result afterwards
+// (and MPI never writes into freed memory).
+TEST(CommMpi, DroppingAPendingRequestWaitsForIt) {
+  MpiCommunicator comm(testOptions());
+  std::vector<int64_t> values(50000, comm.rank() + 1);
+  { auto request = comm.allReduceAsync(values.data(), 50000, DataType::INT64, ReduceOp::Sum); }
+  int64_t n = comm.size();
+  for (int64_t v : values)
+    ASSERT_EQ(v, n * (n + 1) / 2);
+}
+
 // The same all-reduce twice gives the same bits: nothing depends on the order messages arrive in.
 TEST(CommMpi, RepeatedAllReduceIsBitIdentical) {
   MpiCommunicator comm(testOptions());
