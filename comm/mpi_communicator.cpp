@@ -269,7 +269,7 @@ void widen(const void *from, std::byte *to, int64_t count, DataType type) {
     auto *out = reinterpret_cast<uint8_t *>(to);
     for (size_t i = 0; i < n; ++i)
       out[i] = in[i] != 0 ? 1 : 0;
-  } else {
+  } else if (n > 0) { // an empty buffer may be null, which memcpy must not see
     std::memcpy(to, from, n * wireSize(type));
   }
 }
@@ -283,7 +283,7 @@ void narrow(const std::byte *from, void *to, int64_t count, DataType type) {
     bool half = type == DataType::FLOAT16;
     for (size_t i = 0; i < n; ++i)
       out[i] = half ? floatToHalf(in[i]) : floatToBfloat16(in[i]);
-  } else if (from != to) {
+  } else if (from != to && n > 0) {
     std::memmove(to, from, n * wireSize(type));
   }
 }
