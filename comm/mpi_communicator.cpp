@@ -4,6 +4,8 @@
 
 #include <popart/error.hpp>
 
+#include <cpuid.h>
+#include <immintrin.h>
 #include <mpi.h>
 
 #include <algorithm>
@@ -255,6 +257,49 @@ size_t wireSize(DataType type) {
   }
 }
 
+/// Whether the CPU has F16C (cpuid leaf 1: ecx bit 29, and AVX for the 256-bit registers).
+bool hasF16c() {
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0 && (c & bit_AVX) != 0;
+  }();
+  return has;
+}
+
+// The F16C conversions round as core/half.hpp does (to nearest even, overflow to infinity) but
+// treat NaNs differently (they quieten signalling ones): blocks holding a NaN are converted by
+// the scalar code, so that the bits never depend on the CPU.
+__attribute__((target("avx,f16c"))) void halfToFloatF16c(const uint16_t *in, float *out, size_t n) {
+  size_t i = 0;
+  const __m128i magnitude = _mm_set1_epi16(0x7fff), infinity = _mm_set1_epi16(0x7c00);
+  for (; i + 8 <= n; i += 8) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + i));
+    if (_mm_movemask_epi8(_mm_cmpgt_epi16(_mm_and_si128(h, magnitude), infinity)) != 0) {
+      for (size_t j = i; j < i + 8; ++j)
+        out[j] = halfToFloat(in[j]);
+    } else {
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+  }
+  for (; i < n; ++i)
+    out[i] = halfToFloat(in[i]);
+}
+
+__attribute__((target("avx,f16c"))) void floatToHalfF16c(const float *in, uint16_t *out, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(in + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      for (size_t j = i; j < i + 8; ++j)
+        out[j] = floatToHalf(in[j]);
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+  }
+  for (; i < n; ++i)
+    out[i] = floatToHalf(in[i]);
+}
+
 /// \p count elements of \p type at \p from, as wire elements at \p to.
 void widen(const void *from, std::byte *to, int64_t count, DataType type) {
   auto n = static_cast<size_t>(count);
@@ -262,6 +307,7 @@ void widen(const void *from, std::byte *to, int64_t count, DataType type) {
     const auto *in = static_cast<const uint16_t *>(from);
     auto *out = reinterpret_cast<float *>(to);
     bool half = type == DataType::FLOAT16;
+    if (half && hasF16c()) return halfToFloatF16c(in, out, n);
     for (size_t i = 0; i < n; ++i)
       out[i] = half ? halfToFloat(in[i]) : bfloat16ToFloat(in[i]);
   } else if (type == DataType::BOOL) {
@@ -281,6 +327,7 @@ void narrow(const std::byte *from, void *to, int64_t count, DataType type) {
     const auto *in = reinterpret_cast<const float *>(from);
     auto *out = static_cast<uint16_t *>(to);
     bool half = type == DataType::FLOAT16;
+    if (half && hasF16c()) return floatToHalfF16c(in, out, n);
     for (size_t i = 0; i < n; ++i)
       out[i] = half ? floatToHalf(in[i]) : floatToBfloat16(in[i]);
   } else if (from != to && n > 0) {

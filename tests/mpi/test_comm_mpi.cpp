@@ -157,6 +157,45 @@ TEST(CommMpi, AllReduceHalfTypesSumInFp32) {
   }
 }
 
+// FLOAT16 over its whole range: random finite bit patterns (subnormals included), sums that
+// overflow to infinity or stay subnormal, a NaN and opposite infinities; bit for bit as the
+// scalar conversions of core/half.hpp give them, whichever conversion code the CPU runs.
+TEST(CommMpi, AllReduceFloat16OverItsWholeRange) {
+  MpiCommunicator comm(testOptions());
+  int n = comm.size();
+  const int64_t count = 4099; // blocks of 8 and a tail
+  std::vector<std::vector<uint16_t>> bits(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    for (int64_t i = 0; i < count; ++i) {
+      auto h = static_cast<uint16_t>(mix(static_cast<uint64_t>(r * count + i) + 99));
+      if ((h & 0x7c00) == 0x7c00) h &= 0xbfff; // finite: NaNs and infinities are placed below
+      bits[static_cast<size_t>(r)].push_back(h);
+    }
+  bits[0][0] = 0x7d01;                                           // a signalling NaN on rank 0
+  bits[0][1] = 0x7c00;                                           // +inf on rank 0 ...
+  bits[static_cast<size_t>(n - 1)][1] = n > 1 ? 0xfc00 : 0x7c00; // ... -inf on the last: NaN
+  for (int r = 0; r < n; ++r) {
+    bits[static_cast<size_t>(r)][2] = 0x7bff; // 65504 on every rank: overflows
+    bits[static_cast<size_t>(r)][3] = 0x0001; // the smallest subnormal
+  }
+  std::vector<std::vector<float>> values(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    for (uint16_t h : bits[static_cast<size_t>(r)])
+      values[static_cast<size_t>(r)].push_back(halfToFloat(h));
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Mean}) {
+    auto data = bits[static_cast<size_t>(comm.rank())];
+    comm.allReduce(data.data(), count, DataType::FLOAT16, op);
+    for (int64_t i = 0; i < count; ++i) {
+      float sum = ringSum(values, i, count);
+      if (op == ReduceOp::Mean) sum = sum / static_cast<float>(n);
+      // One rank's result is its input untouched (a signalling NaN stays one).
+      uint16_t expected = n == 1 ? bits[0][static_cast<size_t>(i)] : floatToHalf(sum);
+      ASSERT_EQ(data[static_cast<size_t>(i)], expected) << toString(op) << " element " << i;
+    }
+    expectSameOnEveryRank(comm, data.data(), data.size() * 2, "FLOAT16 whole range");
+  }
+}
+
 TEST(CommMpi, AllReduceInt64SumsAndBoolAnds) {
   MpiCommunicator comm(testOptions());
   int n = comm.size(), me = comm.rank();
