@@ -50,8 +50,9 @@ public:
   Request &operator=(const Request &) = delete;
   ~Request();
 
-  /// Advances the operation (communication makes progress only inside `test` and `wait`);
-  /// \returns true once it has completed. Throws the operation's error.
+  /// Advances the operation, and the others in flight on its communicator (communication makes
+  /// progress only inside `test` and `wait`); \returns true once it has completed. Throws the
+  /// operation's error.
   bool test();
   /// Blocks until the operation completes; throws a `popart::error` on a communication failure
   /// or when the communicator's timeout passes first.

@@ -111,7 +111,7 @@ struct MpiCommunicator::State {
     MPI_Finalized(&finalised);
     // After a failure, other ranks may still send messages of the abandoned operations. Freed,
     // the communicator's context id could be reused by a new communicator that would then match
-    // them (Open MPI 4.1 crashes in mca_pml_ob1_add_comm): so a failed communicator is kept.
+    // them (Open MPI 4.1.4 crashed so in mca_pml_ob1_add_comm in our tests): so a failed communicator is kept.
     if (!finalised && comm != MPI_COMM_NULL && failure.empty()) MPI_Comm_free(&comm);
   }
 
