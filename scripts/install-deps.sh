@@ -3,7 +3,8 @@
 # Usage: scripts/install-deps.sh [--test]   (--test adds the packages the tests use)
 set -euo pipefail
 packages=(cmake g++ make ccache libonnx-dev libprotobuf-dev protobuf-compiler libdnnl-dev
-  libspdlog-dev libgtest-dev libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist)
+  libspdlog-dev libgtest-dev libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist
+  openmpi-bin libopenmpi-dev)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(libonnx-testdata python3-onnx python3-numpy python3-torch python3-torchvision libopenblas0-pthread
     clang-tidy libomp-dev)
