@@ -26,7 +26,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/dnnl/half_blocks.hpp"
+#include "backend_cpu/fast/half_blocks.hpp"
 #include "backend_cpu/dnnl/window.hpp"
 #include "core/tensordata.hpp"
 #include "ir/internal_attributes.hpp"

@@ -24,7 +24,7 @@
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
-#include "backend_cpu/dnnl/half_blocks.hpp"
+#include "backend_cpu/fast/half_blocks.hpp"
 #include "core/half.hpp"
 #include "core/tensordata.hpp"
 #include "ir/internal_attributes.hpp"

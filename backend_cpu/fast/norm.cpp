@@ -7,7 +7,7 @@
 // narrowed once: no f32 copy of a whole tensor is made.
 
 #include "ir/ops/norm.hpp"
-#include "backend_cpu/dnnl/half_blocks.hpp"
+#include "backend_cpu/fast/half_blocks.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/loop_kernel.hpp"

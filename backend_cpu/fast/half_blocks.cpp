@@ -1,7 +1,7 @@
-// The conversion loops of half_blocks.hpp (moved out of matmul_f16.cpp to be shared with
-// conv_f16.cpp).
+// The conversion loops of half_blocks.hpp, shared by the fp16 products (dnnl/matmul_f16.cpp,
+// dnnl/conv_f16.cpp) and the fast 16-bit BatchNormalization.
 
-#include "backend_cpu/dnnl/half_blocks.hpp"
+#include "backend_cpu/fast/half_blocks.hpp"
 
 #include "core/half.hpp"
 

@@ -1,8 +1,9 @@
 #pragma once
-// Conversion loops between fp16 and f32 blocks for the FLOAT16 kernels that compute in fp32 on
-// oneDNN's f32 primitives (matmul_f16.cpp, conv_f16.cpp): widening a run of fp16 values, and
-// narrowing a run of f32 results with an epilogue (scale, bias or addend, Relu, residual) applied
-// on the way, both picked once for the CPU (AVX-512, AVX2 with F16C, or plain C++).
+// Conversion loops between fp16 and f32 blocks for the FLOAT16 kernels that compute in fp32: those
+// on oneDNN's f32 primitives (dnnl/matmul_f16.cpp, dnnl/conv_f16.cpp) and the fast 16-bit
+// BatchNormalization (fast/norm.cpp), so they live with the fast kernels, which use no oneDNN: widening a run of fp16
+// values, and narrowing a run of f32 results with an epilogue (scale, bias or addend, Relu, residual) applied on the
+// way, both picked once for the CPU (AVX-512, AVX2 with F16C, or plain C++).
 
 #include <cstdint>
 
