@@ -48,20 +48,36 @@ std::string notNormTypes(const ir::Op &op, std::initializer_list<size_t> sameAsX
   return "";
 }
 
-/// Whether oneDNN would normalise plain \p x with its generic C++ loops (ncsp_bnorm, bnorm_ref: 2.6
-/// on NCHW); our fast kernel (backend_cpu/fast/norm.cpp) is several times faster there. f32 asks,
-/// and bf16 for the backward pass (supportsBatchNormGrad).
-bool genericBatchNorm(const TensorInfo &info) {
+/// The generic C++ implementation with which oneDNN would normalise plain \p x (2.6 on NCHW:
+/// ncsp_bnorm or bnorm_ref), "" if it has a better one; our fast kernel (backend_cpu/fast/norm.cpp)
+/// is several times faster than the generic ones. Asked for f32, and for bf16 X where the fast
+/// kernel takes the op (FLOAT parameters and statistics).
+std::string genericBatchNorm(const TensorInfo &info) {
   const Shape &x = info.shape();
-  if (info.dataType() != DataType::FLOAT && info.dataType() != DataType::BFLOAT16) return false;
-  if (x.size() < 3) return false; // (N, C): one value per plane, where our loops gain nothing
+  if (info.dataType() != DataType::FLOAT && info.dataType() != DataType::BFLOAT16) return "";
+  if (x.size() < 3) return ""; // (N, C): one value per plane, where our loops gain nothing
   auto md = dnnl_util::plainDesc(info, x.size());
   batch_normalization_forward::desc d(prop_kind::forward_training, md, 1e-5f,
                                       normalization_flags::use_scale | normalization_flags::use_shift);
   batch_normalization_forward::primitive_desc pd(d, dnnl_util::engine(), true);
-  if (!pd) return true; // no oneDNN implementation at all: ours
+  if (!pd) return "none"; // no oneDNN implementation at all: ours
   std::string impl = pd.impl_info_str();
-  return impl.rfind("ncsp", 0) == 0 || impl.find("ref") != std::string::npos;
+  return impl.rfind("ncsp", 0) == 0 || impl.find("ref") != std::string::npos ? impl : "";
+}
+
+/// Why oneDNN leaves \p op to the fast kernel: its implementation for X's layout is generic.
+std::string genericDecline(const std::string &impl) {
+  return "only oneDNN's generic loops (" + impl + ") for this layout, slower than the fast kernel";
+}
+
+/// Whether the fast kernel takes 16-bit \p op: FLOAT parameters and statistics (mixed precision's
+/// form), inputs from \p first on and outputs from 1 on.
+bool floatParameters(const ir::Op &op, size_t first) {
+  for (size_t i = first; i < op.inputCount(); ++i)
+    if (op.hasInput(i) && op.inInfo(i).dataType() != DataType::FLOAT) return false;
+  for (size_t i = 1; i < op.outputCount(); ++i)
+    if (op.hasOutput(i) && op.outInfo(i).dataType() != DataType::FLOAT) return false;
+  return true;
 }
 
 /// Whether oneDNN has batch normalisation (forward, and backward with \p backward) of \p op's X.
@@ -86,8 +102,11 @@ Support supportsBatchNorm(const ir::Op &op) {
   if (r < 2 || r > 5) return Support::no("rank other than 2-5");
   if (op.attrs.getInt("spatial", 1) == 0) return Support::no("spatial = 0");
   if (op.fusion.activated()) return Support::no("a fused activation (the fast and reference kernels')");
-  if (op.inInfo(0).dataType() == DataType::FLOAT && genericBatchNorm(op.inInfo(0)))
-    return Support::no("only oneDNN's generic loops for this layout, slower than ours");
+  // In bf16 (training and inference) the fast kernel takes FLOAT parameters and statistics:
+  // oneDNN 2.6 normalises plain NCHW bf16 in ncsp_bnorm's generic loops.
+  DataType t = op.inInfo(0).dataType();
+  if (t == DataType::FLOAT || (t == DataType::BFLOAT16 && floatParameters(op, 1)))
+    if (std::string impl = genericBatchNorm(op.inInfo(0)); !impl.empty()) return Support::no(genericDecline(impl));
   return batchNormImplemented(op, false);
 }
 
@@ -172,8 +191,8 @@ Support supportsBatchNormGrad(const ir::Op &op) {
   bool fastTakes =
       op.inInfo(0).dataType() == DataType::FLOAT ||
       (op.inInfo(1).dataType() == DataType::FLOAT && (!op.hasInput(3) || op.inInfo(3).dataType() == DataType::FLOAT));
-  if (fastTakes && genericBatchNorm(op.inInfo(0)))
-    return Support::no("only oneDNN's generic loops for this layout, slower than ours");
+  if (fastTakes)
+    if (std::string impl = genericBatchNorm(op.inInfo(0)); !impl.empty()) return Support::no(genericDecline(impl));
   return batchNormImplemented(op, true);
 }
 

@@ -1,14 +1,17 @@
 // Fast FLOAT16 kernels for the elementwise, activation, softmax, layer-normalisation and pooling ops
-// and their gradients, through one mechanism instead of a kernel per op. oneDNN 2.6 has no f16
-// eltwise, softmax or layer norm on CPUs without fp16 units, and the reference kernels run these
-// at about 0.03 GFLOP/s. Here the op's tensors are cut into blocks of rows: the leading k
+// and their gradients, and BFLOAT16 ones for the pools and MaxPoolGrad, through one mechanism
+// instead of a kernel per op. oneDNN 2.6 has no f16 eltwise, softmax or layer norm on CPUs without
+// fp16 units, and the reference kernels run these at about 0.03 GFLOP/s; its bf16 pools and pool
+// gradient run on generic loops, and no oneDNN kernel applies a fused Relu gradient to MaxPoolGrad.
+// Here the op's tensors are cut into blocks of rows: the leading k
 // dimensions of the output merged into rows (every element a row for elementwise ops; the
 // dimensions before the axis for the softmax and layer-norm ops), which each tensor either shares
 // (blocked) or broadcasts over (whole: a bias, a scale, a scalar operand). Each block of every
-// FLOAT16 input is widened into f32 in its thread's part of the scratch (vec::fromHalf, exact),
-// the best f32 kernel of the op's fp32 twin — oneDNN's primitive or a fast loop, created once per
-// thread for the block shape — runs on it, and its f32 result is narrowed once into the output
-// (vec::toHalf, core/half.hpp's rounding), or written in place where the output is FLOAT. So no
+// 16-bit input (one type per op) is widened into f32 in its thread's part of the scratch
+// (vec::fromHalf or vec::fromBfloat16, exact), the best f32 kernel of the op's fp32 twin — oneDNN's
+// primitive or a fast loop, created once per thread for the block shape — runs on it, and its f32
+// result is narrowed once into the output (vec::toHalf or vec::toBfloat16, core/half.hpp's
+// rounding), or written in place where the output is FLOAT. So no
 // full-size f32 copy of any tensor is made, and a block's tensors stay in cache between the three
 // passes. A whole output (LayerNormalizationGrad's dScale and dBias) sums its blocks' partial
 // results in block order. Blocks run on the kernel's threads when the twin is a fast loop; a oneDNN
@@ -54,6 +57,11 @@ struct OpKind {
   /// Whether outputs not shared by the rows are sums over them (LayerNormalizationGrad's dScale
   /// and dBias); any other op with such an output is declined.
   bool wholeOutputsSumRows = false;
+  /// Whether BFLOAT16 tensors are taken too (else FLOAT16 only): the pools and MaxPoolGrad, which
+  /// oneDNN 2.6 runs in bf16 several times slower than the fast f32 twins (3.4 ms against 0.6 ms
+  /// for the CNN's MaxPoolGrad with its Relu). oneDNN's bf16 eltwise, softmax and layer norm are
+  /// native and faster than widening, so those ops stay FLOAT16 only.
+  bool bf16 = false;
 };
 
 /// The ops this family runs, by (domain, type).
@@ -73,8 +81,8 @@ const std::vector<std::pair<std::pair<std::string, std::string>, OpKind>> &halfO
     v.push_back({{"ai.onnx", "LayerNormalization"}, OpKind{RowKind::BeforeAxis, -1, -1}});
     v.push_back({{"ai.graphcore", "LayerNormalizationGrad"}, OpKind{RowKind::BeforeAxis, -1, -1, true}});
     for (const char *t : {"MaxPool", "AveragePool", "GlobalAveragePool"})
-      v.push_back({{"ai.onnx", t}, OpKind{RowKind::Batch}});
-    v.push_back({{"ai.graphcore", "MaxPoolGrad"}, OpKind{RowKind::Batch}});
+      v.push_back({{"ai.onnx", t}, OpKind{RowKind::Batch, -1, -1, false, true}});
+    v.push_back({{"ai.graphcore", "MaxPoolGrad"}, OpKind{RowKind::Batch, -1, -1, false, true}});
     return v;
   }();
   return ops;
@@ -90,7 +98,7 @@ const OpKind *opKind(const ir::Op &op) {
 struct Part {
   bool present = false;
   bool blocked = false; ///< one slice per row; else whole (read by every row, or summed over them)
-  bool half = false;    ///< FLOAT16 (converted); else FLOAT (used in place)
+  bool low = false;     ///< of the op's 16-bit type (converted); else FLOAT (used in place)
   int64_t rowElems = 0; ///< elements per row (blocked) or in all (whole)
   Shape tail;           ///< the dimensions after the rows (blocked) or the twin's shape (whole)
 };
@@ -98,23 +106,32 @@ struct Part {
 /// The blocks of an op: rows, the parts of its tensors, and the fp32 twin graphs for a full block
 /// and for the last, shorter one.
 struct BlockPlan {
+  DataType low = DataType::FLOAT16; ///< the op's one 16-bit type
   int64_t rows = 0, blockRows = 0, blocks = 0, tailRows = 0;
   std::vector<Part> in, out;
   int64_t twinAxis = -1; ///< the renumbered axis (BeforeAxis), or -1
   bool sumWholeOutputs = false;
+  /// Whether output 0 may overwrite a 16-bit input of its size. Not for MaxPoolGrad's dX over the
+  /// pool's X: that grew the bf16 CNN's activation arena from 11.79 to 12.70 MB (the planner's gaps
+  /// between lifetimes), with the same arena in fp16 either way.
+  bool inPlace = true;
   int64_t rowBytes = 0; ///< f32 bytes of one row of all blocked tensors
 };
 
-/// The FLOAT16 and FLOAT tensors of \p op, at least one FLOAT16; why not otherwise.
-std::string notHalfOrFloat(const ir::Op &op) {
-  bool half = false;
+/// Why \p op's tensors are not FLOAT and of one 16-bit type \p low (at least one): FLOAT16, or
+/// BFLOAT16 where \p kind takes it; sets \p low.
+std::string notLowOrFloat(const ir::Op &op, const OpKind &kind, DataType &low) {
+  bool found = false;
   auto check = [&](const TensorInfo &t, const std::string &what) -> std::string {
-    if (t.dataType() == DataType::FLOAT16) {
-      half = true;
-      return {};
-    }
-    if (t.dataType() == DataType::FLOAT) return {};
-    return what + " is " + toString(t.dataType()) + ", not FLOAT16 or FLOAT";
+    const DataType d = t.dataType();
+    if (d == DataType::FLOAT) return {};
+    if (d == DataType::BFLOAT16 && !kind.bf16) return what + " is BFLOAT16, left to oneDNN's native bf16 kernels";
+    if (d != DataType::FLOAT16 && d != DataType::BFLOAT16)
+      return what + " is " + toString(d) + (kind.bf16 ? ", not FLOAT16, BFLOAT16 or FLOAT" : ", not FLOAT16 or FLOAT");
+    if (found && d != low) return what + " is " + toString(d) + " beside " + toString(low) + ": one 16-bit type per op";
+    found = true;
+    low = d;
+    return {};
   };
   for (size_t i = 0; i < op.inputCount(); ++i)
     if (op.hasInput(i))
@@ -122,14 +139,14 @@ std::string notHalfOrFloat(const ir::Op &op) {
   for (size_t i = 0; i < op.outputCount(); ++i)
     if (op.hasOutput(i))
       if (std::string why = check(op.outInfo(i), "output " + std::to_string(i)); !why.empty()) return why;
-  if (!half) return "no FLOAT16 tensor";
+  if (!found) return kind.bf16 ? "no FLOAT16 or BFLOAT16 tensor" : "no FLOAT16 tensor";
   return {};
 }
 
 /// Cuts tensor \p t against the first \p k dimensions of the output shape \p outShape: blocked if
 /// its own leading dimensions (aligned to the right) are those, whole if they are all 1 (and the
 /// output's are not: with a single row the two are the same). False if neither.
-bool cut(const TensorInfo &t, const Shape &outShape, size_t k, Part &p) {
+bool cut(const TensorInfo &t, const Shape &outShape, size_t k, DataType low, Part &p) {
   const Shape &s = t.shape();
   const size_t r = outShape.size();
   if (s.size() > r) return false;
@@ -141,7 +158,7 @@ bool cut(const TensorInfo &t, const Shape &outShape, size_t k, Part &p) {
     ones = ones && v == 1;
   }
   p.present = true;
-  p.half = t.dataType() == DataType::FLOAT16;
+  p.low = t.dataType() == low;
   p.tail = Shape(s.begin() + static_cast<std::ptrdiff_t>(std::max(k, pad) - pad), s.end());
   p.rowElems = shapeElementCount(p.tail);
   if (same) {
@@ -159,8 +176,9 @@ bool cut(const TensorInfo &t, const Shape &outShape, size_t k, Part &p) {
 /// capability check sees the twin kernels that the kernel creates.
 Support planBlocks(const ir::Op &op, BlockPlan &plan) {
   const OpKind *kind = opKind(op);
-  if (!kind) return Support::no("not an op of the FLOAT16 block kernels");
-  if (std::string why = notHalfOrFloat(op); !why.empty()) return Support::no(why);
+  if (!kind) return Support::no("not an op of the 16-bit block kernels");
+  DataType low = DataType::FLOAT16;
+  if (std::string why = notLowOrFloat(op, *kind, low); !why.empty()) return Support::no(why);
   const Shape &outShape = op.outInfo(0).shape();
   const auto r = static_cast<int64_t>(outShape.size());
   if (op.outInfo(0).elementCount() == 0) return Support::no("empty output");
@@ -174,19 +192,21 @@ Support planBlocks(const ir::Op &op, BlockPlan &plan) {
   if (kind->rows == RowKind::Batch) kMax = 1;
   for (int64_t k = kMax; k >= 1; --k) {
     BlockPlan p;
+    p.low = low;
     bool ok = true;
     p.in.resize(op.inputCount());
     p.out.resize(op.outputCount());
     for (size_t i = 0; ok && i < op.inputCount(); ++i)
-      if (op.hasInput(i)) ok = cut(op.inInfo(i), outShape, static_cast<size_t>(k), p.in[i]);
+      if (op.hasInput(i)) ok = cut(op.inInfo(i), outShape, static_cast<size_t>(k), low, p.in[i]);
     for (size_t i = 0; ok && i < op.outputCount(); ++i)
-      if (op.hasOutput(i)) ok = cut(op.outInfo(i), outShape, static_cast<size_t>(k), p.out[i]);
+      if (op.hasOutput(i)) ok = cut(op.outInfo(i), outShape, static_cast<size_t>(k), low, p.out[i]);
     if (!ok || !p.out[0].blocked) continue;
     bool wholeOut = false;
     for (const Part &o : p.out)
       wholeOut = wholeOut || (o.present && !o.blocked);
     if (wholeOut && !kind->wholeOutputsSumRows) continue;
     p.sumWholeOutputs = wholeOut;
+    p.inPlace = kind->rows != RowKind::Batch;
     p.rows = shapeElementCount(Shape(outShape.begin(), outShape.begin() + k));
     p.twinAxis = axis < 0 ? -1 : axis - k + 1;
     int64_t rowBytes = 0, wholeBytes = 0;
@@ -296,8 +316,11 @@ int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 class HalfBlockKernel : public Kernel {
 public:
   HalfBlockKernel(const ir::Op &op, const KernelContext &context) {
-    if (Support s = planBlocks(op, plan_); !s) throw error(op.debugName(), ": no FLOAT16 block plan: ", s.reason);
+    if (Support s = planBlocks(op, plan_); !s) throw error(op.debugName(), ": no 16-bit block plan: ", s.reason);
     threads_ = static_cast<int>(std::min<int64_t>(std::max(context.threads, 1), plan_.blocks));
+    const bool bf16 = plan_.low == DataType::BFLOAT16;
+    widen_ = bf16 ? vec::fromBfloat16 : vec::fromHalf;
+    narrow_ = bf16 ? vec::toBfloat16 : vec::toHalf;
     // One kernel per thread for full blocks (kernels keep per-run state such as oneDNN memory
     // handles), and one for the shorter last block, which one thread runs.
     fullTwin_ = makeTwin(op, plan_, plan_.blockRows);
@@ -329,8 +352,7 @@ public:
     };
     wholeIn_.assign(plan_.in.size(), -1);
     for (size_t i = 0; i < plan_.in.size(); ++i)
-      if (plan_.in[i].present && !plan_.in[i].blocked && plan_.in[i].half)
-        wholeIn_[i] = place(4 * plan_.in[i].rowElems);
+      if (plan_.in[i].present && !plan_.in[i].blocked && plan_.in[i].low) wholeIn_[i] = place(4 * plan_.in[i].rowElems);
     partialOut_.assign(plan_.out.size(), -1);
     for (size_t i = 0; i < plan_.out.size(); ++i)
       if (plan_.out[i].present && !plan_.out[i].blocked)
@@ -339,11 +361,11 @@ public:
     at = 0;
     blockIn_.assign(plan_.in.size(), -1);
     for (size_t i = 0; i < plan_.in.size(); ++i)
-      if (plan_.in[i].present && plan_.in[i].blocked && plan_.in[i].half)
+      if (plan_.in[i].present && plan_.in[i].blocked && plan_.in[i].low)
         blockIn_[i] = place(4 * plan_.in[i].rowElems * plan_.blockRows);
     blockOut_.assign(plan_.out.size(), -1);
     for (size_t i = 0; i < plan_.out.size(); ++i)
-      if (plan_.out[i].present && plan_.out[i].blocked && plan_.out[i].half)
+      if (plan_.out[i].present && plan_.out[i].blocked && plan_.out[i].low)
         blockOut_[i] = place(4 * plan_.out[i].rowElems * plan_.blockRows);
     twinScratch_ = place(twinScratch);
     perThread_ = at;
@@ -355,8 +377,8 @@ public:
     }
     // Output 0 may overwrite a FLOAT16 input of its size: a block is read (widened) before the
     // same block of the output is written, and the twin only ever sees the f32 copies.
-    for (size_t i = 0; i < plan_.in.size() && plan_.out[0].half; ++i)
-      if (plan_.in[i].present && plan_.in[i].blocked && plan_.in[i].half &&
+    for (size_t i = 0; i < plan_.in.size() && plan_.inPlace && plan_.out[0].low; ++i)
+      if (plan_.in[i].present && plan_.in[i].blocked && plan_.in[i].low &&
           plan_.in[i].rowElems == plan_.out[0].rowElems) {
         inPlace_ = static_cast<int>(i);
         break;
@@ -377,7 +399,7 @@ public:
     }
     for (size_t i = 0; i < plan_.in.size(); ++i)
       if (wholeIn_[i] >= 0 && a.hasInput(i))
-        vec::fromHalf(a.in<uint16_t>(i), reinterpret_cast<float *>(scratch + wholeIn_[i]), plan_.in[i].rowElems);
+        widen_(a.in<uint16_t>(i), reinterpret_cast<float *>(scratch + wholeIn_[i]), plan_.in[i].rowElems);
     const int64_t blocks = plan_.blocks;
     const int threads = static_cast<int>(std::min<int64_t>(threads_, blocks));
     if (threads > 1) {
@@ -416,9 +438,9 @@ private:
       }
       if (!p.blocked) {
         ba.in[i] = wholeIn_[i] >= 0 ? static_cast<const void *>(scratch + wholeIn_[i]) : a.inputs[i];
-      } else if (p.half) {
+      } else if (p.low) {
         auto *f = reinterpret_cast<float *>(mine + blockIn_[i]);
-        vec::fromHalf(a.in<uint16_t>(i) + row0 * p.rowElems, f, rows * p.rowElems);
+        widen_(a.in<uint16_t>(i) + row0 * p.rowElems, f, rows * p.rowElems);
         ba.in[i] = f;
       } else {
         ba.in[i] = a.in<float>(i) + row0 * p.rowElems;
@@ -430,7 +452,7 @@ private:
         ba.out[i] = nullptr;
       else if (!p.blocked)
         ba.out[i] = reinterpret_cast<float *>(scratch + partialOut_[i]) + b * p.rowElems;
-      else if (p.half)
+      else if (p.low)
         ba.out[i] = mine + blockOut_[i];
       else
         ba.out[i] = a.out<float>(i) + row0 * p.rowElems;
@@ -439,8 +461,8 @@ private:
     (last ? *tail_ : *full_[static_cast<size_t>(t)]).run(twinArgs);
     for (size_t i = 0; i < plan_.out.size(); ++i) {
       const Part &p = plan_.out[i];
-      if (p.present && p.blocked && p.half && a.hasOutput(i))
-        vec::toHalf(static_cast<const float *>(ba.out[i]), a.out<uint16_t>(i) + row0 * p.rowElems, rows * p.rowElems);
+      if (p.present && p.blocked && p.low && a.hasOutput(i))
+        narrow_(static_cast<const float *>(ba.out[i]), a.out<uint16_t>(i) + row0 * p.rowElems, rows * p.rowElems);
     }
   }
 
@@ -455,8 +477,8 @@ private:
         for (int64_t b = 0; b < plan_.blocks; ++b)
           s += static_cast<double>(partial[b * p.rowElems + e]);
         auto f = static_cast<float>(s);
-        if (p.half)
-          vec::toHalf(&f, a.out<uint16_t>(i) + e, 1);
+        if (p.low)
+          narrow_(&f, a.out<uint16_t>(i) + e, 1);
         else
           a.out<float>(i)[e] = f;
       }
@@ -474,6 +496,8 @@ private:
   int inPlace_ = -1;
   std::string choice_;
   std::vector<uint8_t> owned_;
+  void (*widen_)(const uint16_t *, float *, int64_t) = vec::fromHalf;
+  void (*narrow_)(const float *, uint16_t *, int64_t) = vec::toHalf;
 };
 
 std::unique_ptr<Kernel> createHalfBlocks(const ir::Op &op, const KernelContext &context) {

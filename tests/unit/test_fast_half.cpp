@@ -1,7 +1,8 @@
-// The fast FLOAT16 block kernels (backend_cpu/fast/half.cpp) against the fp32 reference kernel of
-// each op's fp32 twin on the widened inputs: every op the family registers, on shapes that need
-// several blocks and a shorter last one, broadcasting binary ops, mixed FLOAT statistics, two
-// threads, and NaN and infinite inputs.
+// The fast 16-bit block kernels (backend_cpu/fast/half.cpp) against the fp32 reference kernel of
+// each op's fp32 twin on the widened inputs: every op the family registers in FLOAT16, and the
+// pools and MaxPoolGrad (with a fused Relu gradient too) in BFLOAT16, on shapes that need several
+// blocks and a shorter last one, broadcasting binary ops, mixed FLOAT statistics, two threads, and
+// NaN and infinite inputs.
 
 #include "fast_cases.hpp"
 #include "kernel_compare.hpp"
@@ -61,6 +62,7 @@ POPART_FAST_KERNEL_COMPARED("ai.graphcore", "MaxPoolGrad");
 namespace {
 
 constexpr DataType F16 = DataType::FLOAT16;
+constexpr DataType BF16 = DataType::BFLOAT16;
 constexpr DataType F32 = DataType::FLOAT;
 
 using test_ops::OneOp;
@@ -69,9 +71,17 @@ using test_ops::OneOp;
 /// where the shape is {-1}), with \p outputs outputs (empty ids in \p omittedOutputs).
 OneOp makeOp(const std::string &type, const std::string &domain, int opset, const std::vector<TensorInfo> &ins,
              ir::Attributes attrs = {}, size_t outputs = 1, const std::map<size_t, TensorData> &consts = {},
-             const std::vector<size_t> &omittedOutputs = {}) {
-  return test_ops::makeOneOp(type, domain, opset, ins, std::move(attrs), outputs, consts, {}, omittedOutputs);
+             const std::vector<size_t> &omittedOutputs = {}, const std::function<void(ir::Op &)> &prepare = {}) {
+  return test_ops::makeOneOp(type, domain, opset, ins, std::move(attrs), outputs, consts, prepare, omittedOutputs);
 }
+
+/// Gives \p op the Relu's gradient that fuseMaxPoolGradRelu folds into MaxPoolGrad.
+void fuseRelu(ir::Op &op) { op.fusion.activation.kind = ir::FusedActivation::Kind::Relu; }
+
+/// \p v rounded to 16-bit \p type, as bits.
+uint16_t narrowed(DataType type, float v) { return type == BF16 ? floatToBfloat16(v) : floatToHalf(v); }
+/// 16-bit \p bits of \p type widened.
+float widened(DataType type, uint16_t bits) { return type == BF16 ? bfloat16ToFloat(bits) : halfToFloat(bits); }
 
 std::function<float(size_t, std::mt19937 &)> uniform(float lo, float hi) {
   return [lo, hi](size_t, std::mt19937 &r) { return std::uniform_real_distribution<float>(lo, hi)(r); };
@@ -81,6 +91,7 @@ std::function<float(size_t, std::mt19937 &)> uniform(float lo, float hi) {
 TensorInfo omitted() { return TensorInfo(F32, {-1}); }
 
 double tol(int64_t k = 1) { return kernel_compare::sixteenBitTolerance(F16, k); }
+double tolBf16(int64_t k = 1) { return kernel_compare::sixteenBitTolerance(BF16, k); }
 
 /// Expects the fast block kernel, and nothing ranked above it, to run \p op, in several blocks
 /// unless \p oneBlock.
@@ -104,8 +115,8 @@ void expectHalf(const ir::Op &op, double tolerance, const std::function<float(si
 }
 
 /// Runs \p op's fast kernel on \p threads threads and its fp32 twin's \p oracle kernel (the
-/// reference, or the f32 kernel Any chooses) on the widened inputs \p values (FLOAT16 inputs
-/// rounded from them first; NaN and infinities allowed), and expects every FLOAT16 output to be the
+/// reference, or the f32 kernel Any chooses) on the widened inputs \p values (16-bit inputs
+/// rounded from them first; NaN and infinities allowed), and expects every 16-bit output to be the
 /// oracle's narrowed once: NaN where it is NaN, the same infinity, else within \p tolerance relative.
 void expectHalfWithSpecials(const ir::Op &op, const std::vector<std::vector<float>> &values, int threads,
                             double tolerance, KernelProvider oracle = KernelProvider::Reference) {
@@ -117,10 +128,10 @@ void expectHalfWithSpecials(const ir::Op &op, const std::vector<std::vector<floa
     wide.emplace_back(TensorInfo(F32, op.inInfo(i).shape()));
     for (int64_t k = 0; k < op.inInfo(i).elementCount(); ++k) {
       float v = values[i][static_cast<size_t>(k)];
-      if (op.inInfo(i).dataType() == F16) {
-        uint16_t h = floatToHalf(v);
+      if (DataType t = op.inInfo(i).dataType(); t == F16 || t == BF16) {
+        uint16_t h = narrowed(t, v);
         in.back().as<uint16_t>()[k] = h;
-        v = halfToFloat(h);
+        v = widened(t, h);
       } else {
         in.back().as<float>()[k] = v;
       }
@@ -154,7 +165,8 @@ void expectHalfWithSpecials(const ir::Op &op, const std::vector<std::vector<floa
     if (!op.hasOutput(o)) continue;
     int bad = 0;
     for (int64_t k = 0; k < op.outInfo(o).elementCount() && bad < 5; ++k) {
-      float want = halfToFloat(floatToHalf(refs[o].as<float>()[k])), got = halfToFloat(outs[o].as<uint16_t>()[k]);
+      const DataType t = op.outInfo(o).dataType();
+      float want = widened(t, narrowed(t, refs[o].as<float>()[k])), got = widened(t, outs[o].as<uint16_t>()[k]);
       bool ok = std::isnan(want)   ? std::isnan(got)
                 : std::isinf(want) ? got == want
                                    : !std::isnan(got) && kernel_compare::relDiff(got, want) < tolerance;
@@ -315,6 +327,85 @@ TEST(FastHalf, PoolsAndTheirGradientsOverBlocksOfImages) {
   }
   OneOp global = makeOp("GlobalAveragePool", "ai.onnx", 13, {TensorInfo(F16, x)});
   expectHalf(*global.op, tol(24 * 24), uniform(-4, 4));
+}
+
+// The pools and MaxPoolGrad in BFLOAT16 over blocks of images, asked of the fast family by name
+// (oneDNN, ranked above it, takes the unfused ones); max picks one input (exact), averages sum a
+// window.
+TEST(FastHalf, Bf16PoolsAndTheirGradientsOverBlocksOfImages) {
+  const Shape x{20, 16, 24, 24}, pooled{20, 16, 12, 12};
+  ir::Attributes tiled;
+  tiled.set("kernel_shape", std::vector<int64_t>{2, 2});
+  tiled.set("strides", std::vector<int64_t>{2, 2});
+  ir::Attributes overlapping;
+  overlapping.set("kernel_shape", std::vector<int64_t>{3, 3});
+  overlapping.set("strides", std::vector<int64_t>{2, 2});
+  overlapping.set("pads", std::vector<int64_t>{1, 1, 1, 1});
+  auto expectBlocks = [](const ir::Op &op, double tolerance) {
+    SCOPED_TRACE(op.type + " " + toString(op.inInfo(0).shape()));
+    auto kernel = backend_cpu::createKernel(op, KernelProvider::Fast);
+    EXPECT_NE(kernel->choice().find("f32 blocks"), std::string::npos) << kernel->choice();
+    EXPECT_NE(kernel->choice().rfind("1 f32 blocks", 0), 0u) << kernel->choice();
+    std::mt19937 rng(7);
+    kernel_compare::expectSixteenBitMatchesFp32Reference(KernelProvider::Fast, op, rng, uniform(-4, 4), tolerance);
+  };
+  for (const ir::Attributes &attrs : {tiled, overlapping}) {
+    expectBlocks(*makeOp("MaxPool", "ai.onnx", 12, {TensorInfo(BF16, x)}, attrs).op, tolBf16());
+    expectBlocks(*makeOp("AveragePool", "ai.onnx", 11, {TensorInfo(BF16, x)}, attrs).op, tolBf16(9));
+    ir::Attributes gradAttrs = attrs;
+    gradAttrs.set("dilations", std::vector<int64_t>{1, 1});
+    if (!gradAttrs.has("pads")) gradAttrs.set("pads", std::vector<int64_t>{0, 0, 0, 0});
+    expectBlocks(
+        *makeOp("MaxPoolGrad", "ai.graphcore", 1, {TensorInfo(BF16, x), TensorInfo(BF16, pooled)}, gradAttrs).op,
+        tolBf16(9));
+  }
+  expectBlocks(*makeOp("GlobalAveragePool", "ai.onnx", 13, {TensorInfo(BF16, x)}).op, tolBf16(24 * 24));
+}
+
+// The CNN's bf16 MaxPoolGrad with the Relu's gradient fused (fuseMaxPoolGradRelu): oneDNN has no
+// such kernel, so the blocks run it over the fast f32 plane kernel, chosen over the reference.
+TEST(FastHalf, Bf16MaxPoolGradWithFusedReluIsChosenAndMatches) {
+  const Shape x{32, 32, 32, 32}, pooled{32, 32, 16, 16};
+  ir::Attributes attrs;
+  attrs.set("kernel_shape", std::vector<int64_t>{2, 2});
+  attrs.set("strides", std::vector<int64_t>{2, 2});
+  attrs.set("dilations", std::vector<int64_t>{1, 1});
+  attrs.set("pads", std::vector<int64_t>{0, 0, 0, 0});
+  for (DataType t : {BF16, F16}) {
+    OneOp o =
+        makeOp("MaxPoolGrad", "ai.graphcore", 1, {TensorInfo(t, x), TensorInfo(t, pooled)}, attrs, 1, {}, {}, fuseRelu);
+    ASSERT_TRUE(o.op->fusion.relu());
+    SCOPED_TRACE(toString(t));
+    // X a Relu's output: zeros and positives, so that the mask matters.
+    expectHalf(*o.op, t == BF16 ? tolBf16() : tol(), [](size_t i, std::mt19937 &r) {
+      float v = std::uniform_real_distribution<float>(-2, 2)(r);
+      return i == 0 ? std::max(v, 0.f) : v;
+    });
+    EXPECT_NE(backend_cpu::KernelRegistry::instance().choose(*o.op).explanation().find("a fused Relu gradient"),
+              std::string::npos);
+  }
+  // NaN and infinities in X and dY, on one and two threads, against the f32 kernel Any chooses
+  // for the twin (the fast plane kernel, whose 2x2 windows order a NaN as documented in
+  // vecloops.hpp, unlike the reference's).
+  OneOp o = makeOp("MaxPoolGrad", "ai.graphcore", 1, {TensorInfo(BF16, x), TensorInfo(BF16, pooled)}, attrs, 1, {}, {},
+                   fuseRelu);
+  for (int threads : {1, 2})
+    expectHalfWithSpecials(
+        *o.op, {withSpecials(shapeElementCount(x), -2, 2, 5), withSpecials(shapeElementCount(pooled), -2, 2, 6)},
+        threads, tolBf16(), KernelProvider::Any);
+}
+
+// oneDNN's bf16 eltwise and softmax are native: the blocks decline bf16 for those, saying why.
+TEST(FastHalf, Bf16OnlyForThePools) {
+  const auto &registry = backend_cpu::KernelRegistry::instance();
+  for (const char *t : {"Relu", "Softmax"}) {
+    OneOp o = makeOp(t, "ai.onnx", 13, {TensorInfo(BF16, {4, 300})});
+    std::string why = registry.choose(*o.op, KernelProvider::Fast).explanation();
+    EXPECT_NE(why.find("input 0 is BFLOAT16, left to oneDNN's native bf16 kernels"), std::string::npos) << why;
+    const backend_cpu::KernelEntry *e = registry.find(*o.op);
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->provider, KernelProvider::Dnnl) << t;
+  }
 }
 
 TEST(FastHalf, LayerNormForwardWithHalfOrFloatStatistics) {

@@ -540,10 +540,11 @@ TEST(AgreedLayouts, ConvChainStaysBlockedBetweenConvolutions) {
 namespace {
 
 /// dX of Relu → MaxPool → Σ y·w for x of \p shape, through autodiff; fused (MaxPoolGrad applies
-/// the Relu's gradient) or not, in \p type (DOUBLE takes the generic reference loops).
+/// the Relu's gradient) or not, in \p type (DOUBLE takes the generic reference loops). The pass is
+/// expected to fuse once, unless \p fused takes the count it returned.
 std::vector<double> reluPoolGradient(bool fuse, DataType type, const Shape &shape, std::vector<int64_t> kernel,
                                      std::vector<int64_t> strides, const std::vector<double> &x,
-                                     KernelProvider p = KernelProvider::Any) {
+                                     KernelProvider p = KernelProvider::Any, int *fused = nullptr) {
   ir::registerBuiltinOps();
   ir::Graph g;
   g.opsets()["ai.onnx"] = 13;
@@ -562,7 +563,11 @@ std::vector<double> reluPoolGradient(bool fuse, DataType type, const Shape &shap
   g.addOutput(dx);
   ir::inferShapes(g, nullptr);
   if (fuse) {
-    EXPECT_EQ(ir::fuseMaxPoolGradRelu(g), 1);
+    int n = ir::fuseMaxPoolGradRelu(g);
+    if (fused)
+      *fused = n;
+    else
+      EXPECT_EQ(n, 1);
   }
   backend_cpu::ExecutionPlan plan(g, {p});
   TensorData in = TensorData::fromDoubles(type, shape, x);
@@ -609,6 +614,31 @@ TEST(FuseMaxPoolGradRelu, TiledKernelAndFusionMatchTheGenericGradient) {
     for (size_t i = 0; i < generic.size(); ++i)
       ASSERT_NEAR(generic[i], want[i], 1e-12) << "generic fused element " << i;
   }
+}
+
+// A bf16 pool's fused gradient runs on the fast kernel's f32 blocks (backend_cpu/fast/half.cpp),
+// so the pass fuses it where the windows tile; with overlapping windows only the reference kernel
+// would apply the Relu's gradient, so it is left apart.
+TEST(FuseMaxPoolGradRelu, Bf16FusesTiledPoolsOnlyAndMatchesTheGenericGradient) {
+  for (const TiledPoolCase &c : tiledPoolCases()) {
+    std::mt19937 rng(41);
+    std::uniform_int_distribution<int> small(-3, 3); // exact in bf16; ties and zeros in most windows
+    std::vector<double> x(static_cast<size_t>(shapeElementCount(c.shape)));
+    for (auto &v : x)
+      v = small(rng);
+    std::vector<double> want = reluPoolGradient(false, DataType::DOUBLE, c.shape, c.kernel, c.strides, x);
+    std::vector<double> got = reluPoolGradient(true, DataType::BFLOAT16, c.shape, c.kernel, c.strides, x);
+    ASSERT_EQ(got.size(), want.size());
+    // Each dX element is one dY (the loss's weights) rounded to bf16 once, or 0.
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_LE(std::fabs(got[i] - want[i]), std::ldexp(1.0, -8) * std::fabs(want[i])) << "element " << i;
+  }
+  std::vector<double> x(2 * 3 * 9 * 9, 1.0);
+  int fused = -1;
+  reluPoolGradient(true, DataType::BFLOAT16, {2, 3, 9, 9}, {3, 3}, {2, 2}, x, KernelProvider::Any, &fused);
+  EXPECT_EQ(fused, 0) << "overlapping bf16 windows";
+  reluPoolGradient(true, DataType::FLOAT, {2, 3, 9, 9}, {3, 3}, {2, 2}, x, KernelProvider::Any, &fused);
+  EXPECT_EQ(fused, 1) << "f32 fuses any windows, as before";
 }
 
 TEST(FuseBatchNormRelu, TrainingGradientsAndStatisticsMatchTheUnfusedGraph) {
