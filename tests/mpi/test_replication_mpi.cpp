@@ -134,7 +134,7 @@ std::vector<std::vector<float>> trainAccumulated(const Optimizer &opt, Reduction
 }
 
 /// Checks the replicated weights against the accumulated ones (within 1e-6 of each tensor's
-/// largest magnitude), that training moved them, and that every rank holds the same bits.
+/// largest magnitude; exactly on 2 ranks), that training moved them, and that every rank holds the same bits.
 void checkEquivalent(const Optimizer &opt, ReductionType reduction = ReductionType::Mean) {
   int index = -1;
   const auto replicated = trainReplicated(opt, reduction, &index);
@@ -153,8 +153,11 @@ void checkEquivalent(const Optimizer &opt, ReductionType reduction = ReductionTy
       moved = std::max(moved, std::fabs(accumulated[k][i] - initial[k][i]));
     }
     EXPECT_GT(moved, 1e-4f) << "weight " << k << " did not train";
+    // Two gradients sum alike in either order (and halving is exact), so 2 replicas must give
+    // the accumulated bits; more sum in the ring's order, not the accumulator's.
+    const float tolerance = world()->size() == 2 ? 0.0f : 1e-6f * largest;
     for (size_t i = 0; i < replicated[k].size(); ++i)
-      ASSERT_NEAR(replicated[k][i], accumulated[k][i], 1e-6f * largest)
+      ASSERT_NEAR(replicated[k][i], accumulated[k][i], tolerance)
           << "weight " << k << " element " << i << " on rank " << world()->rank() << " of " << world()->size();
   }
   const uint64_t mine = hashOf(replicated);
