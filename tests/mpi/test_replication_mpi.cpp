@@ -87,46 +87,69 @@ uint64_t hashOf(const std::vector<std::vector<float>> &weights) {
   return h;
 }
 
-/// Trains kSteps steps replicated over the world, each rank on its micro-batch of the global batch.
-std::vector<std::vector<float>> trainReplicated(const Optimizer &opt, ReductionType reduction, int *index = nullptr) {
-  const int n = world()->size(), r = world()->rank();
+/// How both sides train: the reduction, and each replica's accumulation factor.
+struct TrainingSetup {
+  ReductionType reduction = ReductionType::Mean;
+  int accumulation = 1;
+};
+
+/// The micro-batches \p first, first + \p stride ... (\p count of them) of \p global, whose
+/// micro-batches hold kMicroBatch samples of \p width values, one after the other.
+std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride, int count) {
+  std::vector<float> out;
+  for (int k = 0; k < count; ++k) {
+    auto begin = global.begin() + (first + k * stride) * kMicroBatch * width;
+    out.insert(out.end(), begin, begin + kMicroBatch * width);
+  }
+  return out;
+}
+
+/// The input shape of \p accumulation micro-batches of \p width values.
+Shape batchShape(int accumulation, int64_t width) {
+  if (accumulation == 1) return {kMicroBatch, width};
+  return {accumulation, kMicroBatch, width};
+}
+
+/// Trains kSteps steps replicated over the world. Each step's global batch holds replicas ×
+/// accumulation micro-batches; replica r accumulates micro-batches r, r + replicas, ...
+std::vector<std::vector<float>> trainReplicated(const Optimizer &opt, const TrainingSetup &setup,
+                                                int *index = nullptr) {
+  const int n = world()->size(), r = world()->rank(), a = setup.accumulation;
   SessionOptions so;
   so.numThreads = 1;
   so.enableReplicatedGraphs = true;
   so.replicatedGraphCount = n;
-  so.accumulationAndReplicationReductionType = reduction;
+  so.accumulationAndReplicationReductionType = setup.reduction;
+  so.enableGradientAccumulation = a > 1;
+  so.accumulationFactor = a;
   so.communicator = world();
   auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
   s->prepareDevice();
   if (index) *index = s->getReplicationIndex();
   for (int step = 0; step < kSteps; ++step) {
-    std::vector<float> x = globalBatch(step, n, kIn, 1), t = globalBatch(step, n, kOut, 2);
-    NDArrayWrapper<float> xa(x.data() + r * kMicroBatch * kIn, {kMicroBatch, kIn});
-    NDArrayWrapper<float> ta(t.data() + r * kMicroBatch * kOut, {kMicroBatch, kOut});
+    std::vector<float> x = microBatches(globalBatch(step, n * a, kIn, 1), kIn, r, n, a);
+    std::vector<float> t = microBatches(globalBatch(step, n * a, kOut, 2), kOut, r, n, a);
+    NDArrayWrapper<float> xa(x.data(), batchShape(a, kIn)), ta(t.data(), batchShape(a, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }
   return weightsOf(*s);
 }
 
-/// The same samples in one process, without a communicator: accumulation over n micro-batches.
-std::vector<std::vector<float>> trainAccumulated(const Optimizer &opt, ReductionType reduction) {
-  const int n = world()->size();
+/// The same samples in one process, without a communicator: one replica accumulating all the
+/// micro-batches of each global batch.
+std::vector<std::vector<float>> trainAccumulated(const Optimizer &opt, const TrainingSetup &setup) {
+  const int micro = world()->size() * setup.accumulation;
   SessionOptions so;
   so.numThreads = 1;
-  so.enableGradientAccumulation = n > 1;
-  so.accumulationFactor = n;
-  so.accumulationAndReplicationReductionType = reduction;
+  so.enableGradientAccumulation = micro > 1;
+  so.accumulationFactor = micro;
+  so.accumulationAndReplicationReductionType = setup.reduction;
   auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
   s->prepareDevice();
-  Shape prefix;
-  if (n > 1) prefix.push_back(n);
-  Shape xs = prefix, ts = prefix;
-  xs.insert(xs.end(), {kMicroBatch, kIn});
-  ts.insert(ts.end(), {kMicroBatch, kOut});
   for (int step = 0; step < kSteps; ++step) {
-    std::vector<float> x = globalBatch(step, n, kIn, 1), t = globalBatch(step, n, kOut, 2);
-    NDArrayWrapper<float> xa(x.data(), xs), ta(t.data(), ts);
+    std::vector<float> x = globalBatch(step, micro, kIn, 1), t = globalBatch(step, micro, kOut, 2);
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }
@@ -135,10 +158,10 @@ std::vector<std::vector<float>> trainAccumulated(const Optimizer &opt, Reduction
 
 /// Checks the replicated weights against the accumulated ones (within 1e-6 of each tensor's
 /// largest magnitude; exactly on 2 ranks), that training moved them, and that every rank holds the same bits.
-void checkEquivalent(const Optimizer &opt, ReductionType reduction = ReductionType::Mean) {
+void checkEquivalent(const Optimizer &opt, const TrainingSetup &setup = {}) {
   int index = -1;
-  const auto replicated = trainReplicated(opt, reduction, &index);
-  const auto accumulated = trainAccumulated(opt, reduction);
+  const auto replicated = trainReplicated(opt, setup, &index);
+  const auto accumulated = trainAccumulated(opt, setup);
   EXPECT_EQ(index, world()->rank());
   ASSERT_EQ(replicated.size(), accumulated.size());
   const std::vector<std::vector<float>> initial = [] {
@@ -153,9 +176,10 @@ void checkEquivalent(const Optimizer &opt, ReductionType reduction = ReductionTy
       moved = std::max(moved, std::fabs(accumulated[k][i] - initial[k][i]));
     }
     EXPECT_GT(moved, 1e-4f) << "weight " << k << " did not train";
-    // Two gradients sum alike in either order (and halving is exact), so 2 replicas must give
-    // the accumulated bits; more sum in the ring's order, not the accumulator's.
-    const float tolerance = world()->size() == 2 ? 0.0f : 1e-6f * largest;
+    // Two gradients sum alike in either order (and halving is exact), so 2 replicas without
+    // accumulation must give the accumulated bits; more sum in another order than one accumulator.
+    const bool exact = world()->size() == 2 && setup.accumulation == 1;
+    const float tolerance = exact ? 0.0f : 1e-6f * largest;
     for (size_t i = 0; i < replicated[k].size(); ++i)
       ASSERT_NEAR(replicated[k][i], accumulated[k][i], tolerance)
           << "weight " << k << " element " << i << " on rank " << world()->rank() << " of " << world()->size();
@@ -187,7 +211,19 @@ TEST(Replication, LambMatchesAccumulation) {
 
 TEST(Replication, SumReductionMatchesSummedAccumulation) {
   checkEquivalent(SGD({{"defaultLearningRate", {0.02f, false}}, {"defaultMomentum", {0.9f, true}}}),
-                  ReductionType::Sum);
+                  TrainingSetup{ReductionType::Sum, 1});
+}
+
+TEST(Replication, AccumulationClippingAndLossScalingMatchAccumulation) {
+  // Each replica accumulates 2 micro-batches; clipping (to a norm below the gradients') must see
+  // the global gradient, and a static loss scale must cancel alike on both sides.
+  SGD opt({{"defaultLearningRate", {0.05f, false}}, {"defaultMomentum", {0.9f, true}}, {"lossScaling", {64.0f, true}}},
+          {ClipNormSettings::clipAllWeights(0.05f)});
+  checkEquivalent(opt, TrainingSetup{ReductionType::Mean, 2});
+  checkEquivalent(opt, TrainingSetup{ReductionType::Sum, 2});
+  SGD unclipped(
+      {{"defaultLearningRate", {0.05f, false}}, {"defaultMomentum", {0.9f, true}}, {"lossScaling", {64.0f, true}}});
+  EXPECT_NE(trainAccumulated(unclipped, {}), trainAccumulated(opt, {})) << "the clipping norm does not clip";
 }
 
 TEST(Replication, DynamicLossScalingAgreesAcrossReplicas) {
