@@ -9,6 +9,10 @@
 #include <mutex>
 #include <string>
 
+namespace popart::comm {
+class Communicator;
+} // namespace popart::comm
+
 namespace popart::backend_cpu {
 
 /// How the oneDNN MatMul kernel presents a large 2-D product of non-constant operands to oneDNN:
@@ -69,8 +73,7 @@ private:
 };
 
 /// Settings and state of the session that creates a kernel. Kernels read it while they are
-/// created and keep no reference to it. Later additions: the communicator of collective ops and
-/// the precision settings.
+/// created and keep no reference to it (collective kernels keep a share of its communicator).
 struct KernelContext {
   /// Threads the session runs kernels on (its SessionOptions::numThreads, resolved).
   int threads = 1;
@@ -84,6 +87,9 @@ struct KernelContext {
   /// SessionOptions::randomSeed: the seed of random kernels that have none of their own (mixed
   /// with each op's salt, so that two such ops differ); -1 draws one from the system per kernel.
   int64_t randomSeed = -1;
+  /// The replicas' group that collective ops (AllReduce...) run over; null without replication,
+  /// and a collective kernel then refuses to be created.
+  std::shared_ptr<comm::Communicator> communicator;
 };
 
 } // namespace popart::backend_cpu

@@ -31,6 +31,8 @@ void registerReferenceConvGradKernels(KernelRegistry &registry);
 void registerReferenceActGradKernels(KernelRegistry &registry);
 void registerReferenceSequenceKernels(KernelRegistry &registry);
 void registerReferenceControlFlowKernels(KernelRegistry &registry);
+/// AllReduce, ReduceScatter and AllGather over KernelContext::communicator (reference/collectives.cpp).
+void registerReferenceCollectiveKernels(KernelRegistry &registry);
 
 void registerFastNormKernels(KernelRegistry &registry);
 void registerFastReduceKernels(KernelRegistry &registry);

@@ -4,6 +4,7 @@
 #include "autodiff/training_passes.hpp"
 #include "autodiff/weights.hpp"
 #include "optimizer/passes.hpp"
+#include "optimizer/replication.hpp"
 
 #include <iostream>
 #include <sstream>
@@ -51,7 +52,9 @@ const std::vector<std::string> &trainingPipeline() {
       "scaleLoss",
       "buildGradients",
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
+      "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
       "applyOptimizer",
+      "agreeAllFinite",
       "inferShapes",
       "markHalfPartials", // after autodiff: the gradient products too
       "removeDeadCode",
@@ -76,6 +79,7 @@ void registerAllPasses() {
   ir::registerIrPasses();
   autodiff::registerTrainingPasses();
   optimizer::registerOptimizerPasses();
+  optimizer::registerReplicationPasses();
   autodiff::registerWeightPasses();
 }
 

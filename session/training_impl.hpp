@@ -61,6 +61,11 @@ struct TrainingSession::Impl {
   int64_t rngCounter = 0;
 
   int accumulation() const { return options.enableGradientAccumulation ? options.accumulationFactor : 1; }
+  /// The divisor of the accumulated gradient: the accumulation factor for a Mean reduction, 1
+  /// for Sum (the replicas' part of a Mean is done by the all-reduce itself).
+  int accumulationDivisor() const {
+    return options.accumulationAndReplicationReductionType == ReductionType::Sum ? 1 : accumulation();
+  }
   bool dynamicScaling() const { return options.automaticLossScalingSettings.enabled; }
   bool histogramScaling() const {
     return dynamicScaling() &&

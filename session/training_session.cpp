@@ -4,8 +4,10 @@
 
 #include "autodiff/training_passes.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "core/log.hpp"
 #include "optimizer/passes.hpp"
+#include "optimizer/replication.hpp"
 #include "session/pipelines.hpp"
 #include "session/profile.hpp"
 #include "session/threads.hpp"
@@ -33,6 +35,31 @@ WeightStatus::Role statusRole(autodiff::WeightRole role) {
   case autodiff::WeightRole::RunningStatistic: return WeightStatus::Role::RunningStatistic;
   }
   return WeightStatus::Role::NoGradient;
+}
+
+/// The communicator of a session with \p options: null without replication, else the one given
+/// or one over MPI_COMM_WORLD, checked against replicatedGraphCount.
+std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options) {
+  const ReductionType reduction = options.accumulationAndReplicationReductionType;
+  if (reduction != ReductionType::Mean && reduction != ReductionType::Sum)
+    throw error("SessionOptions.accumulationAndReplicationReductionType must be Mean or Sum, got ",
+                reduction == ReductionType::NoReduction ? "NoReduction" : "an unknown value");
+  if (!options.enableReplicatedGraphs) {
+    if (options.replicatedGraphCount != 1)
+      throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount,
+                  " but enableReplicatedGraphs is false");
+    if (options.communicator) throw error("SessionOptions.communicator is set but enableReplicatedGraphs is false");
+    return nullptr;
+  }
+  if (options.replicatedGraphCount < 1)
+    throw error("SessionOptions.replicatedGraphCount must be at least 1, got ", options.replicatedGraphCount);
+  std::shared_ptr<comm::Communicator> communicator =
+      options.communicator ? options.communicator : std::make_shared<comm::MpiCommunicator>();
+  if (communicator->size() != options.replicatedGraphCount)
+    throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount, " but the communicator has ",
+                communicator->size(), " ranks",
+                options.communicator ? "" : " (MPI_COMM_WORLD: start one process per replica, mpirun -np <count>)");
+  return communicator;
 }
 
 } // namespace
@@ -79,6 +106,9 @@ void TrainingSession::Impl::compile() {
   opt.optimizer = optimizer.get();
   opt.options.accumulationFactor = accumulation();
   opt.options.checkFinite = dynamicScaling();
+  optimizer::ReplicationPassOptions &replication = context.state<optimizer::ReplicationPassOptions>();
+  replication.enabled = kernelContext.communicator != nullptr;
+  replication.mean = options.accumulationAndReplicationReductionType == ReductionType::Mean;
   const ir::PrecisionPolicy precision = session::precisionPolicy(options, true);
   if (histogramScaling()) {
     opt.options.binEdgeLocation = options.automaticLossScalingSettings.binEdgeLocation;
@@ -165,7 +195,7 @@ void TrainingSession::Impl::resetState() {
 
 void TrainingSession::Impl::writeHostScalars() {
   *variable(lossScaleId).as<float>() = lossScale;
-  *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulation()));
+  *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulationDivisor()));
   for (size_t i = 0; i < applied.updates.size(); ++i)
     optimizer::writeHyperParameters(*optimizer, resolvedHp[i], step + 1,
                                     variable(applied.updates[i].hyperParameters).as<float>());
@@ -220,6 +250,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
+  m.kernelContext.communicator = replicationCommunicator(options);
   session::precisionPolicy(options, true); // a bad mode is an error now, not at prepareDevice
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
@@ -374,6 +405,10 @@ TensorInfo TrainingSession::getInfo(const TensorId &id) const {
 }
 int64_t TrainingSession::getStepCount() const { return impl_->step; }
 float TrainingSession::getLossScale() const { return impl_->lossScale; }
+int TrainingSession::getReplicationIndex() const {
+  const auto &communicator = impl_->kernelContext.communicator;
+  return communicator ? communicator->rank() : 0;
+}
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }

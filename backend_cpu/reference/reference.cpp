@@ -24,6 +24,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceActGradKernels(r);
   registerReferenceSequenceKernels(r);
   registerReferenceControlFlowKernels(r);
+  registerReferenceCollectiveKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -139,6 +139,8 @@ public:
   int64_t getStepCount() const;
   /// The loss scale in use (changes with dynamic loss scaling).
   float getLossScale() const;
+  /// This replica's index, from 0 (its communicator's rank); 0 without replication.
+  int getReplicationIndex() const;
   /// Weight updates skipped for non-finite gradients (dynamic loss scaling).
   int64_t getSkippedSteps() const;
   std::string dumpIr() const;

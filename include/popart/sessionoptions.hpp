@@ -1,13 +1,19 @@
 #pragma once
 /// \file Options of a session.
 
+#include <popart/builder.hpp> // ReductionType
 #include <popart/tensorinfo.hpp>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace popart {
+
+namespace comm {
+class Communicator; // comm/communicator.hpp: kept out of this header, which every user includes
+} // namespace comm
 
 /// Dynamic loss scaling (docs/precision.md, "Loss scaling"), in one of two methods. GradScaler
 /// (torch.cuda.amp.GradScaler): the scale starts at initialScale, is multiplied by growthFactor
@@ -113,6 +119,19 @@ struct SessionOptions {
   /// statistics and large reductions stay fp32; graph inputs and outputs keep their types for
   /// the user (the session converts those the device keeps in 16 bits as it copies them).
   std::string precision = "fp32";
+  /// Training: data-parallel replication (docs/distributed.md, "Replicated training"): this
+  /// process is one of replicatedGraphCount replicas, each running the whole model on its own
+  /// micro-batches, whose weight gradients are all-reduced before clipping and the optimiser.
+  bool enableReplicatedGraphs = false;
+  /// The number of replicas with enableReplicatedGraphs; it must equal the communicator's size.
+  int replicatedGraphCount = 1;
+  /// How gradients combine over the accumulated micro-batches and the replicas: Mean (the
+  /// default; the update sees the mean gradient of all of them) or Sum.
+  ReductionType accumulationAndReplicationReductionType = ReductionType::Mean;
+  /// The replicas' communicator with enableReplicatedGraphs; null makes an MpiCommunicator over
+  /// MPI_COMM_WORLD (initialising MPI if the caller has not). Every rank must create its session
+  /// with the same model and options.
+  std::shared_ptr<comm::Communicator> communicator;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

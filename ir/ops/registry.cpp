@@ -1,3 +1,4 @@
+#include "ir/ops/collectives.hpp"
 #include "ir/ops/families.hpp"
 
 #include <mutex>
@@ -29,6 +30,7 @@ void registerBuiltinOps() {
     registerActGradOps(r);
     registerControlFlowOps(r);
     registerSequenceOps(r);
+    registerCollectiveOps(r);
   });
 }
 

@@ -1,0 +1,100 @@
+// Kernels of the collective ops (ir/ops/collectives.hpp): each hands its buffers to the session's
+// communicator (KernelContext::communicator) and waits for the result. They compute nothing
+// themselves, so one kernel serves every provider; the communicator fixes the order of additions
+// (docs/distributed.md, "Determinism"), so every replica gets the same bits.
+
+#include "ir/ops/collectives.hpp"
+#include "backend_cpu/kernel_families.hpp"
+#include "comm/communicator.hpp"
+#include <popart/error.hpp>
+
+#include <cstring>
+
+namespace popart::backend_cpu {
+
+namespace {
+
+comm::ReduceOp reduceOp(const std::string &name) {
+  if (name == "Mean") return comm::ReduceOp::Mean;
+  if (name == "And") return comm::ReduceOp::And;
+  return comm::ReduceOp::Sum;
+}
+
+/// The session's communicator, or an error naming \p op: collectives need a replicated session.
+std::shared_ptr<comm::Communicator> communicatorFor(const ir::Op &op, const KernelContext &context) {
+  if (!context.communicator)
+    throw error(op.debugName(), ": a collective op needs the session's communicator (SessionOptions::"
+                                "enableReplicatedGraphs), and this session has none");
+  return context.communicator;
+}
+
+/// Checks the op's `replicas` attribute, which decided its shapes, against the communicator.
+void checkReplicas(const ir::Op &op, const comm::Communicator &communicator) {
+  const int64_t replicas = op.attrs.getInt("replicas");
+  if (replicas != communicator.size())
+    throw error(op.debugName(), ": its shapes are for ", replicas, " replicas, but the communicator has ",
+                communicator.size(), " ranks");
+}
+
+class AllReduceKernel : public Kernel {
+public:
+  AllReduceKernel(const ir::Op &op, const KernelContext &context)
+      : communicator_(communicatorFor(op, context)), op_(reduceOp(ir::collectiveReduction(op))),
+        type_(op.inInfo(0).dataType()), count_(op.inInfo(0).elementCount()),
+        bytes_(static_cast<size_t>(op.inInfo(0).byteCount())) {}
+  void run(const KernelArgs &a) override {
+    if (a.outputs[0] != a.inputs[0]) std::memcpy(a.outputs[0], a.inputs[0], bytes_);
+    communicator_->allReduce(a.outputs[0], count_, type_, op_);
+  }
+  int inPlaceInput() const override { return 0; }
+
+private:
+  std::shared_ptr<comm::Communicator> communicator_;
+  comm::ReduceOp op_;
+  DataType type_;
+  int64_t count_;
+  size_t bytes_;
+};
+
+class ReduceScatterKernel : public Kernel {
+public:
+  ReduceScatterKernel(const ir::Op &op, const KernelContext &context)
+      : communicator_(communicatorFor(op, context)), op_(reduceOp(ir::collectiveReduction(op))),
+        type_(op.inInfo(0).dataType()), count_(op.outInfo(0).elementCount()) {
+    checkReplicas(op, *communicator_);
+  }
+  void run(const KernelArgs &a) override {
+    communicator_->reduceScatter(a.inputs[0], a.outputs[0], count_, type_, op_);
+  }
+
+private:
+  std::shared_ptr<comm::Communicator> communicator_;
+  comm::ReduceOp op_;
+  DataType type_;
+  int64_t count_;
+};
+
+class AllGatherKernel : public Kernel {
+public:
+  AllGatherKernel(const ir::Op &op, const KernelContext &context)
+      : communicator_(communicatorFor(op, context)), type_(op.inInfo(0).dataType()),
+        count_(op.inInfo(0).elementCount()) {
+    checkReplicas(op, *communicator_);
+  }
+  void run(const KernelArgs &a) override { communicator_->allGather(a.inputs[0], a.outputs[0], count_, type_); }
+
+private:
+  std::shared_ptr<comm::Communicator> communicator_;
+  DataType type_;
+  int64_t count_;
+};
+
+} // namespace
+
+void registerReferenceCollectiveKernels(KernelRegistry &r) {
+  r.add({"ai.graphcore", "AllReduce", KernelProvider::Reference, nullptr, makeKernel<AllReduceKernel>});
+  r.add({"ai.graphcore", "ReduceScatter", KernelProvider::Reference, nullptr, makeKernel<ReduceScatterKernel>});
+  r.add({"ai.graphcore", "AllGather", KernelProvider::Reference, nullptr, makeKernel<AllGatherKernel>});
+}
+
+} // namespace popart::backend_cpu

@@ -1,0 +1,84 @@
+// AllReduce(x; op) -> y: y has x's info and holds x combined over the replicas by op.
+// ReduceScatter(x; op, replicas) -> y: x is cut into `replicas` equal blocks of its flattened
+// elements; replica r receives block r combined over the replicas, a 1-D tensor.
+// AllGather(x; replicas) -> y: y is [replicas, x's shape], block r holding replica r's x.
+// `replicas` is an attribute because shape inference runs before any communicator is known; the
+// kernel checks it against the communicator's size.
+
+#include "ir/ops/collectives.hpp"
+#include "ir/ops/helpers.hpp"
+
+namespace popart::ir {
+
+namespace {
+
+void setupAllReduce(Op &op) {
+  requireInputCount(op, 1, 1);
+  collectiveReduction(op);
+  op.setOutInfo(0, op.inInfo(0));
+}
+
+int64_t replicasAttribute(const Op &op) {
+  const int64_t replicas = op.attrs.getInt("replicas");
+  if (replicas < 1) throw error(op.debugName(), ": attribute replicas must be at least 1, got ", replicas);
+  return replicas;
+}
+
+void setupReduceScatter(Op &op) {
+  requireInputCount(op, 1, 1);
+  collectiveReduction(op);
+  const int64_t replicas = replicasAttribute(op);
+  const int64_t n = op.inInfo(0).elementCount();
+  if (n % replicas != 0)
+    throw error(op.debugName(), ": ", op.inInfo(0).toString(), " has ", n, " elements, which do not split into ",
+                replicas, " equal blocks (pad it to a multiple of the replica count)");
+  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {n / replicas}));
+}
+
+void setupAllGather(Op &op) {
+  requireInputCount(op, 1, 1);
+  const DataType t = op.inInfo(0).dataType();
+  if (t == DataType::STRING || t == DataType::UNDEFINED)
+    throw error(op.debugName(), ": cannot gather ", toString(t), " (only fixed-size element types)");
+  Shape shape{replicasAttribute(op)};
+  const Shape &in = op.inInfo(0).shape();
+  shape.insert(shape.end(), in.begin(), in.end());
+  op.setOutInfo(0, TensorInfo(t, shape));
+}
+
+OpDef def(const char *type, void (*setup)(Op &)) {
+  OpDef d = makeDef(type, 1, 1000, setup);
+  d.domain = "ai.graphcore";
+  d.foldable = false; // communication, never evaluated at compile time
+  return d;
+}
+
+bool isFloating(DataType t) { return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
+
+} // namespace
+
+std::string collectiveReduction(const Op &op) {
+  const std::string reduction = op.attrs.getString("op", "Sum");
+  const DataType t = op.inInfo(0).dataType();
+  bool ok = false;
+  if (reduction == "Sum")
+    ok = isFloating(t) || t == DataType::INT64;
+  else if (reduction == "Mean")
+    ok = isFloating(t);
+  else if (reduction == "And")
+    ok = t == DataType::BOOL;
+  else
+    throw error(op.debugName(), ": attribute op must be Sum, Mean or And, got '", reduction, "'");
+  if (!ok)
+    throw error(op.debugName(), ": cannot combine ", toString(t), " by ", reduction,
+                " (Sum: FLOAT, FLOAT16, BFLOAT16, INT64; Mean: the floating types; And: BOOL)");
+  return reduction;
+}
+
+void registerCollectiveOps(OpRegistry &r) {
+  r.add(def("AllReduce", setupAllReduce));
+  r.add(def("ReduceScatter", setupReduceScatter));
+  r.add(def("AllGather", setupAllGather));
+}
+
+} // namespace popart::ir
