@@ -13,7 +13,7 @@ namespace {
 TensorId addAllReduce(ir::Graph &g, const TensorId &x, const char *reduction, int phase) {
   ir::Attributes attrs;
   attrs.set("op", std::string(reduction));
-  const TensorId y = g.uniqueId(x + "_allreduced");
+  TensorId y = g.uniqueId(x + "_allreduced");
   ir::Op &op = g.addOp("AllReduce", "ai.graphcore", 1, "allreduce_" + x, std::move(attrs), {x}, {y});
   op.phase = phase;
   op.def->setup(op);

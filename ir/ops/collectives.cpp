@@ -58,7 +58,7 @@ bool isFloating(DataType t) { return t == DataType::FLOAT || t == DataType::FLOA
 } // namespace
 
 std::string collectiveReduction(const Op &op) {
-  const std::string reduction = op.attrs.getString("op", "Sum");
+  std::string reduction = op.attrs.getString("op", "Sum");
   const DataType t = op.inInfo(0).dataType();
   bool ok = false;
   if (reduction == "Sum")
