@@ -8,10 +8,11 @@
 // Gemm's alpha, beta and C, applied on the way. The fp16.16 products (kHalfPartials) are the
 // reference kernel's.
 //
-// Blocks (kBlockABytes, kPanelBytes): the scratch is planned in the arena at the product's step,
+// Blocks (blockABytes, panelBytes): the scratch is planned in the arena at the product's step,
 // and the arena peaks of the MLP and of BERT were at 16-bit products whose blocks held up to 2.4 MB,
-// more than the operands. A block of rows of A (about 512 KiB of f32) is widened by all threads
-// together and shared; each thread takes panels of columns of B (about 128 KiB) with a result
+// more than the operands. A block of rows of A (512 KiB to 2 MiB of f32, by the product's size) is
+// widened by all threads together and shared; each thread takes panels of columns of B (128 KiB to
+// 1 MiB) with a result
 // block and a oneDNN scratchpad of its own, so the scratch is a fraction of the operands whatever
 // their sizes. The price is widening B's panels again for each block of A. The threads run their
 // panels' products on one-thread primitives in one parallel region per run, with two barriers
@@ -19,8 +20,10 @@
 // on a loaded machine. fp16 modes gain memory on CPUs without fp16 arithmetic, not speed: with
 // one thread the bench MLP's fp16.32 inference and training steps took 0-20% longer than with
 // blocks of up to 2 MiB (its noisy host), for 1.1 MB of scratch at its Gemm instead of 2.4 MB
-// (64 KiB panels: 0.9 MB, 30-45% longer). A transposed A (a weight gradient's X) is copied by
-// brgemm into each thread's scratchpad: there the scratch is larger than it need be.
+// (64 KiB panels: 0.9 MB, 30-45% longer). With those floors for every product BERT-mini's fp16.32
+// training ran 23% slower than with the old 2 MiB blocks; blocks grown with the product's size
+// brought that to 10% (A/B of the two builds, 2 threads) for 4 MB more arena. A transposed A (a weight gradient's X) is
+// copied by brgemm into each thread's scratchpad: there the scratch is larger than it need be.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -45,10 +48,19 @@ namespace {
 
 using namespace dnnl;
 
-/// f32 bytes of a block of rows of A, shared by the threads ...
-constexpr int64_t kBlockABytes = int64_t{512} << 10;
-/// ... and of each thread's panel of columns of B, and of its result block.
-constexpr int64_t kPanelBytes = int64_t{128} << 10;
+/// f32 bytes of a block of rows of A, shared by the threads, and of each thread's panel of
+/// columns of B (and of its result block), for a product whose fp16 operands and result take
+/// \p operandBytes: an eighth and a thirty-second of them, within [512 KiB, 2 MiB] and
+/// [128 KiB, 1 MiB]. Small blocks keep a small product's scratch from dominating the arena (the
+/// MLP's); a large product's is small beside its operands anyway, and small blocks there cost its
+/// speed (BERT-mini's fp16.32 gradient products ran at half their GFLOP/s with the floors: oneDNN
+/// copies a transposed operand per call, and calls on 128 KiB panels are short).
+int64_t blockABytes(int64_t operandBytes) {
+  return std::clamp<int64_t>(operandBytes / 8, int64_t{512} << 10, int64_t{2} << 20);
+}
+int64_t panelBytes(int64_t operandBytes) {
+  return std::clamp<int64_t>(operandBytes / 32, int64_t{128} << 10, int64_t{1} << 20);
+}
 
 int64_t aligned64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
@@ -146,8 +158,8 @@ public:
     // reads and writes contiguous runs (oneDNN reads the transposed f32 block through strides).
     aTransposed_ = p_.aCol != 1 && k > 1 && (p_.aRow == 1 || m == 1);
     bTransposed_ = p_.bCol != 1 && n > 1 && (p_.bRow == 1 || k == 1);
-    // A block of rows of A (about kBlockABytes of f32) is widened once, shared by the threads; each
-    // thread takes panels of columns of B (about kPanelBytes, with a result block of at most that)
+    // A block of rows of A (about blockABytes() of f32) is widened once, shared by the threads; each
+    // thread takes panels of columns of B (about panelBytes(), with a result block of at most that)
     // and widens them again for each block of A. B is the per-thread operand because oneDNN's
     // brgemm matmul copies its weights into a scratchpad of its own (per thread here) when they are
     // not in its blocked layout: that copy is a panel's size, not a block of A's.
@@ -156,8 +168,9 @@ public:
       return std::min(total, ((total + parts - 1) / parts + 15) / 16 * 16);
     };
     auto linesOf = [k](int64_t bytes) { return std::max<int64_t>(16, bytes / (4 * k) / 16 * 16); };
-    mb_ = split(m, linesOf(kBlockABytes));
-    nb_ = split(n, std::max<int64_t>(16, std::min(linesOf(kPanelBytes), kPanelBytes / (4 * mb_) / 16 * 16)));
+    const int64_t operandBytes = 2 * (m * k + k * n + m * n), panel = panelBytes(operandBytes);
+    mb_ = split(m, linesOf(blockABytes(operandBytes)));
+    nb_ = split(n, std::max<int64_t>(16, std::min(linesOf(panel), panel / (4 * mb_) / 16 * 16)));
     rowBlocks_ = (m + mb_ - 1) / mb_, panels_ = (n + nb_ - 1) / nb_;
     threads_ = static_cast<int>(std::clamp<int64_t>(panels_, 1, omp_get_max_threads()));
     // A FLOAT Y that takes the product as it is (a gradient written for an fp32 master weight,
