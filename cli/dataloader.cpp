@@ -1,10 +1,11 @@
 // DataLoader: one worker thread fills a ring of prefetchDepth + 1 batches; the consumer holds the
-// batch last returned by next() until it asks for another.
+// batch last returned by next() until it asks for another. DistributedSampler: which samples.
 
 #include "cli/dataloader.hpp"
 
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <numeric>
@@ -48,13 +49,13 @@ std::map<TensorId, IArray &> Batch::arrays() {
   return m;
 }
 
-DataLoader::DataLoader(Dataset dataset, int64_t samplesPerBatch, bool shuffle, uint64_t seed, int prefetchDepth,
-                       LoaderPosition start)
-    : dataset_(std::move(dataset)), samplesPerBatch_(samplesPerBatch), shuffle_(shuffle), seed_(seed) {
-  if (dataset_.empty()) throw error("DataLoader: the data set has no arrays");
-  if (prefetchDepth < 1) throw error("DataLoader: prefetchDepth must be at least 1, got ", prefetchDepth);
+namespace {
+
+/// The samples of \p dataset after checking that its arrays agree on them.
+int64_t checkedSamples(const Dataset &dataset) {
+  if (dataset.empty()) throw error("DataLoader: the data set has no arrays");
   std::set<std::string> names;
-  for (const auto &a : dataset_) {
+  for (const auto &a : dataset) {
     if (!names.insert(a.name).second) throw error("DataLoader: two arrays are named '", a.name, "'");
     if (a.info.rank() < 1 || !a.info.isKnown() || dataTypeSize(a.info.dataType()) == 0)
       throw error("DataLoader: array '", a.name, "' is ", a.info.toString(),
@@ -63,15 +64,61 @@ DataLoader::DataLoader(Dataset dataset, int64_t samplesPerBatch, bool shuffle, u
       throw error("DataLoader: array '", a.name, "' is ", a.info.toString(), " (", a.info.byteCount(),
                   " bytes) but has ", a.bytes.size(), " bytes");
   }
-  samples_ = dataset_[0].info.dim(0);
-  for (const auto &a : dataset_)
-    if (a.info.dim(0) != samples_)
+  const int64_t samples = dataset[0].info.dim(0);
+  for (const auto &a : dataset)
+    if (a.info.dim(0) != samples)
       throw error("DataLoader: array '", a.name, "' has ", a.info.dim(0), " samples (leading dimension of ",
-                  a.info.toString(), ") but '", dataset_[0].name, "' has ", samples_);
-  if (samplesPerBatch_ < 1 || samplesPerBatch_ > samples_)
-    throw error("DataLoader: samplesPerBatch must be in [1, ", samples_, "] (the samples in the data set), got ",
-                samplesPerBatch_);
-  stepsPerEpoch_ = samples_ / samplesPerBatch_;
+                  a.info.toString(), ") but '", dataset[0].name, "' has ", samples);
+  return samples;
+}
+
+} // namespace
+
+DistributedSampler::DistributedSampler(int64_t samples, int64_t samplesPerReplica, bool shuffle, uint64_t seed,
+                                       ReplicaSlice slice)
+    : samples_(samples), samplesPerReplica_(samplesPerReplica), shuffle_(shuffle), seed_(seed), slice_(slice) {
+  if (slice_.replicas < 1 || slice_.rank < 0 || slice_.rank >= slice_.replicas)
+    throw error("DistributedSampler: replica ", slice_.rank, " of ", slice_.replicas,
+                " is not a replica (the rank must be in [0, replicas), replicas at least 1)");
+  const int64_t most = samples_ / slice_.replicas;
+  if (samplesPerReplica_ < 1 || samplesPerReplica_ > most)
+    throw error("DistributedSampler: samplesPerBatch must be in [1, ", most, "] (the ", samples_,
+                " samples of the data set",
+                slice_.replicas > 1 ? " shared by " + std::to_string(slice_.replicas) + " replicas" : std::string(),
+                "), got ", samplesPerReplica_);
+}
+
+std::vector<int64_t> DistributedSampler::epochOrder(int64_t epoch) const {
+  std::vector<int64_t> order(static_cast<size_t>(samples_));
+  std::iota(order.begin(), order.end(), int64_t(0));
+  if (!shuffle_) return order;
+  // The permutation must not depend on the replica: every rank draws the same one.
+  std::mt19937_64 rng(mix(mix(seed_) ^ static_cast<uint64_t>(epoch)));
+  for (size_t i = order.size() - 1; i > 0; --i)
+    std::swap(order[i], order[below(rng, i + 1)]);
+  return order;
+}
+
+void DistributedSampler::sliceOf(const std::vector<int64_t> &order, int64_t step, int64_t *out) const {
+  if (step < 0 || step >= stepsPerEpoch())
+    throw error("DistributedSampler: step ", step, " is outside the epoch's ", stepsPerEpoch(), " steps");
+  const int64_t first = step * globalBatch() + slice_.rank * samplesPerReplica_;
+  std::copy_n(order.begin() + first, samplesPerReplica_, out);
+}
+
+std::vector<int64_t> DistributedSampler::indices(int64_t epoch, int64_t step) const {
+  std::vector<int64_t> out(static_cast<size_t>(samplesPerReplica_));
+  sliceOf(epochOrder(epoch), step, out.data());
+  return out;
+}
+
+DataLoader::DataLoader(Dataset dataset, int64_t samplesPerBatch, bool shuffle, uint64_t seed, int prefetchDepth,
+                       LoaderPosition start, ReplicaSlice slice)
+    : dataset_(std::move(dataset)), samplesPerBatch_(samplesPerBatch),
+      sampler_(checkedSamples(dataset_), samplesPerBatch, shuffle, seed, slice) {
+  if (prefetchDepth < 1) throw error("DataLoader: prefetchDepth must be at least 1, got ", prefetchDepth);
+  samples_ = sampler_.samples();
+  stepsPerEpoch_ = sampler_.stepsPerEpoch();
   if (start.epoch < 0 || start.step < 0 || start.step >= stepsPerEpoch_)
     throw error("DataLoader: start position (epoch ", start.epoch, ", step ", start.step, ") is outside the epochs of ",
                 stepsPerEpoch_, " steps");
@@ -102,20 +149,9 @@ double DataLoader::waitedSeconds() const {
   return waited_;
 }
 
-std::vector<int64_t> DataLoader::epochOrder(int64_t epoch) const {
-  std::vector<int64_t> order(static_cast<size_t>(samples_));
-  std::iota(order.begin(), order.end(), int64_t(0));
-  if (!shuffle_) return order;
-  std::mt19937_64 rng(mix(mix(seed_) ^ static_cast<uint64_t>(epoch)));
-  for (size_t i = order.size() - 1; i > 0; --i)
-    std::swap(order[i], order[below(rng, i + 1)]);
-  return order;
-}
-
 void DataLoader::fill(Batch &batch, LoaderPosition pos, const std::vector<int64_t> &order) const {
   batch.position_ = pos;
-  for (int64_t i = 0; i < samplesPerBatch_; ++i)
-    batch.indices_[static_cast<size_t>(i)] = order[static_cast<size_t>(pos.step * samplesPerBatch_ + i)];
+  sampler_.sliceOf(order, pos.step, batch.indices_.data());
   for (size_t k = 0; k < dataset_.size(); ++k) {
     const size_t sampleBytes = dataset_[k].bytes.size() / static_cast<size_t>(samples_);
     const uint8_t *src = dataset_[k].bytes.data();

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <numbers>
+#include <numeric>
 #include <random>
 #include <unistd.h>
 
@@ -170,19 +171,29 @@ int runFashionMnistExample(const FashionMnistOptions &opt) {
   Dataset train = loadSplit(opt.dataDir, "train", m);
   Dataset test = loadSplit(opt.dataDir, "t10k", m);
   const int64_t trainSamples = train[0].info.dim(0), testSamples = test[0].info.dim(0);
-  DataLoader loader(std::move(train), batch, true, opt.seed);
+  const Replication &replication = opt.replication;
+  const int64_t replicas = replication.slice.replicas;
+  DataLoader loader(std::move(train), batch, true, opt.seed, 2, {}, replication.slice);
   const int64_t perEpoch = loader.stepsPerEpoch();
   const int64_t total = opt.steps > 0 ? opt.steps : perEpoch * opt.epochs;
   const int64_t epochs = (total + perEpoch - 1) / perEpoch;
-  std::printf("Fashion-MNIST: %s, %ld training and %ld test images, batch %ld, Adam lr %g (%s), %ld step(s)\n",
-              opt.model.c_str(), static_cast<long>(trainSamples), static_cast<long>(testSamples),
-              static_cast<long>(batch), lr, opt.lrSchedule.c_str(), static_cast<long>(total));
+  const int64_t globalBatch = loader.sampler().globalBatch();
+  const std::string batchText =
+      std::to_string(batch) + (replication.enabled() ? " x " + std::to_string(replicas) + " replicas (global batch " +
+                                                           std::to_string(globalBatch) + ")"
+                                                     : "");
+  std::printf("Fashion-MNIST: %s, %ld training and %ld test images, batch %s, Adam lr %g (%s), %ld step(s)\n",
+              opt.model.c_str(), static_cast<long>(trainSamples), static_cast<long>(testSamples), batchText.c_str(), lr,
+              opt.lrSchedule.c_str(), static_cast<long>(total));
+  std::printf("data: %ld steps per epoch, %ld training images dropped per epoch (the last, incomplete batch)\n",
+              static_cast<long>(perEpoch), static_cast<long>(loader.sampler().droppedPerEpoch()));
 
   SessionOptions so;
   so.numThreads = opt.threads;
   so.batchSize = batch;
   so.kernels = opt.kernels;
   so.precision = opt.precision;
+  replication.apply(so);
   Adam adam({{"defaultLearningRate", {lr, false}}}, AdamMode::Adam, WeightDecayMode::L2Regularization);
   auto session = TrainingSession::createFromOnnxModel(m.proto, DataFlow(1, {{m.loss, AnchorReturnType("FINAL")}}),
                                                       m.loss, adam, so);
@@ -206,27 +217,32 @@ int runFashionMnistExample(const FashionMnistOptions &opt) {
     }
     StepIO io(b.arrays(), {{m.loss, lossOut}});
     session->run(io);
-    if (!std::isfinite(loss))
-      throw error("Fashion-MNIST: the loss is ", loss, " at epoch ", pos.epoch + 1, " step ", pos.step + 1);
-    windowLoss += loss;
+    // The mean over the replicas, the same on every rank, so that all of them stop together.
+    const std::vector<double> losses = replication.gather({static_cast<double>(loss)});
+    const double stepLoss = std::accumulate(losses.begin(), losses.end(), 0.0) / static_cast<double>(losses.size());
+    if (!std::isfinite(stepLoss))
+      throw error("Fashion-MNIST: the loss is ", stepLoss, " at epoch ", pos.epoch + 1, " step ", pos.step + 1);
+    windowLoss += stepLoss;
     ++windowSteps;
     if ((pos.step + 1) % opt.logEvery == 0 || pos.step + 1 == perEpoch || t + 1 == total) {
       double secs = std::chrono::duration<double>(Clock::now() - windowStart).count();
       std::printf("epoch %ld/%ld  step %ld/%ld  loss %.4f  %.0f samples/s\n", static_cast<long>(pos.epoch + 1),
                   static_cast<long>(epochs), static_cast<long>(pos.step + 1), static_cast<long>(perEpoch),
-                  windowLoss / static_cast<double>(windowSteps), static_cast<double>(windowSteps * batch) / secs);
+                  windowLoss / static_cast<double>(windowSteps), static_cast<double>(windowSteps * globalBatch) / secs);
       std::fflush(stdout);
       windowLoss = 0.0;
       windowSteps = 0;
       windowStart = Clock::now();
     }
   }
-  const int64_t trainedSamples = total * batch;
+  const int64_t trainedSamples = total * globalBatch;
   const double trainSecs = std::chrono::duration<double>(Clock::now() - trainStart).count();
   std::printf("trained %ld samples in %.1f s (%.0f samples/s; %.2f s waiting for the data loader)\n",
               static_cast<long>(trainedSamples), trainSecs, static_cast<double>(trainedSamples) / trainSecs,
               loader.waitedSeconds());
 
+  // The replicas hold the same weights: rank 0 alone saves and evaluates them.
+  if (!replication.leader()) return 0;
   namespace fs = std::filesystem;
   std::string path = opt.saveModel;
   if (path.empty())
@@ -303,6 +319,7 @@ FashionMnistOptions exampleOptions(const CLI::App &app, const TrainOptions &trai
   opt.batch = train.batch;
   opt.kernels = train.kernels;
   opt.precision = train.precision;
+  opt.replication = train.replication;
   return opt;
 }
 

@@ -2,6 +2,8 @@
 /// \file The Fashion-MNIST example of popart-run: a model built with popart::Builder, trained by a
 /// TrainingSession fed from a DataLoader, then evaluated on the 10,000 test images.
 
+#include "cli/replication.hpp"
+
 #include <popart/tensorinfo.hpp>
 
 #include <cstdint>
@@ -42,6 +44,9 @@ struct FashionMnistOptions {
   int64_t logEvery = 100;
   /// Also write the trained model here (ONNX).
   std::string saveModel;
+  /// Data-parallel replicas: each trains on its slice of every global batch of batch × replicas
+  /// images; rank 0 prints, evaluates and saves.
+  Replication replication;
 };
 
 /// A model of the example: the serialized ModelProto and its tensor names.

@@ -3,6 +3,7 @@
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/kernel.hpp"
 #include "cli/fashion_mnist.hpp"
+#include "cli/replication.hpp"
 #include "cli/train.hpp"
 #include "core/dispatch.hpp"
 #include "ir/op.hpp"
@@ -18,10 +19,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <fcntl.h>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <random>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 using namespace popart;
@@ -342,6 +348,25 @@ void printOps() {
   }
 }
 
+/// Sends this process's standard output to /dev/null: the replicas other than rank 0 print
+/// nothing but their errors (on stderr, naming the rank).
+void silenceStandardOutput() {
+  std::fflush(stdout);
+  int null = ::open("/dev/null", O_WRONLY);
+  if (null < 0) return;
+  ::dup2(null, STDOUT_FILENO);
+  ::close(null);
+}
+
+/// Threads for each replica of an MPI job without --threads: OMP_NUM_THREADS if set (the session
+/// would otherwise take every core, ignoring it), else the host's cores shared out among the ranks
+/// that mpirun put on it.
+int replicaThreads(const cli::MpiEnvironment &env, int worldSize) {
+  if (const char *omp = std::getenv("OMP_NUM_THREADS"); omp != nullptr && std::atoi(omp) > 0) return std::atoi(omp);
+  return cli::threadsPerRank(static_cast<int>(std::thread::hardware_concurrency()),
+                             env.localSize > 0 ? env.localSize : worldSize);
+}
+
 } // namespace
 
 static int runMain(int argc, char **argv) {
@@ -395,12 +420,34 @@ static int runMain(int argc, char **argv) {
   std::string example;
   cli::FashionMnistOptions exampleOpt;
   cli::addExampleOptions(app, example, exampleOpt);
+  int replicas = 0;
+  bool replicatedFlag = false;
+  app.add_option(
+         "--replicas", replicas,
+         "train N data-parallel replicas on this host: runs popart-run again under mpirun --oversubscribe -np N "
+         "(docs/distributed.md); --batch and the model's batch are per replica")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--replicated", replicatedFlag,
+               "be one replica of an MPI job (automatic under Open MPI's mpirun; for other launchers)");
+  // Known before parsing, so that only rank 0 prints --help and the parse errors, which every
+  // rank meets alike.
+  std::string rankPrefix;
+  cli::MpiEnvironment env;
+  try {
+    env = cli::mpiEnvironment();
+  } catch (const std::exception &e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  }
+  if (env.underMpirun() && env.rank != 0) silenceStandardOutput();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    int code = app.exit(e);
+    std::ostringstream quiet;
+    int code = env.rank == 0 ? app.exit(e) : app.exit(e, quiet, quiet);
     return code == 0 ? 0 : 2;
   }
+  bool replicated = false;
   try {
     if (listOps) {
       printOps();
@@ -409,6 +456,29 @@ static int runMain(int argc, char **argv) {
     if (listPasses) {
       std::cout << session::describePipelines();
       return 0;
+    }
+    const bool training = train.train || !example.empty();
+    if (app.count("--replicas") && !env.underMpirun() && !replicatedFlag) {
+      if (!training) throw error("--replicas trains replicas of a model: it needs --train or --example");
+      if (replicas > 1) cli::launchReplicas(replicas, opt.threads, argc, argv);
+    }
+    if (env.underMpirun() || replicatedFlag) {
+      if (!training)
+        throw error("popart-run runs as one of ", env.size,
+                    " MPI processes, and replicates training only: give --train ",
+                    "or --example, or run inference without mpirun");
+      train.replication = cli::joinReplicas();
+      replicated = true;
+      const cli::ReplicaSlice &slice = train.replication.slice;
+      rankPrefix = "rank " + std::to_string(slice.rank) + " of " + std::to_string(slice.replicas) + ": ";
+      if (!train.replication.leader()) {
+        silenceStandardOutput();
+        if (std::getenv("POPART_LOG_LEVEL") == nullptr) logging::setLogLevel(logging::Level::Err);
+      }
+      if (app.count("--replicas") && replicas != slice.replicas)
+        throw error("--replicas ", replicas, " but mpirun started ", slice.replicas,
+                    " processes: leave --replicas out under mpirun");
+      if (!app.count("--threads")) opt.threads = replicaThreads(env, slice.replicas);
     }
     if (!example.empty()) {
       train.seed = opt.seed;
@@ -445,7 +515,15 @@ static int runMain(int argc, char **argv) {
   } catch (const std::exception &e) {
     std::string msg = cli::cliWording(e.what());
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    std::cerr << "error: " << msg << "\n";
+    std::cerr << "error: " << rankPrefix << msg << "\n";
+    if (replicated) {
+      // Leaving without MPI_Finalize makes mpirun end the other ranks now; finalising would wait
+      // for them, and they may be waiting for this rank in a collective.
+      std::cout.flush();
+      std::cerr.flush();
+      std::fflush(nullptr);
+      ::_exit(2);
+    }
     return 2;
   }
 }

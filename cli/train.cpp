@@ -186,7 +186,8 @@ struct Progress {
   int64_t step = 0;
   uint64_t seed = 0;
   bool shuffle = false;
-  int64_t samples = 0, batch = 0;
+  int64_t samples = 0, batch = 0; ///< batch: the samples of a step, over all replicas
+  int64_t replicas = 1;
 };
 
 void writeFileAtomically(const fs::path &path, const std::string &bytes) {
@@ -203,7 +204,7 @@ void writeFileAtomically(const fs::path &path, const std::string &bytes) {
 std::string progressText(const Progress &p) {
   return "step " + std::to_string(p.step) + "\nseed " + std::to_string(p.seed) + "\nshuffle " +
          std::to_string(p.shuffle ? 1 : 0) + "\nsamples " + std::to_string(p.samples) + "\nbatch " +
-         std::to_string(p.batch) + "\n";
+         std::to_string(p.batch) + "\nreplicas " + std::to_string(p.replicas) + "\n";
 }
 
 Progress readProgress(const fs::path &path) {
@@ -222,6 +223,8 @@ Progress readProgress(const fs::path &path) {
   p.shuffle = kv["shuffle"] != 0;
   p.samples = kv["samples"];
   p.batch = kv["batch"];
+  // Written before replication existed: one process.
+  p.replicas = kv.count("replicas") ? kv["replicas"] : 1;
   return p;
 }
 
@@ -367,18 +370,24 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   auto optimizer = makeOptimizer(o, baseLr);
 
   // The loss is anchored, so its name is needed first: the model's only declared scalar output,
-  // else a session without anchors finds it from the inferred shapes (no plan is compiled).
+  // else a session without anchors finds it from the inferred shapes (no plan is compiled). These
+  // probes are not replicas: made with the options before replication.
   TensorId lossId = o.loss;
+  const SessionOptions probe = so;
+  const Replication &replication = o.replication;
+  const int64_t replicas = replication.slice.replicas;
+  replication.apply(so);
   if (lossId.empty()) {
-    auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), so);
+    auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), probe);
     std::vector<TensorId> scalars;
     for (const auto &id : declared->getOutputIds())
       if (TensorInfo info = declared->getInfo(id); info.isKnown() && info.elementCount() == 1) scalars.push_back(id);
     if (scalars.size() == 1) {
       lossId = scalars[0];
     } else {
-      lossId = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "", *optimizer, so)
-                   ->getLossId();
+      lossId =
+          TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), "", *optimizer, probe)
+              ->getLossId();
     }
   }
   auto session = TrainingSession::createFromOnnxModel(modelPath, DataFlow(1, {lossId}, AnchorReturnType("ALL")), lossId,
@@ -413,11 +422,14 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   for (const auto &[id, t] : data.arrays)
     if (!infos.count(id)) throw error("--input names '", id, "', which is not an input of the model");
+  // Each replica takes perStep samples of each global batch of perStep x replicas.
   const int64_t perStep = batch * o.accumulate;
-  const int64_t stepsPerEpoch = data.samples / perStep;
+  const int64_t globalPerStep = perStep * replicas;
+  const int64_t stepsPerEpoch = data.samples / globalPerStep;
   if (stepsPerEpoch == 0)
     throw error("the dataset has ", data.samples, " samples, fewer than one step needs (batch ", batch,
-                " x accumulation ", o.accumulate, ")");
+                " x accumulation ", o.accumulate, replicas > 1 ? " x " + std::to_string(replicas) + " replicas" : "",
+                ")");
   int64_t total = o.steps > 0    ? o.steps
                   : o.epochs > 0 ? std::max<int64_t>(1, std::llround(o.epochs * double(stepsPerEpoch)))
                                  : stepsPerEpoch;
@@ -426,7 +438,10 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   if (!o.resume.empty()) {
     fs::path dir(o.resume);
     Progress p = readProgress(dir / "progress.txt");
-    if (p.samples != data.samples || p.batch != perStep || p.shuffle != o.shuffle || p.seed != o.seed)
+    if (p.replicas != replicas)
+      throw error("--resume: the checkpoint in '", o.resume, "' was made by ", p.replicas, " replica(s), this run has ",
+                  replicas, "; resuming with another replica count is not supported yet");
+    if (p.samples != data.samples || p.batch != globalPerStep || p.shuffle != o.shuffle || p.seed != o.seed)
       throw error("--resume: the checkpoint in '", o.resume, "' was made with ", p.samples, " samples, ", p.batch,
                   " samples per step, shuffle ", p.shuffle, ", seed ", p.seed, "; this run differs");
     start = p.step;
@@ -437,7 +452,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   // The checkpoint holds weights, optimiser state, loss scale and the random state.
   if (!o.resume.empty()) session->loadCheckpoint((fs::path(o.resume) / "checkpoint.ckpt").string());
 
-  // Batches of B·N samples come from a prefetching loader; each step views them as [N, B, ...].
+  // Batches of B·N samples (this replica's share of the step) come from a prefetching loader;
+  // each step views them as [N, B, ...].
   Dataset dataset;
   for (const auto &id : inputIds) {
     TensorData &t = data.arrays.at(id);
@@ -445,7 +461,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     dataset.push_back({id, t.info(), std::vector<uint8_t>(bytes, bytes + t.byteCount())});
     t = TensorData();
   }
-  DataLoader loader(std::move(dataset), perStep, o.shuffle, o.seed, 2, {start / stepsPerEpoch, start % stepsPerEpoch});
+  DataLoader loader(std::move(dataset), perStep, o.shuffle, o.seed, 2, {start / stepsPerEpoch, start % stepsPerEpoch},
+                    replication.slice);
   std::vector<double> losses(static_cast<size_t>(o.accumulate));
   Shape lossShape;
   if (o.accumulate > 1) lossShape.push_back(o.accumulate);
@@ -475,24 +492,45 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     }
     StepIO io(in, {{lossId, lossArr}});
     session->run(io);
-    for (size_t i = 0; i < losses.size(); ++i)
-      losses[i] = lossValues.valueAsDouble(static_cast<int64_t>(i));
+    std::vector<double> mine(static_cast<size_t>(o.accumulate));
+    for (size_t i = 0; i < mine.size(); ++i)
+      mine[i] = lossValues.valueAsDouble(static_cast<int64_t>(i));
+    // Every replica's losses, in the order of the samples in the global batch: their mean is
+    // the mean that one process accumulating all of them would print.
+    losses = replication.gather(mine);
   };
 
+  // Every replica holds the same weights and optimiser state: rank 0 writes them for all.
   auto saveCheckpoint = [&](int64_t stepsDone) {
+    if (!replication.leader()) return;
     fs::path dir(o.checkpoint);
     fs::create_directories(dir);
     session->saveCheckpoint((dir / "checkpoint.ckpt").string());
-    Progress p{stepsDone, o.seed, o.shuffle, data.samples, perStep};
+    Progress p{stepsDone, o.seed, o.shuffle, data.samples, globalPerStep, replicas};
     writeFileAtomically(dir / "progress.txt", progressText(p));
   };
 
-  const bool tty = isatty(STDOUT_FILENO) != 0;
+  // mpirun hands rank 0 a pseudo-terminal whatever its own output is: replicas print lines.
+  const bool tty = isatty(STDOUT_FILENO) != 0 && !replication.enabled();
   std::vector<WeightStatus> statuses = session->getWeightStatuses();
-  std::printf("training %s: trained %zu of %zu weights, %s, batch %lld%s, %lld steps (%lld per epoch)%s\n",
-              modelPath.c_str(), session->getWeightIds().size(), statuses.size(), o.optimizer.c_str(), (long long)batch,
-              o.accumulate > 1 ? (" x " + std::to_string(o.accumulate) + " accumulated").c_str() : "", (long long)total,
-              (long long)stepsPerEpoch, start > 0 ? (", resuming at step " + std::to_string(start)).c_str() : "");
+  std::string batchText = std::to_string(batch);
+  if (o.accumulate > 1) batchText += " x " + std::to_string(o.accumulate) + " accumulated";
+  if (replication.enabled())
+    batchText += " x " + std::to_string(replicas) + " replicas (global batch " + std::to_string(globalPerStep) + ")";
+  std::printf("training %s: trained %zu of %zu weights, %s, batch %s, %lld steps (%lld per epoch)%s\n",
+              modelPath.c_str(), session->getWeightIds().size(), statuses.size(), o.optimizer.c_str(),
+              batchText.c_str(), (long long)total, (long long)stepsPerEpoch,
+              start > 0 ? (", resuming at step " + std::to_string(start)).c_str() : "");
+  // The remainder of an epoch that does not fill a (global) batch is dropped (docs/distributed.md).
+  const int64_t dropped = loader.sampler().droppedPerEpoch();
+  if (replication.enabled())
+    std::printf("data: %lld samples, %lld global batches of %lld per epoch (each replica takes its slice of %lld), "
+                "%lld dropped per epoch\n",
+                (long long)data.samples, (long long)stepsPerEpoch, (long long)globalPerStep, (long long)perStep,
+                (long long)dropped);
+  else if (dropped > 0)
+    std::printf("data: %lld samples, %lld steps of %lld per epoch, %lld dropped per epoch\n", (long long)data.samples,
+                (long long)stepsPerEpoch, (long long)globalPerStep, (long long)dropped);
   // The weights not trained, one line per reason.
   std::vector<std::pair<std::string, std::vector<TensorId>>> byReason;
   for (const auto &st : statuses) {
@@ -516,7 +554,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
   const std::map<TensorId, TensorData> weightsBefore = readTrainedWeights(*session);
-  if (!o.profile.empty()) session->enableProfiling();
+  if (!o.profile.empty() && replication.leader()) session->enableProfiling();
   auto t0 = clock::now();
   std::vector<double> stepMs;
   double lastLoss = NAN;
@@ -534,8 +572,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
       throw error("the loss became ", lastLoss, " at step ", step + 1, " (try a smaller --lr or --clip-norm)");
     int64_t done = step + 1;
     double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-    double rate = double((done - start) * perStep) / std::max(elapsed, 1e-9);
-    double eta = double(total - done) * perStep / std::max(rate, 1e-9);
+    double rate = double((done - start) * globalPerStep) / std::max(elapsed, 1e-9);
+    double eta = double(total - done) * globalPerStep / std::max(rate, 1e-9);
     if (tty) {
       int width = 24, filled = static_cast<int>(width * done / total);
       std::printf("\rstep %lld/%lld [%s%s] loss %.5g  %.1f samples/s  ETA %s   ", (long long)done, (long long)total,
@@ -557,10 +595,11 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                 (long long)session->getSkippedSteps(), session->getLossScale());
   else if (automaticLossScaling(o))
     std::printf("loss scale now %g\n", session->getLossScale());
-  std::printf("final loss: %.6g\n", lastLoss);
+  std::printf("final loss: %.6g%s\n", lastLoss,
+              replication.enabled() ? (" (mean over " + std::to_string(replicas) + " replicas)").c_str() : "");
   std::printf("%s\n", unchangedReport(weightsBefore, readTrainedWeights(*session)).c_str());
   if (!o.checkpoint.empty()) saveCheckpoint(total);
-  if (!o.save.empty()) {
+  if (!o.save.empty() && replication.leader()) {
     session->modelToHost(o.save, o.savePrecision);
     std::printf("saved %s\n", o.save.c_str());
   }
@@ -571,8 +610,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     std::printf("step time: median %.3f ms, min %.3f ms, max %.3f ms over %zu steps (first step %.3f ms excluded)\n",
                 sorted[sorted.size() / 2], sorted.front(), sorted.back(), sorted.size(), stepMs.front());
   }
-  std::printf("throughput: %.1f samples/s\n", double((total - start) * perStep) / std::max(elapsed, 1e-9));
-  if (!o.profile.empty()) {
+  std::printf("throughput: %.1f samples/s%s\n", double((total - start) * globalPerStep) / std::max(elapsed, 1e-9),
+              replication.enabled() ? " (all replicas)" : "");
+  if (!o.profile.empty() && replication.leader()) {
     session->writeProfileTrace(o.profile);
     std::printf("%strace: %s\n", session->profileSummary().c_str(), o.profile.c_str());
   }

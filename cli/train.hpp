@@ -1,6 +1,7 @@
 #pragma once
 // popart-run --train: trains a model on datasets given as .npy files.
 
+#include "cli/replication.hpp"
 #include "core/tensordata.hpp"
 
 #include <CLI/CLI.hpp>
@@ -51,6 +52,8 @@ struct TrainOptions {
   std::string profile;               ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false;               ///< print the compiled training graph (forward, backward and updates)
   bool explainKernels = false;       ///< print the kernel of each op and why
+  /// This process's replica of a data-parallel run (not replicated by default).
+  Replication replication;
 };
 
 /// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by

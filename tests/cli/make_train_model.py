@@ -50,6 +50,16 @@ shape_graph = helper.make_graph(
 shape_model = helper.make_model(shape_graph, opset_imports=[helper.make_opsetid("", 13)])
 onnx.checker.check_model(shape_model)
 onnx.save(shape_model, os.path.join(out, "train_shape.onnx"))
+# train_mlp without Dropout, for the replication tests (tests/cli/test_cli_mpi.sh): one process
+# accumulating two micro-batches must train as two replicas of one each, and Dropout masks are not
+# per replica yet.
+plain_graph = helper.make_graph(
+    [n for n in nodes if n.op_type != "Dropout"] , "train_plain",
+    graph.input, graph.output, [w1, b1, w2])
+plain_graph.node[2].output[0] = "h3"
+plain_model = helper.make_model(plain_graph, opset_imports=[helper.make_opsetid("", 13)])
+onnx.checker.check_model(plain_model)
+onnx.save(plain_model, os.path.join(out, "train_plain.onnx"))
 x = rng.standard_normal((40, 8)).astype(np.float32)
 y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
 np.save(os.path.join(out, "x.npy"), x)
@@ -57,3 +67,7 @@ np.save(os.path.join(out, "y.npy"), y)
 np.save(os.path.join(out, "y_short.npy"), y[:30])
 np.save(os.path.join(out, "x4.npy"), x[:4])
 np.save(os.path.join(out, "y4.npy"), y[:4])
+# 42 samples: global batches of 8 leave 2 of each epoch out.
+x42 = rng.standard_normal((42, 8)).astype(np.float32)
+np.save(os.path.join(out, "x42.npy"), x42)
+np.save(os.path.join(out, "y42.npy"), (x42[:, 0] > 0).astype(np.int64) + (x42[:, 1] > 0.5).astype(np.int64))
