@@ -439,6 +439,7 @@ static int runMain(int argc, char **argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   }
+  if (env.underMpirun()) rankPrefix = "rank " + std::to_string(env.rank) + " of " + std::to_string(env.size) + ": ";
   if (env.underMpirun() && env.rank != 0) silenceStandardOutput();
   try {
     app.parse(argc, argv);
@@ -515,7 +516,8 @@ static int runMain(int argc, char **argv) {
   } catch (const std::exception &e) {
     std::string msg = cli::cliWording(e.what());
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    std::cerr << "error: " << rankPrefix << msg << "\n";
+    // One write, so that the lines of several ranks do not interleave.
+    std::cerr << ("error: " + rankPrefix + msg + "\n") << std::flush;
     if (replicated) {
       // Leaving without MPI_Finalize makes mpirun end the other ranks now; finalising would wait
       // for them, and they may be waiting for this rank in a collective.

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# popart-run as data-parallel replicas (docs/distributed.md, "popart-run on many processes"):
+# mpirun -np N popart-run must train as one process accumulating N micro-batches over the same
+# samples, with one rank printing, and --replicas N must start mpirun itself.
+# Usage: test_cli_mpi.sh POPART_RUN SOURCE_DIR MPIRUN
+set -uo pipefail
+RUN="$1"
+SRC="$2"
+MPIRUN="${3:-}"
+if [[ -z "$MPIRUN" || ! -x "$MPIRUN" ]]; then
+  echo "cli_mpi: mpirun not found; install openmpi-bin (scripts/install-deps.sh)" >&2
+  exit 1
+fi
+export OMP_NUM_THREADS=1
+MPI=("$MPIRUN" --oversubscribe --allow-run-as-root)
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+passes=0
+
+fail() {
+  echo "FAIL: $1"
+  failures=$((failures + 1))
+}
+
+expect() { # expect STATUS PATTERN -- command...
+  local want="$1" pattern="$2"
+  shift 3
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$out"; then
+    echo "FAIL: $* -> status $status (want $want), output:"
+    echo "$out" | head -30
+    echo "  (expected pattern: $pattern)"
+    failures=$((failures + 1))
+  else
+    passes=$((passes + 1))
+  fi
+}
+
+# Every initializer of model $1 within 1e-6 of model $2's, relative to the tensor's largest magnitude.
+same_weights() {
+  /usr/bin/python3 - "$1" "$2" <<'EOF'
+import sys
+import numpy as np
+import onnx
+from onnx import numpy_helper
+a, b = ({i.name: numpy_helper.to_array(i).astype(np.float64) for i in onnx.load(p).graph.initializer}
+        for p in sys.argv[1:3])
+assert a.keys() == b.keys(), (sorted(a), sorted(b))
+bad = []
+for name, x in a.items():
+    y = b[name]
+    scale = max(np.abs(x).max(), np.abs(y).max(), 1e-30)
+    err = np.abs(x - y).max() / scale
+    if not err <= 1e-6:
+        bad.append(f"{name}: relative difference {err:.3g}")
+print("; ".join(bad) if bad else f"{len(a)} weights equal within 1e-6")
+sys.exit(1 if bad else 0)
+EOF
+}
+
+# One line per pattern; $2 must occur exactly $3 times in the output file $1.
+count_is() {
+  local n
+  n=$(grep -cE -- "$2" "$1")
+  [[ "$n" -eq "$3" ]] || fail "'$2' printed $n times in $1, expected $3"
+  [[ "$n" -eq "$3" ]] && passes=$((passes + 1))
+}
+
+/usr/bin/python3 "$SRC/tests/cli/make_train_model.py" "$TMP" || { echo "FAIL: make_train_model.py"; exit 1; }
+M="$TMP/train_plain.onnx"
+# 42 samples: with global batches of 8 the last 2 of each epoch are dropped, of 16 the last 10.
+D=(--input "x=$TMP/x42.npy" --input "y=$TMP/y42.npy")
+
+# N replicas of micro-batch 4 against one process accumulating N micro-batches of 4: the same
+# samples per step (the sampler's slices in rank order), so the same weights.
+check_equivalence() { # check_equivalence RANKS OPTIMISER-FLAGS...
+  local ranks="$1"
+  shift
+  local common=("$M" --train "${D[@]}" --epochs 3 --shuffle --seed 5 "$@")
+  "$RUN" "${common[@]}" --threads 1 --accumulate "$ranks" --save "$TMP/one_$ranks.onnx" >"$TMP/one_$ranks.txt" 2>&1 ||
+    { fail "one process, --accumulate $ranks: $(tail -3 "$TMP/one_$ranks.txt")"; return; }
+  "${MPI[@]}" -np "$ranks" "$RUN" "${common[@]}" --save "$TMP/rep_$ranks.onnx" >"$TMP/rep_$ranks.txt" 2>&1 ||
+    { fail "mpirun -np $ranks: $(tail -5 "$TMP/rep_$ranks.txt")"; return; }
+  if same_weights "$TMP/one_$ranks.onnx" "$TMP/rep_$ranks.onnx"; then passes=$((passes + 1)); else
+    fail "$ranks replicas ($*) end with other weights than one process accumulating $ranks micro-batches"; fi
+  # Only rank 0 prints, and the loss it prints is the mean over the replicas: the one process's.
+  count_is "$TMP/rep_$ranks.txt" "^training " 1
+  count_is "$TMP/rep_$ranks.txt" "^final loss: .* \(mean over $ranks replicas\)$" 1
+  local want got
+  want=$(grep -oE "^final loss: [^ ]+" "$TMP/one_$ranks.txt")
+  got=$(grep -oE "^final loss: [^ ]+" "$TMP/rep_$ranks.txt")
+  [[ -n "$want" && "$want" == "$got" ]] && passes=$((passes + 1)) ||
+    fail "$ranks replicas print '$got', one process '$want'"
+}
+check_equivalence 2 --optimizer adamw --lr 0.01 --weight-decay 0.01
+check_equivalence 4 --optimizer sgd --lr 0.05 --momentum 0.9
+grep -qE "^training .*batch 4 x 2 replicas \(global batch 8\), 15 steps \(5 per epoch\)" "$TMP/rep_2.txt" &&
+  passes=$((passes + 1)) || fail "the header of 2 replicas: $(head -1 "$TMP/rep_2.txt")"
+grep -qE "^data: 42 samples, 2 global batches of 16 per epoch \(each replica takes its slice of 4\), 10 dropped per epoch" \
+  "$TMP/rep_4.txt" && passes=$((passes + 1)) || fail "the sampler line of 4 replicas: $(grep ^data "$TMP/rep_4.txt")"
+
+# --replicas N: mpirun started by popart-run itself, the replica count in the header.
+expect 0 "batch 4 x 2 replicas \(global batch 8\)" -- "$RUN" "$M" --train "${D[@]}" --steps 3 --replicas 2
+expect 0 "starting 2 replicas: .*mpirun --oversubscribe .*-np 2 -x OMP_NUM_THREADS=1 .* --threads 1$" -- \
+  "$RUN" "$M" --train "${D[@]}" --steps 3 --replicas 2
+expect 2 "error: --replicas 2 starts the replicas with mpirun .*install the package openmpi-bin" -- \
+  env PATH=/nonexistent "$RUN" "$M" --train "${D[@]}" --replicas 2
+expect 2 "error: --replicas trains replicas of a model: it needs --train or --example" -- "$RUN" "$M" --replicas 2
+expect 2 "error: rank 0 of 2: --replicas 3 but mpirun started 2 processes" -- \
+  "${MPI[@]}" -np 2 "$RUN" "$M" --train "${D[@]}" --replicas 3
+expect 2 "error: rank 0 of 2: popart-run runs as one of 2 MPI processes, and replicates training only" -- \
+  "${MPI[@]}" -np 2 "$RUN" "$M"
+
+# A rank that fails names itself, and the job ends (rank 0 waits in a collective for it).
+expect 2 "error: rank 1 of 2: cannot open .npy file '.*nowhere.npy'" -- "${MPI[@]}" \
+  -np 1 "$RUN" "$M" --train "${D[@]}" --steps 1000 : -np 1 "$RUN" "$M" --train --input "x=$TMP/nowhere.npy" \
+  --input "y=$TMP/y42.npy" --steps 1000
+
+# Checkpoints: rank 0 writes them; a resumed replicated run ends as the uninterrupted one; a
+# checkpoint of 2 replicas is refused by 1 process.
+common=("$M" --train "${D[@]}" --optimizer adam --shuffle --seed 3)
+"${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 12 --save "$TMP/whole.onnx" >/dev/null 2>&1 ||
+  fail "the uninterrupted replicated run"
+"${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 7 --checkpoint "$TMP/ck" >/dev/null 2>&1 ||
+  fail "the first half of the resumed replicated run"
+expect 0 "resuming at step 7" -- "${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 12 --resume "$TMP/ck" \
+  --save "$TMP/resumed.onnx"
+if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); else
+  fail "resumed replicated training differs from uninterrupted training"; fi
+expect 2 "error: --resume: the checkpoint in .* was made by 2 replica\(s\), this run has 1" -- \
+  "$RUN" "${common[@]}" --steps 12 --resume "$TMP/ck"
+
+# The Fashion-MNIST example goes through the sampler too; rank 0 evaluates.
+if [[ -d /usr/share/datasets/fashion-mnist ]]; then
+  "${MPI[@]}" -np 2 "$RUN" --example fashion-mnist --steps 30 >"$TMP/fmnist.txt" 2>&1 ||
+    fail "Fashion-MNIST on 2 replicas: $(tail -5 "$TMP/fmnist.txt")"
+  count_is "$TMP/fmnist.txt" "batch 64 x 2 replicas \(global batch 128\).*30 step" 1
+  count_is "$TMP/fmnist.txt" "^data: 468 steps per epoch, 96 training images dropped per epoch" 1
+  count_is "$TMP/fmnist.txt" "^test accuracy: [0-9.]+%" 1
+else
+  fail "/usr/share/datasets/fashion-mnist is missing (install dataset-fashion-mnist)"
+fi
+
+echo "cli_mpi: $passes passed, $failures failed"
+[[ $failures -eq 0 ]]
