@@ -465,9 +465,9 @@ static int runMain(int argc, char **argv) {
     }
     if (env.underMpirun() || replicatedFlag) {
       if (!training)
-        throw error("popart-run runs as one of ", env.size,
-                    " MPI processes, and replicates training only: give --train ",
-                    "or --example, or run inference without mpirun");
+        throw error("popart-run runs as one replica of an MPI job",
+                    env.underMpirun() ? " of " + std::to_string(env.size) + " processes" : std::string(),
+                    ", and replicates training only: give --train or --example, or run inference without mpirun");
       train.replication = cli::joinReplicas();
       replicated = true;
       const cli::ReplicaSlice &slice = train.replication.slice;
@@ -519,8 +519,9 @@ static int runMain(int argc, char **argv) {
     // One write, so that the lines of several ranks do not interleave.
     std::cerr << ("error: " + rankPrefix + msg + "\n") << std::flush;
     if (replicated) {
-      // Leaving without MPI_Finalize makes mpirun end the other ranks now; finalising would wait
-      // for them, and they may be waiting for this rank in a collective.
+      // Leaving without MPI_Finalize makes mpirun end the other ranks now. MPI_Finalize is
+      // collective (MPI standard), so it could wait for ranks that wait for this one in an
+      // all-reduce until their timeout.
       std::cout.flush();
       std::cerr.flush();
       std::fflush(nullptr);

@@ -111,7 +111,7 @@ expect 2 "error: --replicas 2 starts the replicas with mpirun .*install the pack
 expect 2 "error: --replicas trains replicas of a model: it needs --train or --example" -- "$RUN" "$M" --replicas 2
 expect 2 "error: rank 0 of 2: --replicas 3 but mpirun started 2 processes" -- \
   "${MPI[@]}" -np 2 "$RUN" "$M" --train "${D[@]}" --replicas 3
-expect 2 "error: rank 0 of 2: popart-run runs as one of 2 MPI processes, and replicates training only" -- \
+expect 2 "error: rank 0 of 2: popart-run runs as one replica of an MPI job of 2 processes, and replicates training only" -- \
   "${MPI[@]}" -np 2 "$RUN" "$M"
 
 # A rank that fails names itself, and the job ends (rank 0 waits in a collective for it).
