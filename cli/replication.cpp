@@ -133,6 +133,7 @@ void launchReplicas(int replicas, int threads, int argc, char **argv) {
   std::printf("popart-run: starting %d replicas: %s\n", replicas, shown.c_str());
   std::fflush(stdout);
   std::vector<char *> execArgs;
+  execArgs.reserve(cmd.size() + 1);
   for (auto &a : cmd)
     execArgs.push_back(a.data());
   execArgs.push_back(nullptr);
