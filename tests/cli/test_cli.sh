@@ -9,21 +9,8 @@ trap 'rm -rf "$TMP"' EXIT
 failures=0
 passes=0
 
-expect() { # expect STATUS PATTERN -- command...
-  local want="$1" pattern="$2"
-  shift 3
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$out"; then
-    echo "FAIL: $* -> status $status (want $want), output:"
-    echo "$out" | head -20
-    echo "  (expected pattern: $pattern)"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+# shellcheck source=expect.sh
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 
 # A test folder of the suite: outputs compared with the expected ones.
 expect 0 "PASSED" -- "$RUN" "$DATA/node/test_relu/model.onnx" --data-dir "$DATA/node/test_relu/test_data_set_0"

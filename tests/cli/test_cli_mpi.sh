@@ -23,21 +23,8 @@ fail() {
   failures=$((failures + 1))
 }
 
-expect() { # expect STATUS PATTERN -- command...
-  local want="$1" pattern="$2"
-  shift 3
-  local out status
-  out=$("$@" 2>&1)
-  status=$?
-  if [[ $status -ne $want ]] || ! grep -qE -- "$pattern" <<<"$out"; then
-    echo "FAIL: $* -> status $status (want $want), output:"
-    echo "$out" | head -30
-    echo "  (expected pattern: $pattern)"
-    failures=$((failures + 1))
-  else
-    passes=$((passes + 1))
-  fi
-}
+# shellcheck source=expect.sh
+source "$(dirname "${BASH_SOURCE[0]}")/expect.sh"
 
 # Every initializer of model $1 within 1e-6 of model $2's, relative to the tensor's largest magnitude.
 same_weights() {
