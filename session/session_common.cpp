@@ -120,6 +120,18 @@ std::string kernelReport(const backend_cpu::ExecutionPlan &plan) {
   return s;
 }
 
+uint64_t replicaSeed(uint64_t seed, int replica) {
+  if (replica == 0) return seed;
+  // SplitMix64's finaliser over the replica index, then over its sum with the seed: neighbouring
+  // seeds and neighbouring replicas land far apart.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(seed + mix(static_cast<uint64_t>(replica) * 0x9e3779b97f4a7c15ULL));
+}
+
 std::string joinIds(const std::vector<TensorId> &ids) {
   std::string s;
   for (const auto &i : ids)

@@ -54,6 +54,13 @@ backend_cpu::KernelContext kernelContext(const SessionOptions &options);
 /// One line per step of \p plan: the op, the kernel that runs it and why (explainKernels).
 std::string kernelReport(const backend_cpu::ExecutionPlan &plan);
 
+/// The seed of replica \p replica's random stream in a training session seeded \p seed: \p seed
+/// itself for replica 0 (so an unreplicated run and replica 0 draw the masks they always did),
+/// else \p seed and \p replica mixed, so that each replica draws its own Dropout masks. A
+/// replica's stream is then a function of (seed, replica, counter) alone: what a checkpoint
+/// records (seed and counter) resumes every replica, with any replica count.
+uint64_t replicaSeed(uint64_t seed, int replica);
+
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);
 

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace popart {
 
@@ -62,6 +63,162 @@ std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions
   return communicator;
 }
 
+/// A hash built field by field, the same on every rank (all ranks of a job share one byte order).
+class AgreementHash {
+public:
+  void bytes(const void *data, size_t n) {
+    const auto *p = static_cast<const unsigned char *>(data);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) { // a word at a time: a model's weights are hashed at memory speed
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      word(w);
+    }
+    uint64_t tail = n;
+    for (; i < n; ++i)
+      tail = (tail << 8) | p[i];
+    word(tail);
+  }
+  void text(const std::string &s) { bytes(s.data(), s.size()); }
+  template <typename T> void value(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    bytes(&v, sizeof v);
+  }
+  uint64_t get() const { return h_; }
+
+private:
+  void word(uint64_t w) {
+    h_ = (h_ ^ w) * 0x100000001b3ULL;
+    h_ ^= h_ >> 29;
+  }
+  uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+/// What every replica must agree on, one hash per group so that a mismatch can be named.
+struct AgreementGroup {
+  const char *name;
+  uint64_t hash;
+};
+
+std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, const ir::Graph &declared,
+                                            const SessionOptions &o, const Optimizer &optimizer,
+                                            const InputShapeInfo &inputShapes, const TensorId &loss) {
+  AgreementHash graph;
+  graph.text(model.bytes);
+  // Initializers in external files are not in the model's bytes.
+  for (const TensorId &id : declared.initializers())
+    if (const auto *data = declared.tensor(id).data().get()) {
+      graph.text(id);
+      graph.bytes(data->data(), static_cast<size_t>(data->byteCount()));
+    }
+  graph.text(loss);
+
+  AgreementHash replication;
+  replication.value(o.replicatedGraphCount);
+  replication.value(o.accumulationAndReplicationReductionType);
+  replication.value(o.replicatedBatchNormStatistics);
+
+  AgreementHash accumulation;
+  accumulation.value(o.enableGradientAccumulation);
+  accumulation.value(o.accumulationFactor);
+
+  AgreementHash opt;
+  opt.text(optimizer.name());
+  auto optimizerValue = [&](const OptimizerValue &v) {
+    opt.value(v.val());
+    opt.value(v.isConst());
+  };
+  for (const std::string &name : optimizer.hyperParameterNames()) {
+    opt.text(name);
+    optimizerValue(optimizer.get(name));
+  }
+  for (const auto &[weight, values] : optimizer.specifics()) {
+    opt.text(weight);
+    for (const auto &[name, v] : values) {
+      opt.text(name);
+      optimizerValue(v);
+    }
+  }
+  optimizerValue(optimizer.lossScaling());
+  for (const ClipNormSettings &clip : optimizer.clipNormSettings()) {
+    opt.value(clip.maxNorm);
+    for (const TensorId &id : clip.weightIds)
+      opt.text(id);
+  }
+
+  AgreementHash precision;
+  precision.text(o.precision);
+  const AutomaticLossScalingSettings &als = o.automaticLossScalingSettings;
+  precision.value(als.enabled);
+  precision.value(als.method);
+  precision.value(als.initialScale);
+  precision.value(als.growthFactor);
+  precision.value(als.backoffFactor);
+  precision.value(als.growthInterval);
+  precision.value(als.binEdgeLocation);
+  precision.value(als.thresholdUpperCountProportion);
+  precision.value(als.updatePeriod);
+
+  AgreementHash batch;
+  batch.value(o.batchSize);
+  for (const auto &[id, info] : inputShapes.getAll()) {
+    batch.text(id);
+    batch.value(info.dataType());
+    for (int64_t d : info.shape())
+      batch.value(d);
+  }
+
+  // What changes the graph that is compiled, and so the order of the ranks' collectives.
+  AgreementHash compilation;
+  compilation.value(o.batchNormUnbiasedRunningVariance);
+  for (const std::string &w : o.frozenWeights)
+    compilation.text(w);
+  compilation.value(o.constantFolding);
+  compilation.value(o.fuseOps);
+  compilation.text(o.kernels);
+  for (const std::string &p : o.disabledPasses)
+    compilation.text(p);
+  compilation.value(o.maxUnrolledOps);
+
+  return {{"the model (graph or initial weights) or loss", graph.get()},
+          {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
+           "replicatedBatchNormStatistics)",
+           replication.get()},
+          {"gradient accumulation (enableGradientAccumulation, accumulationFactor)", accumulation.get()},
+          {"the optimiser (type, hyperparameters, loss scaling or clipping)", opt.get()},
+          {"precision (precision, automaticLossScalingSettings)", precision.get()},
+          {"batch size or input shapes (batchSize, InputShapeInfo)", batch.get()},
+          {"compilation options (frozenWeights, batchNormUnbiasedRunningVariance, constantFolding, fuseOps, kernels, "
+           "disabledPasses, maxUnrolledOps)",
+           compilation.get()}};
+}
+
+/// Throws on every rank, naming the ranks and groups that differ from rank 0's, unless all ranks
+/// of \p communicator hold the same \p groups. One all-gather of a fixed size, so that ranks that
+/// disagree still meet in it instead of waiting for each other in different collectives later.
+void checkReplicasAgree(comm::Communicator &communicator, const std::vector<AgreementGroup> &groups) {
+  const auto n = static_cast<size_t>(communicator.size());
+  std::vector<uint64_t> mine;
+  for (const AgreementGroup &g : groups)
+    mine.push_back(g.hash);
+  std::vector<uint64_t> all(mine.size() * n);
+  communicator.allGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DataType::INT64);
+  std::string differences;
+  for (size_t r = 1; r < n; ++r) {
+    std::string which;
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (all[r * groups.size() + k] != all[k]) which += std::string(which.empty() ? "" : "; ") + groups[k].name;
+    if (!which.empty())
+      differences +=
+          (differences.empty() ? "" : ". ") + ("rank " + std::to_string(r) + " differs from rank 0 in " + which);
+  }
+  if (differences.empty()) return;
+  throw error("rank ", communicator.rank(), " of ", n,
+              ": the replicas were not created from the same model and options (every rank must create its "
+              "TrainingSession alike): ",
+              differences);
+}
+
 } // namespace
 
 std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(autodiff::Constants *constants, bool inferShapes) const {
@@ -101,7 +258,10 @@ void TrainingSession::Impl::compile() {
   for (const auto &a : dataFlow.anchors())
     if (std::find(context.keep.begin(), context.keep.end(), a) == context.keep.end()) context.keep.push_back(a);
   context.state<ir::UnrollOptions>().maxOps = options.maxUnrolledOps;
-  context.state<autodiff::TrainingPassOptions>().unbiasedRunningVariance = options.batchNormUnbiasedRunningVariance;
+  autodiff::TrainingPassOptions &trainingOptions = context.state<autodiff::TrainingPassOptions>();
+  trainingOptions.unbiasedRunningVariance = options.batchNormUnbiasedRunningVariance;
+  trainingOptions.averageRunningStatistics =
+      kernelContext.communicator && options.replicatedBatchNormStatistics == ReplicatedStatistics::Mean;
   optimizer::OptimizerPassState &opt = context.state<optimizer::OptimizerPassState>();
   opt.optimizer = optimizer.get();
   opt.options.accumulationFactor = accumulation();
@@ -260,6 +420,15 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   for (const auto &a : dataFlow.anchors())
     if (!m.declared->hasTensor(a) && a != loss)
       throw error("anchor '", a, "' is not a tensor of model '", m.model.sourceName, "'");
+  if (options.replicatedBatchNormStatistics != ReplicatedStatistics::Local &&
+      options.replicatedBatchNormStatistics != ReplicatedStatistics::Mean)
+    throw error("SessionOptions.replicatedBatchNormStatistics must be Local or Mean, got ",
+                static_cast<int>(options.replicatedBatchNormStatistics));
+  // Every check above throws alike on every rank given the same arguments; this one finds the
+  // ranks that were given others, before they part ways in the collectives of training.
+  if (m.kernelContext.communicator)
+    checkReplicasAgree(*m.kernelContext.communicator,
+                       agreementGroups(m.model, *m.declared, options, *m.optimizer, inputShapes, loss));
   return s;
 }
 
@@ -304,6 +473,7 @@ void TrainingSession::run(StepIO &stepio) {
   auto [p2b, p2e] = m.plan->phaseSteps(optimizer::Update);
   auto [p3b, p3e] = m.plan->phaseSteps(optimizer::PostUpdate);
   int64_t *rng = m.variable(m.rngStateId).as<int64_t>();
+  const auto seed = static_cast<int64_t>(session::replicaSeed(m.seed, getReplicationIndex()));
   for (int b = 0; b < bps; ++b) {
     m.writeHostScalars();
     for (int a = 0; a < accum; ++a) {
@@ -315,7 +485,7 @@ void TrainingSession::run(StepIO &stepio) {
         if (bytes > 0)
           m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + k * bytes, m.plan->address(id));
       }
-      rng[0] = static_cast<int64_t>(m.seed);
+      rng[0] = seed;
       rng[1] = m.rngCounter++;
       m.plan->run(p0b, p0e);
       for (const auto &[id, arr] : stepio.outputs())
