@@ -14,6 +14,7 @@
 #include "session/training_impl.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <type_traits>
 
@@ -64,34 +65,46 @@ std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions
 }
 
 /// A hash built field by field, the same on every rank (all ranks of a job share one byte order).
+/// Four lanes of independent multiply chains hash a model's weights at several GB/s.
 class AgreementHash {
 public:
   void bytes(const void *data, size_t n) {
     const auto *p = static_cast<const unsigned char *>(data);
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) { // a word at a time: a model's weights are hashed at memory speed
-      uint64_t w;
-      std::memcpy(&w, p + i, 8);
-      word(w);
-    }
+    for (; i + 32 <= n; i += 32)
+      for (size_t k = 0; k < 4; ++k)
+        lane(k, load(p + i + 8 * k));
+    for (; i + 8 <= n; i += 8)
+      lane(0, load(p + i));
     uint64_t tail = n;
     for (; i < n; ++i)
       tail = (tail << 8) | p[i];
-    word(tail);
+    lane(1, tail);
   }
   void text(const std::string &s) { bytes(s.data(), s.size()); }
   template <typename T> void value(T v) {
     static_assert(std::is_trivially_copyable_v<T>);
     bytes(&v, sizeof v);
   }
-  uint64_t get() const { return h_; }
+  uint64_t get() const {
+    uint64_t h = 0;
+    for (uint64_t l : lanes_)
+      h = (h ^ l) * 0x100000001b3ULL + (h >> 31);
+    return h;
+  }
 
 private:
-  void word(uint64_t w) {
-    h_ = (h_ ^ w) * 0x100000001b3ULL;
-    h_ ^= h_ >> 29;
+  static uint64_t load(const unsigned char *p) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    return w;
   }
-  uint64_t h_ = 0xcbf29ce484222325ULL;
+  void lane(size_t k, uint64_t w) {
+    uint64_t &h = lanes_[k];
+    h = (h ^ w) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  uint64_t lanes_[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL};
 };
 
 /// What every replica must agree on, one hash per group so that a mismatch can be named.
@@ -426,9 +439,15 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
                 static_cast<int>(options.replicatedBatchNormStatistics));
   // Every check above throws alike on every rank given the same arguments; this one finds the
   // ranks that were given others, before they part ways in the collectives of training.
-  if (m.kernelContext.communicator)
+  if (m.kernelContext.communicator) {
+    const auto start = std::chrono::steady_clock::now();
     checkReplicasAgree(*m.kernelContext.communicator,
                        agreementGroups(m.model, *m.declared, options, *m.optimizer, inputShapes, loss));
+    logging::logger().debug(
+        "the {} replicas agree on the model ({} bytes) and options: checked in {:.1f} ms",
+        m.kernelContext.communicator->size(), m.model.bytes.size(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
   return s;
 }
 
