@@ -211,9 +211,8 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
 /// disagree still meet in it instead of waiting for each other in different collectives later.
 void checkReplicasAgree(comm::Communicator &communicator, const std::vector<AgreementGroup> &groups) {
   const auto n = static_cast<size_t>(communicator.size());
-  std::vector<uint64_t> mine;
-  for (const AgreementGroup &g : groups)
-    mine.push_back(g.hash);
+  std::vector<uint64_t> mine(groups.size());
+  std::transform(groups.begin(), groups.end(), mine.begin(), [](const AgreementGroup &g) { return g.hash; });
   std::vector<uint64_t> all(mine.size() * n);
   communicator.allGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DataType::INT64);
   std::string differences;
