@@ -192,6 +192,7 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   for (const std::string &p : o.disabledPasses)
     compilation.text(p);
   compilation.value(o.maxUnrolledOps);
+  compilation.text(o.matmulTuning); // Auto's ways are agreed after compiling (agreeOnTunedWays)
 
   return {{"the model (graph or initial weights) or loss", graph.get()},
           {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
@@ -202,7 +203,7 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
           {"precision (precision, automaticLossScalingSettings)", precision.get()},
           {"batch size or input shapes (batchSize, InputShapeInfo)", batch.get()},
           {"compilation options (frozenWeights, batchNormUnbiasedRunningVariance, constantFolding, fuseOps, kernels, "
-           "disabledPasses, maxUnrolledOps)",
+           "disabledPasses, maxUnrolledOps, matmulTuning)",
            compilation.get()}};
 }
 
@@ -450,10 +451,38 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   return s;
 }
 
+void TrainingSession::Impl::agreeOnTunedWays() {
+  comm::Communicator *communicator = kernelContext.communicator.get();
+  if (!communicator || communicator->size() == 1 || kernelContext.matmulOperands != backend_cpu::MatMulOperands::Auto)
+    return;
+  // Rank 0's record, one "key=way" line each (keys never hold a newline), broadcast length first.
+  std::string ways;
+  if (communicator->rank() == 0)
+    for (const auto &[key, way] : plan->tunedMatMulWays())
+      ways += key + '=' + backend_cpu::matMulOperandsName(way) + '\n';
+  auto length = static_cast<int64_t>(ways.size());
+  communicator->broadcast(&length, 1, DataType::INT64, 0);
+  ways.resize(static_cast<size_t>(length));
+  communicator->broadcast(ways.data(), length, DataType::UINT8, 0);
+  std::map<std::string, backend_cpu::MatMulOperands> chosen;
+  for (size_t begin = 0, end = 0; begin < ways.size(); begin = end + 1) {
+    end = ways.find('\n', begin);
+    const size_t eq = ways.rfind('=', end);
+    chosen[ways.substr(begin, eq - begin)] = backend_cpu::matMulOperandsNamed(ways.substr(eq + 1, end - eq - 1));
+  }
+  if (chosen == plan->tunedMatMulWays()) return;
+  logging::logger().info("replica {}: recompiling with rank 0's timed MatMul ways", communicator->rank());
+  kernelContext.matmulTuning->preset(chosen);
+  plan.reset();
+  runningStats.clear(); // compile() finds them again
+  compile();
+}
+
 void TrainingSession::prepareDevice() {
   Impl &m = *impl_;
   if (m.plan) return;
   m.compile();
+  m.agreeOnTunedWays();
   m.resetState();
 }
 

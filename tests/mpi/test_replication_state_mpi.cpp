@@ -7,6 +7,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "session/session_common.hpp"
 
+#include <popart/builder.hpp>
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -324,6 +325,8 @@ TEST(ReplicaState, RanksCreatedDifferentlyAllGetAnErrorNamingTheRankAndWhat) {
   EXPECT_NE(m.find(differs + "precision"), std::string::npos) << m;
   m = creationError(last, [](SessionOptions &so) { so.replicatedBatchNormStatistics = ReplicatedStatistics::Mean; });
   EXPECT_NE(m.find(differs + "replication options"), std::string::npos) << m;
+  m = creationError(last, [](SessionOptions &so) { so.matmulTuning = "0"; });
+  EXPECT_NE(m.find(differs + "compilation options"), std::string::npos) << m;
   m = creationError(
       last, [](SessionOptions &) {}, 99);
   EXPECT_NE(m.find(differs + "the model"), std::string::npos) << m;
@@ -424,6 +427,31 @@ TEST(ReplicaState, CheckpointsResumeWithAnotherReplicaCount) {
     std::remove(fromOne.c_str());
     std::remove(fromMany.c_str());
   }
+}
+
+/// Products of 1e8 FLOPs or more are timed at compile time (SessionOptions::matmulTuning auto), and
+/// a rank's timing on a shared host may choose other ways than rank 0's: every rank must run rank
+/// 0's, so that the replicas run the same kernels. The kernels each rank explains must be the same.
+TEST(ReplicaState, EveryRankRunsRank0sTimedMatMulWays) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  const int64_t rows = 256, inner = 512, cols = 512; // 1.3e8 FLOPs forward, twice that backward
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {rows, inner}), "x");
+  TensorId w = b->addInitializedInputTensor(randomValues(inner * cols, 5, 0.05f), {inner, cols}, "w");
+  TensorId y = ai.matmul({x, w});
+  b->addOutputTensor(ai.reducemean({ai.mul({y, y})}, std::nullopt, 0));
+  SessionOptions so;
+  so.numThreads = 1;
+  so.enableReplicatedGraphs = true;
+  so.replicatedGraphCount = world()->size();
+  so.communicator = world();
+  auto session = TrainingSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, std::vector<TensorId>{}), "",
+                                                      ConstSGD(0.01f), so);
+  session->prepareDevice();
+  const std::string kernels = session->explainKernels();
+  EXPECT_NE(kernels.find("timed"), std::string::npos) << kernels; // the products were timed
+  for (uint64_t other : gathered(std::hash<std::string>{}(kernels)))
+    EXPECT_EQ(other, std::hash<std::string>{}(kernels)) << "rank " << world()->rank() << ":\n" << kernels;
 }
 
 } // namespace
