@@ -30,6 +30,7 @@ struct TrainOptions {
   int alsUpdatePeriod = 1;
   double clipNorm = 0;
   int accumulate = 1;
+  std::string replicaBnStats = "local"; ///< SessionOptions::replicatedBatchNormStatistics
   int64_t steps = 0;
   double epochs = 0;
   bool shuffle = false;
