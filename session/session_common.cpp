@@ -1,6 +1,7 @@
 #include "session/session_common.hpp"
 #include "backend_cpu/convert.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "core/dispatch.hpp"
 #include "core/half.hpp"
 #include "ir/passes/passes.hpp"
@@ -213,6 +214,29 @@ void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, DataType d
     });
     break;
   }
+}
+
+std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options) {
+  const ReductionType reduction = options.accumulationAndReplicationReductionType;
+  if (reduction != ReductionType::Mean && reduction != ReductionType::Sum)
+    throw error("SessionOptions.accumulationAndReplicationReductionType must be Mean or Sum, got ",
+                reduction == ReductionType::NoReduction ? "NoReduction" : "an unknown value");
+  if (!options.enableReplicatedGraphs) {
+    if (options.replicatedGraphCount != 1)
+      throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount,
+                  " but enableReplicatedGraphs is false");
+    if (options.communicator) throw error("SessionOptions.communicator is set but enableReplicatedGraphs is false");
+    return nullptr;
+  }
+  if (options.replicatedGraphCount < 1)
+    throw error("SessionOptions.replicatedGraphCount must be at least 1, got ", options.replicatedGraphCount);
+  std::shared_ptr<comm::Communicator> communicator =
+      options.communicator ? options.communicator : std::make_shared<comm::MpiCommunicator>();
+  if (communicator->size() != options.replicatedGraphCount)
+    throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount, " but the communicator has ",
+                communicator->size(), " ranks",
+                options.communicator ? "" : " (MPI_COMM_WORLD: start one process per replica, mpirun -np <count>)");
+  return communicator;
 }
 
 } // namespace popart::session

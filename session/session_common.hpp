@@ -10,6 +10,7 @@
 #include <popart/stepio.hpp>
 
 #include <map>
+#include <memory>
 #include <string>
 
 namespace popart::session {
@@ -60,6 +61,10 @@ std::string kernelReport(const backend_cpu::ExecutionPlan &plan);
 /// replica's stream is then a function of (seed, replica, counter) alone: what a checkpoint
 /// records (seed and counter) resumes every replica, with any replica count.
 uint64_t replicaSeed(uint64_t seed, int replica);
+
+/// The replicas' communicator of a session with \p options: null without replication, else the one
+/// given or one over MPI_COMM_WORLD, checked against replicatedGraphCount (errors name the option).
+std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options);
 
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);

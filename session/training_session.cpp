@@ -39,31 +39,6 @@ WeightStatus::Role statusRole(autodiff::WeightRole role) {
   return WeightStatus::Role::NoGradient;
 }
 
-/// The communicator of a session with \p options: null without replication, else the one given
-/// or one over MPI_COMM_WORLD, checked against replicatedGraphCount.
-std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options) {
-  const ReductionType reduction = options.accumulationAndReplicationReductionType;
-  if (reduction != ReductionType::Mean && reduction != ReductionType::Sum)
-    throw error("SessionOptions.accumulationAndReplicationReductionType must be Mean or Sum, got ",
-                reduction == ReductionType::NoReduction ? "NoReduction" : "an unknown value");
-  if (!options.enableReplicatedGraphs) {
-    if (options.replicatedGraphCount != 1)
-      throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount,
-                  " but enableReplicatedGraphs is false");
-    if (options.communicator) throw error("SessionOptions.communicator is set but enableReplicatedGraphs is false");
-    return nullptr;
-  }
-  if (options.replicatedGraphCount < 1)
-    throw error("SessionOptions.replicatedGraphCount must be at least 1, got ", options.replicatedGraphCount);
-  std::shared_ptr<comm::Communicator> communicator =
-      options.communicator ? options.communicator : std::make_shared<comm::MpiCommunicator>();
-  if (communicator->size() != options.replicatedGraphCount)
-    throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount, " but the communicator has ",
-                communicator->size(), " ranks",
-                options.communicator ? "" : " (MPI_COMM_WORLD: start one process per replica, mpirun -np <count>)");
-  return communicator;
-}
-
 /// A hash built field by field, the same on every rank (all ranks of a job share one byte order).
 /// Four lanes of independent multiply chains hash a model's weights at several GB/s.
 class AgreementHash {
@@ -423,7 +398,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
-  m.kernelContext.communicator = replicationCommunicator(options);
+  m.kernelContext.communicator = session::replicationCommunicator(options);
   session::precisionPolicy(options, true); // a bad mode is an error now, not at prepareDevice
   m.declared = m.import();
   m.inputIds = m.declared->inputs();

@@ -454,6 +454,33 @@ TEST(ReplicaState, EveryRankRunsRank0sTimedMatMulWays) {
     EXPECT_EQ(other, std::hash<std::string>{}(kernels)) << "rank " << world()->rank() << ":\n" << kernels;
 }
 
+/// An inference session takes the replication options too: each replica runs its own inputs,
+/// knows its index, and a replica count other than the communicator's is an error.
+TEST(ReplicaState, InferenceSessionsAreReplicasToo) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {2, 3}), "x");
+  TensorId y = ai.relu({x});
+  b->addOutputTensor(y);
+  SessionOptions so;
+  so.numThreads = 1;
+  so.enableReplicatedGraphs = true;
+  so.replicatedGraphCount = world()->size();
+  so.communicator = world();
+  auto session = InferenceSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, {y}), so);
+  EXPECT_EQ(session->getReplicationIndex(), world()->rank());
+  so.replicatedGraphCount = world()->size() + 1;
+  try {
+    InferenceSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, {y}), so);
+    ADD_FAILURE() << "no error for a replica count the communicator does not have";
+  } catch (const popart::error &e) {
+    EXPECT_NE(std::string(e.what()).find("replicatedGraphCount is " + std::to_string(world()->size() + 1) +
+                                         " but the communicator has " + std::to_string(world()->size())),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
