@@ -51,6 +51,23 @@ struct AutomaticLossScalingSettings {
 };
 
 /// Options that change how a session compiles and runs; the defaults suit most models.
+/// Whether a tensor class is sharded over the replicas (PopART's ReplicatedTensorSharding).
+enum class ReplicatedTensorSharding { Off, On };
+
+/// Where a class of tensors lives (PopART's TensorLocation): on this backend only its
+/// replicated tensor sharding is read; every tensor is in host memory.
+struct TensorLocation {
+  ReplicatedTensorSharding replicatedTensorSharding = ReplicatedTensorSharding::Off;
+};
+
+/// The location of a class of tensors and from what size it applies (PopART's
+/// TensorLocationSettings).
+struct TensorLocationSettings {
+  TensorLocation location;
+  /// Weights with fewer elements keep their whole state on every replica (PopART's default).
+  int64_t minElementsForReplicatedTensorSharding = 8192;
+};
+
 struct SessionOptions {
   /// Threads for oneDNN and the reference kernels; 0 uses every core.
   int numThreads = 0;
@@ -132,6 +149,12 @@ struct SessionOptions {
   /// MPI_COMM_WORLD (initialising MPI if the caller has not). Every rank must create its session
   /// with the same model and options.
   std::shared_ptr<comm::Communicator> communicator;
+  /// Training with enableReplicatedGraphs: location.replicatedTensorSharding = On shards the
+  /// optimiser state over the replicas (docs/distributed.md, "Sharded optimiser state"): each
+  /// replica keeps and updates 1/replicatedGraphCount of the state of every weight of at least
+  /// minElementsForReplicatedTensorSharding elements, whose gradients are reduce-scattered and
+  /// whose updated shards are all-gathered back into the whole weight every step.
+  TensorLocationSettings optimizerStateTensorLocationSettings;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).
