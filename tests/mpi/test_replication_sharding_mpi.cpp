@@ -53,6 +53,8 @@ struct TrainingSetup {
   bool dynamicScalingWithInfinity = false;
   /// After kSteps, every rank writes the same new weights and trains one more step.
   bool writeWeightsAndContinue = false;
+  /// SessionOptions::precision.
+  std::string precision = "fp32";
 };
 
 /// The global batch of step \p step: \p micro micro-batches of kMicroBatch samples of \p width.
@@ -92,6 +94,7 @@ Result train(const Optimizer &opt, const TrainingSetup &setup, bool replicated, 
   const int micro = replicated ? a : n * a;
   SessionOptions so;
   so.numThreads = 1;
+  so.precision = setup.precision;
   so.accumulationAndReplicationReductionType = setup.reduction;
   so.enableGradientAccumulation = micro > 1;
   so.accumulationFactor = micro;
@@ -280,6 +283,52 @@ TEST(ReplicationSharding, WrittenWeightsReachTheShards) {
   TrainingSetup setup;
   setup.writeWeightsAndContinue = true;
   checkEquivalent(sgdWithMomentum(), setup);
+}
+
+TEST(ReplicationSharding, MixedPrecisionShardsTheMasterWeightsAndTheirState) {
+  // fp16.32: fp16 gradients are reduce-scattered in fp16 (summed in fp32 and rounded once, as
+  // the all-reduce does), each replica updates its shard of the fp32 master weights and state.
+  // One process accumulates fp16 gradients in fp32 instead, so the reference is the unsharded
+  // replicated run, whose all-reduce rounds alike.
+  TrainingSetup setup;
+  setup.precision = "fp16.32";
+  setup.dynamicScalingWithInfinity = true;
+  const Result sharded = train(adamW(), setup, true, true);
+  const Result whole = train(adamW(), setup, true, false);
+  EXPECT_EQ(sharded.skipped, 1);
+  EXPECT_EQ(whole.skipped, 1);
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(2));
+  ASSERT_EQ(sharded.weights.size(), whole.weights.size());
+  for (size_t k = 0; k < whole.weights.size(); ++k) {
+    float largest = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < whole.weights[k].size(); ++i) {
+      largest = std::max(largest, std::fabs(whole.weights[k][i]));
+      worst = std::max(worst, std::fabs(sharded.weights[k][i] - whole.weights[k][i]));
+    }
+    EXPECT_LE(worst, 1e-6f * largest) << "weight " << k << " on rank " << world()->rank();
+  }
+  const auto hashes = popart::testing::hashesOnAllRanks(sharded.weights);
+  for (uint64_t h : hashes)
+    EXPECT_EQ(h, hashes[0]);
+}
+
+TEST(ReplicationSharding, TheHistogramMethodOfLossScalingIsRefusedWithAReason) {
+  // Its gradient statistics would count this replica's shard alone, and the replicas' scales drift.
+  SessionOptions so;
+  so.numThreads = 1;
+  so.enableReplicatedGraphs = true;
+  so.replicatedGraphCount = world()->size();
+  so.communicator = world();
+  so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+  so.automaticLossScalingSettings.enabled = true;
+  so.automaticLossScalingSettings.method = AutomaticLossScalingSettings::Method::Histogram;
+  try {
+    auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", adamW(), so);
+    s->prepareDevice();
+    FAIL() << "expected an error";
+  } catch (const popart::error &e) {
+    EXPECT_NE(std::string(e.what()).find("histogram method"), std::string::npos) << e.what();
+  }
 }
 
 } // namespace
