@@ -30,14 +30,6 @@ TensorId reshape(ir::Graph &g, int phase, const TensorId &x, const Shape &shape,
   return addOp(g, phase, "ai.onnx", "Reshape", {x, int64Const(g, hint + "_shape", shape)}, hint);
 }
 
-/// Elements [begin, end) of the 1-D \p x.
-TensorId slice(ir::Graph &g, int phase, const TensorId &x, int64_t begin, int64_t end, const std::string &hint) {
-  return addOp(g, phase, "ai.onnx", "Slice",
-               {x, int64Const(g, hint + "_starts", {begin}), int64Const(g, hint + "_ends", {end}),
-                int64Const(g, hint + "_axes", {0})},
-               hint);
-}
-
 /// The 1-D \p x followed by \p count zeros of its type.
 TensorId padWithZeros(ir::Graph &g, int phase, const TensorId &x, int64_t count, const std::string &hint) {
   if (count == 0) return x;
@@ -86,30 +78,23 @@ std::pair<TensorId, TensorId> weightShard(ir::Graph &g, const TensorId &weight, 
   t.setData(std::make_shared<TensorData>(info));
   // A shard of padding only stays zero: its gradient, state and update are all zero.
   if (layout.begin >= layout.elements) return {shard, shard};
-  const int64_t end = std::min(layout.begin + layout.shard, layout.elements);
-  TensorId flat = reshape(g, PreUpdate, weight, {layout.elements}, weight + "_flat");
-  TensorId part = slice(g, PreUpdate, flat, layout.begin, end, weight + "_part");
-  part = padWithZeros(g, PreUpdate, part, layout.shard - (end - layout.begin), weight + "_part_padded");
-  ir::Op &copy = g.addOp("CopyVar", "ai.graphcore", 1, "", {}, {shard, part}, {g.uniqueId(shard + "_synced")});
+  ir::Attributes attrs;
+  attrs.set("begin", layout.begin);
+  ir::Op &copy = g.addOp("CopyShardVar", "ai.graphcore", 1, "shard_of_" + weight, std::move(attrs), {shard, weight},
+                         {g.uniqueId(shard + "_synced")});
   copy.phase = PreUpdate;
   copy.def->setup(copy);
   return {shard, copy.outputs[0]->id()};
 }
 
-void gatherWeight(ir::Graph &g, const TensorId &weight, const TensorId &updatedShard, const ShardLayout &layout,
+void gatherWeight(ir::Graph &g, const TensorId &weight, const TensorId &updatedShard, const ShardLayout &,
                   const ShardingOptions &options) {
   ir::Attributes attrs;
   attrs.set("replicas", int64_t{options.replicas});
-  TensorId gathered =
-      addOp(g, PostUpdate, "ai.graphcore", "AllGather", {updatedShard}, weight + "_gathered", std::move(attrs));
-  TensorId flat = reshape(g, PostUpdate, gathered, {layout.padded}, weight + "_gathered_flat");
-  if (layout.padded != layout.elements)
-    flat = slice(g, PostUpdate, flat, 0, layout.elements, weight + "_gathered_unpadded");
-  TensorId whole = reshape(g, PostUpdate, flat, g.tensor(weight).info().shape(), weight + "_gathered_whole");
-  ir::Op &copy = g.addOp("CopyVar", "ai.graphcore", 1, "gather_" + weight, {}, {weight, whole},
-                         {g.uniqueId(weight + "_gathered_copied")});
-  copy.phase = PostUpdate;
-  copy.def->setup(copy);
+  ir::Op &gather = g.addOp("AllGatherInto", "ai.graphcore", 1, "gather_" + weight, std::move(attrs),
+                           {weight, updatedShard}, {g.uniqueId(weight + "_gathered")});
+  gather.phase = PostUpdate;
+  gather.def->setup(gather);
 }
 
 TensorId allReduceSum(ir::Graph &g, const TensorId &x, int phase) {

@@ -54,8 +54,8 @@ TensorId reduceScatterGradient(ir::Graph &g, const TensorId &grad, const ShardLa
 /// checkpoint reach it), and \returns {the Variable, the tensor the update op updates in place}.
 std::pair<TensorId, TensorId> weightShard(ir::Graph &g, const TensorId &weight, const ShardLayout &layout);
 
-/// Adds the PostUpdate ops that all-gather the updated shard \p updatedShard and copy the
-/// gathered values, unpadded and in \p weight's shape, into \p weight.
+/// Adds the PostUpdate AllGatherInto that gathers every replica's updated shard (\p updatedShard
+/// on this one) into \p weight, without the padding.
 void gatherWeight(ir::Graph &g, const TensorId &weight, const TensorId &updatedShard, const ShardLayout &layout,
                   const ShardingOptions &options);
 
