@@ -76,8 +76,8 @@ std::pair<TensorId, TensorId> weightShard(ir::Graph &g, const TensorId &weight, 
   TensorId shard = g.uniqueId("shard_" + weight);
   ir::Tensor &t = g.addTensor(shard, ir::TensorKind::Variable, info);
   t.setData(std::make_shared<TensorData>(info));
-  // A shard of padding only stays zero: its gradient, state and update are all zero.
-  if (layout.begin >= layout.elements) return {shard, shard};
+  // Even a shard of padding only (which stays zero) is copied: every rank then has the same ops,
+  // so that the scheduler cannot order their collectives differently.
   ir::Attributes attrs;
   attrs.set("begin", layout.begin);
   ir::Op &copy = g.addOp("CopyShardVar", "ai.graphcore", 1, "shard_of_" + weight, std::move(attrs), {shard, weight},

@@ -144,12 +144,12 @@ public:
   explicit CopyShardVarKernel(const ir::Op &op)
       : element_(static_cast<size_t>(dataTypeSize(op.inInfo(0).dataType()))),
         begin_(static_cast<size_t>(op.attrs.getInt("begin"))),
-        copied_(static_cast<size_t>(
-            std::min(op.inInfo(0).elementCount(), op.inInfo(1).elementCount() - op.attrs.getInt("begin")))),
+        copied_(static_cast<size_t>(std::clamp(op.inInfo(1).elementCount() - op.attrs.getInt("begin"), int64_t{0},
+                                               op.inInfo(0).elementCount()))),
         count_(static_cast<size_t>(op.inInfo(0).elementCount())) {}
   void run(const KernelArgs &a) override {
     auto *shard = static_cast<uint8_t *>(a.outputs[0]);
-    std::memcpy(shard, static_cast<const uint8_t *>(a.inputs[1]) + begin_ * element_, copied_ * element_);
+    if (copied_) std::memcpy(shard, static_cast<const uint8_t *>(a.inputs[1]) + begin_ * element_, copied_ * element_);
     std::memset(shard + copied_ * element_, 0, (count_ - copied_) * element_);
   }
 

@@ -100,15 +100,15 @@ void setupAllGatherInto(Op &op) {
 }
 
 // CopyShardVar(shard, whole; begin) -> shard, updated in place: elements [begin, begin + shard's
-// count) of the flattened whole, zeros past its end. The other half of AllGatherInto: a replica
-// takes its shard of a weight without an activation of the weight's size.
+// count) of the flattened whole, zeros past its end (all zeros for a shard of padding only). The other half of
+// AllGatherInto: a replica takes its shard of a weight without an activation of the weight's size.
 void setupCopyShardVar(Op &op) {
   requireInputCount(op, 2, 2);
   const TensorInfo &shard = op.inInfo(0), &whole = op.inInfo(1);
   const int64_t begin = op.attrs.getInt("begin");
-  if (shard.dataType() != whole.dataType() || shard.shape().size() != 1 || begin < 0 || begin >= whole.elementCount())
+  if (shard.dataType() != whole.dataType() || shard.shape().size() != 1 || begin < 0)
     throw error(op.debugName(), ": cannot copy a shard ", shard.toString(), " from element ", begin, " of ",
-                whole.toString(), " (expected a 1-D shard of its type starting within it)");
+                whole.toString(), " (expected a 1-D shard of its type)");
   op.setOutInfo(0, shard);
 }
 } // namespace

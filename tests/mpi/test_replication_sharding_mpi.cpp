@@ -1,8 +1,9 @@
 // Replicated tensor sharding of the optimiser state under mpirun (tests/CMakeLists.txt runs it on
 // 2 and 4 ranks): N sharded replicas must end with the weights of one process that accumulates
 // the same N micro-batches, the same bits on every rank, and 1/N of that process's optimiser
-// state each. The MLP's sizes are chosen so that shards need padding: b1 (15) and w2 (45) do not
-// split into 2 or 4, and on 4 ranks b2 (3) leaves rank 3 a shard of padding only.
+// state each. The MLP's sizes are chosen so that shards need padding: b1 (15), w2 (75) and b2 (5)
+// do not split into 2 or 4, and on 4 ranks b2's shards of 2 leave rank 3 padding only, starting
+// past the end of the weight.
 
 #include "replication_helpers.hpp"
 
@@ -24,7 +25,7 @@ using popart::testing::world;
 
 namespace {
 
-constexpr int64_t kIn = 8, kHidden = 15, kOut = 3, kMicroBatch = 3;
+constexpr int64_t kIn = 8, kHidden = 15, kOut = 5, kMicroBatch = 3;
 constexpr int kSteps = 3;
 
 /// loss = mean((relu(x·W1 + b1)·W2 + b2 - target)²) over a micro-batch of kMicroBatch samples.
@@ -254,7 +255,7 @@ TEST(ReplicationSharding, AccumulationClippingAndLossScalingMatchAccumulation) {
 }
 
 TEST(ReplicationSharding, ClippedAdamWWithSomeWeightsWholeMatchesAccumulation) {
-  // b1 (15) and b2 (3) stay whole and are all-reduced; w1 and w2 are sharded; one clipping
+  // b1 (15) and b2 (5) stay whole and are all-reduced; w1 and w2 are sharded; one clipping
   // group spans both kinds.
   Adam opt(
       {{"defaultLearningRate", {0.01f, false}}, {"defaultWeightDecay", {0.01f, true}}, {"defaultEps", {1e-6f, true}}},
