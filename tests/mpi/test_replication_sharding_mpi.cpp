@@ -236,6 +236,17 @@ TEST(ReplicationSharding, LambMatchesAccumulation) {
       AdamMode::Lamb));
 }
 
+TEST(ReplicationSharding, CenteredRmsPropAndAdaGradMatchAccumulation) {
+  // Three state tensors per weight, and AdaGrad's filled with its initial accumulator (padding too).
+  const auto [sharded, accumulated] = checkEquivalent(Adaptive({{"defaultLearningRate", {0.01f, false}},
+                                                                {"defaultMomentum", {0.5f, true}},
+                                                                {"defaultWeightDecay", {0.01f, true}}},
+                                                               AdaptiveMode::CenteredRMSProp));
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(3));
+  checkEquivalent(Adaptive({{"defaultLearningRate", {0.05f, false}}, {"defaultInitialAccumulator", {0.1f, true}}},
+                           AdaptiveMode::AdaGrad));
+}
+
 TEST(ReplicationSharding, AccumulationClippingAndLossScalingMatchAccumulation) {
   // Each replica accumulates 2 micro-batches, reduce-scattered once per step; the clipping norm
   // (below the gradients') is that of the whole gradients, summed over the shards.
