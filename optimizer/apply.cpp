@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
 
 namespace popart::optimizer {
 
@@ -77,8 +78,16 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   const TensorInfo scalar(DataType::FLOAT, {});
   result.gradScale = variable(g, "popart_grad_scale", scalar, 1.0f);
 
-  // Effective gradients: accumulated over the micro-batches when accumulating.
-  std::vector<TensorId> grads;
+  const ShardingOptions &sharding = options.sharding;
+  if (sharding.enabled() && options.binEdgeLocation > 0.0f)
+    throw error("replicated tensor sharding of the optimiser state does not support the histogram method of "
+                "automatic loss scaling yet (its gradient statistics would count one shard); use the default "
+                "dynamic loss scaling or no sharding");
+
+  // Effective gradients: accumulated over the micro-batches when accumulating; for a sharded
+  // weight, this replica's shard of the accumulated gradient, reduce-scattered once per step.
+  std::vector<TensorId> grads, accumulated;
+  std::vector<ShardLayout> layouts;
   std::vector<WeightUpdate> updates;
   for (const auto &[w, grad] : weightGrads) {
     const TensorInfo &info = g.tensor(w).info();
@@ -92,6 +101,12 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
       u.accumulator = variable(g, "accum_" + w, stateInfo(info, options));
       eff = addOp(g, MicroBatch, "ai.graphcore", "Accumulate", {u.accumulator, grad},
                   {g.uniqueId(u.accumulator + "_sum")});
+    }
+    accumulated.push_back(eff);
+    layouts.push_back({});
+    if (sharding.shards(info.elementCount())) {
+      layouts.back() = shardLayout(info.elementCount(), sharding);
+      eff = reduceScatterGradient(g, eff, layouts.back(), sharding);
     }
     grads.push_back(eff);
     updates.push_back(u);
@@ -110,7 +125,7 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
       if (std::none_of(updates.begin(), updates.end(), [&](const WeightUpdate &u) { return u.weight == id; }))
         throw error("gradient clipping names '", id, "', which is not a trained weight");
     if (members.empty()) continue;
-    std::vector<TensorId> squares;
+    std::vector<TensorId> squares, shardSquares;
     for (size_t i : members) {
       ir::Attributes keep;
       keep.set("keepdims", int64_t{0});
@@ -121,8 +136,15 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
         to.set("to", int64_t{static_cast<int64_t>(DataType::FLOAT)});
         grad = onnxOp(g, PreUpdate, "Cast", {grad}, "clip_grad_float", to);
       }
-      squares.push_back(onnxOp(g, PreUpdate, "ReduceSumSquare", {grad}, "clip_sumsq", keep));
+      (layouts[i].shard ? shardSquares : squares)
+          .push_back(onnxOp(g, PreUpdate, "ReduceSumSquare", {grad}, "clip_sumsq", keep));
     }
+    // A shard's squares are part of its weight's: their sum over the shards, added up over the
+    // replicas, is the sum over the whole gradients.
+    if (!shardSquares.empty())
+      squares.push_back(allReduceSum(
+          g, shardSquares.size() == 1 ? shardSquares[0] : onnxOp(g, PreUpdate, "Sum", shardSquares, "clip_shards"),
+          PreUpdate));
     TensorId total = squares.size() == 1 ? squares[0] : onnxOp(g, PreUpdate, "Sum", squares, "clip_total");
     TensorId norm = onnxOp(g, PreUpdate, "Mul", {onnxOp(g, PreUpdate, "Sqrt", {total}, "clip_norm"), result.gradScale},
                            "clip_norm_unscaled");
@@ -174,13 +196,17 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
   const auto *adaptive = dynamic_cast<const Adaptive *>(&opt);
   for (size_t i = 0; i < updates.size(); ++i) {
     WeightUpdate &u = updates[i];
-    const TensorInfo info = g.tensor(u.weight).info();
+    const bool sharded = layouts[i].shard > 0;
+    const TensorInfo info =
+        sharded ? TensorInfo(g.tensor(u.weight).info().dataType(), {layouts[i].shard}) : g.tensor(u.weight).info();
+    TensorId target = u.weight;
+    if (sharded) std::tie(u.shard, target) = weightShard(g, u.weight, layouts[i]);
     u.hyperParameters = variable(g, "hp_" + u.weight, TensorInfo(DataType::FLOAT, {int64_t(hyperParameterCount(opt))}));
     auto hp = hyperParameters(opt, u.weight, 1);
     std::copy(hp.begin(), hp.end(), g.tensor(u.hyperParameters).data()->as<float>());
     TensorId gs = scaleOf.count(u.weight) ? scaleOf.at(u.weight) : result.gradScale;
-    std::vector<TensorId> in{u.weight, grads[i], u.hyperParameters, gs};
-    std::vector<TensorId> out{g.uniqueId(u.weight + "_updated")};
+    std::vector<TensorId> in{target, grads[i], u.hyperParameters, gs};
+    std::vector<TensorId> out{g.uniqueId((sharded ? u.shard : u.weight) + "_updated")};
     ir::Attributes attrs;
     std::string type;
     enum Order { First, Second };
@@ -237,9 +263,14 @@ AppliedOptimizer applyOptimizer(ir::Graph &g, const Optimizer &opt,
       out.pop_back();
       in.pop_back();
     }
+    if (sharded && type == "AdamUpdate" && attrs.getString("mode", "") == "lamb") {
+      // LAMB's trust ratio needs the norms of the whole weight and update, not the shard's.
+      attrs.set("normsOverReplicas", int64_t{1});
+    }
     addOp(g, Update, "ai.graphcore", type, in, out, std::move(attrs), "update_" + u.weight);
+    if (sharded) gatherWeight(g, u.weight, out[0], layouts[i], sharding);
     if (!u.accumulator.empty())
-      addOp(g, PostUpdate, "ai.graphcore", "ResetVar", {grads[i]}, {g.uniqueId(u.accumulator + "_reset")});
+      addOp(g, PostUpdate, "ai.graphcore", "ResetVar", {accumulated[i]}, {g.uniqueId(u.accumulator + "_reset")});
   }
   result.updates = std::move(updates);
   return result;

@@ -5,6 +5,7 @@
 // (hyperparameters per step) come from hyperParameters().
 
 #include "ir/graph.hpp"
+#include "optimizer/sharding.hpp"
 #include <popart/optimizer.hpp>
 
 #include <string>
@@ -23,6 +24,9 @@ struct WeightUpdate {
   TensorId hyperParameters;    ///< FLOAT [K] Variable the host writes before each update
   std::vector<TensorId> state; ///< optimiser state Variables (checkpointed)
   TensorId accumulator;        ///< gradient accumulator Variable ("" without accumulation)
+  /// This replica's shard of the weight, the Variable its update op updates ("" unless sharded:
+  /// the state Variables are then shards too).
+  TensorId shard;
 };
 
 struct ApplyOptions {
@@ -50,6 +54,10 @@ struct ApplyOptions {
   /// follow stateType): a squared fp16 gradient below ~2.4e-4 underflows, and Adam's step then
   /// divides m by ε. The session asks for FLOAT (docs/precision.md).
   DataType secondMomentType = DataType::UNDEFINED;
+  /// Replicated tensor sharding of the optimiser state (optimizer/sharding.hpp): the weights it
+  /// shards have their gradient reduce-scattered (which their gradient must not have been
+  /// all-reduced before) and their state and update cut to this replica's shard.
+  ShardingOptions sharding;
 };
 
 struct AppliedOptimizer {

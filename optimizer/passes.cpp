@@ -1,6 +1,7 @@
 // applyOptimizer as a pass: the update ops of every weight buildGradients found a gradient for.
 
 #include "optimizer/passes.hpp"
+#include "optimizer/sharding.hpp"
 #include <popart/error.hpp>
 
 #include <mutex>
@@ -10,6 +11,7 @@ namespace popart::optimizer {
 void registerOptimizerPasses() {
   static std::once_flag once;
   std::call_once(once, [] {
+    registerShardingPasses();
     ir::PassRegistry::instance().add({
         .name = "applyOptimizer",
         .purpose = "per trained weight its state Variables and in-place update op; accumulation, clipping and the "

@@ -52,7 +52,9 @@ const std::vector<std::string> &trainingPipeline() {
       "scaleLoss",
       "buildGradients",
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
+      "holdShardedGradients",   // sharded weights' gradients are reduce-scattered by applyOptimizer instead
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
+      "restoreShardedGradients",
       "applyOptimizer",
       "agreeAllFinite",
       "inferShapes",

@@ -257,6 +257,13 @@ void TrainingSession::Impl::compile() {
   optimizer::ReplicationPassOptions &replication = context.state<optimizer::ReplicationPassOptions>();
   replication.enabled = kernelContext.communicator != nullptr;
   replication.mean = options.accumulationAndReplicationReductionType == ReductionType::Mean;
+  const TensorLocationSettings &stateLocation = options.optimizerStateTensorLocationSettings;
+  if (stateLocation.location.replicatedTensorSharding == ReplicatedTensorSharding::On && replication.enabled) {
+    opt.options.sharding.replicas = kernelContext.communicator->size();
+    opt.options.sharding.rank = kernelContext.communicator->rank();
+    opt.options.sharding.mean = replication.mean;
+    opt.options.sharding.minElements = stateLocation.minElementsForReplicatedTensorSharding;
+  }
   const ir::PrecisionPolicy precision = session::precisionPolicy(options, true);
   if (histogramScaling()) {
     opt.options.binEdgeLocation = options.automaticLossScalingSettings.binEdgeLocation;
@@ -630,19 +637,24 @@ std::string TrainingSession::profileSummary() const {
     return n;
   };
   int64_t weights = bytesOf(m.weightIds), stats = bytesOf(m.runningStats), state = bytesOf(m.stateIds);
-  int64_t accumulators = 0;
-  for (const auto &u : m.applied.updates)
+  int64_t accumulators = 0, shards = 0;
+  for (const auto &u : m.applied.updates) {
     if (!u.accumulator.empty()) accumulators += m.variable(u.accumulator).byteCount();
+    if (!u.shard.empty()) shards += m.variable(u.shard).byteCount();
+  }
   const auto &p = *m.plan;
-  int64_t other = p.variableBytes() - weights - stats - state - accumulators;
-  return session::profileSummary(p, {{"activation arena", p.memoryPlan().arenaBytes},
-                                     {"kernels", p.kernelBytes()},
-                                     {"weights", weights},
-                                     {"optimiser state", state},
-                                     {"gradient accumulators", accumulators},
-                                     {"running statistics", stats},
-                                     {"constants and hyperparameters", p.constBytes() + other}}) +
-         session::passTimes(m.passRecords);
+  int64_t other = p.variableBytes() - weights - stats - state - accumulators - shards;
+  std::vector<std::pair<std::string, int64_t>> memory{
+      {"activation arena", p.memoryPlan().arenaBytes},
+      {"kernels", p.kernelBytes()},
+      {"weights", weights},
+      {shards ? "optimiser state (this replica's shards)" : "optimiser state", state},
+      {"gradient accumulators", accumulators},
+      {"running statistics", stats},
+      {"constants and hyperparameters", p.constBytes() + other}};
+  // Sharded optimiser state: the replica's fp32 copies of its weight shards, which it updates.
+  if (shards) memory.insert(memory.begin() + 4, {"weight shards", shards});
+  return session::profileSummary(p, memory) + session::passTimes(m.passRecords);
 }
 
 } // namespace popart

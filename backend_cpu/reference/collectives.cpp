@@ -8,7 +8,9 @@
 #include "comm/communicator.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace popart::backend_cpu {
 
@@ -91,10 +93,75 @@ private:
 
 } // namespace
 
+void registerAllGatherIntoKernel(KernelRegistry &r);
+
 void registerReferenceCollectiveKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "AllReduce", KernelProvider::Reference, nullptr, makeKernel<AllReduceKernel>});
   r.add({"ai.graphcore", "ReduceScatter", KernelProvider::Reference, nullptr, makeKernel<ReduceScatterKernel>});
   r.add({"ai.graphcore", "AllGather", KernelProvider::Reference, nullptr, makeKernel<AllGatherKernel>});
+  registerAllGatherIntoKernel(r);
+}
+
+namespace {
+
+/// AllGatherInto: straight into the target when the shards fill it exactly; else through the
+/// scratch (the padded size), of which the target takes the first elements.
+class AllGatherIntoKernel : public Kernel {
+public:
+  AllGatherIntoKernel(const ir::Op &op, const KernelContext &context)
+      : communicator_(communicatorFor(op, context)), type_(op.inInfo(1).dataType()),
+        count_(op.inInfo(1).elementCount()), targetBytes_(static_cast<size_t>(op.inInfo(0).byteCount())),
+        gatheredBytes_(static_cast<size_t>(op.inInfo(1).byteCount()) * static_cast<size_t>(communicator_->size())) {
+    checkReplicas(op, *communicator_);
+  }
+  int64_t scratchBytes() const override { return padded() ? static_cast<int64_t>(gatheredBytes_) : 0; }
+  void run(const KernelArgs &a) override {
+    if (!padded()) {
+      communicator_->allGather(a.inputs[1], a.outputs[0], count_, type_);
+      return;
+    }
+    void *gathered = a.scratch;
+    if (!gathered) { // outside a plan
+      fallback_.resize(gatheredBytes_);
+      gathered = fallback_.data();
+    }
+    communicator_->allGather(a.inputs[1], gathered, count_, type_);
+    std::memcpy(a.outputs[0], gathered, targetBytes_);
+  }
+
+private:
+  bool padded() const { return gatheredBytes_ != targetBytes_; }
+  std::shared_ptr<comm::Communicator> communicator_;
+  DataType type_;
+  int64_t count_;
+  size_t targetBytes_, gatheredBytes_;
+  std::vector<uint8_t> fallback_;
+};
+
+/// CopyShardVar: the shard's elements of the whole, then zeros.
+class CopyShardVarKernel : public Kernel {
+public:
+  explicit CopyShardVarKernel(const ir::Op &op)
+      : element_(static_cast<size_t>(dataTypeSize(op.inInfo(0).dataType()))),
+        begin_(static_cast<size_t>(op.attrs.getInt("begin"))),
+        copied_(static_cast<size_t>(std::clamp(op.inInfo(1).elementCount() - op.attrs.getInt("begin"), int64_t{0},
+                                               op.inInfo(0).elementCount()))),
+        count_(static_cast<size_t>(op.inInfo(0).elementCount())) {}
+  void run(const KernelArgs &a) override {
+    auto *shard = static_cast<uint8_t *>(a.outputs[0]);
+    if (copied_) std::memcpy(shard, static_cast<const uint8_t *>(a.inputs[1]) + begin_ * element_, copied_ * element_);
+    std::memset(shard + copied_ * element_, 0, (count_ - copied_) * element_);
+  }
+
+private:
+  size_t element_, begin_, copied_, count_;
+};
+
+} // namespace
+
+void registerAllGatherIntoKernel(KernelRegistry &r) {
+  r.add({"ai.graphcore", "AllGatherInto", KernelProvider::Reference, nullptr, makeKernel<AllGatherIntoKernel>});
+  r.add({"ai.graphcore", "CopyShardVar", KernelProvider::Reference, nullptr, makeKernel<CopyShardVarKernel>});
 }
 
 } // namespace popart::backend_cpu

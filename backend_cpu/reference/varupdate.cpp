@@ -5,6 +5,7 @@
 
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/update_kernel.hpp"
+#include "comm/communicator.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
@@ -67,13 +68,22 @@ private:
 
 /// The Adam family: hp = [lr, beta1, beta2, eps, weightDecay, 1-beta1^t, 1-beta2^t,
 /// maxWeightNorm] (bias corrections are 1 for the NoBias modes). Attribute mode: "adam",
-/// "adamax" or "lamb"; decoupled: weight decay as AdamW (1) or as L2 on the gradient (0).
+/// "adamax" or "lamb"; decoupled: weight decay as AdamW (1) or as L2 on the gradient (0);
+/// normsOverReplicas (LAMB on a shard of its weight, optimizer/sharding.hpp): 1 adds the
+/// replicas' sums of squares, so that the trust ratio is that of the whole weight.
 class AdamKernel : public UpdateKernel {
 public:
-  explicit AdamKernel(const ir::Op &op)
+  AdamKernel(const ir::Op &op, const KernelContext &context)
       : UpdateKernel(op), mode_(op.attrs.getString("mode", "adam")), decoupled_(op.attrs.getInt("decoupled", 1) != 0) {
     if (mode_ != "adam" && mode_ != "adamax" && mode_ != "lamb")
       throw error(op.debugName(), ": unknown mode '", mode_, "'");
+    if (op.attrs.getInt("normsOverReplicas", 0) != 0) {
+      if (mode_ != "lamb") throw error(op.debugName(), ": normsOverReplicas applies to mode lamb only, not ", mode_);
+      if (!context.communicator)
+        throw error(op.debugName(), ": normsOverReplicas needs the session's communicator (a replicated session)");
+      communicator_ = context.communicator;
+      gathered_.resize(2 * static_cast<size_t>(communicator_->size())); // run() allocates nothing
+    }
     if (!op.hasOutput(1) || !op.hasOutput(2))
       throw error(op.debugName(), ": ", mode_, " needs both moments (outputs 1 and 2)");
     dispatchUpdateTypes(op, [&](auto types) {
@@ -183,6 +193,17 @@ private:
       wNorm2 += double(wi) * wi;
       uNorm2 += double(u) * u;
     }
+    if (communicator_) {
+      // Gathered and added in rank order rather than all-reduced: the same bits on every rank,
+      // in double like the sums themselves.
+      const double mine[2] = {wNorm2, uNorm2};
+      communicator_->allGather(mine, gathered_.data(), 2, DataType::DOUBLE);
+      wNorm2 = uNorm2 = 0.0;
+      for (size_t r = 0; r < gathered_.size(); r += 2) {
+        wNorm2 += gathered_[r];
+        uNorm2 += gathered_[r + 1];
+      }
+    }
     double wNorm = std::sqrt(wNorm2), uNorm = std::sqrt(uNorm2);
     if (maxNorm > 0.0f) wNorm = std::min(wNorm, double(maxNorm));
     const float ratio = wNorm == 0.0 || uNorm == 0.0 ? 1.0f : static_cast<float>(wNorm / uNorm);
@@ -199,6 +220,8 @@ private:
   bool decoupled_;
   RangeFn<AdamKernel> range_ = nullptr;
   void (AdamKernel::*lamb_)(const KernelArgs &) = nullptr;
+  std::shared_ptr<comm::Communicator> communicator_; ///< with normsOverReplicas
+  std::vector<double> gathered_;                     ///< every replica's {‖w‖², ‖u‖²}
 };
 
 /// RMSprop and AdaGrad: hp = [lr, alpha, momentum, eps, weightDecay, unused]; for AdaGrad lr

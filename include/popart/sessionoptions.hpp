@@ -57,6 +57,23 @@ enum class ReplicatedStatistics {
 };
 
 /// Options that change how a session compiles and runs; the defaults suit most models.
+/// Whether a tensor class is sharded over the replicas (PopART's ReplicatedTensorSharding).
+enum class ReplicatedTensorSharding { Off, On };
+
+/// Where a class of tensors lives (PopART's TensorLocation): on this backend only its
+/// replicated tensor sharding is read; every tensor is in host memory.
+struct TensorLocation {
+  ReplicatedTensorSharding replicatedTensorSharding = ReplicatedTensorSharding::Off;
+};
+
+/// The location of a class of tensors and from what size it applies (PopART's
+/// TensorLocationSettings).
+struct TensorLocationSettings {
+  TensorLocation location;
+  /// Weights with fewer elements keep their whole state on every replica (PopART's default).
+  int64_t minElementsForReplicatedTensorSharding = 8192;
+};
+
 struct SessionOptions {
   /// Threads for oneDNN and the reference kernels; 0 uses every core.
   int numThreads = 0;
@@ -142,6 +159,12 @@ struct SessionOptions {
   /// running mean and variance from its own micro-batches; Mean averages the updated running
   /// statistics over the replicas (an AllReduce after each update), so every rank holds the same.
   ReplicatedStatistics replicatedBatchNormStatistics = ReplicatedStatistics::Local;
+  /// Training with enableReplicatedGraphs: location.replicatedTensorSharding = On shards the
+  /// optimiser state over the replicas (docs/distributed.md, "Sharded optimiser state"): each
+  /// replica keeps and updates 1/replicatedGraphCount of the state of every weight of at least
+  /// minElementsForReplicatedTensorSharding elements, whose gradients are reduce-scattered and
+  /// whose updated shards are all-gathered back into the whole weight every step.
+  TensorLocationSettings optimizerStateTensorLocationSettings;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

@@ -17,5 +17,7 @@ std::string collectiveReduction(const Op &op);
 
 /// Registers AllReduce, ReduceScatter and AllGather.
 void registerCollectiveOps(OpRegistry &registry);
+/// Registers AllGatherInto and CopyShardVar (a sharded weight's gather and its shard's copy).
+void registerAllGatherInto(OpRegistry &registry);
 
 } // namespace popart::ir

@@ -1,0 +1,351 @@
+// Replicated tensor sharding of the optimiser state under mpirun (tests/CMakeLists.txt runs it on
+// 2 and 4 ranks): N sharded replicas must end with the weights of one process that accumulates
+// the same N micro-batches, the same bits on every rank, and 1/N of that process's optimiser
+// state each. The MLP's sizes are chosen so that shards need padding: b1 (15), w2 (75) and b2 (5)
+// do not split into 2 or 4, and on 4 ranks b2's shards of 2 leave rank 3 padding only, starting
+// past the end of the weight.
+
+#include "replication_helpers.hpp"
+
+#include <popart/builder.hpp>
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace popart;
+using popart::testing::randomValues;
+using popart::testing::weightsOf;
+using popart::testing::world;
+
+namespace {
+
+constexpr int64_t kIn = 8, kHidden = 15, kOut = 5, kMicroBatch = 3;
+constexpr int kSteps = 3;
+
+/// loss = mean((relu(x·W1 + b1)·W2 + b2 - target)²) over a micro-batch of kMicroBatch samples.
+std::string mlp() {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kIn}), "x");
+  TensorId target = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kOut}), "target");
+  TensorId w1 = b->addInitializedInputTensor(randomValues(kIn * kHidden, 1, 0.4f), {kIn, kHidden}, "w1");
+  TensorId b1 = b->addInitializedInputTensor(randomValues(kHidden, 2, 0.1f), {kHidden}, "b1");
+  TensorId w2 = b->addInitializedInputTensor(randomValues(kHidden * kOut, 3, 0.3f), {kHidden, kOut}, "w2");
+  TensorId b2 = b->addInitializedInputTensor(randomValues(kOut, 4, 0.1f), {kOut}, "b2");
+  TensorId h = ai.relu({ai.add({ai.matmul({x, w1}), b1})});
+  TensorId d = ai.sub({ai.add({ai.matmul({h, w2}), b2}), target});
+  b->addOutputTensor(ai.reducemean({ai.mul({d, d})}, std::nullopt, 0));
+  return b->getModelProto();
+}
+
+/// How both sides train.
+struct TrainingSetup {
+  ReductionType reduction = ReductionType::Mean;
+  int accumulation = 1; ///< each replica's accumulation factor
+  /// Weights below this many elements keep their whole state (0: every weight sharded).
+  int64_t minElements = 0;
+  /// Dynamic loss scaling, with an infinite input in the first micro-batch of the first step.
+  bool dynamicScalingWithInfinity = false;
+  /// After kSteps, every rank writes the same new weights and trains one more step.
+  bool writeWeightsAndContinue = false;
+  /// SessionOptions::precision.
+  std::string precision = "fp32";
+};
+
+/// The global batch of step \p step: \p micro micro-batches of kMicroBatch samples of \p width.
+std::vector<float> globalBatch(int step, int micro, int64_t width, uint32_t salt, const TrainingSetup &setup) {
+  std::vector<float> v = randomValues(micro * kMicroBatch * width, 1000u * static_cast<uint32_t>(step) + salt, 1.0f);
+  if (setup.dynamicScalingWithInfinity && step == 0 && salt == 1) v[0] = INFINITY;
+  return v;
+}
+
+/// Micro-batches first, first + stride ... (count of them) of \p global.
+std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride, int count) {
+  std::vector<float> out;
+  for (int k = 0; k < count; ++k) {
+    auto begin = global.begin() + (first + k * stride) * kMicroBatch * width;
+    out.insert(out.end(), begin, begin + kMicroBatch * width);
+  }
+  return out;
+}
+
+Shape batchShape(int accumulation, int64_t width) {
+  if (accumulation == 1) return {kMicroBatch, width};
+  return {accumulation, kMicroBatch, width};
+}
+
+/// What a run ends with.
+struct Result {
+  std::vector<std::vector<float>> weights;
+  int64_t stateBytes = 0; ///< of getOptimizerStateIds(), this replica's
+  int64_t skipped = 0;
+  std::string profile;
+};
+
+/// Trains replicated over the world (sharded or not) or, with \p replicated false, in one process
+/// accumulating every replica's micro-batches of each step.
+Result train(const Optimizer &opt, const TrainingSetup &setup, bool replicated, bool sharded) {
+  const int n = world()->size(), r = world()->rank(), a = setup.accumulation;
+  const int micro = replicated ? a : n * a;
+  SessionOptions so;
+  so.numThreads = 1;
+  so.precision = setup.precision;
+  so.accumulationAndReplicationReductionType = setup.reduction;
+  so.enableGradientAccumulation = micro > 1;
+  so.accumulationFactor = micro;
+  if (replicated) {
+    so.enableReplicatedGraphs = true;
+    so.replicatedGraphCount = n;
+    so.communicator = world();
+  }
+  if (sharded) {
+    so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+    so.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = setup.minElements;
+  }
+  if (setup.dynamicScalingWithInfinity) {
+    so.automaticLossScalingSettings.enabled = true;
+    so.automaticLossScalingSettings.initialScale = 1024.0f;
+    so.automaticLossScalingSettings.growthInterval = 1;
+  }
+  auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
+  s->prepareDevice();
+  s->enableProfiling();
+  auto step = [&](int k) {
+    std::vector<float> x = globalBatch(k, n * a, kIn, 1, setup), t = globalBatch(k, n * a, kOut, 2, setup);
+    if (replicated) {
+      x = microBatches(x, kIn, r, n, a);
+      t = microBatches(t, kOut, r, n, a);
+    }
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    StepIO io({{"x", xa}, {"target", ta}}, {});
+    s->run(io);
+  };
+  for (int k = 0; k < kSteps; ++k)
+    step(k);
+  if (setup.writeWeightsAndContinue) {
+    std::vector<std::vector<float>> fresh = weightsOf(*s);
+    WeightsIO io;
+    const std::vector<TensorId> ids = s->getWeightIds();
+    std::vector<NDArrayWrapper<float>> arrays;
+    arrays.reserve(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      for (size_t e = 0; e < fresh[i].size(); ++e)
+        fresh[i][e] = 0.5f * fresh[i][e] + 0.01f * static_cast<float>(e % 7);
+      arrays.emplace_back(fresh[i].data(), s->getInfo(ids[i]).shape());
+      io.insert(ids[i], arrays.back());
+    }
+    s->writeWeights(io);
+    step(kSteps);
+  }
+  Result result;
+  result.weights = weightsOf(*s);
+  for (const TensorId &id : s->getOptimizerStateIds())
+    result.stateBytes += s->getInfo(id).byteCount();
+  result.skipped = s->getSkippedSteps();
+  result.profile = s->profileSummary();
+  return result;
+}
+
+/// Checks that sharded replicas end within 1e-6 (of each tensor's largest magnitude) of one
+/// process accumulating their micro-batches, with the same bits on every rank; \returns both.
+std::pair<Result, Result> checkEquivalent(const Optimizer &opt, const TrainingSetup &setup = {}) {
+  const Result sharded = train(opt, setup, true, true);
+  const Result accumulated = train(opt, setup, false, false);
+  EXPECT_EQ(sharded.skipped, accumulated.skipped);
+  EXPECT_EQ(sharded.weights.size(), accumulated.weights.size());
+  const auto initial = [] {
+    auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", SGD(), {});
+    s->prepareDevice();
+    return weightsOf(*s);
+  }();
+  for (size_t k = 0; k < sharded.weights.size() && k < accumulated.weights.size(); ++k) {
+    float largest = 0.0f, moved = 0.0f;
+    for (size_t i = 0; i < accumulated.weights[k].size(); ++i) {
+      largest = std::max(largest, std::fabs(accumulated.weights[k][i]));
+      moved = std::max(moved, std::fabs(accumulated.weights[k][i] - initial[k][i]));
+    }
+    EXPECT_GT(moved, 1e-4f) << "weight " << k << " did not train";
+    for (size_t i = 0; i < sharded.weights[k].size(); ++i)
+      if (std::fabs(sharded.weights[k][i] - accumulated.weights[k][i]) > 1e-6f * largest) {
+        ADD_FAILURE() << "weight " << k << " element " << i << " on rank " << world()->rank() << " of "
+                      << world()->size() << ": sharded " << sharded.weights[k][i] << ", accumulated "
+                      << accumulated.weights[k][i];
+        break; // one element per tensor is enough to see
+      }
+  }
+  const auto hashes = popart::testing::hashesOnAllRanks(sharded.weights);
+  for (int r = 0; r < world()->size(); ++r)
+    EXPECT_EQ(hashes[size_t(r)], hashes[size_t(world()->rank())])
+        << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
+  return {sharded, accumulated};
+}
+
+/// The optimiser state bytes one replica holds when every weight is sharded: each weight's
+/// elements rounded up to a multiple of the replicas, divided by them, times \p statesPerWeight.
+int64_t shardedStateBytes(int statesPerWeight) {
+  const int64_t n = world()->size();
+  int64_t elements = 0;
+  for (int64_t e : {kIn * kHidden, kHidden, kHidden * kOut, kOut})
+    elements += (e + n - 1) / n;
+  return elements * statesPerWeight * int64_t(sizeof(float));
+}
+
+SGD sgdWithMomentum() {
+  return SGD({{"defaultLearningRate", {0.05f, false}},
+              {"defaultMomentum", {0.9f, true}},
+              {"defaultWeightDecay", {0.01f, true}}});
+}
+
+Adam adamW() {
+  return Adam(
+      {{"defaultLearningRate", {0.01f, false}}, {"defaultWeightDecay", {0.01f, true}}, {"defaultEps", {1e-6f, true}}},
+      AdamMode::Adam, WeightDecayMode::Decay);
+}
+
+TEST(ReplicationSharding, SgdWithMomentumMatchesAccumulationWithAShardOfTheState) {
+  const auto [sharded, accumulated] = checkEquivalent(sgdWithMomentum());
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(1));
+  EXPECT_LE(sharded.stateBytes, accumulated.stateBytes / world()->size() + 4 * 4 * int64_t(sizeof(float)));
+  // Reduce-scattered instead of all-reduced, not after it: with Sum a gradient all-reduced
+  // first would be summed twice.
+  EXPECT_EQ(sharded.profile.find("AllReduce"), std::string::npos) << sharded.profile;
+  EXPECT_NE(sharded.profile.find("ReduceScatter"), std::string::npos) << sharded.profile;
+  checkEquivalent(sgdWithMomentum(), TrainingSetup{ReductionType::Sum, 1});
+}
+
+TEST(ReplicationSharding, AdamWMatchesAccumulationWithAShardOfTheState) {
+  const auto [sharded, accumulated] = checkEquivalent(adamW());
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(2));
+  EXPECT_LE(sharded.stateBytes, accumulated.stateBytes / world()->size() + 4 * 4 * 2 * int64_t(sizeof(float)));
+  // The memory report names the shards.
+  EXPECT_NE(sharded.profile.find("optimiser state (this replica's shards)"), std::string::npos) << sharded.profile;
+  EXPECT_NE(sharded.profile.find("weight shards"), std::string::npos) << sharded.profile;
+}
+
+TEST(ReplicationSharding, LambMatchesAccumulation) {
+  // LAMB's trust ratio takes the norms of the whole weight and update: with the shard's alone
+  // the ratios, and so the weights, would differ.
+  checkEquivalent(Adam(
+      {{"defaultLearningRate", {0.01f, false}}, {"defaultWeightDecay", {0.01f, true}}, {"defaultEps", {1e-6f, true}}},
+      AdamMode::Lamb));
+}
+
+TEST(ReplicationSharding, CenteredRmsPropAndAdaGradMatchAccumulation) {
+  // Three state tensors per weight, and AdaGrad's filled with its initial accumulator (padding too).
+  const auto [sharded, accumulated] = checkEquivalent(Adaptive({{"defaultLearningRate", {0.01f, false}},
+                                                                {"defaultMomentum", {0.5f, true}},
+                                                                {"defaultWeightDecay", {0.01f, true}}},
+                                                               AdaptiveMode::CenteredRMSProp));
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(3));
+  checkEquivalent(Adaptive({{"defaultLearningRate", {0.05f, false}}, {"defaultInitialAccumulator", {0.1f, true}}},
+                           AdaptiveMode::AdaGrad));
+}
+
+TEST(ReplicationSharding, AccumulationClippingAndLossScalingMatchAccumulation) {
+  // Each replica accumulates 2 micro-batches, reduce-scattered once per step; the clipping norm
+  // (below the gradients') is that of the whole gradients, summed over the shards.
+  SGD opt({{"defaultLearningRate", {0.05f, false}}, {"defaultMomentum", {0.9f, true}}, {"lossScaling", {64.0f, true}}},
+          {ClipNormSettings::clipAllWeights(0.05f)});
+  checkEquivalent(opt, TrainingSetup{ReductionType::Mean, 2});
+  checkEquivalent(opt, TrainingSetup{ReductionType::Sum, 2});
+  TrainingSetup unclipped;
+  EXPECT_NE(train(sgdWithMomentum(), unclipped, false, false).weights,
+            train(SGD({{"defaultLearningRate", {0.05f, false}},
+                       {"defaultMomentum", {0.9f, true}},
+                       {"defaultWeightDecay", {0.01f, true}}},
+                      {ClipNormSettings::clipAllWeights(0.05f)}),
+                  unclipped, false, false)
+                .weights)
+      << "the clipping norm does not clip";
+}
+
+TEST(ReplicationSharding, ClippedAdamWWithSomeWeightsWholeMatchesAccumulation) {
+  // b1 (15) and b2 (5) stay whole and are all-reduced; w1 and w2 are sharded; one clipping
+  // group spans both kinds.
+  Adam opt(
+      {{"defaultLearningRate", {0.01f, false}}, {"defaultWeightDecay", {0.01f, true}}, {"defaultEps", {1e-6f, true}}},
+      AdamMode::Adam, WeightDecayMode::Decay, {ClipNormSettings::clipAllWeights(0.1f)});
+  TrainingSetup setup;
+  setup.minElements = 16;
+  const auto [sharded, accumulated] = checkEquivalent(opt, setup);
+  const int64_t n = world()->size();
+  const int64_t expected =
+      2 * int64_t(sizeof(float)) * ((kIn * kHidden + n - 1) / n + (kHidden * kOut + n - 1) / n + kHidden + kOut);
+  EXPECT_EQ(sharded.stateBytes, expected);
+}
+
+TEST(ReplicationSharding, DynamicLossScalingSkipsTheSameStepsAsAccumulation) {
+  // Only replica 0's first micro-batch holds an infinity: every replica must skip that step,
+  // as the one process does, and grow its scale alike afterwards.
+  TrainingSetup setup;
+  setup.dynamicScalingWithInfinity = true;
+  const auto [sharded, accumulated] = checkEquivalent(adamW(), setup);
+  EXPECT_EQ(sharded.skipped, 1);
+}
+
+TEST(ReplicationSharding, WrittenWeightsReachTheShards) {
+  // writeWeights replaces the whole weights; the next update must start from them on every
+  // shard (each replica takes its shard from the weight every step).
+  TrainingSetup setup;
+  setup.writeWeightsAndContinue = true;
+  checkEquivalent(sgdWithMomentum(), setup);
+}
+
+TEST(ReplicationSharding, MixedPrecisionShardsTheMasterWeightsAndTheirState) {
+  // fp16.32: fp16 gradients are reduce-scattered in fp16 (summed in fp32 and rounded once, as
+  // the all-reduce does), each replica updates its shard of the fp32 master weights and state.
+  // One process accumulates fp16 gradients in fp32 instead, so the reference is the unsharded
+  // replicated run, whose all-reduce rounds alike.
+  TrainingSetup setup;
+  setup.precision = "fp16.32";
+  setup.dynamicScalingWithInfinity = true;
+  const Result sharded = train(adamW(), setup, true, true);
+  const Result whole = train(adamW(), setup, true, false);
+  EXPECT_EQ(sharded.skipped, 1);
+  EXPECT_EQ(whole.skipped, 1);
+  EXPECT_EQ(sharded.stateBytes, shardedStateBytes(2));
+  ASSERT_EQ(sharded.weights.size(), whole.weights.size());
+  for (size_t k = 0; k < whole.weights.size(); ++k) {
+    float largest = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < whole.weights[k].size(); ++i) {
+      largest = std::max(largest, std::fabs(whole.weights[k][i]));
+      worst = std::max(worst, std::fabs(sharded.weights[k][i] - whole.weights[k][i]));
+    }
+    EXPECT_LE(worst, 1e-6f * largest) << "weight " << k << " on rank " << world()->rank();
+  }
+  const auto hashes = popart::testing::hashesOnAllRanks(sharded.weights);
+  for (uint64_t h : hashes)
+    EXPECT_EQ(h, hashes[0]);
+}
+
+TEST(ReplicationSharding, TheHistogramMethodOfLossScalingIsRefusedWithAReason) {
+  // Its gradient statistics would count this replica's shard alone, and the replicas' scales drift.
+  SessionOptions so;
+  so.numThreads = 1;
+  so.enableReplicatedGraphs = true;
+  so.replicatedGraphCount = world()->size();
+  so.communicator = world();
+  so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+  so.automaticLossScalingSettings.enabled = true;
+  so.automaticLossScalingSettings.method = AutomaticLossScalingSettings::Method::Histogram;
+  try {
+    auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", adamW(), so);
+    s->prepareDevice();
+    FAIL() << "expected an error";
+  } catch (const popart::error &e) {
+    EXPECT_NE(std::string(e.what()).find("histogram method"), std::string::npos) << e.what();
+  }
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
