@@ -54,6 +54,7 @@ const std::vector<std::string> &trainingPipeline() {
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
       "applyOptimizer",
+      "allReduceAccumulatedGradients", // with accumulation: once per update, not per micro-batch
       "agreeAllFinite",
       "inferShapes",
       "markHalfPartials", // after autodiff: the gradient products too

@@ -109,6 +109,10 @@ void TrainingSession::Impl::compile() {
   optimizer::ReplicationPassOptions &replication = context.state<optimizer::ReplicationPassOptions>();
   replication.enabled = kernelContext.communicator != nullptr;
   replication.mean = options.accumulationAndReplicationReductionType == ReductionType::Mean;
+  if (options.replicationBucketBytes < 0)
+    throw error("SessionOptions.replicationBucketBytes must be 0 (no buckets) or positive, got ",
+                options.replicationBucketBytes);
+  replication.bucketBytes = options.replicationBucketBytes;
   const ir::PrecisionPolicy precision = session::precisionPolicy(options, true);
   if (histogramScaling()) {
     opt.options.binEdgeLocation = options.automaticLossScalingSettings.binEdgeLocation;

@@ -132,6 +132,11 @@ struct SessionOptions {
   /// MPI_COMM_WORLD (initialising MPI if the caller has not). Every rank must create its session
   /// with the same model and options.
   std::shared_ptr<comm::Communicator> communicator;
+  /// Replication without accumulation: weight gradients are all-reduced in buckets of about this
+  /// many bytes, each started as soon as the backward has produced its gradients and waited for
+  /// just before the optimiser, so that communication overlaps the rest of the backward
+  /// (docs/distributed.md, "Overlapping the all-reduce"). 0: one blocking all-reduce per gradient.
+  int64_t replicationBucketBytes = int64_t{4} << 20;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).
