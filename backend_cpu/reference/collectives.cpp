@@ -9,6 +9,7 @@
 #include <popart/error.hpp>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace popart::backend_cpu {
@@ -101,9 +102,10 @@ private:
 /// Waits for a bucket's all-reduce and copies the reduced gradients out of it.
 class AllReduceWaitKernel : public Kernel {
 public:
-  AllReduceWaitKernel(const ir::Op &op, const KernelContext &context)
-      : collectives_(collectivesFor(context)), name_(op.debugName()) {
-    communicatorFor(op, context);
+  AllReduceWaitKernel(const ir::Op &op, const KernelContext &context) : collectives_(collectivesFor(context)) {
+    const auto communicator = communicatorFor(op, context);
+    name_ = op.debugName() + " on rank " + std::to_string(communicator->rank()) + " of " +
+            std::to_string(communicator->size());
     for (size_t i = 0; i < op.outputs.size(); ++i)
       bytes_.push_back(static_cast<size_t>(op.outInfo(i).byteCount()));
   }
