@@ -132,7 +132,8 @@ std::string readFile(const std::string &path) {
 
 /// kSteps steps replicated over the world, each replica accumulating \p accumulation
 /// micro-batches (replica r takes micro-batches r, r + replicas, ...), profiled.
-RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucketBytes) {
+RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucketBytes,
+                          const std::string &precision = "fp32") {
   const int n = world()->size(), r = world()->rank(), a = accumulation;
   SessionOptions so;
   so.numThreads = 1;
@@ -142,6 +143,7 @@ RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucket
   so.accumulationFactor = a;
   so.communicator = world();
   so.replicationBucketBytes = bucketBytes;
+  so.precision = precision;
   auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
   s->prepareDevice();
   s->enableProfiling();
@@ -264,6 +266,22 @@ TEST(ReplicationOverlap, BucketsGiveTheWeightsOfOneProcessAndOfTheBlockingAllRed
     expectClose(run.weights, blocking.weights, world()->size() == 2 ? 0.0f : 1e-6f, what + " against blocking");
     expectSameOnEveryRank(run.weights);
   }
+}
+
+TEST(ReplicationOverlap, HalfPrecisionGradientsTravelInBucketsOfTheirOwnType) {
+  // fp16.32: FLOAT16 gradients reach the optimiser, so the buckets are FLOAT16 (summed in fp32 by
+  // the communicator, rounded once); they must agree with the blocking all-reduce of each.
+  const RunResult blocking = trainReplicated(sgd(), 1, 0, "fp16.32");
+  const RunResult bucketed = trainReplicated(sgd(), 1, 600, "fp16.32");
+  size_t halfBuckets = 0;
+  for (const std::string &line : opLines(bucketed.ir))
+    if (line.find("::AllReduceStart") != std::string::npos && line.find(": FLOAT16[") != std::string::npos)
+      ++halfBuckets;
+  EXPECT_GE(halfBuckets, 1u) << bucketed.ir;
+  // On 2 ranks each element is a two-term sum in fp32, rounded once: the same bits either way.
+  // On more, the fp32 order of additions moves with the bucket boundaries and may flip a rounding.
+  expectClose(bucketed.weights, blocking.weights, world()->size() == 2 ? 0.0f : 1e-3f, "fp16.32 buckets");
+  expectSameOnEveryRank(bucketed.weights);
 }
 
 TEST(ReplicationOverlap, BucketsStartDuringTheBackwardAndAreWaitedForBeforeTheOptimiser) {
