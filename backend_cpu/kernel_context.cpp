@@ -135,7 +135,8 @@ void CollectiveRequests::enableSpans(int64_t originNs, size_t maxSpans) {
   spansOn_ = true;
   originNs_ = originNs;
   spans_.clear();
-  spans_.reserve(maxSpans);
+  // A plan without collectives records none: no need to reserve for them.
+  spans_.reserve(slots_.empty() ? 0 : maxSpans);
 }
 
 } // namespace popart::backend_cpu

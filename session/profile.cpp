@@ -42,20 +42,6 @@ void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string 
   if (!plan.profiling()) throw error("no profile recorded: profiling was not enabled before running");
   const auto &infos = plan.stepInfos();
   nlohmann::json events = nlohmann::json::array();
-  // Two tracks: the kernels as they ran, and each collective from its start to the moment this
-  // rank saw it complete (overlapping the kernels that ran meanwhile).
-  events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "ops"}}}});
-  events.push_back(
-      {{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "communication"}}}});
-  if (const backend_cpu::CollectiveRequests *collectives = plan.collectives())
-    for (const auto &span : collectives->spans())
-      events.push_back({{"name", collectives->label(span.id)},
-                        {"cat", "communication"},
-                        {"ph", "X"},
-                        {"ts", static_cast<double>(span.startNs) / 1e3},
-                        {"dur", static_cast<double>(span.durationNs) / 1e3},
-                        {"pid", 1},
-                        {"tid", 2}});
   for (const auto &e : plan.profileEvents()) {
     const auto &info = infos[e.step];
     events.push_back({{"name", info.name},
@@ -70,6 +56,23 @@ void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string 
                         {"phase", info.phase},
                         {"flops", info.flops},
                         {"bytes", info.bytes}}}});
+  }
+  // With collectives, a second track: each collective from its start to the moment this rank saw
+  // it complete, overlapping the kernels that ran meanwhile. After the ops' spans, so that a trace
+  // without communication is unchanged.
+  const backend_cpu::CollectiveRequests *collectives = plan.collectives();
+  if (collectives && !collectives->spans().empty()) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "ops"}}}});
+    events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "communication"}}}});
+    for (const auto &span : collectives->spans())
+      events.push_back({{"name", collectives->label(span.id)},
+                        {"cat", "communication"},
+                        {"ph", "X"},
+                        {"ts", static_cast<double>(span.startNs) / 1e3},
+                        {"dur", static_cast<double>(span.durationNs) / 1e3},
+                        {"pid", 1},
+                        {"tid", 2}});
   }
   nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   std::string tmp = path + ".tmp";
