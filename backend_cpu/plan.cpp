@@ -460,7 +460,7 @@ void ExecutionPlan::run(size_t begin, size_t end) {
       runStep(i);
       // Between kernels the collectives in flight advance (MPI progresses only when asked);
       // the time it takes counts to the step that just ran.
-      if (collectives_) collectives_->progress();
+      if (collectives_ && collectives_->inFlight()) pollCollectives(i);
       int64_t t1 = nowNs();
       stepTimes_[i].first += t1 - t0;
       stepTimes_[i].second += 1;
@@ -472,10 +472,18 @@ void ExecutionPlan::run(size_t begin, size_t end) {
   for (size_t i = begin; i < end; ++i) {
     try {
       steps_[i].kernel->run(steps_[i].args);
-      if (collectives_) collectives_->progress();
     } catch (const error &e) {
       throw error(stepNames_[i], ": ", e.what());
     }
+    if (collectives_ && collectives_->inFlight()) pollCollectives(i);
+  }
+}
+
+void ExecutionPlan::pollCollectives(size_t after) {
+  try {
+    collectives_->progress();
+  } catch (const error &e) {
+    throw error("advancing the collectives in flight after ", stepNames_[after], ": ", e.what());
   }
 }
 

@@ -145,6 +145,8 @@ public:
   const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
 private:
+  /// Advances the collectives in flight after step \p after (errors say where the run was).
+  void pollCollectives(size_t after);
   /// Replaces each run of two or more adjacent steps of one phase whose kernels split into ranges
   /// by one step that runs them all (the first; the others become no-ops named after it).
   void mergeRangeSteps();
