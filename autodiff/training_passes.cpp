@@ -49,7 +49,19 @@ int updateBatchNormStatistics(ir::Graph &g, ir::PassContext &c) {
         t.setProducer(op);
         op->outputs[k] = &t;
       }
-      ir::Op &copy = g.addOp("CopyVar", "ai.graphcore", 1, "update_" + stat.id(), {}, {stat.id(), op->output(k).id()},
+      TensorId updated = op->output(k).id();
+      if (options.averageRunningStatistics) {
+        // The running statistics are linear in the batch statistics, so averaging after every
+        // micro-batch gives the mean of the replicas' statistics, as averaging once per step would.
+        ir::Attributes mean;
+        mean.set("op", std::string("Mean"));
+        TensorId averaged = g.uniqueId(updated + "_allreduced");
+        ir::Op &reduce =
+            g.addOp("AllReduce", "ai.graphcore", 1, "allreduce_" + stat.id(), std::move(mean), {updated}, {averaged});
+        reduce.def->setup(reduce);
+        updated = averaged;
+      }
+      ir::Op &copy = g.addOp("CopyVar", "ai.graphcore", 1, "update_" + stat.id(), {}, {stat.id(), updated},
                              {g.uniqueId(stat.id() + "_updated")});
       copy.def->setup(copy);
       tt.runningStats.push_back(stat.id());

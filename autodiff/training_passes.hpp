@@ -10,6 +10,9 @@ namespace popart::autodiff {
 struct TrainingPassOptions {
   /// BatchNormalization updates running_var with the unbiased batch variance (PyTorch's way).
   bool unbiasedRunningVariance = true;
+  /// Replication with ReplicatedStatistics::Mean: each updated running statistic goes through an
+  /// AllReduce Mean before it is written back, so that every replica keeps the same.
+  bool averageRunningStatistics = false;
 };
 
 /// Registers seedDropout, updateBatchNormStatistics, scaleLoss, buildGradients and

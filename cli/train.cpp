@@ -92,6 +92,8 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--als-update-period",
                                   "--clip-norm",
                                   "--accumulate",
+                                  "--bucket-bytes",
+                                  "--replica-bn-stats",
                                   "--steps",
                                   "--epochs",
                                   "--shuffle",
@@ -289,6 +291,10 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
   app.add_option("--clip-norm", o.clipNorm, "clip gradients by their global L2 norm")->check(CLI::PositiveNumber);
   app.add_option("--accumulate", o.accumulate, "micro-batches per weight update (mean of their gradients)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--replica-bn-stats", o.replicaBnStats,
+                 "replicated training: BatchNormalization running statistics per replica (local, the default; "
+                 "rank 0's are saved) or averaged over the replicas every step (mean)")
+      ->check(CLI::IsMember({"local", "mean"}));
   app.add_option("--bucket-bytes", o.bucketBytes,
                  "replicated: all-reduce the gradients in buckets of this many bytes overlapping the backward "
                  "(default 4194304; 0: one blocking all-reduce per gradient; SessionOptions::replicationBucketBytes)")
@@ -354,6 +360,8 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.matmulTuning = o.matmulTuning;
   so.convPoolChunk = o.convPoolChunk;
   so.frozenWeights = o.freeze;
+  so.replicatedBatchNormStatistics =
+      o.replicaBnStats == "mean" ? ReplicatedStatistics::Mean : ReplicatedStatistics::Local;
   if (o.accumulate > 1) {
     so.enableGradientAccumulation = true;
     so.accumulationFactor = o.accumulate;
@@ -443,12 +451,17 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   if (!o.resume.empty()) {
     fs::path dir(o.resume);
     Progress p = readProgress(dir / "progress.txt");
-    if (p.replicas != replicas)
-      throw error("--resume: the checkpoint in '", o.resume, "' was made by ", p.replicas, " replica(s), this run has ",
-                  replicas, "; resuming with another replica count is not supported yet");
+    // Another replica count resumes where the global batch is the same (replicas x batch x
+    // accumulation): the sampler then hands out the same samples per step from the same position.
     if (p.samples != data.samples || p.batch != globalPerStep || p.shuffle != o.shuffle || p.seed != o.seed)
       throw error("--resume: the checkpoint in '", o.resume, "' was made with ", p.samples, " samples, ", p.batch,
-                  " samples per step, shuffle ", p.shuffle, ", seed ", p.seed, "; this run differs");
+                  " samples per step (over ", p.replicas, " replica(s)), shuffle ", p.shuffle, ", seed ", p.seed,
+                  "; this run differs (", data.samples, " samples, ", globalPerStep, " per step over ", replicas,
+                  " replica(s), shuffle ", o.shuffle, ", seed ", o.seed, ")");
+    if (p.replicas != replicas && replication.leader())
+      std::printf("resuming a checkpoint of %lld replica(s) on %lld: the global batch of %lld is the same\n",
+                  static_cast<long long>(p.replicas), static_cast<long long>(replicas),
+                  static_cast<long long>(globalPerStep));
     start = p.step;
     if (start >= total)
       throw error("--resume: the checkpoint is at step ", start, ", at or past the last step ", total);

@@ -1,5 +1,6 @@
 #include "autodiff/autodiff.hpp"
 #include "backend_cpu/plan.hpp"
+#include "comm/communicator.hpp"
 #include "core/dispatch.hpp"
 #include "core/log.hpp"
 #include "ir/passes/passes.hpp"
@@ -126,6 +127,9 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.inputShapes = inputShapes;
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
+  // Replicas of an inference session each run their own inputs; the communicator serves the
+  // collective ops a model may hold, and getReplicationIndex.
+  m.kernelContext.communicator = session::replicationCommunicator(options);
   session::precisionPolicy(options, false); // a bad mode is an error now, not at prepareDevice
   session::ModelSource src = session::loadModel(model);
   m.modelBytes = std::move(src.bytes);
@@ -297,6 +301,11 @@ SequenceOutput InferenceSession::getSequenceOutput(const TensorId &id) const {
 std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 
 int64_t InferenceSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
+
+int InferenceSession::getReplicationIndex() const {
+  const auto &communicator = impl_->kernelContext.communicator;
+  return communicator ? communicator->rank() : 0;
+}
 
 std::string InferenceSession::explainKernels() const {
   if (!impl_->plan) throw error("explainKernels: the plan is not compiled yet (call prepareDevice() or run() first)");

@@ -1,6 +1,7 @@
 #include "session/session_common.hpp"
 #include "backend_cpu/convert.hpp"
 #include "backend_cpu/kernel_families.hpp"
+#include "comm/mpi_communicator.hpp"
 #include "core/dispatch.hpp"
 #include "core/half.hpp"
 #include "ir/passes/passes.hpp"
@@ -120,6 +121,18 @@ std::string kernelReport(const backend_cpu::ExecutionPlan &plan) {
   return s;
 }
 
+uint64_t replicaSeed(uint64_t seed, int replica) {
+  if (replica == 0) return seed;
+  // SplitMix64's finaliser over the replica index, then over its sum with the seed: neighbouring
+  // seeds and neighbouring replicas land far apart.
+  auto mix = [](uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(seed + mix(static_cast<uint64_t>(replica) * 0x9e3779b97f4a7c15ULL));
+}
+
 std::string joinIds(const std::vector<TensorId> &ids) {
   std::string s;
   for (const auto &i : ids)
@@ -201,6 +214,29 @@ void writeAnchor(const AnchorReturnType &art, const TensorInfo &info, DataType d
     });
     break;
   }
+}
+
+std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options) {
+  const ReductionType reduction = options.accumulationAndReplicationReductionType;
+  if (reduction != ReductionType::Mean && reduction != ReductionType::Sum)
+    throw error("SessionOptions.accumulationAndReplicationReductionType must be Mean or Sum, got ",
+                reduction == ReductionType::NoReduction ? "NoReduction" : "an unknown value");
+  if (!options.enableReplicatedGraphs) {
+    if (options.replicatedGraphCount != 1)
+      throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount,
+                  " but enableReplicatedGraphs is false");
+    if (options.communicator) throw error("SessionOptions.communicator is set but enableReplicatedGraphs is false");
+    return nullptr;
+  }
+  if (options.replicatedGraphCount < 1)
+    throw error("SessionOptions.replicatedGraphCount must be at least 1, got ", options.replicatedGraphCount);
+  std::shared_ptr<comm::Communicator> communicator =
+      options.communicator ? options.communicator : std::make_shared<comm::MpiCommunicator>();
+  if (communicator->size() != options.replicatedGraphCount)
+    throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount, " but the communicator has ",
+                communicator->size(), " ranks",
+                options.communicator ? "" : " (MPI_COMM_WORLD: start one process per replica, mpirun -np <count>)");
+  return communicator;
 }
 
 } // namespace popart::session

@@ -10,6 +10,7 @@
 #include <popart/stepio.hpp>
 
 #include <map>
+#include <memory>
 #include <string>
 
 namespace popart::session {
@@ -53,6 +54,17 @@ backend_cpu::KernelContext kernelContext(const SessionOptions &options);
 
 /// One line per step of \p plan: the op, the kernel that runs it and why (explainKernels).
 std::string kernelReport(const backend_cpu::ExecutionPlan &plan);
+
+/// The seed of replica \p replica's random stream in a training session seeded \p seed: \p seed
+/// itself for replica 0 (so an unreplicated run and replica 0 draw the masks they always did),
+/// else \p seed and \p replica mixed, so that each replica draws its own Dropout masks. A
+/// replica's stream is then a function of (seed, replica, counter) alone: what a checkpoint
+/// records (seed and counter) resumes every replica, with any replica count.
+uint64_t replicaSeed(uint64_t seed, int replica);
+
+/// The replicas' communicator of a session with \p options: null without replication, else the one
+/// given or one over MPI_COMM_WORLD, checked against replicatedGraphCount (errors name the option).
+std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options);
 
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);

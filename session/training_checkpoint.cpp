@@ -1,8 +1,16 @@
 // TrainingSession's checkpoints: every persistent tensor and the host-side step state in one
 // file (a JSON header after a magic and its length, then the raw bytes), written atomically and
 // read back only after everything in it has been checked.
+//
+// A replicated job writes one checkpoint: every replica holds the same weights, running
+// statistics (unless each replica keeps its own, ReplicatedStatistics::Local, when rank 0's are
+// saved) and optimiser state, so rank 0 writes it and the other ranks skip. The header records the
+// replica count. The random state is {seed, counter}: each replica's stream is derived from the
+// seed, its replica index and the counter (session::replicaSeed), so those two resume every
+// replica, and a checkpoint loads with any replica count.
 
 #include "backend_cpu/kernel_families.hpp"
+#include "comm/communicator.hpp"
 #include "core/log.hpp"
 #include "session/training_impl.hpp"
 
@@ -42,11 +50,25 @@ nlohmann::json tunedWaysToJson(const backend_cpu::ExecutionPlan &plan) {
   return ways;
 }
 
+/// \p id without the "__<n>" that ir::Graph::uniqueId appends: the numbers count the tensors the
+/// passes made before it, which differ between a replicated graph (its AllReduce ops) and one
+/// process's, or with other options, while the name and the position in the checkpoint do not.
+std::string withoutUniqueSuffix(const std::string &id) {
+  const size_t mark = id.rfind("__");
+  if (mark == std::string::npos || mark + 2 == id.size()) return id;
+  for (size_t i = mark + 2; i < id.size(); ++i)
+    if (id[i] < '0' || id[i] > '9') return id;
+  return id.substr(0, mark);
+}
+
 } // namespace
 
 void TrainingSession::saveCheckpoint(const std::string &path) const {
   const Impl &m = *impl_;
   if (!m.plan) throw error("saveCheckpoint: call prepareDevice() first");
+  // Not a collective: a caller that reads the file on other ranks synchronises them after this.
+  const auto &communicator = m.kernelContext.communicator;
+  if (communicator && communicator->rank() != 0) return;
   nlohmann::json header;
   header["version"] = kCheckpointVersion;
   header["model"] = std::to_string(fingerprint(m.model.bytes));
@@ -61,6 +83,7 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   header["periodSteps"] = m.periodSteps;
   header["seed"] = std::to_string(m.seed);
   header["rngCounter"] = m.rngCounter;
+  header["replicas"] = communicator ? communicator->size() : 1;
   header["matmulWays"] = tunedWaysToJson(*m.plan);
   int64_t offset = 0;
   std::vector<TensorId> ids = m.persistentIds();
@@ -131,6 +154,12 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       throw error("it was written in precision mode ", precision, ", the session uses ", precisionMode(m.options),
                   " (its weights and optimiser state have other types; resume in ", precision,
                   ", or start a new run from the model modelToHost wrote)");
+    // Checkpoints from before replication are those of one process.
+    const int written = header.value("replicas", 1);
+    const int replicas = m.kernelContext.communicator ? m.kernelContext.communicator->size() : 1;
+    // Hook for replicated tensor sharding: a checkpoint holding each replica's 1/N shard of the
+    // optimiser state (a manifest of shards) must be refused here when written != replicas, or its
+    // shards regathered; everything this format holds is whole, so any count may resume it.
     std::vector<TensorId> ids = m.persistentIds();
     const auto &tensors = header.at("tensors");
     if (tensors.size() != ids.size())
@@ -139,7 +168,8 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const auto &t = tensors[i];
       const TensorData &d = m.variable(ids[i]);
-      if (t.at("id").get<std::string>() != ids[i])
+      const std::string saved = t.at("id").get<std::string>();
+      if (saved != ids[i] && withoutUniqueSuffix(saved) != withoutUniqueSuffix(ids[i]))
         throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
       if (t.at("shape").get<Shape>() != d.info().shape() ||
           t.at("type").get<std::string>() != toString(d.info().dataType()))
@@ -163,6 +193,11 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     m.periodSteps = header.value("periodSteps", int64_t{0});
     m.seed = std::stoull(header.at("seed").get<std::string>());
     m.rngCounter = header.at("rngCounter").get<int64_t>();
+    if (written != replicas)
+      logging::logger().info("loadCheckpoint: '{}' was written by {} replica(s) and resumes on {}: the weights, "
+                             "running statistics and optimiser state are whole and carry over; each replica draws "
+                             "from its own stream from the same seed and counter on",
+                             path, written, replicas);
   } catch (const nlohmann::json::exception &e) {
     throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
   } catch (const error &e) {

@@ -125,6 +125,10 @@ struct TrainingSession::Impl {
   /// Gives the session the MatMul and Gemm ways recorded in checkpoint \p header (a resumed run
   /// then computes the same bits as the run that wrote it), recompiling if the plan took others.
   void adoptTunedWays(const nlohmann::json &header);
+  /// Replicated sessions: every rank takes rank 0's timed MatMul ways (recompiling if its own
+  /// timing chose others), so that the replicas run the same kernels and a job's results do not
+  /// depend on which rank timed what on a noisy host.
+  void agreeOnTunedWays();
 };
 
 } // namespace popart

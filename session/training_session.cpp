@@ -14,7 +14,9 @@
 #include "session/training_impl.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <type_traits>
 
 namespace popart {
 
@@ -37,29 +39,173 @@ WeightStatus::Role statusRole(autodiff::WeightRole role) {
   return WeightStatus::Role::NoGradient;
 }
 
-/// The communicator of a session with \p options: null without replication, else the one given
-/// or one over MPI_COMM_WORLD, checked against replicatedGraphCount.
-std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options) {
-  const ReductionType reduction = options.accumulationAndReplicationReductionType;
-  if (reduction != ReductionType::Mean && reduction != ReductionType::Sum)
-    throw error("SessionOptions.accumulationAndReplicationReductionType must be Mean or Sum, got ",
-                reduction == ReductionType::NoReduction ? "NoReduction" : "an unknown value");
-  if (!options.enableReplicatedGraphs) {
-    if (options.replicatedGraphCount != 1)
-      throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount,
-                  " but enableReplicatedGraphs is false");
-    if (options.communicator) throw error("SessionOptions.communicator is set but enableReplicatedGraphs is false");
-    return nullptr;
+/// A hash built field by field, the same on every rank (all ranks of a job share one byte order).
+/// Four lanes of independent multiply chains hash a model's weights at several GB/s.
+class AgreementHash {
+public:
+  void bytes(const void *data, size_t n) {
+    const auto *p = static_cast<const unsigned char *>(data);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+      for (size_t k = 0; k < 4; ++k)
+        lane(k, load(p + i + 8 * k));
+    for (; i + 8 <= n; i += 8)
+      lane(0, load(p + i));
+    uint64_t tail = n;
+    for (; i < n; ++i)
+      tail = (tail << 8) | p[i];
+    lane(1, tail);
   }
-  if (options.replicatedGraphCount < 1)
-    throw error("SessionOptions.replicatedGraphCount must be at least 1, got ", options.replicatedGraphCount);
-  std::shared_ptr<comm::Communicator> communicator =
-      options.communicator ? options.communicator : std::make_shared<comm::MpiCommunicator>();
-  if (communicator->size() != options.replicatedGraphCount)
-    throw error("SessionOptions.replicatedGraphCount is ", options.replicatedGraphCount, " but the communicator has ",
-                communicator->size(), " ranks",
-                options.communicator ? "" : " (MPI_COMM_WORLD: start one process per replica, mpirun -np <count>)");
-  return communicator;
+  void text(const std::string &s) { bytes(s.data(), s.size()); }
+  template <typename T> void value(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    bytes(&v, sizeof v);
+  }
+  uint64_t get() const {
+    uint64_t h = 0;
+    for (uint64_t l : lanes_)
+      h = (h ^ l) * 0x100000001b3ULL + (h >> 31);
+    return h;
+  }
+
+private:
+  static uint64_t load(const unsigned char *p) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    return w;
+  }
+  void lane(size_t k, uint64_t w) {
+    uint64_t &h = lanes_[k];
+    h = (h ^ w) * 0x100000001b3ULL;
+    h ^= h >> 29;
+  }
+  uint64_t lanes_[4] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL, 0x9e3779b97f4a7c15ULL, 0xbf58476d1ce4e5b9ULL};
+};
+
+/// What every replica must agree on, one hash per group so that a mismatch can be named.
+struct AgreementGroup {
+  const char *name;
+  uint64_t hash;
+};
+
+std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, const ir::Graph &declared,
+                                            const SessionOptions &o, const Optimizer &optimizer,
+                                            const InputShapeInfo &inputShapes, const TensorId &loss) {
+  AgreementHash graph;
+  graph.text(model.bytes);
+  // Initializers in external files are not in the model's bytes.
+  for (const TensorId &id : declared.initializers())
+    if (const auto *data = declared.tensor(id).data().get()) {
+      graph.text(id);
+      graph.bytes(data->data(), static_cast<size_t>(data->byteCount()));
+    }
+  graph.text(loss);
+
+  AgreementHash replication;
+  replication.value(o.replicatedGraphCount);
+  replication.value(o.accumulationAndReplicationReductionType);
+  replication.value(o.replicatedBatchNormStatistics);
+  replication.value(o.replicationBucketBytes); // the buckets decide the ranks' collectives
+
+  AgreementHash accumulation;
+  accumulation.value(o.enableGradientAccumulation);
+  accumulation.value(o.accumulationFactor);
+
+  AgreementHash opt;
+  opt.text(optimizer.name());
+  auto optimizerValue = [&](const OptimizerValue &v) {
+    opt.value(v.val());
+    opt.value(v.isConst());
+  };
+  for (const std::string &name : optimizer.hyperParameterNames()) {
+    opt.text(name);
+    optimizerValue(optimizer.get(name));
+  }
+  for (const auto &[weight, values] : optimizer.specifics()) {
+    opt.text(weight);
+    for (const auto &[name, v] : values) {
+      opt.text(name);
+      optimizerValue(v);
+    }
+  }
+  optimizerValue(optimizer.lossScaling());
+  for (const ClipNormSettings &clip : optimizer.clipNormSettings()) {
+    opt.value(clip.maxNorm);
+    for (const TensorId &id : clip.weightIds)
+      opt.text(id);
+  }
+
+  AgreementHash precision;
+  precision.text(o.precision);
+  const AutomaticLossScalingSettings &als = o.automaticLossScalingSettings;
+  precision.value(als.enabled);
+  precision.value(als.method);
+  precision.value(als.initialScale);
+  precision.value(als.growthFactor);
+  precision.value(als.backoffFactor);
+  precision.value(als.growthInterval);
+  precision.value(als.binEdgeLocation);
+  precision.value(als.thresholdUpperCountProportion);
+  precision.value(als.updatePeriod);
+
+  AgreementHash batch;
+  batch.value(o.batchSize);
+  for (const auto &[id, info] : inputShapes.getAll()) {
+    batch.text(id);
+    batch.value(info.dataType());
+    for (int64_t d : info.shape())
+      batch.value(d);
+  }
+
+  // What changes the graph that is compiled, and so the order of the ranks' collectives.
+  AgreementHash compilation;
+  compilation.value(o.batchNormUnbiasedRunningVariance);
+  for (const std::string &w : o.frozenWeights)
+    compilation.text(w);
+  compilation.value(o.constantFolding);
+  compilation.value(o.fuseOps);
+  compilation.text(o.kernels);
+  for (const std::string &p : o.disabledPasses)
+    compilation.text(p);
+  compilation.value(o.maxUnrolledOps);
+  compilation.text(o.matmulTuning); // Auto's ways are agreed after compiling (agreeOnTunedWays)
+
+  return {{"the model (graph or initial weights) or loss", graph.get()},
+          {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
+           "replicatedBatchNormStatistics, replicationBucketBytes)",
+           replication.get()},
+          {"gradient accumulation (enableGradientAccumulation, accumulationFactor)", accumulation.get()},
+          {"the optimiser (type, hyperparameters, loss scaling or clipping)", opt.get()},
+          {"precision (precision, automaticLossScalingSettings)", precision.get()},
+          {"batch size or input shapes (batchSize, InputShapeInfo)", batch.get()},
+          {"compilation options (frozenWeights, batchNormUnbiasedRunningVariance, constantFolding, fuseOps, kernels, "
+           "disabledPasses, maxUnrolledOps, matmulTuning)",
+           compilation.get()}};
+}
+
+/// Throws on every rank, naming the ranks and groups that differ from rank 0's, unless all ranks
+/// of \p communicator hold the same \p groups. One all-gather of a fixed size, so that ranks that
+/// disagree still meet in it instead of waiting for each other in different collectives later.
+void checkReplicasAgree(comm::Communicator &communicator, const std::vector<AgreementGroup> &groups) {
+  const auto n = static_cast<size_t>(communicator.size());
+  std::vector<uint64_t> mine(groups.size());
+  std::transform(groups.begin(), groups.end(), mine.begin(), [](const AgreementGroup &g) { return g.hash; });
+  std::vector<uint64_t> all(mine.size() * n);
+  communicator.allGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DataType::INT64);
+  std::string differences;
+  for (size_t r = 1; r < n; ++r) {
+    std::string which;
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (all[r * groups.size() + k] != all[k]) which += std::string(which.empty() ? "" : "; ") + groups[k].name;
+    if (!which.empty())
+      differences +=
+          (differences.empty() ? "" : ". ") + ("rank " + std::to_string(r) + " differs from rank 0 in " + which);
+  }
+  if (differences.empty()) return;
+  throw error("rank ", communicator.rank(), " of ", n,
+              ": the replicas were not created from the same model and options (every rank must create its "
+              "TrainingSession alike): ",
+              differences);
 }
 
 } // namespace
@@ -101,7 +247,10 @@ void TrainingSession::Impl::compile() {
   for (const auto &a : dataFlow.anchors())
     if (std::find(context.keep.begin(), context.keep.end(), a) == context.keep.end()) context.keep.push_back(a);
   context.state<ir::UnrollOptions>().maxOps = options.maxUnrolledOps;
-  context.state<autodiff::TrainingPassOptions>().unbiasedRunningVariance = options.batchNormUnbiasedRunningVariance;
+  autodiff::TrainingPassOptions &trainingOptions = context.state<autodiff::TrainingPassOptions>();
+  trainingOptions.unbiasedRunningVariance = options.batchNormUnbiasedRunningVariance;
+  trainingOptions.averageRunningStatistics =
+      kernelContext.communicator && options.replicatedBatchNormStatistics == ReplicatedStatistics::Mean;
   optimizer::OptimizerPassState &opt = context.state<optimizer::OptimizerPassState>();
   opt.optimizer = optimizer.get();
   opt.options.accumulationFactor = accumulation();
@@ -254,7 +403,7 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
-  m.kernelContext.communicator = replicationCommunicator(options);
+  m.kernelContext.communicator = session::replicationCommunicator(options);
   session::precisionPolicy(options, true); // a bad mode is an error now, not at prepareDevice
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
@@ -264,13 +413,56 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   for (const auto &a : dataFlow.anchors())
     if (!m.declared->hasTensor(a) && a != loss)
       throw error("anchor '", a, "' is not a tensor of model '", m.model.sourceName, "'");
+  if (options.replicatedBatchNormStatistics != ReplicatedStatistics::Local &&
+      options.replicatedBatchNormStatistics != ReplicatedStatistics::Mean)
+    throw error("SessionOptions.replicatedBatchNormStatistics must be Local or Mean, got ",
+                static_cast<int>(options.replicatedBatchNormStatistics));
+  // Every check above throws alike on every rank given the same arguments; this one finds the
+  // ranks that were given others, before they part ways in the collectives of training.
+  if (m.kernelContext.communicator) {
+    const auto start = std::chrono::steady_clock::now();
+    checkReplicasAgree(*m.kernelContext.communicator,
+                       agreementGroups(m.model, *m.declared, options, *m.optimizer, inputShapes, loss));
+    logging::logger().debug(
+        "the {} replicas agree on the model ({} bytes) and options: checked in {:.1f} ms",
+        m.kernelContext.communicator->size(), m.model.bytes.size(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
   return s;
+}
+
+void TrainingSession::Impl::agreeOnTunedWays() {
+  comm::Communicator *communicator = kernelContext.communicator.get();
+  if (!communicator || communicator->size() == 1 || kernelContext.matmulOperands != backend_cpu::MatMulOperands::Auto)
+    return;
+  // Rank 0's record, one "key=way" line each (keys never hold a newline), broadcast length first.
+  std::string ways;
+  if (communicator->rank() == 0)
+    for (const auto &[key, way] : plan->tunedMatMulWays())
+      ways += key + '=' + backend_cpu::matMulOperandsName(way) + '\n';
+  auto length = static_cast<int64_t>(ways.size());
+  communicator->broadcast(&length, 1, DataType::INT64, 0);
+  ways.resize(static_cast<size_t>(length));
+  communicator->broadcast(ways.data(), length, DataType::UINT8, 0);
+  std::map<std::string, backend_cpu::MatMulOperands> chosen;
+  for (size_t begin = 0, end = 0; begin < ways.size(); begin = end + 1) {
+    end = ways.find('\n', begin);
+    const size_t eq = ways.rfind('=', end);
+    chosen[ways.substr(begin, eq - begin)] = backend_cpu::matMulOperandsNamed(ways.substr(eq + 1, end - eq - 1));
+  }
+  if (chosen == plan->tunedMatMulWays()) return;
+  logging::logger().info("replica {}: recompiling with rank 0's timed MatMul ways", communicator->rank());
+  kernelContext.matmulTuning->preset(chosen);
+  plan.reset();
+  runningStats.clear(); // compile() finds them again
+  compile();
 }
 
 void TrainingSession::prepareDevice() {
   Impl &m = *impl_;
   if (m.plan) return;
   m.compile();
+  m.agreeOnTunedWays();
   m.resetState();
 }
 
@@ -308,6 +500,7 @@ void TrainingSession::run(StepIO &stepio) {
   auto [p2b, p2e] = m.plan->phaseSteps(optimizer::Update);
   auto [p3b, p3e] = m.plan->phaseSteps(optimizer::PostUpdate);
   int64_t *rng = m.variable(m.rngStateId).as<int64_t>();
+  const auto seed = static_cast<int64_t>(session::replicaSeed(m.seed, getReplicationIndex()));
   for (int b = 0; b < bps; ++b) {
     m.writeHostScalars();
     for (int a = 0; a < accum; ++a) {
@@ -319,7 +512,7 @@ void TrainingSession::run(StepIO &stepio) {
         if (bytes > 0)
           m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + k * bytes, m.plan->address(id));
       }
-      rng[0] = static_cast<int64_t>(m.seed);
+      rng[0] = seed;
       rng[1] = m.rngCounter++;
       m.plan->run(p0b, p0e);
       for (const auto &[id, arr] : stepio.outputs())

@@ -43,6 +43,9 @@ public:
   std::string dumpIr() const;
   /// Bytes of the activation arena of the compiled plan (0 before compilation).
   int64_t plannedArenaBytes() const;
+  /// This replica's index, from 0 (its communicator's rank; SessionOptions::enableReplicatedGraphs:
+  /// each replica runs its own inputs); 0 without replication.
+  int getReplicationIndex() const;
   /// For each op of the compiled plan, the kernel that runs it and why, one line each
   /// ("MatMul 'fc1': oneDNN, operands FlippedB, timed (reference declined: ...)").
   std::string explainKernels() const;

@@ -50,6 +50,12 @@ struct AutomaticLossScalingSettings {
   int updatePeriod = 1;
 };
 
+/// How BatchNormalization's running statistics combine over replicas (docs/distributed.md).
+enum class ReplicatedStatistics {
+  Local, ///< each replica keeps the running statistics of its own micro-batches (the default)
+  Mean   ///< after each update the replicas' running statistics are averaged: all ranks hold the same
+};
+
 /// Options that change how a session compiles and runs; the defaults suit most models.
 struct SessionOptions {
   /// Threads for oneDNN and the reference kernels; 0 uses every core.
@@ -132,6 +138,10 @@ struct SessionOptions {
   /// MPI_COMM_WORLD (initialising MPI if the caller has not). Every rank must create its session
   /// with the same model and options.
   std::shared_ptr<comm::Communicator> communicator;
+  /// Training with enableReplicatedGraphs: Local (the default) keeps each replica's BatchNorm
+  /// running mean and variance from its own micro-batches; Mean averages the updated running
+  /// statistics over the replicas (an AllReduce after each update), so every rank holds the same.
+  ReplicatedStatistics replicatedBatchNormStatistics = ReplicatedStatistics::Local;
   /// Replication without accumulation: weight gradients are all-reduced in buckets of about this
   /// many bytes, each started as soon as the backward has produced its gradients and waited for
   /// just before the optimiser, so that communication overlaps the rest of the backward

@@ -51,8 +51,8 @@ shape_model = helper.make_model(shape_graph, opset_imports=[helper.make_opsetid(
 onnx.checker.check_model(shape_model)
 onnx.save(shape_model, os.path.join(out, "train_shape.onnx"))
 # train_mlp without Dropout, for the replication tests (tests/cli/test_cli_mpi.sh): one process
-# accumulating two micro-batches must train as two replicas of one each, and Dropout masks are not
-# per replica yet.
+# accumulating two micro-batches must train as two replicas of one each, which Dropout would break:
+# each replica draws its own masks.
 plain_graph = helper.make_graph(
     [n for n in nodes if n.op_type != "Dropout"] , "train_plain",
     graph.input, graph.output, [w1, b1, w2])
@@ -60,6 +60,24 @@ plain_graph.node[2].output[0] = "h3"
 plain_model = helper.make_model(plain_graph, opset_imports=[helper.make_opsetid("", 13)])
 onnx.checker.check_model(plain_model)
 onnx.save(plain_model, os.path.join(out, "train_plain.onnx"))
+# train_plain with a BatchNormalization in training mode after the first MatMul (running
+# statistics bn_mean/bn_var from 0 and 1, momentum 0.9), for --replica-bn-stats.
+bn_nodes = [
+    helper.make_node("MatMul", ["x", "w1"], ["h0"]),
+    helper.make_node("BatchNormalization", ["h0", "bn_scale", "b1", "bn_mean", "bn_var"],
+                     ["h1", "bn_mean_out", "bn_var_out"], momentum=0.9, training_mode=1),
+    helper.make_node("Relu", ["h1"], ["h3"]),
+    helper.make_node("MatMul", ["h3", "w2"], ["logits"]),
+    helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "y"], ["loss"], reduction="mean"),
+]
+bn_graph = helper.make_graph(
+    bn_nodes, "train_bn", graph.input, graph.output,
+    [w1, b1, w2, numpy_helper.from_array(np.ones(16, np.float32), "bn_scale"),
+     numpy_helper.from_array(np.zeros(16, np.float32), "bn_mean"),
+     numpy_helper.from_array(np.ones(16, np.float32), "bn_var")])
+bn_model = helper.make_model(bn_graph, opset_imports=[helper.make_opsetid("", 15)])
+onnx.checker.check_model(bn_model)
+onnx.save(bn_model, os.path.join(out, "train_bn.onnx"))
 x = rng.standard_normal((40, 8)).astype(np.float32)
 y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
 np.save(os.path.join(out, "x.npy"), x)

@@ -107,7 +107,7 @@ expect 2 "error: rank 1 of 2: cannot open .npy file '.*nowhere.npy'" -- "${MPI[@
   --input "y=$TMP/y42.npy" --steps 1000
 
 # Checkpoints: rank 0 writes them; a resumed replicated run ends as the uninterrupted one; a
-# checkpoint of 2 replicas is refused by 1 process.
+# checkpoint of 2 replicas resumes in 1 process with the same global batch.
 common=("$M" --train "${D[@]}" --optimizer adam --shuffle --seed 3)
 "${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 12 --save "$TMP/whole.onnx" >/dev/null 2>&1 ||
   fail "the uninterrupted replicated run"
@@ -117,8 +117,36 @@ expect 0 "resuming at step 7" -- "${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps
   --save "$TMP/resumed.onnx"
 if cmp -s "$TMP/whole.onnx" "$TMP/resumed.onnx"; then passes=$((passes + 1)); else
   fail "resumed replicated training differs from uninterrupted training"; fi
-expect 2 "error: --resume: the checkpoint in .* was made by 2 replica\(s\), this run has 1" -- \
+# Another replica count resumes with the same global batch: 1 process accumulating the 2
+# replicas' micro-batches ends as the replicated run did; another global batch is refused.
+expect 0 "resuming a checkpoint of 2 replica\(s\) on 1: the global batch of 8 is the same" -- \
+  "$RUN" "${common[@]}" --steps 12 --accumulate 2 --resume "$TMP/ck" --save "$TMP/resumed_one.onnx"
+if same_weights "$TMP/whole.onnx" "$TMP/resumed_one.onnx"; then passes=$((passes + 1)); else
+  fail "a replicated checkpoint resumed by one process accumulating 2 micro-batches differs"; fi
+expect 2 "error: --resume: the checkpoint in .* was made with 42 samples, 8 samples per step \(over 2 replica\(s\)\).*this run differs \(42 samples, 4 per step over 1 replica" -- \
   "$RUN" "${common[@]}" --steps 12 --resume "$TMP/ck"
+
+# --replica-bn-stats: after one step of 2 replicas (no shuffle: replica r has rows 4r..4r+3), the
+# running mean is 0.1 x the batch mean of x·w1 on rank 0's rows (local) or on all 8 rows (mean).
+for stats in local mean; do
+  "${MPI[@]}" -np 2 "$RUN" "$TMP/train_bn.onnx" --train "${D[@]}" --steps 1 --replica-bn-stats "$stats" \
+    --save "$TMP/bn_$stats.onnx" >"$TMP/bn_$stats.txt" 2>&1 || fail "--replica-bn-stats $stats: $(tail -3 "$TMP/bn_$stats.txt")"
+  if /usr/bin/python3 - "$TMP" "$stats" <<'EOF'
+import sys
+import numpy as np
+import onnx
+from onnx import numpy_helper
+tmp, stats = sys.argv[1:3]
+init = {i.name: numpy_helper.to_array(i) for i in onnx.load(f"{tmp}/train_bn.onnx").graph.initializer}
+saved = {i.name: numpy_helper.to_array(i) for i in onnx.load(f"{tmp}/bn_{stats}.onnx").graph.initializer}
+rows = np.load(f"{tmp}/x42.npy")[: 4 if stats == "local" else 8].astype(np.float64)
+want = 0.1 * (rows @ init["w1"].astype(np.float64)).mean(axis=0)
+err = np.abs(saved["bn_mean"] - want).max()
+print(f"{stats}: running mean within {err:.3g}")
+sys.exit(0 if err < 1e-5 else 1)
+EOF
+  then passes=$((passes + 1)); else fail "--replica-bn-stats $stats: rank 0's running mean"; fi
+done
 
 # The Fashion-MNIST example goes through the sampler too; rank 0 evaluates.
 if [[ -d /usr/share/datasets/fashion-mnist ]]; then
