@@ -349,6 +349,23 @@ TEST(ReplicationOverlap, DynamicLossScalingAgreesWithBuckets) {
   expectSameOnEveryRank(weightsOf(*s));
 }
 
+TEST(ReplicationOverlap, RanksWithDifferentBucketSizesAreNamedAtCreation) {
+  // Other buckets would mean other collectives: the ranks would wait for each other's.
+  SessionOptions so;
+  so.numThreads = 1;
+  so.enableReplicatedGraphs = true;
+  so.replicatedGraphCount = world()->size();
+  so.communicator = world();
+  so.replicationBucketBytes = world()->rank() == world()->size() - 1 ? 600 : 0;
+  try {
+    auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", sgd(), so);
+    s->prepareDevice();
+    FAIL() << "expected an error on rank " << world()->rank();
+  } catch (const popart::error &e) {
+    EXPECT_NE(std::string(e.what()).find("replicationBucketBytes"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ReplicationOverlap, ANegativeBucketSizeIsAnError) {
   SessionOptions so;
   so.enableReplicatedGraphs = true;
