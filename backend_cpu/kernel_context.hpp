@@ -8,9 +8,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 namespace popart::comm {
 class Communicator;
+class Request;
 } // namespace popart::comm
 
 namespace popart::backend_cpu {
@@ -72,6 +74,58 @@ private:
   std::map<std::string, MatMulOperands> chosen_;
 };
 
+/// The collectives of a plan that are in flight between kernels (AllReduceStart to AllReduceWait),
+/// and, while profiling, the span of every collective from its start to its completion as this
+/// rank observes it. Communication advances only when a request is tested or waited for, so the
+/// plan calls progress() between kernels. Slots are made when kernels are created; running
+/// allocates nothing here.
+class CollectiveRequests {
+public:
+  /// One collective's observed lifetime (ns since enableSpans's origin).
+  struct Span {
+    int id;
+    int64_t startNs;
+    int64_t durationNs;
+  };
+  CollectiveRequests();
+  ~CollectiveRequests();
+  CollectiveRequests(const CollectiveRequests &) = delete;
+  CollectiveRequests &operator=(const CollectiveRequests &) = delete;
+
+  /// A slot for the collective of the kernel named \p label; \returns its id.
+  int add(std::string label);
+  /// \p id's collective started on \p buffer, in flight as \p request (moved in).
+  void start(int id, const void *buffer, comm::Request &&request);
+  /// Blocks until the collective in flight on \p buffer completes; throws naming \p waiter if
+  /// none is (the plan ran a wait without its start).
+  void wait(const void *buffer, const std::string &waiter);
+  /// Advances the collectives in flight; a load and a branch when there are none.
+  void progress() {
+    if (inFlight_ > 0) advance();
+  }
+  /// Whether any collective is in flight and not yet seen complete.
+  bool inFlight() const { return inFlight_ > 0; }
+  /// Records \p id's span of a blocking collective that ran from \p startNs to \p endNs
+  /// (steady_clock ns), if spans are on.
+  void recordSpan(int id, int64_t startNs, int64_t endNs);
+  /// Records spans from now on, up to \p maxSpans (reserved now), relative to \p originNs.
+  void enableSpans(int64_t originNs, size_t maxSpans);
+  const std::vector<Span> &spans() const { return spans_; }
+  /// The label \p id was added with.
+  const std::string &label(int id) const;
+  /// steady_clock now, in ns: the clock of every span.
+  static int64_t nowNs();
+
+private:
+  void advance();
+  struct Slot;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  int inFlight_ = 0;
+  bool spansOn_ = false;
+  int64_t originNs_ = 0;
+  std::vector<Span> spans_;
+};
+
 /// Settings and state of the session that creates a kernel. Kernels read it while they are
 /// created and keep no reference to it (collective kernels keep a share of its communicator).
 struct KernelContext {
@@ -90,6 +144,8 @@ struct KernelContext {
   /// The replicas' group that collective ops (AllReduce...) run over; null without replication,
   /// and a collective kernel then refuses to be created.
   std::shared_ptr<comm::Communicator> communicator;
+  /// The collectives in flight between the kernels of the session's plans; the plan polls them.
+  std::shared_ptr<CollectiveRequests> collectives = std::make_shared<CollectiveRequests>();
 };
 
 } // namespace popart::backend_cpu

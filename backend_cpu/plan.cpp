@@ -178,7 +178,7 @@ int64_t heapInUse() {
 } // namespace
 
 ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options, const KernelContext &context)
-    : arena_(alignedBytes(1)) {
+    : arena_(alignedBytes(1)), collectives_(context.collectives) {
   const int64_t heapAtStart = heapInUse();
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
@@ -440,15 +440,14 @@ std::pair<size_t, size_t> ExecutionPlan::phaseSteps(int phase) const {
 }
 
 namespace {
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+// The clock of the collectives' spans, so that both tracks line up.
+int64_t nowNs() { return CollectiveRequests::nowNs(); }
 } // namespace
 
 void ExecutionPlan::enableProfiling(size_t maxEvents) {
   profiling_ = true;
   profileStart_ = nowNs();
+  if (collectives_) collectives_->enableSpans(profileStart_, maxEvents);
   stepTimes_.assign(steps_.size(), {0, 0});
   events_.clear();
   events_.reserve(maxEvents);
@@ -459,6 +458,9 @@ void ExecutionPlan::run(size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) {
       int64_t t0 = nowNs();
       runStep(i);
+      // Between kernels the collectives in flight advance (MPI progresses only when asked);
+      // the time it takes counts to the step that just ran.
+      if (collectives_ && collectives_->inFlight()) pollCollectives(i);
       int64_t t1 = nowNs();
       stepTimes_[i].first += t1 - t0;
       stepTimes_[i].second += 1;
@@ -473,6 +475,15 @@ void ExecutionPlan::run(size_t begin, size_t end) {
     } catch (const error &e) {
       throw error(stepNames_[i], ": ", e.what());
     }
+    if (collectives_ && collectives_->inFlight()) pollCollectives(i);
+  }
+}
+
+void ExecutionPlan::pollCollectives(size_t after) {
+  try {
+    collectives_->progress();
+  } catch (const error &e) {
+    throw error("advancing the collectives in flight after ", stepNames_[after], ": ", e.what());
   }
 }
 

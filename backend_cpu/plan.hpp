@@ -128,6 +128,9 @@ public:
   /// Total ns and run count per step since enableProfiling.
   const std::vector<std::pair<int64_t, int64_t>> &stepTimes() const { return stepTimes_; }
   const std::vector<ProfileEvent> &profileEvents() const { return events_; }
+  /// The collectives of the plan's kernels: requests in flight between kernels and, while
+  /// profiling, their spans (the profile's communication track). Null if the context had none.
+  const CollectiveRequests *collectives() const { return collectives_.get(); }
   /// Bytes of the plan's Const and Variable tensors (not in the arena).
   int64_t constBytes() const { return constBytes_; }
   /// Tensors kept in a layout their producer and reader agreed on (not plain row-major): their
@@ -142,6 +145,8 @@ public:
   const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
 private:
+  /// Advances the collectives in flight after step \p after (errors say where the run was).
+  void pollCollectives(size_t after);
   /// Replaces each run of two or more adjacent steps of one phase whose kernels split into ranges
   /// by one step that runs them all (the first; the others become no-ops named after it).
   void mergeRangeSteps();
@@ -164,6 +169,7 @@ private:
     KernelArgs args;
   };
   std::unique_ptr<uint8_t, void (*)(uint8_t *)> arena_;
+  std::shared_ptr<CollectiveRequests> collectives_;
   std::vector<Step> steps_;
   std::vector<std::string> stepNames_;
   std::vector<KernelProvider> stepProviders_;

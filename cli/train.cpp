@@ -92,6 +92,7 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--als-update-period",
                                   "--clip-norm",
                                   "--accumulate",
+                                  "--bucket-bytes",
                                   "--replica-bn-stats",
                                   "--steps",
                                   "--epochs",
@@ -294,6 +295,10 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
                  "replicated training: BatchNormalization running statistics per replica (local, the default; "
                  "rank 0's are saved) or averaged over the replicas every step (mean)")
       ->check(CLI::IsMember({"local", "mean"}));
+  app.add_option("--bucket-bytes", o.bucketBytes,
+                 "replicated: all-reduce the gradients in buckets of this many bytes overlapping the backward "
+                 "(default 4194304; 0: one blocking all-reduce per gradient; SessionOptions::replicationBucketBytes)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--steps", o.steps, "weight updates to run (default: one epoch)")->check(CLI::PositiveNumber);
   app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
   app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
@@ -384,6 +389,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   const Replication &replication = o.replication;
   const int64_t replicas = replication.slice.replicas;
   replication.apply(so);
+  if (o.bucketBytes >= 0) so.replicationBucketBytes = o.bucketBytes;
   if (lossId.empty()) {
     auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), probe);
     std::vector<TensorId> scalars;

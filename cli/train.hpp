@@ -31,6 +31,8 @@ struct TrainOptions {
   double clipNorm = 0;
   int accumulate = 1;
   std::string replicaBnStats = "local"; ///< SessionOptions::replicatedBatchNormStatistics
+  /// SessionOptions::replicationBucketBytes under mpirun; -1 keeps the session's default.
+  int64_t bucketBytes = -1;
   int64_t steps = 0;
   double epochs = 0;
   bool shuffle = false;

@@ -5,6 +5,8 @@
 
 #include "ir/passes/pass_manager.hpp"
 
+#include <cstdint>
+
 namespace popart::optimizer {
 
 /// What the replication passes read (PassContext::state), set by the session.
@@ -13,10 +15,14 @@ struct ReplicationPassOptions {
   bool enabled = false;
   /// All-reduce gradients by their mean over the replicas (true) or their sum.
   bool mean = true;
+  /// Without accumulation: all-reduce the gradients in buckets of about this many bytes that
+  /// overlap the backward (SessionOptions::replicationBucketBytes); 0: one blocking all-reduce each.
+  int64_t bucketBytes = 0;
 };
 
-/// Registers allReduceGradients (between buildGradients and applyOptimizer) and agreeAllFinite
-/// (after applyOptimizer); safe to call more than once.
+/// Registers allReduceGradients (between buildGradients and applyOptimizer; nothing with
+/// accumulation), allReduceAccumulatedGradients (after applyOptimizer; only with accumulation) and
+/// agreeAllFinite (after applyOptimizer); safe to call more than once.
 void registerReplicationPasses();
 
 } // namespace popart::optimizer

@@ -56,6 +56,7 @@ const std::vector<std::string> &trainingPipeline() {
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
       "restoreShardedGradients",
       "applyOptimizer",
+      "allReduceAccumulatedGradients", // with accumulation: once per update, not per micro-batch
       "agreeAllFinite",
       "inferShapes",
       "markHalfPartials", // after autodiff: the gradient products too

@@ -13,6 +13,24 @@ namespace popart::session {
 
 namespace {
 
+/// Collectives hand their buffers to the communicator and compute nothing: their kernel column
+/// says so rather than naming the reference provider their kernels are registered under.
+bool isCollective(const std::string &type) {
+  return type == "ai.graphcore.AllReduce" || type == "ai.graphcore.ReduceScatter" || type == "ai.graphcore.AllGather" ||
+         type == "ai.graphcore.AllReduceStart" || type == "ai.graphcore.AllReduceWait";
+}
+
+/// Time spent blocked on communication: in the waits of bucketed all-reduces and in the
+/// blocking collectives (their whole run, as they block until the ranks have exchanged).
+bool isCommunicationWait(const std::string &type) {
+  return isCollective(type) && type != "ai.graphcore.AllReduceStart";
+}
+
+const char *kernelLabel(const backend_cpu::ExecutionPlan &plan, size_t step) {
+  return isCollective(plan.stepInfos()[step].type) ? "comm"
+                                                   : backend_cpu::kernelProviderName(plan.stepProviders()[step]);
+}
+
 std::string megabytes(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MB", static_cast<double>(bytes) / 1e6);
@@ -34,10 +52,27 @@ void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string 
                       {"pid", 1},
                       {"tid", 1},
                       {"args",
-                       {{"provider", backend_cpu::kernelProviderName(plan.stepProviders()[e.step])},
+                       {{"provider", kernelLabel(plan, e.step)},
                         {"phase", info.phase},
                         {"flops", info.flops},
                         {"bytes", info.bytes}}}});
+  }
+  // With collectives, a second track: each collective from its start to the moment this rank saw
+  // it complete, overlapping the kernels that ran meanwhile. After the ops' spans, so that a trace
+  // without communication is unchanged.
+  const backend_cpu::CollectiveRequests *collectives = plan.collectives();
+  if (collectives && !collectives->spans().empty()) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 1}, {"args", {{"name", "ops"}}}});
+    events.push_back(
+        {{"name", "thread_name"}, {"ph", "M"}, {"pid", 1}, {"tid", 2}, {"args", {{"name", "communication"}}}});
+    for (const auto &span : collectives->spans())
+      events.push_back({{"name", collectives->label(span.id)},
+                        {"cat", "communication"},
+                        {"ph", "X"},
+                        {"ts", static_cast<double>(span.startNs) / 1e3},
+                        {"dur", static_cast<double>(span.durationNs) / 1e3},
+                        {"pid", 1},
+                        {"tid", 2}});
   }
   nlohmann::json trace = {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ms"}};
   std::string tmp = path + ".tmp";
@@ -82,8 +117,8 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
     char r[96];
     rates(double(times[i].first), infos[i].flops, double(infos[i].bytes), times[i].second, r, sizeof r);
     std::snprintf(line, sizeof line, "  %5.1f%% %s  %-9s  %s\n",
-                  totalNs ? 100.0 * double(times[i].first) / double(totalNs) : 0.0, r,
-                  backend_cpu::kernelProviderName(plan.stepProviders()[i]), infos[i].name.c_str());
+                  totalNs ? 100.0 * double(times[i].first) / double(totalNs) : 0.0, r, kernelLabel(plan, i),
+                  infos[i].name.c_str());
     s += line;
   }
   if (order.size() > topOps) s += "  ... " + std::to_string(order.size() - topOps) + " more ops\n";
@@ -114,7 +149,7 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
   std::map<std::string, int64_t> referenceNs;
   int64_t referenceTotal = 0;
   for (size_t i = 0; i < infos.size(); ++i)
-    if (plan.stepProviders()[i] == backend_cpu::KernelProvider::Reference) {
+    if (plan.stepProviders()[i] == backend_cpu::KernelProvider::Reference && !isCollective(infos[i].type)) {
       referenceNs[infos[i].type] += times[i].first;
       referenceTotal += times[i].first;
     }
@@ -129,6 +164,28 @@ std::string profileSummary(const backend_cpu::ExecutionPlan &plan,
     s += line;
   }
   s += reference.empty() ? "\n" : ")\n";
+  int64_t waitNs = 0, startNs = 0;
+  bool anyCollective = false;
+  for (size_t i = 0; i < infos.size(); ++i) {
+    if (isCommunicationWait(infos[i].type)) waitNs += times[i].first;
+    if (infos[i].type == "ai.graphcore.AllReduceStart") startNs += times[i].first;
+    anyCollective = anyCollective || isCollective(infos[i].type);
+  }
+  if (anyCollective) {
+    int64_t spanNs = 0;
+    size_t spans = 0;
+    if (const backend_cpu::CollectiveRequests *collectives = plan.collectives()) {
+      spans = collectives->spans().size();
+      for (const auto &span : collectives->spans())
+        spanNs += span.durationNs;
+    }
+    std::snprintf(line, sizeof line,
+                  "communication: waiting %.1f%% of op time (%.3f ms in AllReduceWait and blocking collectives, "
+                  "%.3f ms packing and starting buckets); %zu collective spans, %.3f ms in flight\n",
+                  totalNs ? 100.0 * double(waitNs) / double(totalNs) : 0.0, double(waitNs) / 1e6, double(startNs) / 1e6,
+                  spans, double(spanNs) / 1e6);
+    s += line;
+  }
   int64_t total = 0;
   for (const auto &part : memory)
     total += part.second;

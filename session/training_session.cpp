@@ -105,6 +105,7 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   replication.value(o.replicatedGraphCount);
   replication.value(o.accumulationAndReplicationReductionType);
   replication.value(o.replicatedBatchNormStatistics);
+  replication.value(o.replicationBucketBytes); // the buckets decide the ranks' collectives
 
   AgreementHash accumulation;
   accumulation.value(o.enableGradientAccumulation);
@@ -171,7 +172,7 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
 
   return {{"the model (graph or initial weights) or loss", graph.get()},
           {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
-           "replicatedBatchNormStatistics)",
+           "replicatedBatchNormStatistics, replicationBucketBytes)",
            replication.get()},
           {"gradient accumulation (enableGradientAccumulation, accumulationFactor)", accumulation.get()},
           {"the optimiser (type, hyperparameters, loss scaling or clipping)", opt.get()},
@@ -264,6 +265,10 @@ void TrainingSession::Impl::compile() {
     opt.options.sharding.mean = replication.mean;
     opt.options.sharding.minElements = stateLocation.minElementsForReplicatedTensorSharding;
   }
+  if (options.replicationBucketBytes < 0)
+    throw error("SessionOptions.replicationBucketBytes must be 0 (no buckets) or positive, got ",
+                options.replicationBucketBytes);
+  replication.bucketBytes = options.replicationBucketBytes;
   const ir::PrecisionPolicy precision = session::precisionPolicy(options, true);
   if (histogramScaling()) {
     opt.options.binEdgeLocation = options.automaticLossScalingSettings.binEdgeLocation;

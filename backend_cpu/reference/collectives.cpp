@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace popart::backend_cpu {
@@ -38,24 +39,90 @@ void checkReplicas(const ir::Op &op, const comm::Communicator &communicator) {
                 communicator.size(), " ranks");
 }
 
+/// The plan's registry of collectives (a private one if the context has none, as in tests that
+/// build a context by hand), where spans and requests in flight are kept.
+std::shared_ptr<CollectiveRequests> collectivesFor(const KernelContext &context) {
+  return context.collectives ? context.collectives : std::make_shared<CollectiveRequests>();
+}
+
 class AllReduceKernel : public Kernel {
 public:
   AllReduceKernel(const ir::Op &op, const KernelContext &context)
-      : communicator_(communicatorFor(op, context)), op_(reduceOp(ir::collectiveReduction(op))),
+      : communicator_(communicatorFor(op, context)), collectives_(collectivesFor(context)),
+        id_(collectives_->add(op.debugName())), op_(reduceOp(ir::collectiveReduction(op))),
         type_(op.inInfo(0).dataType()), count_(op.inInfo(0).elementCount()),
         bytes_(static_cast<size_t>(op.inInfo(0).byteCount())) {}
   void run(const KernelArgs &a) override {
     if (a.outputs[0] != a.inputs[0]) std::memcpy(a.outputs[0], a.inputs[0], bytes_);
+    const int64_t start = CollectiveRequests::nowNs();
     communicator_->allReduce(a.outputs[0], count_, type_, op_);
+    collectives_->recordSpan(id_, start, CollectiveRequests::nowNs());
   }
   int inPlaceInput() const override { return 0; }
 
 private:
   std::shared_ptr<comm::Communicator> communicator_;
+  std::shared_ptr<CollectiveRequests> collectives_;
+  int id_;
   comm::ReduceOp op_;
   DataType type_;
   int64_t count_;
   size_t bytes_;
+};
+
+/// Packs a bucket's gradients into its buffer and starts their all-reduce, which then advances
+/// whenever the plan polls between kernels, until the AllReduceWait of the bucket.
+class AllReduceStartKernel : public Kernel {
+public:
+  AllReduceStartKernel(const ir::Op &op, const KernelContext &context)
+      : communicator_(communicatorFor(op, context)), collectives_(collectivesFor(context)),
+        id_(collectives_->add(op.debugName())), op_(reduceOp(ir::collectiveReduction(op))),
+        type_(op.outInfo(0).dataType()), count_(op.outInfo(0).elementCount()) {
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      bytes_.push_back(static_cast<size_t>(op.inInfo(i).byteCount()));
+  }
+  void run(const KernelArgs &a) override {
+    auto *bucket = static_cast<uint8_t *>(a.outputs[0]);
+    for (size_t i = 0; i < bytes_.size(); ++i) {
+      std::memcpy(bucket, a.inputs[i], bytes_[i]);
+      bucket += bytes_[i];
+    }
+    collectives_->start(id_, a.outputs[0], communicator_->allReduceAsync(a.outputs[0], count_, type_, op_));
+  }
+
+private:
+  std::shared_ptr<comm::Communicator> communicator_;
+  std::shared_ptr<CollectiveRequests> collectives_;
+  int id_;
+  comm::ReduceOp op_;
+  DataType type_;
+  int64_t count_;
+  std::vector<size_t> bytes_;
+};
+
+/// Waits for a bucket's all-reduce and copies the reduced gradients out of it.
+class AllReduceWaitKernel : public Kernel {
+public:
+  AllReduceWaitKernel(const ir::Op &op, const KernelContext &context) : collectives_(collectivesFor(context)) {
+    const auto communicator = communicatorFor(op, context);
+    name_ = op.debugName() + " on rank " + std::to_string(communicator->rank()) + " of " +
+            std::to_string(communicator->size());
+    for (size_t i = 0; i < op.outputs.size(); ++i)
+      bytes_.push_back(static_cast<size_t>(op.outInfo(i).byteCount()));
+  }
+  void run(const KernelArgs &a) override {
+    collectives_->wait(a.inputs[0], name_);
+    const auto *bucket = static_cast<const uint8_t *>(a.inputs[0]);
+    for (size_t i = 0; i < bytes_.size(); ++i) {
+      if (a.outputs[i]) std::memcpy(a.outputs[i], bucket, bytes_[i]);
+      bucket += bytes_[i];
+    }
+  }
+
+private:
+  std::shared_ptr<CollectiveRequests> collectives_;
+  std::string name_;
+  std::vector<size_t> bytes_;
 };
 
 class ReduceScatterKernel : public Kernel {
@@ -99,6 +166,8 @@ void registerReferenceCollectiveKernels(KernelRegistry &r) {
   r.add({"ai.graphcore", "AllReduce", KernelProvider::Reference, nullptr, makeKernel<AllReduceKernel>});
   r.add({"ai.graphcore", "ReduceScatter", KernelProvider::Reference, nullptr, makeKernel<ReduceScatterKernel>});
   r.add({"ai.graphcore", "AllGather", KernelProvider::Reference, nullptr, makeKernel<AllGatherKernel>});
+  r.add({"ai.graphcore", "AllReduceStart", KernelProvider::Reference, nullptr, makeKernel<AllReduceStartKernel>});
+  r.add({"ai.graphcore", "AllReduceWait", KernelProvider::Reference, nullptr, makeKernel<AllReduceWaitKernel>});
   registerAllGatherIntoKernel(r);
 }
 

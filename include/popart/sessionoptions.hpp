@@ -165,6 +165,11 @@ struct SessionOptions {
   /// minElementsForReplicatedTensorSharding elements, whose gradients are reduce-scattered and
   /// whose updated shards are all-gathered back into the whole weight every step.
   TensorLocationSettings optimizerStateTensorLocationSettings;
+  /// Replication without accumulation: weight gradients are all-reduced in buckets of about this
+  /// many bytes, each started as soon as the backward has produced its gradients and waited for
+  /// just before the optimiser, so that communication overlaps the rest of the backward
+  /// (docs/distributed.md, "Overlapping the all-reduce"). 0: one blocking all-reduce per gradient.
+  int64_t replicationBucketBytes = int64_t{4} << 20;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

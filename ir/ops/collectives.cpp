@@ -2,6 +2,11 @@
 // ReduceScatter(x; op, replicas) -> y: x is cut into `replicas` equal blocks of its flattened
 // elements; replica r receives block r combined over the replicas, a 1-D tensor.
 // AllGather(x; replicas) -> y: y is [replicas, x's shape], block r holding replica r's x.
+// AllReduceStart(g0, g1, ...; op) -> bucket: the inputs (one type) copied one after the other into
+// a 1-D bucket, whose all-reduce starts without blocking; AllReduceWait(bucket; shapes) -> (g0',
+// g1', ...): waits for that all-reduce and cuts the bucket back into tensors of the given shapes
+// (attribute `shapes`: rank, dims..., per output). Between the two, the ring advances whenever the
+// plan polls it between kernels, overlapping the kernels scheduled in between.
 // `replicas` is an attribute because shape inference runs before any communicator is known; the
 // kernel checks it against the communicator's size.
 
@@ -46,6 +51,42 @@ void setupAllGather(Op &op) {
   op.setOutInfo(0, TensorInfo(t, shape));
 }
 
+void setupAllReduceStart(Op &op) {
+  requireInputCount(op, 1, 1u << 20);
+  collectiveReduction(op);
+  const DataType t = op.inInfo(0).dataType();
+  int64_t count = 0;
+  for (size_t i = 0; i < op.inputs.size(); ++i) {
+    if (op.inInfo(i).dataType() != t)
+      throw error(op.debugName(), ": a bucket holds one type, but input ", i, " is ", toString(op.inInfo(i).dataType()),
+                  " and input 0 ", toString(t));
+    count += op.inInfo(i).elementCount();
+  }
+  op.setOutInfo(0, TensorInfo(t, {count}));
+}
+
+void setupAllReduceWait(Op &op) {
+  requireInputCount(op, 1, 1);
+  const std::vector<int64_t> shapes = op.attrs.getInts("shapes");
+  int64_t count = 0;
+  size_t output = 0;
+  for (size_t k = 0; k < shapes.size(); ++output) {
+    const auto rank = static_cast<size_t>(shapes[k]);
+    if (shapes[k] < 0 || k + 1 + rank > shapes.size())
+      throw error(op.debugName(), ": attribute shapes is not a list of (rank, dims...) entries");
+    Shape shape(shapes.begin() + static_cast<std::ptrdiff_t>(k + 1),
+                shapes.begin() + static_cast<std::ptrdiff_t>(k + 1 + rank));
+    TensorInfo info(op.inInfo(0).dataType(), shape);
+    count += info.elementCount();
+    if (output < op.outputs.size()) op.setOutInfo(output, info);
+    k += 1 + rank;
+  }
+  if (output != op.outputs.size())
+    throw error(op.debugName(), ": attribute shapes describes ", output, " outputs, the op has ", op.outputs.size());
+  if (count != op.inInfo(0).elementCount())
+    throw error(op.debugName(), ": its outputs hold ", count, " elements, its bucket ", op.inInfo(0).elementCount());
+}
+
 OpDef def(const char *type, void (*setup)(Op &)) {
   OpDef d = makeDef(type, 1, 1000, setup);
   d.domain = "ai.graphcore";
@@ -79,6 +120,8 @@ void registerCollectiveOps(OpRegistry &r) {
   r.add(def("AllReduce", setupAllReduce));
   r.add(def("ReduceScatter", setupReduceScatter));
   r.add(def("AllGather", setupAllGather));
+  r.add(def("AllReduceStart", setupAllReduceStart));
+  r.add(def("AllReduceWait", setupAllReduceWait));
   registerAllGatherInto(r);
 }
 
