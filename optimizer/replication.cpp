@@ -38,6 +38,7 @@ std::vector<size_t> productionOrder(const ir::Graph &g, const std::vector<std::p
   }
   std::stable_sort(keyed.begin(), keyed.end());
   std::vector<size_t> order;
+  order.reserve(keyed.size());
   for (const auto &k : keyed)
     order.push_back(k.second);
   return order;
