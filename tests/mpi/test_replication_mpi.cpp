@@ -3,7 +3,7 @@
 // accumulates the same N micro-batches (PopART's semantics: the global batch is replicas ×
 // micro-batch × accumulation), and with the same bits on every rank.
 
-#include "comm/mpi_communicator.hpp"
+#include "replication_helpers.hpp"
 
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
@@ -21,25 +21,12 @@
 #include <vector>
 
 using namespace popart;
+using namespace popart::testing;
 
 namespace {
 
 constexpr int64_t kIn = 8, kHidden = 16, kOut = 4, kMicroBatch = 3;
 constexpr int kSteps = 3;
-
-std::shared_ptr<comm::Communicator> world() {
-  static auto communicator = std::make_shared<comm::MpiCommunicator>(comm::MpiOptions{std::chrono::seconds(60)});
-  return communicator;
-}
-
-std::vector<float> randomValues(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float &x : v)
-    x = normal(gen);
-  return v;
-}
 
 /// loss = mean((relu(x·W1 + b1)·W2 + b2 - target)²) over a micro-batch of kMicroBatch samples.
 std::string mlp() {
@@ -61,30 +48,6 @@ std::string mlp() {
 /// replica r's micro-batch at rows [r · kMicroBatch, (r + 1) · kMicroBatch).
 std::vector<float> globalBatch(int step, int replicas, int64_t width, uint32_t salt) {
   return randomValues(replicas * kMicroBatch * width, 1000u * static_cast<uint32_t>(step) + salt, 1.0f);
-}
-
-std::vector<std::vector<float>> weightsOf(const TrainingSession &s) {
-  std::vector<std::vector<float>> all;
-  for (const TensorId &id : s.getWeightIds()) {
-    const TensorInfo info = s.getInfo(id);
-    std::vector<float> v(static_cast<size_t>(info.elementCount()));
-    NDArrayWrapper<float> arr(v.data(), info.shape());
-    WeightsIO io;
-    io.insert(id, arr);
-    s.readWeights(io);
-    all.push_back(std::move(v));
-  }
-  return all;
-}
-
-uint64_t hashOf(const std::vector<std::vector<float>> &weights) {
-  uint64_t h = 1469598103934665603ULL; // FNV-1a over the weights' bytes
-  for (const auto &w : weights) {
-    const auto *bytes = reinterpret_cast<const uint8_t *>(w.data());
-    for (size_t i = 0; i < w.size() * sizeof(float); ++i)
-      h = (h ^ bytes[i]) * 1099511628211ULL;
-  }
-  return h;
 }
 
 /// How both sides train: the reduction, and each replica's accumulation factor.

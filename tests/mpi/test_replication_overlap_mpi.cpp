@@ -3,7 +3,7 @@
 // all-reduce"). Every replicated run is judged against one process that accumulates the same
 // micro-batches, and the weights' bits are compared across ranks.
 
-#include "comm/mpi_communicator.hpp"
+#include "replication_helpers.hpp"
 
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
@@ -25,25 +25,12 @@
 #include <vector>
 
 using namespace popart;
+using namespace popart::testing;
 
 namespace {
 
 constexpr int64_t kIn = 8, kHidden1 = 32, kHidden2 = 16, kOut = 4, kMicroBatch = 3;
 constexpr int kSteps = 3;
-
-std::shared_ptr<comm::Communicator> world() {
-  static auto communicator = std::make_shared<comm::MpiCommunicator>(comm::MpiOptions{std::chrono::seconds(60)});
-  return communicator;
-}
-
-std::vector<float> randomValues(int64_t n, uint32_t seed, float scale) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float &x : v)
-    x = normal(gen);
-  return v;
-}
 
 /// Three layers (8-32-16-4, ReLU), mean squared error: six weight gradients of 16 to 1024 bytes,
 /// produced last layer first.
@@ -86,30 +73,6 @@ Shape batchShape(int accumulation, int64_t width) {
 }
 
 using Weights = std::vector<std::vector<float>>;
-
-Weights weightsOf(const TrainingSession &s) {
-  Weights all;
-  for (const TensorId &id : s.getWeightIds()) {
-    const TensorInfo info = s.getInfo(id);
-    std::vector<float> v(static_cast<size_t>(info.elementCount()));
-    NDArrayWrapper<float> arr(v.data(), info.shape());
-    WeightsIO io;
-    io.insert(id, arr);
-    s.readWeights(io);
-    all.push_back(std::move(v));
-  }
-  return all;
-}
-
-uint64_t hashOf(const Weights &weights) {
-  uint64_t h = 1469598103934665603ULL; // FNV-1a over the weights' bytes
-  for (const auto &w : weights) {
-    const auto *bytes = reinterpret_cast<const uint8_t *>(w.data());
-    for (size_t i = 0; i < w.size() * sizeof(float); ++i)
-      h = (h ^ bytes[i]) * 1099511628211ULL;
-  }
-  return h;
-}
 
 /// What a replicated run leaves for the checks: weights, the IR, the profile's trace and summary.
 struct RunResult {
