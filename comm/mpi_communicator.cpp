@@ -189,8 +189,9 @@ public:
     using std::chrono::microseconds;
     // Polling burns a core that, with ranks oversubscribed (4 ranks on 2 cores) or other jobs on
     // the host, a rank still computing its backward needs: the waiting rank then slows the very
-    // rank it waits for. Polling with sched_yield for 100 ms made 4 ranks of the MLP on 2 cores
-    // take 100 ms per step, against 52 ms with this loop (docs/distributed.md, "Scaling").
+    // rank it waits for. Polling with sched_yield for 100 ms, a rank waiting 200 ms for a late one
+    // used 32-36% of that in CPU time on a loaded machine; with this loop 3-7%
+    // (docs/distributed.md, "How a rank waits").
     // So: poll without pause only while data moves (a ring step or operation completed within
     // the last 50 us: the next step's handshake follows within microseconds on shared memory),
     // then yield for up to 1 ms (a rank a little behind, or a core shared), then sleep, starting
