@@ -7,6 +7,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <climits>
@@ -71,6 +72,9 @@ struct MpiCommunicator::State {
   int size = 1;
   std::chrono::milliseconds timeout{0};
   uint64_t started = 0;
+  /// Counts ring steps and operations completed, so that a wait can tell data moving from a wait
+  /// for a rank that is still computing.
+  uint64_t progress = 0;
   /// The first failure; once set, the ranks no longer agree on what was exchanged.
   std::string failure;
   /// Buffers of abandoned operations, which MPI may still write into or read from.
@@ -170,6 +174,7 @@ public:
     if (status_ == Status::Failed) throw error(message_);
     try {
       if (advance()) {
+        ++state_->progress;
         status_ = Status::Done;
         leaveInFlight();
       }
@@ -181,23 +186,42 @@ public:
 
   void wait() override {
     using Clock = std::chrono::steady_clock;
-    auto start = Clock::now();
-    // Polling without sleeping (yielding to other ranks on an oversubscribed machine) for the
-    // length of a large bucket's all-reduce: after 2 ms instead, the 100 us naps made a 16.8 MB
-    // all-reduce on 2 ranks 1.5x slower than MPI_Allreduce (4.8 ms against 3.2 ms; 3.0 ms without
-    // them). Past that, a nap costs little and saves a core while a dead rank runs out the timeout.
-    constexpr auto spinFor = std::chrono::milliseconds(100);
+    using std::chrono::microseconds;
+    // Polling burns a core that, with ranks oversubscribed (4 ranks on 2 cores) or other jobs on
+    // the host, a rank still computing its backward needs: the waiting rank then slows the very
+    // rank it waits for. Polling with sched_yield for 100 ms, a rank waiting 200 ms for a late one
+    // used 32-36% of that in CPU time on a loaded machine; with this loop 3-7%
+    // (docs/distributed.md, "How a rank waits").
+    // So: poll without pause only while data moves (a ring step or operation completed within
+    // the last 50 us: the next step's handshake follows within microseconds on shared memory),
+    // then yield for up to 1 ms (a rank a little behind, or a core shared), then sleep, starting
+    // at 10 us and doubling up to 200 us. The cap bounds what a late wake-up adds to the wait
+    // (with the kernel's default 50 us timer slack, about 0.25 ms, ~1% of the MLP's step); a
+    // waiting rank then uses a few percent of a core (comm_wait_mpi tests).
+    constexpr microseconds spinFor{50}, yieldFor{1000}, firstNap{10}, longestNap{200};
+    auto start = Clock::now(), quietSince = start;
+    uint64_t seen = state_->progress;
+    microseconds nap = firstNap;
     while (!test()) {
-      auto waited = Clock::now() - start;
-      if (state_->timeout.count() > 0 && waited >= state_->timeout) {
+      auto now = Clock::now();
+      if (state_->timeout.count() > 0 && now - start >= state_->timeout) {
         fail("popart::comm: " + description_ + " on " + state_->where() + " timed out after " +
              std::to_string(state_->timeout.count()) + " ms waiting for " + waitingFor() +
              "; that rank may have died, hung or called a different collective");
       }
-      if (waited < spinFor)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      if (state_->progress != seen) {
+        seen = state_->progress;
+        quietSince = now;
+        nap = firstNap;
+      }
+      auto quiet = now - quietSince;
+      if (quiet < spinFor) continue;
+      if (quiet < yieldFor) {
+        sched_yield();
+        continue;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, longestNap);
     }
   }
 
@@ -529,6 +553,7 @@ private:
   }
 
   void finishStep() {
+    ++state_->progress;
     if (phase_ == Phase::Reduce) {
       size_t es = wireSize(type_);
       int c = chunk(step_ + 2);
