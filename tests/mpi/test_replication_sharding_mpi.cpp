@@ -506,6 +506,23 @@ TEST(ReplicationSharding, AnUnshardedCheckpointLoadsIntoShardedReplicas) {
   if (world()->rank() == 0) std::remove(path.c_str());
 }
 
+TEST(ReplicationSharding, ACheckpointRank0CannotWriteFailsOnEveryRankNamingIt) {
+  // Saving sharded state is a collective: the ranks that only gathered must not carry on as if the
+  // file existed, nor wait for rank 0.
+  auto s = checkpointSession(adamW(), {}, Run::Sharded);
+  const std::string path = ::testing::TempDir() + "no_such_directory/sharded.ckpt";
+  try {
+    s->saveCheckpoint(path);
+    ADD_FAILURE() << "rank " << world()->rank() << ": expected an error";
+  } catch (const popart::error &e) {
+    const std::string what = e.what();
+    const std::string expected = world()->rank() == 0
+                                     ? "rank 0 of " + std::to_string(world()->size()) + ": cannot write"
+                                     : "rank 0 could not write '" + path + "'";
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
+  }
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
