@@ -94,6 +94,8 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--accumulate",
                                   "--bucket-bytes",
                                   "--replica-bn-stats",
+                                  "--shard-optimizer-state",
+                                  "--shard-min-elements",
                                   "--steps",
                                   "--epochs",
                                   "--shuffle",
@@ -295,6 +297,14 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
                  "replicated training: BatchNormalization running statistics per replica (local, the default; "
                  "rank 0's are saved) or averaged over the replicas every step (mean)")
       ->check(CLI::IsMember({"local", "mean"}));
+  app.add_flag(
+      "--shard-optimizer-state", o.shardOptimizerState,
+      "replicated: each replica keeps and updates 1/N of the optimiser state of the weights of at least "
+      "8192 elements (reduce-scatter, update, all-gather; replicatedTensorSharding); no effect on one process");
+  app.add_option("--shard-min-elements", o.shardMinElements,
+                 "--shard-optimizer-state: weights of fewer elements keep their whole state on every replica (default "
+                 "8192; SessionOptions::optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--bucket-bytes", o.bucketBytes,
                  "replicated: all-reduce the gradients in buckets of this many bytes overlapping the backward "
                  "(default 4194304; 0: one blocking all-reduce per gradient; SessionOptions::replicationBucketBytes)")
@@ -390,6 +400,10 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   const int64_t replicas = replication.slice.replicas;
   replication.apply(so);
   if (o.bucketBytes >= 0) so.replicationBucketBytes = o.bucketBytes;
+  if (o.shardOptimizerState)
+    so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+  if (o.shardMinElements >= 0)
+    so.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = o.shardMinElements;
   if (lossId.empty()) {
     auto declared = InferenceSession::createFromOnnxModel(modelPath, DataFlow(1, std::vector<TensorId>{}), probe);
     std::vector<TensorId> scalars;
@@ -518,12 +532,14 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
     losses = replication.gather(mine);
   };
 
-  // Every replica holds the same weights and optimiser state: rank 0 writes them for all.
+  // One checkpoint for the job, which rank 0 writes. Every rank calls saveCheckpoint: with the
+  // optimiser state sharded it gathers the shards from all of them (otherwise it returns at once
+  // on the other ranks).
   auto saveCheckpoint = [&](int64_t stepsDone) {
-    if (!replication.leader()) return;
     fs::path dir(o.checkpoint);
-    fs::create_directories(dir);
+    if (replication.leader()) fs::create_directories(dir);
     session->saveCheckpoint((dir / "checkpoint.ckpt").string());
+    if (!replication.leader()) return;
     Progress p{stepsDone, o.seed, o.shuffle, data.samples, globalPerStep, replicas};
     writeFileAtomically(dir / "progress.txt", progressText(p));
   };
@@ -661,6 +677,8 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   if (given(app, "--save-precision") && o.save.empty()) throw error("--save-precision needs --save FILE");
   if (given(app, "--checkpoint-every") && o.checkpoint.empty())
     throw error("--checkpoint-every needs --checkpoint DIR");
+  if (given(app, "--shard-min-elements") && !o.shardOptimizerState)
+    throw error("--shard-min-elements needs --shard-optimizer-state");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     throw error("--nesterov needs a positive --momentum and no --dampening");
   if (o.lrSchedule == "step" && o.lrStepSize <= 0) throw error("--lr-schedule step needs --lr-step-size N > 0");

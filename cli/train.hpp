@@ -33,6 +33,11 @@ struct TrainOptions {
   std::string replicaBnStats = "local"; ///< SessionOptions::replicatedBatchNormStatistics
   /// SessionOptions::replicationBucketBytes under mpirun; -1 keeps the session's default.
   int64_t bucketBytes = -1;
+  /// Replicated: each replica keeps and updates 1/N of the optimiser state (SessionOptions::
+  /// optimizerStateTensorLocationSettings' replicatedTensorSharding On).
+  bool shardOptimizerState = false;
+  /// With shardOptimizerState: minElementsForReplicatedTensorSharding; -1 keeps the session's default.
+  int64_t shardMinElements = -1;
   int64_t steps = 0;
   double epochs = 0;
   bool shuffle = false;

@@ -8,10 +8,16 @@
 // replica count. The random state is {seed, counter}: each replica's stream is derived from the
 // seed, its replica index and the counter (session::replicaSeed), so those two resume every
 // replica, and a checkpoint loads with any replica count.
+//
+// With replicated tensor sharding each replica holds only its shard of the optimiser state, so
+// saving is a collective: the shards are all-gathered and rank 0 writes the whole state, in the
+// weight's shape, exactly as an unsharded session would. Loading cuts each replica's shard out of
+// the whole state again, so the file does not depend on the replica count or on sharding.
 
 #include "backend_cpu/kernel_families.hpp"
 #include "comm/communicator.hpp"
 #include "core/log.hpp"
+#include "optimizer/sharding.hpp"
 #include "session/training_impl.hpp"
 
 #include <nlohmann/json.hpp>
@@ -20,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace popart {
 
@@ -61,14 +68,60 @@ std::string withoutUniqueSuffix(const std::string &id) {
   return id.substr(0, mark);
 }
 
+/// Writes into \p out this replica's shard (\p l) of the whole state \p whole: its elements
+/// [begin, begin + shard), and past the weight's end what \p initial (the state's value at
+/// compile; null: zeros) holds there: the padding's gradient is always zero, so its state keeps
+/// its initial value (AdaGrad's initial accumulator, zero for the rest) in a run never resumed.
+void cutShard(const TensorData &whole, const optimizer::ShardLayout &l, const TensorData *initial, TensorData &out) {
+  const auto size = static_cast<int64_t>(dataTypeSize(out.info().dataType()));
+  const int64_t inside = std::clamp<int64_t>(l.elements - l.begin, 0, l.shard);
+  auto *dst = static_cast<char *>(out.data());
+  if (inside > 0)
+    std::memcpy(dst, static_cast<const char *>(whole.data()) + l.begin * size, static_cast<size_t>(inside * size));
+  const size_t padding = static_cast<size_t>((l.shard - inside) * size);
+  if (padding == 0) return;
+  if (initial)
+    std::memcpy(dst + inside * size, static_cast<const char *>(initial->data()) + inside * size, padding);
+  else
+    std::memset(dst + inside * size, 0, padding);
+}
+
 } // namespace
+
+std::map<TensorId, session::StateShard> TrainingSession::Impl::shardedState() const {
+  std::map<TensorId, session::StateShard> sharded;
+  for (const auto &u : applied.updates) {
+    if (u.shard.empty()) continue;
+    optimizer::ShardingOptions options;
+    options.replicas = kernelContext.communicator->size();
+    options.rank = kernelContext.communicator->rank();
+    const TensorInfo &weight = graph->tensor(u.weight).info();
+    const optimizer::ShardLayout layout = optimizer::shardLayout(weight.elementCount(), options);
+    for (const auto &s : u.state) {
+      if (variable(s).info().elementCount() != layout.shard)
+        throw error("checkpoint: optimiser state '", s, "' has ", variable(s).info().elementCount(),
+                    " elements, expected a shard of ", layout.shard, " of weight '", u.weight, "'");
+      sharded[s] = {layout, weight.shape()};
+    }
+  }
+  return sharded;
+}
 
 void TrainingSession::saveCheckpoint(const std::string &path) const {
   const Impl &m = *impl_;
   if (!m.plan) throw error("saveCheckpoint: call prepareDevice() first");
-  // Not a collective: a caller that reads the file on other ranks synchronises them after this.
   const auto &communicator = m.kernelContext.communicator;
-  if (communicator && communicator->rank() != 0) return;
+  const std::map<TensorId, session::StateShard> sharded = m.shardedState();
+  const bool writer = !communicator || communicator->rank() == 0;
+  // Without shards this is not a collective: a caller that reads the file on other ranks
+  // synchronises them after this. With shards every rank takes part in the gathers.
+  if (!writer && sharded.empty()) return;
+  const std::vector<TensorId> ids = m.persistentIds();
+  auto savedInfo = [&](const TensorId &id) {
+    const TensorInfo &info = m.variable(id).info();
+    auto shard = sharded.find(id);
+    return shard == sharded.end() ? info : TensorInfo(info.dataType(), shard->second.wholeShape);
+  };
   nlohmann::json header;
   header["version"] = kCheckpointVersion;
   header["model"] = std::to_string(fingerprint(m.model.bytes));
@@ -86,34 +139,63 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   header["replicas"] = communicator ? communicator->size() : 1;
   header["matmulWays"] = tunedWaysToJson(*m.plan);
   int64_t offset = 0;
-  std::vector<TensorId> ids = m.persistentIds();
   for (const auto &id : ids) {
-    const TensorData &d = m.variable(id);
+    const TensorInfo info = savedInfo(id);
     header["tensors"].push_back({{"id", id},
-                                 {"type", toString(d.info().dataType())},
-                                 {"shape", d.info().shape()},
+                                 {"type", toString(info.dataType())},
+                                 {"shape", info.shape()},
                                  {"offset", offset},
-                                 {"bytes", d.byteCount()}});
-    offset += d.byteCount();
+                                 {"bytes", info.byteCount()}});
+    offset += info.byteCount();
   }
-  std::string h = header.dump();
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw error("saveCheckpoint: cannot write '", tmp, "'");
-    uint64_t n = h.size();
+  const std::string h = header.dump();
+  const std::string tmp = path + ".tmp";
+  // The writer streams the tensors out, gathering each sharded one when its turn comes (one
+  // whole state tensor in memory at a time, on every rank: an all-gather). A failure on the writer does not leave the
+  // gathers: the other ranks would wait in them; it is reported once they are done.
+  std::string failure;
+  std::ofstream out;
+  if (writer) {
+    out.open(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) failure = "cannot write '" + tmp + "'";
+    const uint64_t n = h.size();
     out.write(kCheckpointMagic, sizeof kCheckpointMagic);
     out.write(reinterpret_cast<const char *>(&n), sizeof n);
     out.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto &id : ids) {
-      const TensorData &d = m.variable(id);
-      out.write(static_cast<const char *>(d.data()), static_cast<std::streamsize>(d.byteCount()));
-    }
-    if (!out.flush()) throw error("saveCheckpoint: writing '", tmp, "' failed (disk full?)");
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw error("saveCheckpoint: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  for (const auto &id : ids) {
+    const TensorData &d = m.variable(id);
+    auto shard = sharded.find(id);
+    if (shard == sharded.end()) {
+      if (writer) out.write(static_cast<const char *>(d.data()), static_cast<std::streamsize>(d.byteCount()));
+      continue;
+    }
+    const optimizer::ShardLayout &l = shard->second.layout;
+    TensorData gathered(TensorInfo(d.info().dataType(), {l.padded}));
+    communicator->allGather(d.data(), gathered.data(), l.shard, d.info().dataType());
+    if (writer) // the padding past the weight's end is left out
+      out.write(static_cast<const char *>(gathered.data()),
+                static_cast<std::streamsize>(l.elements * static_cast<int64_t>(dataTypeSize(d.info().dataType()))));
+  }
+  if (writer) {
+    if (failure.empty() && !out.flush()) failure = "writing '" + tmp + "' failed (disk full?)";
+    out.close();
+    std::error_code ec;
+    if (failure.empty()) std::filesystem::rename(tmp, path, ec);
+    if (ec) failure = "cannot rename '" + tmp + "' to '" + path + "': " + ec.message();
+  }
+  if (sharded.empty()) {
+    if (!failure.empty()) throw error("saveCheckpoint: ", failure);
+    return;
+  }
+  // A collective ends alike on every rank: all of them learn whether rank 0 wrote the file (and,
+  // on a shared file system, may read it once this returns).
+  int32_t written = failure.empty() ? 1 : 0;
+  communicator->broadcast(&written, 1, DataType::INT32, 0);
+  if (writer && !failure.empty()) throw error("saveCheckpoint: rank 0 of ", communicator->size(), ": ", failure);
+  if (!written)
+    throw error("saveCheckpoint: rank ", communicator->rank(), " of ", communicator->size(),
+                ": rank 0 could not write '", path, "'");
 }
 
 void TrainingSession::loadCheckpoint(const std::string &path) {
@@ -157,9 +239,8 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     // Checkpoints from before replication are those of one process.
     const int written = header.value("replicas", 1);
     const int replicas = m.kernelContext.communicator ? m.kernelContext.communicator->size() : 1;
-    // Hook for replicated tensor sharding: a checkpoint holding each replica's 1/N shard of the
-    // optimiser state (a manifest of shards) must be refused here when written != replicas, or its
-    // shards regathered; everything this format holds is whole, so any count may resume it.
+    // The file holds whole optimiser state whatever wrote it: a sharded session cuts its shard out.
+    const std::map<TensorId, session::StateShard> sharded = m.shardedState();
     std::vector<TensorId> ids = m.persistentIds();
     const auto &tensors = header.at("tensors");
     if (tensors.size() != ids.size())
@@ -168,16 +249,24 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     for (size_t i = 0; i < ids.size(); ++i) {
       const auto &t = tensors[i];
       const TensorData &d = m.variable(ids[i]);
+      auto shard = sharded.find(ids[i]);
+      const TensorInfo whole =
+          shard == sharded.end() ? d.info() : TensorInfo(d.info().dataType(), shard->second.wholeShape);
       const std::string saved = t.at("id").get<std::string>();
       if (saved != ids[i] && withoutUniqueSuffix(saved) != withoutUniqueSuffix(ids[i]))
         throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
-      if (t.at("shape").get<Shape>() != d.info().shape() ||
-          t.at("type").get<std::string>() != toString(d.info().dataType()))
+      if (t.at("shape").get<Shape>() != whole.shape() || t.at("type").get<std::string>() != toString(whole.dataType()))
         throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ",
-                    toString(t.at("shape").get<Shape>()), ", the session has ", d.info().toString());
-      TensorData v(d.info());
+                    toString(t.at("shape").get<Shape>()), ", the session has ", whole.toString());
+      TensorData v(whole);
       in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(v.byteCount()));
       if (!in) throw error("it is truncated in tensor '", ids[i], "'");
+      if (shard != sharded.end()) {
+        TensorData cut(d.info());
+        auto initial = m.initialValues.find(ids[i]);
+        cutShard(v, shard->second.layout, initial == m.initialValues.end() ? nullptr : initial->second.get(), cut);
+        v = std::move(cut);
+      }
       values.push_back(std::move(v));
     }
     // Everything read and checked: only now change the session.
@@ -195,7 +284,8 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     m.rngCounter = header.at("rngCounter").get<int64_t>();
     if (written != replicas)
       logging::logger().info("loadCheckpoint: '{}' was written by {} replica(s) and resumes on {}: the weights, "
-                             "running statistics and optimiser state are whole and carry over; each replica draws "
+                             "running statistics and optimiser state are whole (a sharded session cuts its shards) and "
+                             "carry over; each replica draws "
                              "from its own stream from the same seed and counter on",
                              path, written, replicas);
   } catch (const nlohmann::json::exception &e) {

@@ -23,6 +23,15 @@
 
 namespace popart {
 
+namespace session {
+/// Where one sharded optimiser state Variable (this replica's shard) sits in the whole state,
+/// which has its weight's shape: what checkpoints gather and cut.
+struct StateShard {
+  optimizer::ShardLayout layout;
+  Shape wholeShape;
+};
+} // namespace session
+
 struct TrainingSession::Impl {
   session::ModelSource model;
   DataFlow dataFlow;
@@ -83,6 +92,10 @@ struct TrainingSession::Impl {
   }
 
   TensorData &variable(const TensorId &id) const { return *graph->tensor(id).data(); }
+
+  /// The optimiser state Variables that hold this replica's shard, by id (none unless the
+  /// session shards its optimiser state; training_checkpoint.cpp).
+  std::map<TensorId, session::StateShard> shardedState() const;
 
   /// The persistent tensor \p id, after checking \p arr can hold it; errors start with \p what.
   TensorData &checkedWeight(const char *what, const TensorId &id, const IArray &arr) const {

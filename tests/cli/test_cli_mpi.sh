@@ -126,6 +126,30 @@ if same_weights "$TMP/whole.onnx" "$TMP/resumed_one.onnx"; then passes=$((passes
 expect 2 "error: --resume: the checkpoint in .* was made with 42 samples, 8 samples per step \(over 2 replica\(s\)\).*this run differs \(42 samples, 4 per step over 1 replica" -- \
   "$RUN" "${common[@]}" --steps 12 --resume "$TMP/ck"
 
+# --shard-optimizer-state (every weight sharded: the model's are small): 2 replicas end as one
+# process accumulating 2 micro-batches; the profile names the shards. Every rank takes part in
+# saving a checkpoint (the shards are gathered to rank 0), and resuming it is bit-identical.
+S=(--shard-optimizer-state --shard-min-elements 1)
+common=("$M" --train "${D[@]}" --optimizer adam --lr 0.01 --epochs 3 --shuffle --seed 5)
+"$RUN" "${common[@]}" --threads 1 --accumulate 2 --save "$TMP/shard_one.onnx" >"$TMP/shard_one.txt" 2>&1 ||
+  fail "one process for the sharded comparison: $(tail -3 "$TMP/shard_one.txt")"
+"${MPI[@]}" -np 2 "$RUN" "${common[@]}" "${S[@]}" --profile "$TMP/shard.json" --save "$TMP/shard_rep.onnx" \
+  >"$TMP/shard_rep.txt" 2>&1 || fail "mpirun -np 2 --shard-optimizer-state: $(tail -5 "$TMP/shard_rep.txt")"
+if same_weights "$TMP/shard_one.onnx" "$TMP/shard_rep.onnx"; then passes=$((passes + 1)); else
+  fail "2 sharded replicas end with other weights than one process accumulating 2 micro-batches"; fi
+count_is "$TMP/shard_rep.txt" "optimiser state \(this replica's shards\).*weight shards" 1
+common=("$M" --train "${D[@]}" --optimizer adam --shuffle --seed 3 "${S[@]}")
+"${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 12 --save "$TMP/shard_whole.onnx" >/dev/null 2>&1 ||
+  fail "the uninterrupted sharded run"
+"${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 7 --checkpoint "$TMP/shard_ck" >"$TMP/shard_ck.txt" 2>&1 ||
+  fail "the first half of the resumed sharded run: $(tail -3 "$TMP/shard_ck.txt")"
+expect 0 "resuming at step 7" -- "${MPI[@]}" -np 2 "$RUN" "${common[@]}" --steps 12 --resume "$TMP/shard_ck" \
+  --save "$TMP/shard_resumed.onnx"
+if cmp -s "$TMP/shard_whole.onnx" "$TMP/shard_resumed.onnx"; then passes=$((passes + 1)); else
+  fail "resumed sharded training differs from uninterrupted sharded training"; fi
+expect 2 "error: --shard-min-elements needs --shard-optimizer-state" -- \
+  "$RUN" "$M" --train "${D[@]}" --steps 1 --shard-min-elements 1
+
 # --replica-bn-stats: after one step of 2 replicas (no shuffle: replica r has rows 4r..4r+3), the
 # running mean is 0.1 x the batch mean of x·w1 on rank 0's rows (local) or on all 8 rows (mean).
 for stats in local mean; do

@@ -15,6 +15,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -348,6 +350,176 @@ TEST(ReplicationSharding, TheHistogramMethodOfLossScalingIsRefusedWithAReason) {
     FAIL() << "expected an error";
   } catch (const popart::error &e) {
     EXPECT_NE(std::string(e.what()).find("histogram method"), std::string::npos) << e.what();
+  }
+}
+
+// Checkpoints of a sharded session (docs/distributed.md, "One checkpoint for the job"): saving
+// gathers the shards and rank 0 writes the whole state, in the format of an unsharded session's
+// checkpoint; loading cuts each replica's shard out of it. The references are the same job run
+// without interruption, unsharded replicas, and one process accumulating every replica's
+// micro-batches.
+
+/// How a checkpoint test trains: sharded replicas, unsharded replicas, or one process.
+enum class Run { Sharded, Replicated, OneProcess };
+
+std::unique_ptr<TrainingSession> checkpointSession(const Optimizer &opt, const TrainingSetup &setup, Run run) {
+  const int n = world()->size();
+  SessionOptions so;
+  so.numThreads = 1;
+  so.precision = setup.precision;
+  const int micro = run == Run::OneProcess ? n * setup.accumulation : setup.accumulation;
+  so.enableGradientAccumulation = micro > 1;
+  so.accumulationFactor = micro;
+  if (run != Run::OneProcess) {
+    so.enableReplicatedGraphs = true;
+    so.replicatedGraphCount = n;
+    so.communicator = world();
+  }
+  if (run == Run::Sharded) {
+    so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
+    so.optimizerStateTensorLocationSettings.minElementsForReplicatedTensorSharding = setup.minElements;
+  }
+  auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
+  s->prepareDevice();
+  return s;
+}
+
+/// Trains steps [\p first, \p last) of the job: this replica's micro-batches of each global
+/// batch, or all of them in one process.
+void trainSteps(TrainingSession &s, int first, int last, const TrainingSetup &setup, Run run) {
+  const int n = world()->size(), r = world()->rank(), a = setup.accumulation;
+  const int micro = run == Run::OneProcess ? n * a : a;
+  for (int k = first; k < last; ++k) {
+    std::vector<float> x = globalBatch(k, n * a, kIn, 1, setup), t = globalBatch(k, n * a, kOut, 2, setup);
+    if (run != Run::OneProcess) {
+      x = microBatches(x, kIn, r, n, a);
+      t = microBatches(t, kOut, r, n, a);
+    }
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    StepIO io({{"x", xa}, {"target", ta}}, {});
+    s.run(io);
+  }
+}
+
+std::string shardedCheckpointPath(const std::string &name) {
+  // The same path on every rank: one checkpoint for the job.
+  return ::testing::TempDir() + "replication_sharding_" + name + "_np" + std::to_string(world()->size()) + ".ckpt";
+}
+
+/// Trains 2 steps as \p writer, checkpoints (on every rank), trains 2 more; \returns the final
+/// weights. The checkpoint is readable on every rank when this returns.
+std::vector<std::vector<float>> trainAndCheckpoint(const Optimizer &opt, const TrainingSetup &setup, Run writer,
+                                                   const std::string &path) {
+  auto s = checkpointSession(opt, setup, writer);
+  trainSteps(*s, 0, 2, setup, writer);
+  // Every process of a one-process run would write the same file: rank 0's stands for them.
+  if (writer != Run::OneProcess || world()->rank() == 0) s->saveCheckpoint(path);
+  world()->barrier(); // an unsharded session's save returns at once on ranks other than 0
+  trainSteps(*s, 2, 4, setup, writer);
+  return weightsOf(*s);
+}
+
+/// Loads \p path into a new session of kind \p reader and trains steps 2 and 3; \returns the weights.
+std::vector<std::vector<float>> resume(const Optimizer &opt, const TrainingSetup &setup, Run reader,
+                                       const std::string &path) {
+  auto s = checkpointSession(opt, setup, reader);
+  s->loadCheckpoint(path);
+  EXPECT_EQ(s->getStepCount(), 2);
+  trainSteps(*s, 2, 4, setup, reader);
+  return weightsOf(*s);
+}
+
+/// Expects \p got within 1e-6 of each tensor's largest magnitude in \p expected.
+void expectClose(const std::vector<std::vector<float>> &got, const std::vector<std::vector<float>> &expected,
+                 const std::string &what) {
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  for (size_t k = 0; k < expected.size(); ++k) {
+    float largest = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < expected[k].size(); ++i) {
+      largest = std::max(largest, std::fabs(expected[k][i]));
+      worst = std::max(worst, std::fabs(got[k][i] - expected[k][i]));
+    }
+    EXPECT_LE(worst, 1e-6f * largest) << what << ": weight " << k << " on rank " << world()->rank() << " of "
+                                      << world()->size();
+  }
+}
+
+void expectSameOnEveryRank(const std::vector<std::vector<float>> &weights) {
+  const auto hashes = popart::testing::hashesOnAllRanks(weights);
+  for (int r = 0; r < world()->size(); ++r)
+    EXPECT_EQ(hashes[size_t(r)], hashes[size_t(world()->rank())])
+        << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
+}
+
+/// The shards' whole state must be in the file: resumed at the same count, every rank's next
+/// updates are those of the uninterrupted run, bit for bit.
+void checkShardedResumeIsBitIdentical(const Optimizer &opt, const TrainingSetup &setup, const std::string &name) {
+  const std::string path = shardedCheckpointPath(name);
+  const auto uninterrupted = trainAndCheckpoint(opt, setup, Run::Sharded, path);
+  const auto resumed = resume(opt, setup, Run::Sharded, path);
+  EXPECT_EQ(resumed, uninterrupted) << name << ": resumed on rank " << world()->rank();
+  expectSameOnEveryRank(resumed);
+  // A fresh session that did not load (its state zero) must not match, else the test shows nothing.
+  auto fresh = checkpointSession(opt, setup, Run::Sharded);
+  trainSteps(*fresh, 2, 4, setup, Run::Sharded);
+  EXPECT_NE(weightsOf(*fresh), uninterrupted) << name;
+  world()->barrier();
+  if (world()->rank() == 0) std::remove(path.c_str());
+}
+
+TEST(ReplicationSharding, ACheckpointResumesTheShardedStateBitForBit) {
+  checkShardedResumeIsBitIdentical(adamW(), {}, "adamw");
+  checkShardedResumeIsBitIdentical(sgdWithMomentum(), TrainingSetup{ReductionType::Mean, 2}, "sgd_accumulated");
+  // fp16.32: the optimiser state is fp32 beside fp32 master weights, which the shards are cut from.
+  TrainingSetup mixed;
+  mixed.precision = "fp16.32";
+  checkShardedResumeIsBitIdentical(adamW(), mixed, "adamw_fp16_32");
+}
+
+TEST(ReplicationSharding, AShardedCheckpointHoldsTheWholeStateInTheUnshardedFormat) {
+  // The file does not depend on the sharding: unsharded replicas and one process accumulating
+  // every replica's micro-batches load it and continue as the sharded run does.
+  const std::string path = shardedCheckpointPath("whole");
+  const auto sharded = trainAndCheckpoint(adamW(), {}, Run::Sharded, path);
+  expectClose(resume(adamW(), {}, Run::Replicated, path), sharded, "unsharded replicas resumed");
+  expectClose(resume(adamW(), {}, Run::OneProcess, path), sharded, "one process resumed");
+  // With some weights whole (b1, b2) the sharded and whole state interleave in the file.
+  TrainingSetup someWhole;
+  someWhole.minElements = 16;
+  const auto mixed = trainAndCheckpoint(adamW(), someWhole, Run::Sharded, path);
+  expectClose(resume(adamW(), someWhole, Run::OneProcess, path), mixed, "one process resumed (some weights whole)");
+  world()->barrier();
+  if (world()->rank() == 0) std::remove(path.c_str());
+}
+
+TEST(ReplicationSharding, AnUnshardedCheckpointLoadsIntoShardedReplicas) {
+  // Each replica cuts its shard (padding past the weight's end) out of the whole state.
+  const std::string path = shardedCheckpointPath("unsharded");
+  const auto replicated = trainAndCheckpoint(adamW(), {}, Run::Replicated, path);
+  const auto sharded = resume(adamW(), {}, Run::Sharded, path);
+  expectClose(sharded, replicated, "sharded replicas resumed from unsharded replicas");
+  expectSameOnEveryRank(sharded);
+  const auto oneProcess = trainAndCheckpoint(sgdWithMomentum(), {}, Run::OneProcess, path);
+  expectClose(resume(sgdWithMomentum(), {}, Run::Sharded, path), oneProcess,
+              "sharded replicas resumed from one process");
+  world()->barrier();
+  if (world()->rank() == 0) std::remove(path.c_str());
+}
+
+TEST(ReplicationSharding, ACheckpointRank0CannotWriteFailsOnEveryRankNamingIt) {
+  // Saving sharded state is a collective: the ranks that only gathered must not carry on as if the
+  // file existed, nor wait for rank 0.
+  auto s = checkpointSession(adamW(), {}, Run::Sharded);
+  const std::string path = ::testing::TempDir() + "no_such_directory/sharded.ckpt";
+  try {
+    s->saveCheckpoint(path);
+    ADD_FAILURE() << "rank " << world()->rank() << ": expected an error";
+  } catch (const popart::error &e) {
+    const std::string what = e.what();
+    const std::string expected = world()->rank() == 0
+                                     ? "rank 0 of " + std::to_string(world()->size()) + ": cannot write"
+                                     : "rank 0 could not write '" + path + "'";
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
   }
 }
 
