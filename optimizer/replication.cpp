@@ -45,7 +45,7 @@ std::vector<size_t> productionOrder(const ir::Graph &g, const std::vector<std::p
 }
 
 /// Groups \p weightGrads in production order into buckets of one type, each closed once it holds
-/// \p bucketBytes, and adds per bucket an AllReduceStart in the backward's phase (scheduled once
+/// \p bucketBytes (a gradient of half that or more alone), and adds per bucket an AllReduceStart in the backward's phase (scheduled once
 /// its last gradient exists) and an AllReduceWait in PreUpdate (after the whole backward), whose
 /// outputs replace the gradients. \returns the number of buckets.
 int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightGrads, const char *reduction,
@@ -57,10 +57,15 @@ int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightG
     if (!buckets.empty() && bytes > 0 &&
         g.tensor(weightGrads[buckets.back().front()].second).info().dataType() != info.dataType())
       bytes = 0; // a bucket holds one type
+    // A gradient of half a bucket or more goes alone: a bucket of one is reduced in the
+    // gradient's own bytes (the kernels run in place), without copies in and out of a bucket
+    // buffer, which for the MLP's 7.4 MB of gradients cost more than the ring itself.
+    const bool alone = 2 * info.byteCount() >= bucketBytes;
+    if (alone) bytes = 0;
     if (buckets.empty() || bytes == 0) buckets.emplace_back();
     buckets.back().push_back(i);
     bytes += info.byteCount();
-    if (bytes >= bucketBytes) bytes = 0;
+    if (alone || bytes >= bucketBytes) bytes = 0;
   }
   for (size_t b = 0; b < buckets.size(); ++b) {
     std::vector<TensorId> grads, reduced;

@@ -84,11 +84,13 @@ public:
   void run(const KernelArgs &a) override {
     auto *bucket = static_cast<uint8_t *>(a.outputs[0]);
     for (size_t i = 0; i < bytes_.size(); ++i) {
-      std::memcpy(bucket, a.inputs[i], bytes_[i]);
+      if (bucket != a.inputs[i]) std::memcpy(bucket, a.inputs[i], bytes_[i]);
       bucket += bytes_[i];
     }
     collectives_->start(id_, a.outputs[0], communicator_->allReduceAsync(a.outputs[0], count_, type_, op_));
   }
+  /// A bucket of one gradient is reduced in the gradient's bytes where the plan allows.
+  int inPlaceInput() const override { return bytes_.size() == 1 ? 0 : -1; }
 
 private:
   std::shared_ptr<comm::Communicator> communicator_;
@@ -114,10 +116,12 @@ public:
     collectives_->wait(a.inputs[0], name_);
     const auto *bucket = static_cast<const uint8_t *>(a.inputs[0]);
     for (size_t i = 0; i < bytes_.size(); ++i) {
-      if (a.outputs[i]) std::memcpy(a.outputs[i], bucket, bytes_[i]);
+      if (a.outputs[i] && a.outputs[i] != bucket) std::memcpy(a.outputs[i], bucket, bytes_[i]);
       bucket += bytes_[i];
     }
   }
+  /// A bucket of one gradient hands its bytes on as the reduced gradient where the plan allows.
+  int inPlaceInput() const override { return bytes_.size() == 1 ? 0 : -1; }
 
 private:
   std::shared_ptr<CollectiveRequests> collectives_;
