@@ -201,11 +201,14 @@ std::vector<Op *> Graph::schedule() const {
   for (const Op *source : sources)
     for (Op *c : successors[source])
       --pending[c];
-  // Ready ops of the lowest phase first, in the order they became ready.
+  // Ready ops of the lowest phase first, in the order they became ready (OpDef::scheduleLate ops
+  // after the others).
   std::set<const Op *> sourceSet(sources.begin(), sources.end());
   std::map<int, std::deque<Op *>> ready;
+  // Keyed 2 · phase + late: a phase's OpDef::scheduleLate ops queue after its others.
+  auto key = [](const Op *op) { return 2 * op->phase + (op->def && op->def->scheduleLate ? 1 : 0); };
   for (const auto &op : ops_)
-    if (pending[op.get()] == 0 && !sourceSet.count(op.get())) ready[op->phase].push_back(op.get());
+    if (pending[op.get()] == 0 && !sourceSet.count(op.get())) ready[key(op.get())].push_back(op.get());
   std::vector<Op *> order;
   order.reserve(ops_.size());
   while (!ready.empty()) {
@@ -218,7 +221,7 @@ std::vector<Op *> Graph::schedule() const {
                   order.back()->phase);
     order.push_back(op);
     for (Op *c : successors[op])
-      if (--pending[c] == 0) ready[c->phase].push_back(c);
+      if (--pending[c] == 0) ready[key(c)].push_back(c);
   }
   if (order.size() + sources.size() != ops_.size()) {
     for (const auto &op : ops_)

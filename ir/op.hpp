@@ -106,6 +106,10 @@ struct OpDef {
   /// The Fusion fields ops of this definition may carry (bits of FusionField); the verifier
   /// rejects any other.
   uint32_t fusionFields = 0;
+  /// The scheduler runs a ready op of this definition only when no other op of its phase is
+  /// ready: an AllReduceWait waits as late as its readers allow, so that the communication it
+  /// waits for overlaps whatever else can run first.
+  bool scheduleLate = false;
   /// True if this definition declares \p field.
   bool declares(FusionField field) const { return (fusionFields & static_cast<uint32_t>(field)) != 0; }
 };

@@ -45,8 +45,8 @@ std::vector<size_t> productionOrder(const ir::Graph &g, const std::vector<std::p
 }
 
 /// Groups \p weightGrads in production order into buckets of one type, each closed once it holds
-/// \p bucketBytes (a gradient of half that or more alone), and adds per bucket an AllReduceStart in the backward's phase (scheduled once
-/// its last gradient exists) and an AllReduceWait in PreUpdate (after the whole backward), whose
+/// \p bucketBytes (a gradient of half that or more alone), and adds per bucket an AllReduceStart in the backward's
+/// phase (scheduled once its last gradient exists) and an AllReduceWait in PreUpdate (after the whole backward), whose
 /// outputs replace the gradients. \returns the number of buckets.
 int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightGrads, const char *reduction,
                int64_t bucketBytes) {
@@ -161,6 +161,27 @@ int agreeAllFinite(ir::Graph &g, ir::PassContext &c) {
   return 1;
 }
 
+/// Moves each bucket's AllReduceWait into the Update phase when only update ops read what it
+/// waits for and no finite check can skip that phase: the scheduler runs a Wait late
+/// (OpDef::scheduleLate), so each waits just before its weights' updates, and the last buckets'
+/// rings advance during the updates of the earlier ones.
+int waitForBucketsAtTheirUpdates(ir::Graph &g, ir::PassContext &c) {
+  if (!c.state<ReplicationPassOptions>().enabled || !c.state<OptimizerPassState>().applied.allFinite.empty()) return 0;
+  int moved = 0;
+  for (const auto &op : g.ops()) {
+    if (op->type != "AllReduceWait" || op->phase != PreUpdate) continue;
+    bool onlyUpdates = true;
+    for (const ir::Tensor *t : op->outputs)
+      if (t)
+        for (const ir::Op *reader : t->consumers())
+          onlyUpdates = onlyUpdates && reader->phase == Update;
+    if (!onlyUpdates) continue;
+    op->phase = Update;
+    ++moved;
+  }
+  return moved;
+}
+
 } // namespace
 
 void registerReplicationPasses() {
@@ -179,6 +200,14 @@ void registerReplicationPasses() {
                    "clipping, the finite check and the optimiser",
         .needs = ir::OptimizerApplied,
         .run = allReduceAccumulatedGradients,
+    });
+    ir::PassRegistry::instance().add({
+        .name = "waitForBucketsAtTheirUpdates",
+        .purpose = "replication: a bucket's AllReduceWait runs just before its weights' updates when only they read "
+                   "its gradients, so that later buckets overlap earlier updates",
+        .needs = ir::OptimizerApplied,
+        .optional = true,
+        .run = waitForBucketsAtTheirUpdates,
     });
     ir::PassRegistry::instance().add({
         .name = "agreeAllFinite",

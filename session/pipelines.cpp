@@ -58,6 +58,7 @@ const std::vector<std::string> &trainingPipeline() {
       "applyOptimizer",
       "allReduceAccumulatedGradients", // with accumulation: once per update, not per micro-batch
       "agreeAllFinite",
+      "waitForBucketsAtTheirUpdates", // after agreeAllFinite, which decides whether Update may be skipped
       "inferShapes",
       "markHalfPartials", // after autodiff: the gradient products too
       "removeDeadCode",

@@ -121,7 +121,9 @@ void registerCollectiveOps(OpRegistry &r) {
   r.add(def("ReduceScatter", setupReduceScatter));
   r.add(def("AllGather", setupAllGather));
   r.add(def("AllReduceStart", setupAllReduceStart));
-  r.add(def("AllReduceWait", setupAllReduceWait));
+  OpDef wait = def("AllReduceWait", setupAllReduceWait);
+  wait.scheduleLate = true;
+  r.add(std::move(wait));
   registerAllGatherInto(r);
 }
 

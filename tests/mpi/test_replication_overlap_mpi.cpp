@@ -96,7 +96,7 @@ std::string readFile(const std::string &path) {
 /// kSteps steps replicated over the world, each replica accumulating \p accumulation
 /// micro-batches (replica r takes micro-batches r, r + replicas, ...), profiled.
 RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucketBytes,
-                          const std::string &precision = "fp32") {
+                          const std::string &precision = "fp32", const std::vector<std::string> &disabledPasses = {}) {
   const int n = world()->size(), r = world()->rank(), a = accumulation;
   SessionOptions so;
   so.numThreads = 1;
@@ -107,6 +107,7 @@ RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucket
   so.communicator = world();
   so.replicationBucketBytes = bucketBytes;
   so.precision = precision;
+  so.disabledPasses = disabledPasses;
   auto s = TrainingSession::createFromOnnxModel(mlp(), DataFlow(1, std::vector<TensorId>{}), "", opt, so);
   s->prepareDevice();
   s->enableProfiling();
@@ -248,8 +249,43 @@ TEST(ReplicationOverlap, HalfPrecisionGradientsTravelInBucketsOfTheirOwnType) {
   expectSameOnEveryRank(bucketed.weights);
 }
 
+/// Where the schedule of \p run puts the first AllReduceStart, the first and last AllReduceWait,
+/// the first SGDUpdate and the last MatMul or Gemm (indices in its op lines).
+struct Placement {
+  std::ptrdiff_t firstStart, firstWait, lastWait, firstUpdate, lastMatMul, ops;
+};
+Placement placement(const RunResult &run) {
+  const std::vector<std::string> ops = opLines(run.ir);
+  auto first = [&](const std::string &what) {
+    return std::find_if(ops.begin(), ops.end(),
+                        [&](const std::string &l) { return l.find("::" + what) != std::string::npos; }) -
+           ops.begin();
+  };
+  auto last = [&](const std::vector<std::string> &what) {
+    std::ptrdiff_t at = -1;
+    for (size_t i = 0; i < ops.size(); ++i)
+      for (const std::string &w : what)
+        if (ops[i].find("::" + w) != std::string::npos) at = static_cast<std::ptrdiff_t>(i);
+    return at;
+  };
+  return {first("AllReduceStart"), first("AllReduceWait"),   last({"AllReduceWait"}),
+          first("SGDUpdate"),      last({"MatMul", "Gemm"}), static_cast<std::ptrdiff_t>(ops.size())};
+}
+
+TEST(ReplicationOverlap, EachBucketIsWaitedForJustBeforeItsUpdates) {
+  // One bucket per gradient: each Wait just before the update of its weight, so the last
+  // buckets' rings advance while the first weights update.
+  const Placement p = placement(trainReplicated(sgd(), 1, 1));
+  EXPECT_LT(p.firstWait, p.firstUpdate);
+  EXPECT_GT(p.lastWait, p.firstUpdate) << "the waits are not interleaved with the updates";
+  // Without the pass (and with a finite check, which reads every gradient before any update) the
+  // waits all come before the first update.
+  const Placement off = placement(trainReplicated(sgd(), 1, 1, "fp32", {"waitForBucketsAtTheirUpdates"}));
+  EXPECT_LT(off.lastWait, off.firstUpdate);
+}
+
 TEST(ReplicationOverlap, BucketsStartDuringTheBackwardAndAreWaitedForBeforeTheOptimiser) {
-  const RunResult run = trainReplicated(sgd(), 1, 1);
+  const RunResult run = trainReplicated(sgd(), 1, 1, "fp32", {"waitForBucketsAtTheirUpdates"});
   const std::vector<std::string> ops = opLines(run.ir);
   auto first = [&](const std::string &what) {
     return std::find_if(ops.begin(), ops.end(),
