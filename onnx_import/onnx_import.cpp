@@ -1,5 +1,6 @@
 #include "onnx_import/onnx_import.hpp"
 #include "core/log.hpp"
+#include "ir/annotations.hpp"
 #include "ir/internal_attributes.hpp"
 #include <popart/error.hpp>
 
@@ -396,6 +397,7 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
   }
   graph->checkConnected();
   graph->schedule(); // rejects cycles now, with the tensor named
+  ir::checkAnnotations(*graph);
   return graph;
 }
 

@@ -404,6 +404,45 @@ void Builder::checkInitializerSize(int64_t count, const TensorInfo &info, const 
                 popart::toString(info.shape()));
 }
 
+namespace {
+
+/// Sets INT attribute \p name of the node that produces \p output to \p value.
+void annotateProducer(onnx::GraphProto &g, const TensorId &output, const char *name, int64_t value,
+                      const char *method) {
+  for (onnx::NodeProto &node : *g.mutable_node())
+    for (const std::string &o : node.output())
+      if (o == output) {
+        for (onnx::AttributeProto &a : *node.mutable_attribute())
+          if (a.name() == name) {
+            a.set_i(value);
+            return;
+          }
+        onnx::AttributeProto *a = node.add_attribute();
+        a->set_name(name);
+        a->set_type(onnx::AttributeProto::INT);
+        a->set_i(value);
+        return;
+      }
+  throw error("Builder::", method, ": no node produces '", output, "'");
+}
+
+} // namespace
+
+void Builder::virtualGraph(const TensorId &nodeOutputName, int64_t value) {
+  if (value < 0) throw error("Builder::virtualGraph: '", nodeOutputName, "': virtual graph ", value, " is negative");
+  annotateProducer(impl_->graph(), nodeOutputName, "__ipu_number", value, "virtualGraph");
+}
+
+void Builder::pipelineStage(const TensorId &nodeOutputName, int64_t value) {
+  if (value < 0) throw error("Builder::pipelineStage: '", nodeOutputName, "': pipeline stage ", value, " is negative");
+  annotateProducer(impl_->graph(), nodeOutputName, "__pipeline_stage", value, "pipelineStage");
+}
+
+void Builder::recomputeOutputInBackwardPass(const TensorId &nodeOutputName, RecomputeType value) {
+  annotateProducer(impl_->graph(), nodeOutputName, "__recompute_output_in_backward_pass", static_cast<int64_t>(value),
+                   "recomputeOutputInBackwardPass");
+}
+
 void Builder::addOutputTensor(const TensorId &id) {
   if (!impl_->types.count(id)) throw error("Builder::addOutputTensor: unknown tensor '", id, "'");
   for (const auto &o : impl_->outputs)

@@ -18,6 +18,9 @@ namespace popart {
 /// How a loss reduces its per-element values.
 enum class ReductionType { Sum, Mean, NoReduction };
 
+/// Whether an op's output is kept for the backward pass or recomputed there (PopART's values).
+enum class RecomputeType { Undefined = 0, Checkpoint = 1, Recompute = 2, Recomputed = 3 };
+
 namespace detail {
 struct BuilderImpl;
 } // namespace detail
@@ -128,6 +131,16 @@ public:
   /// The (reduced) value of \p input itself.
   TensorId identityloss(const TensorId &input, ReductionType reduction = ReductionType::Mean,
                         const std::string &debugName = "");
+
+  /// Places the node that produces \p nodeOutputName on virtual graph \p value (PopART's
+  /// `__ipu_number` attribute; docs/distributed.md, "Annotations").
+  void virtualGraph(const TensorId &nodeOutputName, int64_t value = 0);
+  /// Puts the node that produces \p nodeOutputName in pipeline stage \p value
+  /// (`__pipeline_stage`).
+  void pipelineStage(const TensorId &nodeOutputName, int64_t value);
+  /// Marks the output of the node that produces \p nodeOutputName for recomputation in the
+  /// backward pass (`__recompute_output_in_backward_pass`).
+  void recomputeOutputInBackwardPass(const TensorId &nodeOutputName, RecomputeType value = RecomputeType::Recompute);
 
   std::vector<TensorId> getInputTensorIds() const;
   std::vector<TensorId> getOutputTensorIds() const;
