@@ -64,4 +64,22 @@ inline std::vector<uint64_t> hashesOnAllRanks(const std::vector<std::vector<floa
   return hashes;
 }
 
+/// Micro-batches first, first + stride, ... (\p count of them) of \p global, each \p rows rows of
+/// \p width values: one replica's share of a global batch (replica r of n takes r, r + n, ...).
+inline std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride,
+                                       int count, int64_t rows) {
+  std::vector<float> out;
+  for (int k = 0; k < count; ++k) {
+    auto begin = global.begin() + (first + k * stride) * rows * width;
+    out.insert(out.end(), begin, begin + rows * width);
+  }
+  return out;
+}
+
+/// The input shape of \p accumulation micro-batches of \p rows rows of \p width values.
+inline Shape batchShape(int accumulation, int64_t rows, int64_t width) {
+  if (accumulation == 1) return {rows, width};
+  return {accumulation, rows, width};
+}
+
 } // namespace popart::testing

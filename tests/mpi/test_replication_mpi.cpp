@@ -56,23 +56,6 @@ struct TrainingSetup {
   int accumulation = 1;
 };
 
-/// The micro-batches \p first, first + \p stride ... (\p count of them) of \p global, whose
-/// micro-batches hold kMicroBatch samples of \p width values, one after the other.
-std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride, int count) {
-  std::vector<float> out;
-  for (int k = 0; k < count; ++k) {
-    auto begin = global.begin() + (first + k * stride) * kMicroBatch * width;
-    out.insert(out.end(), begin, begin + kMicroBatch * width);
-  }
-  return out;
-}
-
-/// The input shape of \p accumulation micro-batches of \p width values.
-Shape batchShape(int accumulation, int64_t width) {
-  if (accumulation == 1) return {kMicroBatch, width};
-  return {accumulation, kMicroBatch, width};
-}
-
 /// Trains kSteps steps replicated over the world. Each step's global batch holds replicas ×
 /// accumulation micro-batches; replica r accumulates micro-batches r, r + replicas, ...
 std::vector<std::vector<float>> trainReplicated(const Optimizer &opt, const TrainingSetup &setup,
@@ -90,9 +73,9 @@ std::vector<std::vector<float>> trainReplicated(const Optimizer &opt, const Trai
   s->prepareDevice();
   if (index) *index = s->getReplicationIndex();
   for (int step = 0; step < kSteps; ++step) {
-    std::vector<float> x = microBatches(globalBatch(step, n * a, kIn, 1), kIn, r, n, a);
-    std::vector<float> t = microBatches(globalBatch(step, n * a, kOut, 2), kOut, r, n, a);
-    NDArrayWrapper<float> xa(x.data(), batchShape(a, kIn)), ta(t.data(), batchShape(a, kOut));
+    std::vector<float> x = microBatches(globalBatch(step, n * a, kIn, 1), kIn, r, n, a, kMicroBatch);
+    std::vector<float> t = microBatches(globalBatch(step, n * a, kOut, 2), kOut, r, n, a, kMicroBatch);
+    NDArrayWrapper<float> xa(x.data(), batchShape(a, kMicroBatch, kIn)), ta(t.data(), batchShape(a, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }
@@ -112,7 +95,8 @@ std::vector<std::vector<float>> trainAccumulated(const Optimizer &opt, const Tra
   s->prepareDevice();
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float> x = globalBatch(step, micro, kIn, 1), t = globalBatch(step, micro, kOut, 2);
-    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kMicroBatch, kIn)),
+        ta(t.data(), batchShape(micro, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }

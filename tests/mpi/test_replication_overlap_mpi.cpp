@@ -57,21 +57,6 @@ std::vector<float> globalBatch(int step, int micro, int64_t width, uint32_t salt
   return randomValues(micro * kMicroBatch * width, 1000u * static_cast<uint32_t>(step) + salt, 1.0f);
 }
 
-/// Micro-batches first, first + stride, ... (count of them) of \p global.
-std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride, int count) {
-  std::vector<float> out;
-  for (int k = 0; k < count; ++k) {
-    auto begin = global.begin() + (first + k * stride) * kMicroBatch * width;
-    out.insert(out.end(), begin, begin + kMicroBatch * width);
-  }
-  return out;
-}
-
-Shape batchShape(int accumulation, int64_t width) {
-  if (accumulation == 1) return {kMicroBatch, width};
-  return {accumulation, kMicroBatch, width};
-}
-
 using Weights = std::vector<std::vector<float>>;
 
 /// What a replicated run leaves for the checks: weights, the IR, the profile's trace and summary.
@@ -112,9 +97,9 @@ RunResult trainReplicated(const Optimizer &opt, int accumulation, int64_t bucket
   s->prepareDevice();
   s->enableProfiling();
   for (int step = 0; step < kSteps; ++step) {
-    std::vector<float> x = microBatches(globalBatch(step, n * a, kIn, 1), kIn, r, n, a);
-    std::vector<float> t = microBatches(globalBatch(step, n * a, kOut, 2), kOut, r, n, a);
-    NDArrayWrapper<float> xa(x.data(), batchShape(a, kIn)), ta(t.data(), batchShape(a, kOut));
+    std::vector<float> x = microBatches(globalBatch(step, n * a, kIn, 1), kIn, r, n, a, kMicroBatch);
+    std::vector<float> t = microBatches(globalBatch(step, n * a, kOut, 2), kOut, r, n, a, kMicroBatch);
+    NDArrayWrapper<float> xa(x.data(), batchShape(a, kMicroBatch, kIn)), ta(t.data(), batchShape(a, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }
@@ -141,7 +126,8 @@ Weights trainAccumulated(const Optimizer &opt, int accumulation) {
   s->prepareDevice();
   for (int step = 0; step < kSteps; ++step) {
     std::vector<float> x = globalBatch(step, micro, kIn, 1), t = globalBatch(step, micro, kOut, 2);
-    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kMicroBatch, kIn)),
+        ta(t.data(), batchShape(micro, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   }

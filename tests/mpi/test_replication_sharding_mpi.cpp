@@ -22,6 +22,8 @@
 #include <vector>
 
 using namespace popart;
+using popart::testing::batchShape;
+using popart::testing::microBatches;
 using popart::testing::randomValues;
 using popart::testing::weightsOf;
 using popart::testing::world;
@@ -68,21 +70,6 @@ std::vector<float> globalBatch(int step, int micro, int64_t width, uint32_t salt
   return v;
 }
 
-/// Micro-batches first, first + stride ... (count of them) of \p global.
-std::vector<float> microBatches(const std::vector<float> &global, int64_t width, int first, int stride, int count) {
-  std::vector<float> out;
-  for (int k = 0; k < count; ++k) {
-    auto begin = global.begin() + (first + k * stride) * kMicroBatch * width;
-    out.insert(out.end(), begin, begin + kMicroBatch * width);
-  }
-  return out;
-}
-
-Shape batchShape(int accumulation, int64_t width) {
-  if (accumulation == 1) return {kMicroBatch, width};
-  return {accumulation, kMicroBatch, width};
-}
-
 /// What a run ends with.
 struct Result {
   std::vector<std::vector<float>> weights;
@@ -122,10 +109,11 @@ Result train(const Optimizer &opt, const TrainingSetup &setup, bool replicated, 
   auto step = [&](int k) {
     std::vector<float> x = globalBatch(k, n * a, kIn, 1, setup), t = globalBatch(k, n * a, kOut, 2, setup);
     if (replicated) {
-      x = microBatches(x, kIn, r, n, a);
-      t = microBatches(t, kOut, r, n, a);
+      x = microBatches(x, kIn, r, n, a, kMicroBatch);
+      t = microBatches(t, kOut, r, n, a, kMicroBatch);
     }
-    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kMicroBatch, kIn)),
+        ta(t.data(), batchShape(micro, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s->run(io);
   };
@@ -392,10 +380,11 @@ void trainSteps(TrainingSession &s, int first, int last, const TrainingSetup &se
   for (int k = first; k < last; ++k) {
     std::vector<float> x = globalBatch(k, n * a, kIn, 1, setup), t = globalBatch(k, n * a, kOut, 2, setup);
     if (run != Run::OneProcess) {
-      x = microBatches(x, kIn, r, n, a);
-      t = microBatches(t, kOut, r, n, a);
+      x = microBatches(x, kIn, r, n, a, kMicroBatch);
+      t = microBatches(t, kOut, r, n, a, kMicroBatch);
     }
-    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kIn)), ta(t.data(), batchShape(micro, kOut));
+    NDArrayWrapper<float> xa(x.data(), batchShape(micro, kMicroBatch, kIn)),
+        ta(t.data(), batchShape(micro, kMicroBatch, kOut));
     StepIO io({{"x", xa}, {"target", ta}}, {});
     s.run(io);
   }
