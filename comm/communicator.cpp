@@ -64,6 +64,14 @@ void Communicator::broadcast(void *data, int64_t count, DataType type, int root)
 
 void Communicator::barrier() { barrierAsync().wait(); }
 
+void Communicator::send(const void *data, int64_t count, DataType type, int peer, int tag) {
+  sendAsync(data, count, type, peer, tag).wait();
+}
+
+void Communicator::recv(void *data, int64_t count, DataType type, int peer, int tag) {
+  recvAsync(data, count, type, peer, tag).wait();
+}
+
 void Communicator::checkReduction(const char *what, int64_t count, DataType type, ReduceOp op) const {
   if (count < 0) throw error("popart::comm: ", what, " of ", count, " elements on rank ", rank(), ": negative count");
   bool ok = false;
@@ -92,6 +100,25 @@ void Communicator::checkRoot(const char *what, int root) const {
                 size());
 }
 
+void Communicator::checkPointToPoint(const char *what, int64_t count, DataType type, int peer, int tag) const {
+  if (size() == 1)
+    throw error("popart::comm: ", what, " with tag ", tag, " to or from rank ", peer, " on rank ", rank(),
+                ": a group of one has no peer");
+  if (peer < 0 || peer >= size() || peer == rank())
+    throw error("popart::comm: ", what, " with tag ", tag, " on rank ", rank(), " of ", size(), ": peer ", peer,
+                peer == rank() ? " is this rank itself" : " is not a rank of this group");
+  if (tag < 0 || tag > kMaxTag)
+    throw error("popart::comm: ", what, " to or from rank ", peer, " on rank ", rank(), ": tag ", tag,
+                " is outside 0..", kMaxTag);
+  checkCopy(what, count, type);
+}
+
+void Communicator::checkSplit(int color) const {
+  if (color < 0)
+    throw error("popart::comm: split on rank ", rank(), " of ", size(), ": color ", color,
+                " is negative (every rank must pass a color >= 0 and gets a group)");
+}
+
 Request LocalCommunicator::allReduceAsync(void *, int64_t count, DataType type, ReduceOp op) {
   checkReduction("all-reduce", count, type, op);
   return {};
@@ -117,5 +144,20 @@ Request LocalCommunicator::broadcastAsync(void *, int64_t count, DataType type, 
 }
 
 Request LocalCommunicator::barrierAsync() { return {}; }
+
+Request LocalCommunicator::sendAsync(const void *, int64_t count, DataType type, int peer, int tag) {
+  checkPointToPoint("send", count, type, peer, tag);
+  return {};
+}
+
+Request LocalCommunicator::recvAsync(void *, int64_t count, DataType type, int peer, int tag) {
+  checkPointToPoint("receive", count, type, peer, tag);
+  return {};
+}
+
+std::shared_ptr<Communicator> LocalCommunicator::split(int color, int) {
+  checkSplit(color);
+  return std::make_shared<LocalCommunicator>();
+}
 
 } // namespace popart::comm

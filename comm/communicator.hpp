@@ -101,6 +101,26 @@ public:
   /// `barrierAsync`, waited for.
   void barrier();
 
+  /// Starts sending \p count elements of \p type at \p data to rank \p peer with \p tag (0 <= tag < 2^15). Messages
+  /// from one rank to another with the same tag arrive in the order they were sent. \p data must stay untouched until
+  /// the request completes. Point-to-point messages never match the collectives' own, so both may be in flight at once.
+  virtual Request sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) = 0;
+  /// Starts receiving \p count elements of \p type from rank \p peer with \p tag into \p data. A message of another
+  /// size is an error naming both sizes, the peer and the tag.
+  virtual Request recvAsync(void *data, int64_t count, DataType type, int peer, int tag) = 0;
+  /// `sendAsync`, waited for.
+  void send(const void *data, int64_t count, DataType type, int peer, int tag);
+  /// `recvAsync`, waited for.
+  void recv(void *data, int64_t count, DataType type, int peer, int tag);
+
+  /// Collective over this group: the ranks that pass the same \p color (>= 0) form a new group, ranked by \p key (ties
+  /// by rank here). Every rank gets its own group. The new group's traffic never matches this one's, and it stays
+  /// usable after this communicator is destroyed. Call it with no request of this group in flight.
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+  /// The largest tag a point-to-point message may carry (the MPI standard's guaranteed minimum).
+  static constexpr int kMaxTag = 32767;
+
 protected:
   /// Throws a `popart::error` naming \p what (the collective) if \p op cannot combine \p type, or if
   /// \p count is negative.
@@ -109,6 +129,11 @@ protected:
   void checkCopy(const char *what, int64_t count, DataType type) const;
   /// Throws if \p root is not a rank of the group.
   void checkRoot(const char *what, int root) const;
+  /// Throws a `popart::error` naming \p what ("send" or "receive"), this rank, \p peer and \p tag if \p peer is not
+  /// another rank of the group, \p tag is outside [0, kMaxTag], or the elements cannot be moved (see `checkCopy`).
+  void checkPointToPoint(const char *what, int64_t count, DataType type, int peer, int tag) const;
+  /// Throws if \p color is negative (every rank must get a group).
+  void checkSplit(int color) const;
 };
 
 /// The group of one: what a process that is not replicated uses. Every collective completes at
@@ -122,6 +147,12 @@ public:
   Request allGatherAsync(const void *send, void *recv, int64_t sendCount, DataType type) override;
   Request broadcastAsync(void *data, int64_t count, DataType type, int root) override;
   Request barrierAsync() override;
+  /// Throws: a group of one has no peer.
+  Request sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) override;
+  /// Throws: a group of one has no peer.
+  Request recvAsync(void *data, int64_t count, DataType type, int peer, int tag) override;
+  /// A new `LocalCommunicator`.
+  std::shared_ptr<Communicator> split(int color, int key) override;
 };
 
 } // namespace popart::comm

@@ -67,7 +67,11 @@ struct Scratch {
 };
 
 struct MpiCommunicator::State {
+  /// The collectives' communicator: every tag belongs to the ring operations.
   MPI_Comm comm = MPI_COMM_NULL;
+  /// A duplicate of `comm` for point-to-point messages, whose tags are the caller's: a send can
+  /// then never match a ring step's receive, whatever its tag.
+  MPI_Comm p2p = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   std::chrono::milliseconds timeout{0};
@@ -85,6 +89,8 @@ struct MpiCommunicator::State {
   std::vector<Scratch> pool;
   /// The operations started and not yet finished, so that waiting for one advances them all.
   std::vector<PendingOperation *> inFlight;
+  /// `inFlight` as it was when the running test() began (see `MpiOperation::test`).
+  std::vector<PendingOperation *> stepping;
 
   /// A buffer of at least \p bytes: the smallest pooled one that fits, else a new one.
   Scratch take(size_t bytes) {
@@ -116,7 +122,10 @@ struct MpiCommunicator::State {
     // After a failure, other ranks may still send messages of the abandoned operations. Freed,
     // the communicator's context id could be reused by a new communicator that would then match
     // them (Open MPI 4.1.4 crashed so in mca_pml_ob1_add_comm in our tests): so a failed communicator is kept.
-    if (!finalised && comm != MPI_COMM_NULL && failure.empty()) MPI_Comm_free(&comm);
+    if (!finalised && failure.empty()) {
+      if (p2p != MPI_COMM_NULL) MPI_Comm_free(&p2p);
+      if (comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+    }
   }
 
   std::string where() const { return "rank " + std::to_string(rank) + " of " + std::to_string(size); }
@@ -156,7 +165,10 @@ public:
   // advanced, two ranks waiting for two requests in different orders would each wait for a step
   // the other never posts.
   bool test() override {
-    auto others = state_->inFlight; // a copy: stepping an operation may finish it
+    // A copy, since stepping an operation may finish it; into a kept vector, so that polling
+    // allocates nothing. Stepping never calls test(), so nothing else uses the copy meanwhile.
+    auto &others = state_->stepping;
+    others.assign(state_->inFlight.begin(), state_->inFlight.end());
     for (PendingOperation *other : others) {
       if (other == this) continue;
       try {
@@ -184,6 +196,12 @@ public:
     return status_ == Status::Done;
   }
 
+  /// The operation, for error messages; built when needed, so that starting one formats nothing.
+  virtual std::string description() const { return description_; }
+
+  /// \returns true if this is a receive from \p peer with \p tag that has not matched a message yet.
+  virtual bool awaitsMessage(int /*peer*/, int /*tag*/) const { return false; }
+
   void wait() override {
     using Clock = std::chrono::steady_clock;
     using std::chrono::microseconds;
@@ -205,7 +223,7 @@ public:
     while (!test()) {
       auto now = Clock::now();
       if (state_->timeout.count() > 0 && now - start >= state_->timeout) {
-        fail("popart::comm: " + description_ + " on " + state_->where() + " timed out after " +
+        fail("popart::comm: " + description() + " on " + state_->where() + " timed out after " +
              std::to_string(state_->timeout.count()) + " ms waiting for " + waitingFor() +
              "; that rank may have died, hung or called a different collective");
       }
@@ -625,6 +643,106 @@ private:
   std::string participants_;
 };
 
+/// A send or a receive on the point-to-point communicator. A receive matches its message with
+/// MPI_Improbe before receiving it, so that a message of the wrong size is reported with both sizes
+/// (MPI_Irecv would report a longer one only as truncated) and drained rather than left to block
+/// its sender.
+class PointToPointOperation final : public MpiOperation {
+public:
+  enum class Kind { Send, Receive };
+
+  /// A send of \p send's elements or a receive into \p recv, as \p kind says (the other one null).
+  PointToPointOperation(std::shared_ptr<State> state, Kind kind, const void *send, void *recv, int64_t count,
+                        DataType type, int peer, int tag)
+      : MpiOperation(std::move(state), {}), kind_(kind), send_(send), recv_(recv), count_(count), type_(type),
+        peer_(peer), tag_(tag), bytes_(static_cast<size_t>(count) * dataTypeSize(type)) {}
+
+  void start() {
+    guarded([&] {
+      int bytes = toInt(bytes_, *state_, description());
+      if (kind_ == Kind::Receive) return; // matched in advance()
+      MPI_Request send = MPI_REQUEST_NULL;
+      state_->check(MPI_Isend(send_, bytes, MPI_BYTE, peer_, tag_, state_->p2p, &send), "MPI_Isend", description());
+      // Completed through MPI_Test in advance(), which clang's MPI checker does not follow.
+      // NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker)
+      request_ = send;
+    });
+  }
+
+  std::string description() const override {
+    std::string what = kind_ == Kind::Send ? "send to rank " : "receive from rank ";
+    return what + std::to_string(peer_) + " with tag " + std::to_string(tag_) + " of " + std::to_string(bytes_) +
+           " bytes (" + std::to_string(count_) + " " + popart::toString(type_) + ")";
+  }
+
+  bool awaitsMessage(int peer, int tag) const override {
+    return kind_ == Kind::Receive && !matched_ && peer == peer_ && tag == tag_;
+  }
+
+protected:
+  bool advance() override {
+    if (kind_ == Kind::Receive && !matched_ && !match()) return false;
+    int flag = 0;
+    state_->check(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE), "MPI_Test", description());
+    return flag != 0;
+  }
+
+  std::string waitingFor() const override {
+    if (kind_ == Kind::Send) return "rank " + std::to_string(peer_) + " to receive it";
+    return "rank " + std::to_string(peer_) + (matched_ ? " to finish sending it" : " to send it");
+  }
+
+  // A send cannot be cancelled (MPI deprecates it) and a matched receive no longer can be: both are
+  // freed, and MPI completes them on its own.
+  void abandon() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Request_free(&request_);
+  }
+
+private:
+  /// Matches the next message from the peer with the tag, unless an earlier receive of the same
+  /// pair still waits for one (MPI's order between them must hold); \returns true once matched.
+  bool match() {
+    for (PendingOperation *other : state_->inFlight) {
+      if (other == this) break;
+      if (static_cast<const MpiOperation *>(other)->awaitsMessage(peer_, tag_)) return false;
+    }
+    int flag = 0;
+    MPI_Message message = MPI_MESSAGE_NULL;
+    MPI_Status status;
+    state_->check(MPI_Improbe(peer_, tag_, state_->p2p, &flag, &message, &status), "MPI_Improbe", description());
+    if (flag == 0) return false;
+    int sent = 0;
+    state_->check(MPI_Get_count(&status, MPI_BYTE, &sent), "MPI_Get_count", description());
+    if (static_cast<size_t>(sent) != bytes_) {
+      // Received into a buffer kept with the abandoned ones, so that the sender completes.
+      Scratch drain = state_->take(static_cast<size_t>(sent));
+      MPI_Request drained = MPI_REQUEST_NULL;
+      if (MPI_Imrecv(drain.data.get(), sent, MPI_BYTE, &message, &drained) == MPI_SUCCESS) MPI_Request_free(&drained);
+      state_->abandoned.push_back(std::move(drain));
+      throw error("popart::comm: ", description(), " on ", state_->where(), ": rank ", peer_, " sent ", sent,
+                  " bytes with tag ", tag_, " where this rank expected ", bytes_,
+                  ": the ranks disagree on the count or type");
+    }
+    MPI_Request receive = MPI_REQUEST_NULL;
+    state_->check(MPI_Imrecv(recv_, sent, MPI_BYTE, &message, &receive), "MPI_Imrecv", description());
+    // NOLINTNEXTLINE(clang-analyzer-optin.mpi.MPI-Checker)
+    request_ = receive;
+    matched_ = true;
+    return true;
+  }
+
+  Kind kind_;
+  const void *send_;
+  void *recv_;
+  int64_t count_;
+  DataType type_;
+  int peer_;
+  int tag_;
+  size_t bytes_;
+  bool matched_ = false;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+};
+
 std::string describe(const char *what, uint64_t number, int64_t count, DataType type) {
   return std::string(what) + " #" + std::to_string(number) + " (" + std::to_string(count) + " " +
          popart::toString(type) + ")";
@@ -632,6 +750,15 @@ std::string describe(const char *what, uint64_t number, int64_t count, DataType 
 
 std::string describe(const char *what, uint64_t number, int64_t count, DataType type, ReduceOp op) {
   return describe(what, number, count, type) + " " + toString(op);
+}
+
+/// Completes \p state, whose `comm` has just been created: errors returned, rank, size, and the
+/// point-to-point duplicate.
+void finishState(State &state, const std::string &context) {
+  state.check(MPI_Comm_set_errhandler(state.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", context);
+  state.check(MPI_Comm_rank(state.comm, &state.rank), "MPI_Comm_rank", context);
+  state.check(MPI_Comm_size(state.comm, &state.size), "MPI_Comm_size", context);
+  state.check(MPI_Comm_dup(state.comm, &state.p2p), "MPI_Comm_dup", context + ", its point-to-point duplicate");
 }
 
 std::shared_ptr<State> makeState(MPI_Comm from, const MpiOptions &options) {
@@ -645,9 +772,7 @@ std::shared_ptr<State> makeState(MPI_Comm from, const MpiOptions &options) {
   int code = MPI_Comm_dup(from, &state->comm);
   if (code != MPI_SUCCESS)
     throw error("popart::comm: MPI_Comm_dup failed on world rank ", worldRank, ": ", mpiErrorText(code));
-  state->check(MPI_Comm_set_errhandler(state->comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", context);
-  state->check(MPI_Comm_rank(state->comm, &state->rank), "MPI_Comm_rank", context);
-  state->check(MPI_Comm_size(state->comm, &state->size), "MPI_Comm_size", context);
+  finishState(*state, context);
   return state;
 }
 
@@ -666,6 +791,8 @@ MpiCommunicator::MpiCommunicator(const void *mpiComm, const MpiOptions &options)
   if (mpiComm == nullptr) throw error("popart::comm: an MpiCommunicator needs a pointer to an MPI_Comm, not null");
   state_ = makeState(*static_cast<const MPI_Comm *>(mpiComm), options);
 }
+
+MpiCommunicator::MpiCommunicator(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 MpiCommunicator::~MpiCommunicator() = default;
 
@@ -725,6 +852,43 @@ Request MpiCommunicator::barrierAsync() {
       state_, description, "one of ranks 0-" + std::to_string(size() - 1) + " (MPI does not say which)");
   state_->check(MPI_Ibarrier(state_->comm, &operation->request), "MPI_Ibarrier", description);
   return Request(std::move(operation));
+}
+
+Request MpiCommunicator::sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) {
+  checkPointToPoint("send", count, type, peer, tag);
+  state_->refuseIfFailed("send");
+  auto operation = std::make_unique<PointToPointOperation>(state_, PointToPointOperation::Kind::Send, data, nullptr,
+                                                           count, type, peer, tag);
+  operation->start();
+  return Request(std::move(operation));
+}
+
+Request MpiCommunicator::recvAsync(void *data, int64_t count, DataType type, int peer, int tag) {
+  checkPointToPoint("receive", count, type, peer, tag);
+  state_->refuseIfFailed("receive");
+  auto operation = std::make_unique<PointToPointOperation>(state_, PointToPointOperation::Kind::Receive, nullptr, data,
+                                                           count, type, peer, tag);
+  operation->start();
+  return Request(std::move(operation));
+}
+
+std::shared_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  checkSplit(color);
+  state_->refuseIfFailed("split");
+  // MPI_Comm_split blocks without a timeout, and ring steps in flight would not be posted meanwhile.
+  if (!state_->inFlight.empty())
+    throw error("popart::comm: split on ", state_->where(), " with ", state_->inFlight.size(),
+                " operation(s) in flight; wait for them first");
+  std::string context = "split with color " + std::to_string(color) + " and key " + std::to_string(key);
+  // A barrier first, which has the timeout: a rank that never calls split then stops the others here
+  // instead of hanging them in MPI_Comm_split.
+  barrier();
+  auto child = std::make_shared<State>();
+  child->timeout = state_->timeout;
+  state_->check(MPI_Comm_split(state_->comm, color, key, &child->comm), "MPI_Comm_split", context);
+  finishState(*child, context);
+  // Not make_shared: the constructor from a state is private.
+  return std::shared_ptr<MpiCommunicator>(new MpiCommunicator(std::move(child)));
 }
 
 } // namespace popart::comm

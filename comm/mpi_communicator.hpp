@@ -18,7 +18,8 @@ struct MpiOptions {
 };
 
 /// Collectives over MPI point-to-point messages on a private duplicate of a communicator, so that
-/// they never match the caller's own messages. MPI is initialised on first use if the caller has
+/// they never match the caller's own messages; `sendAsync`/`recvAsync` use a second duplicate, so
+/// that they never match the collectives'. MPI is initialised on first use if the caller has
 /// not done it (and finalised at exit); errors come back as `popart::error` naming the MPI call
 /// and the rank, never as an abort. After a failure (an MPI error or a timeout) the communicator
 /// refuses further collectives: the ranks no longer agree on what has been exchanged.
@@ -42,11 +43,19 @@ public:
   Request allGatherAsync(const void *send, void *recv, int64_t sendCount, DataType type) override;
   Request broadcastAsync(void *data, int64_t count, DataType type, int root) override;
   Request barrierAsync() override;
+  Request sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) override;
+  Request recvAsync(void *data, int64_t count, DataType type, int peer, int tag) override;
+  /// MPI_Comm_split of this group, after a barrier that bounds the wait by the timeout; the new
+  /// group has this one's options and owns its own MPI communicators.
+  std::shared_ptr<Communicator> split(int color, int key) override;
 
   /// The state shared by the communicator and its operations in flight.
   struct State;
 
 private:
+  /// The group of \p state, which is complete (see `split`).
+  explicit MpiCommunicator(std::shared_ptr<State> state);
+
   std::shared_ptr<State> state_;
 };
 
