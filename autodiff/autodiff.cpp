@@ -1,5 +1,6 @@
 #include "autodiff/autodiff.hpp"
 #include "autodiff/grad_rules.hpp"
+#include "ir/annotations.hpp"
 #include "ir/passes/passes.hpp"
 #include <popart/error.hpp>
 
@@ -106,6 +107,19 @@ std::string ruleCoverage(const GradRuleRegistry &registry, const std::string &do
   return s;
 }
 
+namespace {
+/// Gives the ops of \p graph from id \p firstNew on (those a gradient rule of \p forward just
+/// made) \p forward's virtual graph and pipeline stage: a gradient runs where its op does.
+void copyPlacement(ir::Graph &graph, const ir::Op &forward, int64_t firstNew) {
+  for (const char *name : {ir::kVirtualGraphAttribute, ir::kPipelineStageAttribute}) {
+    if (!forward.attrs.has(name)) continue;
+    const int64_t value = forward.attrs.getInt(name);
+    for (auto it = graph.ops().rbegin(); it != graph.ops().rend() && (*it)->id >= firstNew; ++it)
+      (*it)->attrs.set(name, value);
+  }
+}
+} // namespace
+
 std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const std::vector<TensorId> &xs,
                                      bool zeroForUnreached) {
   registerBuiltinRules();
@@ -160,7 +174,9 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     std::vector<TensorId> outGrads;
     bool any = false;
     for (ir::Tensor *t : op.outputs) {
+      const int64_t firstNew = graph.nextOpId();
       outGrads.push_back(t ? total(t->id()) : "");
+      copyPlacement(graph, op, firstNew); // the sum of its output's partials runs where its gradient does
       any = any || !outGrads.back().empty();
     }
     if (!any) continue;
@@ -171,8 +187,10 @@ std::vector<TensorId> buildGradients(ir::Graph &graph, const TensorId &y, const 
     const GradRule *rule = GradRuleRegistry::instance().find(op.domain, op.type, op.version);
     if (!rule)
       throw error(op.debugName(), ": no gradient rule for ", op.domain, " ", op.type, " at opset ", op.version);
+    const int64_t firstNew = graph.nextOpId();
     GradContext ctx(graph, op, outGrads);
     (*rule)(ctx);
+    copyPlacement(graph, op, firstNew);
     for (size_t i = 0; i < op.inputCount(); ++i)
       if (op.hasInput(i) && !ctx.inGrads()[i].empty() && differentiable(op.input(i)))
         partials[op.input(i).id()].push_back(ctx.inGrads()[i]);

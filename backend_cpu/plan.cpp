@@ -274,6 +274,11 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
   }
   for (const auto &[out, in] : shared)
     if (!views.count(out)) inPlace_.push_back(out);
+  roots_ = shared;
+  for (const auto &[id, offset] : memoryPlan_.offsets) {
+    auto padded = layoutBytes.find(id);
+    storedBytes_[id] = padded != layoutBytes.end() ? padded->second : graph.tensor(id).info().byteCount();
+  }
   for (size_t s = 0; s < steps_.size(); ++s) {
     Step &step = steps_[s];
     int64_t offset = memoryPlan_.scratchOffsets[s];
@@ -410,6 +415,14 @@ void *ExecutionPlan::address(const TensorId &id) const {
   auto it = addresses_.find(id);
   if (it == addresses_.end()) throw error("tensor '", id, "' has no buffer in the execution plan");
   return it->second;
+}
+
+std::pair<void *, int64_t> ExecutionPlan::arenaStorage(const TensorId &id) const {
+  auto root = roots_.find(id);
+  const TensorId &r = root == roots_.end() ? id : root->second;
+  auto bytes = storedBytes_.find(r);
+  if (bytes == storedBytes_.end()) return {nullptr, 0};
+  return {arena_.get() + memoryPlan_.offsets.at(r), bytes->second};
 }
 
 const TensorInfo &ExecutionPlan::info(const TensorId &id) const {

@@ -96,6 +96,10 @@ public:
   /// optional, its SequenceData, which the plan owns.
   void *address(const TensorId &id) const;
   const TensorInfo &info(const TensorId &id) const;
+  /// The bytes that hold tensor \p id's value in the arena: those of the tensor it shares storage
+  /// with (a view's or an in-place output's root), padded layouts included. {null, 0} for
+  /// tensors outside the arena. What a pipeline stage saves of a micro-batch's activations.
+  std::pair<void *, int64_t> arenaStorage(const TensorId &id) const;
   /// The value of a Const or Variable tensor (STRING outputs are only ever constants); null otherwise.
   const TensorData *constData(const TensorId &id) const;
   /// Runs every kernel once; allocates nothing.
@@ -184,6 +188,8 @@ private:
   int64_t constBytes_ = 0, variableBytes_ = 0, kernelBytes_ = 0;
   std::vector<TensorId> agreedLayouts_, inPlace_;
   std::map<TensorId, void *> addresses_;
+  std::map<TensorId, TensorId> roots_;      ///< arena tensors sharing another's bytes, to that root
+  std::map<TensorId, int64_t> storedBytes_; ///< bytes of the arena roots
   std::map<TensorId, TensorInfo> infos_;
   std::vector<std::shared_ptr<TensorData>> keepAlive_;
   std::vector<std::unique_ptr<SequenceData>> sequences_; ///< values of sequence and optional tensors

@@ -42,6 +42,9 @@ public:
   /// before keeps no producer.
   void setOpOutput(Op &op, size_t index, Tensor *tensor);
   const std::vector<std::unique_ptr<Op>> &ops() const { return ops_; }
+  /// The id the next added op gets: ops added from now on have ids at least this (and sit at the
+  /// end of ops()).
+  int64_t nextOpId() const { return nextOpId_; }
   const std::map<TensorId, std::unique_ptr<Tensor>> &tensors() const { return tensors_; }
 
   const std::vector<TensorId> &inputs() const { return inputs_; }

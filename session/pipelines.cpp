@@ -50,8 +50,10 @@ const std::vector<std::string> &trainingPipeline() {
       "updateBatchNormStatistics",
       "findWeights",
       "scaleLoss",
+      "assignPipelineStages", // pipelining: the forward ops' stages, which autodiff gives their gradients
       "buildGradients",
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
+      "splitPipelineStages",    // pipelining: this process's stage alone, before its weights get updates
       "holdShardedGradients",   // sharded weights' gradients are reduce-scattered by applyOptimizer instead
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
       "restoreShardedGradients",
@@ -74,7 +76,8 @@ const std::vector<std::string> &trainingPipeline() {
       "foldLossCasts",         // after the loss joins its gradient, so that its Cast goes too
       "fuseLossGradClassSums", // after foldLossCasts: the class sums in the logits' type
       "saveRecurrentState",
-      "recomputeCasts", // last: it splits readers by their distance in the final schedule
+      "recomputeCasts",      // it splits readers by their distance in the final schedule
+      "markPipelineForward", // last: the forward ops as the other passes left them
   };
   return pipeline;
 }

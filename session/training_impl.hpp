@@ -9,6 +9,7 @@
 #include "ir/passes/pass_manager.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "optimizer/apply.hpp"
+#include "session/pipeline_run.hpp"
 #include "session/session_common.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,10 @@ struct TrainingSession::Impl {
   std::unique_ptr<ir::Graph> graph;
   backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+  /// With enablePipelining: the job's process groups, and this stage's side of a step (made with
+  /// the plan, whose buffers it reads and writes).
+  std::optional<session::PipelineGroups> pipelineGroups;
+  std::unique_ptr<session::PipelineRun> pipeline;
   optimizer::AppliedOptimizer applied;
   std::vector<TensorId> weightIds;          ///< trained weights, model order
   std::vector<WeightStatus> weightStatuses; ///< every float initializer, model order
@@ -128,6 +134,9 @@ struct TrainingSession::Impl {
   /// Sets lossId, if not given, to \p g's only scalar output.
   void findLoss(const ir::Graph &g);
   void compile();
+  /// run() of a pipelined session: \p accum micro-batches of each of \p bps batches flow through
+  /// the stages in one-forward-one-backward order.
+  void runPipelined(StepIO &stepio, int bps, int accum);
   void writeHostScalars();
   void resolveHyperParameters() {
     resolvedHp.clear();

@@ -6,6 +6,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "comm/mpi_communicator.hpp"
 #include "core/log.hpp"
+#include "ir/passes/pipeline_stages.hpp"
 #include "optimizer/passes.hpp"
 #include "optimizer/replication.hpp"
 #include "session/pipelines.hpp"
@@ -106,6 +107,10 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   replication.value(o.accumulationAndReplicationReductionType);
   replication.value(o.replicatedBatchNormStatistics);
   replication.value(o.replicationBucketBytes); // the buckets decide the ranks' collectives
+  replication.value(o.enablePipelining);
+  replication.value(o.virtualGraphMode);
+  for (const std::string &t : o.pipelineSplit)
+    replication.text(t);
 
   AgreementHash accumulation;
   accumulation.value(o.enableGradientAccumulation);
@@ -171,8 +176,8 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   compilation.text(o.matmulTuning); // Auto's ways are agreed after compiling (agreeOnTunedWays)
 
   return {{"the model (graph or initial weights) or loss", graph.get()},
-          {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
-           "replicatedBatchNormStatistics, replicationBucketBytes)",
+          {"replication or pipelining options (replicatedGraphCount, accumulationAndReplicationReductionType, "
+           "replicatedBatchNormStatistics, replicationBucketBytes, enablePipelining, virtualGraphMode, pipelineSplit)",
            replication.get()},
           {"gradient accumulation (enableGradientAccumulation, accumulationFactor)", accumulation.get()},
           {"the optimiser (type, hyperparameters, loss scaling or clipping)", opt.get()},
@@ -284,6 +289,8 @@ void TrainingSession::Impl::compile() {
   if (options.kernels != "reference")
     context.recurrentSavedBytes = [](const ir::Op &op) { return backend_cpu::recurrentSavedBytes(op); };
   context.state<ir::PrecisionPolicy>() = precision;
+  pipeline.reset();
+  if (pipelineGroups) context.state<ir::PipelineSettings>() = session::pipelineSettings(*pipelineGroups, options);
   passRecords =
       ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 
@@ -314,6 +321,11 @@ void TrainingSession::Impl::compile() {
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
+  if (pipelineGroups) {
+    const int stages = pipelineGroups->stageCount, stage = pipelineGroups->stage;
+    pipeline = std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan,
+                                                      stage == stages - 1 ? 0 : stages - stage);
+  }
   graph = std::move(g);
   initialValues.clear();
   for (const auto &id : persistentIds()) {
@@ -354,8 +366,11 @@ void TrainingSession::Impl::resetState() {
 }
 
 void TrainingSession::Impl::writeHostScalars() {
-  *variable(lossScaleId).as<float>() = lossScale;
-  *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulationDivisor()));
+  // A pipeline stage holds the loss scale only where the loss is, and the gradient scale only if
+  // it has weights to update.
+  if (graph->hasTensor(lossScaleId)) *variable(lossScaleId).as<float>() = lossScale;
+  if (graph->hasTensor(applied.gradScale))
+    *variable(applied.gradScale).as<float>() = 1.0f / (lossScale * static_cast<float>(accumulationDivisor()));
   for (size_t i = 0; i < applied.updates.size(); ++i)
     optimizer::writeHyperParameters(*optimizer, resolvedHp[i], step + 1,
                                     variable(applied.updates[i].hyperParameters).as<float>());
@@ -410,7 +425,22 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
   session::checkPassOptions("training", session::trainingPipeline(), options);
   setThreadCount(options.numThreads);
   m.kernelContext = session::kernelContext(options);
-  m.kernelContext.communicator = session::replicationCommunicator(options);
+  if (options.enablePipelining) {
+    if (!options.enableGradientAccumulation)
+      throw error("pipelined training needs gradient accumulation (SessionOptions.enableGradientAccumulation and "
+                  "accumulationFactor): its micro-batches are what flows through the stages");
+    if (als.enabled)
+      throw error("pipelined training does not take dynamic loss scaling yet (automaticLossScalingSettings): "
+                  "use a static lossScaling");
+    if (!m.optimizer->clipNormSettings().empty())
+      throw error("pipelined training does not take gradient clipping yet: its norm spans every stage's weights");
+    m.pipelineGroups = session::pipelineGroups(options);
+    m.kernelContext.communicator = m.pipelineGroups->replicas;
+  } else {
+    if (options.virtualGraphMode != VirtualGraphMode::Off || !options.pipelineSplit.empty())
+      logging::logger().warn("virtualGraphMode and pipelineSplit take effect with enablePipelining only");
+    m.kernelContext.communicator = session::replicationCommunicator(options);
+  }
   session::precisionPolicy(options, true); // a bad mode is an error now, not at prepareDevice
   m.declared = m.import();
   m.inputIds = m.declared->inputs();
@@ -426,13 +456,13 @@ std::unique_ptr<TrainingSession> TrainingSession::createFromOnnxModel(const std:
                 static_cast<int>(options.replicatedBatchNormStatistics));
   // Every check above throws alike on every rank given the same arguments; this one finds the
   // ranks that were given others, before they part ways in the collectives of training.
-  if (m.kernelContext.communicator) {
+  comm::Communicator *job = m.pipelineGroups ? m.pipelineGroups->world.get() : m.kernelContext.communicator.get();
+  if (job) {
     const auto start = std::chrono::steady_clock::now();
-    checkReplicasAgree(*m.kernelContext.communicator,
-                       agreementGroups(m.model, *m.declared, options, *m.optimizer, inputShapes, loss));
+    checkReplicasAgree(*job, agreementGroups(m.model, *m.declared, options, *m.optimizer, inputShapes, loss));
     logging::logger().debug(
-        "the {} replicas agree on the model ({} bytes) and options: checked in {:.1f} ms",
-        m.kernelContext.communicator->size(), m.model.bytes.size(),
+        "the {} processes agree on the model ({} bytes) and options: checked in {:.1f} ms", job->size(),
+        m.model.bytes.size(),
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   }
   return s;
@@ -496,11 +526,16 @@ void TrainingSession::run(StepIO &stepio) {
   }
   for (const auto &[id, arr] : stepio.outputs()) {
     if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
+    if (m.pipeline && !m.graph->hasTensor(id)) continue; // another stage's, which sends it (shareAnchors)
     const TensorInfo info = m.streams.hostInfo(id, m.plan->info(id));
     Shape expected = session::anchorShape(m.dataFlow.art(id), info, prefix, micro);
     if (arr.dataType() != info.dataType() || arr.shape() != expected)
       throw error("output buffer for anchor '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
                   ", expected ", toString(info.dataType()), " ", toString(expected));
+  }
+  if (m.pipeline) {
+    m.runPipelined(stepio, bps, accum);
+    return;
   }
   auto [p0b, p0e] = m.plan->phaseSteps(optimizer::MicroBatch);
   auto [p1b, p1e] = m.plan->phaseSteps(optimizer::PreUpdate);
@@ -538,6 +573,71 @@ void TrainingSession::run(StepIO &stepio) {
     m.plan->run(p3b, p3e);
     m.updateLossScale(finite);
   }
+}
+
+void TrainingSession::Impl::runPipelined(StepIO &stepio, int bps, int accum) {
+  const auto [fb, fe] = plan->phaseSteps(ir::kPipelineForwardPhase);
+  const auto [bb, be] = plan->phaseSteps(optimizer::MicroBatch);
+  const auto [p1b, p1e] = plan->phaseSteps(optimizer::PreUpdate);
+  const auto [p2b, p2e] = plan->phaseSteps(optimizer::Update);
+  const auto [p3b, p3e] = plan->phaseSteps(optimizer::PostUpdate);
+  const session::PipelineGroups &groups = pipeline->groups();
+  int64_t *rng = graph->hasTensor(rngStateId) ? variable(rngStateId).as<int64_t>() : nullptr;
+  const auto seedOfReplica = static_cast<int64_t>(session::replicaSeed(seed, groups.replica));
+  const int micro = bps * accum;
+  // Anchors this stage produces, by the phase that writes them (inputs: the forward's).
+  std::vector<std::pair<TensorId, IArray *>> anchors[2]; // [forward]
+  for (const auto &[id, arr] : stepio.outputs()) {
+    auto owner = pipeline->stages().producerStage.find(id);
+    if (owner != pipeline->stages().producerStage.end() && owner->second != groups.stage) continue;
+    if (!graph->hasTensor(id)) continue;
+    const ir::Op *producer = graph->tensor(id).producer();
+    anchors[!producer || producer->phase == ir::kPipelineForwardPhase ? 1 : 0].emplace_back(id, &arr);
+  }
+  auto writeAnchors = [&](bool forward, int k) {
+    for (const auto &[id, arr] : anchors[forward ? 1 : 0])
+      session::writeAnchor(dataFlow.art(id), streams.hostInfo(id, plan->info(id)), plan->info(id).dataType(),
+                           plan->address(id), *arr, k, micro);
+  };
+  const std::vector<std::pair<bool, int>> order =
+      session::PipelineRun::trainingOrder(groups.stageCount, groups.stage, accum);
+  for (int b = 0; b < bps; ++b) {
+    writeHostScalars();
+    const int64_t counter = rngCounter;
+    rngCounter += accum;
+    for (const auto &[forward, i] : order) {
+      const int k = b * accum + i;
+      if (forward) {
+        for (const auto &id : inputIds) {
+          IArray &arr = stepio.inputs().at(id);
+          const TensorInfo &device = plan->info(id);
+          int64_t bytes = streams.hostInfo(id, device).byteCount();
+          if (bytes > 0) streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + k * bytes, plan->address(id));
+        }
+        pipeline->receive(true);
+      } else {
+        pipeline->restore(i);
+        pipeline->receive(false);
+      }
+      if (rng) {
+        rng[0] = seedOfReplica;
+        rng[1] = counter + i;
+      }
+      if (forward)
+        plan->run(fb, fe);
+      else
+        plan->run(bb, be);
+      writeAnchors(forward, k);
+      if (forward) pipeline->stash(i);
+      pipeline->send(forward);
+    }
+    plan->run(p1b, p1e);
+    plan->run(p2b, p2e);
+    ++step;
+    plan->run(p3b, p3e);
+  }
+  pipeline->finishSends();
+  pipeline->shareAnchors(stepio.outputs());
 }
 
 void TrainingSession::Impl::updateLossScale(bool finite) {
@@ -610,6 +710,7 @@ TensorInfo TrainingSession::getInfo(const TensorId &id) const {
 int64_t TrainingSession::getStepCount() const { return impl_->step; }
 float TrainingSession::getLossScale() const { return impl_->lossScale; }
 int TrainingSession::getReplicationIndex() const {
+  if (impl_->pipelineGroups) return impl_->pipelineGroups->replica;
   const auto &communicator = impl_->kernelContext.communicator;
   return communicator ? communicator->rank() : 0;
 }

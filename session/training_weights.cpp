@@ -104,6 +104,8 @@ DataType forwardType(const ir::Tensor &t) {
 
 void TrainingSession::modelToHost(const std::string &path, const std::string &precision) const {
   const Impl &m = *impl_;
+  if (m.pipelineGroups)
+    throw error("modelToHost: pipelined sessions hold each stage's weights in its own process; not supported yet");
   if (precision != "training" && precision != "fp32")
     throw error("modelToHost: precision is '", precision, "'; expected training or fp32");
   const bool training = precision == "training";

@@ -74,6 +74,15 @@ struct TensorLocationSettings {
   int64_t minElementsForReplicatedTensorSharding = 8192;
 };
 
+/// How ops are placed on virtual graphs (PopART's VirtualGraphMode); with enablePipelining, each
+/// virtual graph is a pipeline stage run by its own process (docs/distributed.md, "Pipelining").
+enum class VirtualGraphMode {
+  Off,    ///< one graph (the default)
+  Manual, ///< the model's annotations: __pipeline_stage, else __ipu_number (Builder::pipelineStage)
+  Auto    ///< the session cuts the forward schedule: at SessionOptions::pipelineSplit, else into
+          ///< balanced stages by the ops' FLOP and memory estimates
+};
+
 struct SessionOptions {
   /// Threads for oneDNN and the reference kernels; 0 uses every core.
   int numThreads = 0;
@@ -142,6 +151,15 @@ struct SessionOptions {
   /// statistics and large reductions stay fp32; graph inputs and outputs keep their types for
   /// the user (the session converts those the device keeps in 16 bits as it copies them).
   std::string precision = "fp32";
+  /// Pipelined model parallelism (docs/distributed.md, "Pipelining"): the model's ops are cut
+  /// into stages (virtualGraphMode), one process (MPI rank) per stage and replica, activations and
+  /// their gradients sent between the stages' processes. Training needs gradient accumulation,
+  /// whose micro-batches flow through the stages in a one-forward-one-backward schedule.
+  bool enablePipelining = false;
+  VirtualGraphMode virtualGraphMode = VirtualGraphMode::Off;
+  /// With virtualGraphMode Auto: tensors (in forward order) after which a new stage starts; an
+  /// op belongs to stage k if it depends on k of them. Empty: balanced stages.
+  std::vector<std::string> pipelineSplit;
   /// Training: data-parallel replication (docs/distributed.md, "Replicated training"): this
   /// process is one of replicatedGraphCount replicas, each running the whole model on its own
   /// micro-batches, whose weight gradients are all-reduced before clipping and the optimiser.
