@@ -52,9 +52,7 @@ const std::vector<std::string> &trainingPipeline() {
       "scaleLoss",
       "buildGradients",
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
-      "holdShardedGradients",   // sharded weights' gradients are reduce-scattered by applyOptimizer instead
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
-      "restoreShardedGradients",
       "applyOptimizer",
       "allReduceAccumulatedGradients", // with accumulation: once per update, not per micro-batch
       "agreeAllFinite",
