@@ -1,7 +1,6 @@
 // applyOptimizer as a pass: the update ops of every weight buildGradients found a gradient for.
 
 #include "optimizer/passes.hpp"
-#include "optimizer/sharding.hpp"
 #include <popart/error.hpp>
 
 #include <mutex>
@@ -11,7 +10,6 @@ namespace popart::optimizer {
 void registerOptimizerPasses() {
   static std::once_flag once;
   std::call_once(once, [] {
-    registerShardingPasses();
     ir::PassRegistry::instance().add({
         .name = "applyOptimizer",
         .purpose = "per trained weight its state Variables and in-place update op; accumulation, clipping and the "

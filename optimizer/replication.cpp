@@ -1,11 +1,13 @@
 #include "optimizer/replication.hpp"
 #include "optimizer/apply.hpp"
 #include "optimizer/passes.hpp"
+#include "optimizer/sharding.hpp"
 #include <popart/error.hpp>
 
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,15 +46,16 @@ std::vector<size_t> productionOrder(const ir::Graph &g, const std::vector<std::p
   return order;
 }
 
-/// Groups \p weightGrads in production order into buckets of one type, each closed once it holds
-/// \p bucketBytes (a gradient of half that or more alone), and adds per bucket an AllReduceStart in the backward's
-/// phase (scheduled once its last gradient exists) and an AllReduceWait in PreUpdate (after the whole backward), whose
-/// outputs replace the gradients. \returns the number of buckets.
-int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightGrads, const char *reduction,
-               int64_t bucketBytes) {
+/// Groups \p weightGrads (but the gradients of the weights in \p skip) in production order into buckets of one type,
+/// each closed once it holds \p bucketBytes (a gradient of half that or more alone), and adds per bucket an
+/// AllReduceStart in the backward's phase (scheduled once its last gradient exists) and an AllReduceWait in PreUpdate
+/// (after the whole backward), whose outputs replace the gradients. \returns the number of buckets.
+int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightGrads, const std::set<TensorId> &skip,
+               const char *reduction, int64_t bucketBytes) {
   std::vector<std::vector<size_t>> buckets;
   int64_t bytes = 0;
   for (size_t i : productionOrder(g, weightGrads)) {
+    if (skip.count(weightGrads[i].first)) continue;
     const TensorInfo &info = g.tensor(weightGrads[i].second).info();
     if (!buckets.empty() && bytes > 0 &&
         g.tensor(weightGrads[buckets.back().front()].second).info().dataType() != info.dataType())
@@ -102,15 +105,18 @@ int addBuckets(ir::Graph &g, std::vector<std::pair<TensorId, TensorId>> &weightG
 /// Replaces each weight gradient by its all-reduce, so that clipping, the finite check and the
 /// update all read the replicas' combined gradient: in buckets that overlap the rest of the
 /// backward, or (bucketBytes 0) one blocking all-reduce per gradient in the phase of its
-/// producer. With accumulation it leaves the gradients to allReduceAccumulatedGradients.
+/// producer. With accumulation it leaves the gradients to allReduceAccumulatedGradients; the
+/// sharded weights' gradients it leaves to applyOptimizer, which reduce-scatters them.
 int allReduceGradients(ir::Graph &g, ir::PassContext &c) {
   const ReplicationPassOptions &options = c.state<ReplicationPassOptions>();
   if (!options.enabled || c.state<OptimizerPassState>().options.accumulationFactor > 1) return 0;
   auto &weightGrads = c.state<ir::TrainingTensors>().weightGrads;
   const char *reduction = options.mean ? "Mean" : "Sum";
-  if (options.bucketBytes > 0) return addBuckets(g, weightGrads, reduction, options.bucketBytes);
+  const std::set<TensorId> &sharded = shardedWeights(g, c);
+  if (options.bucketBytes > 0) return addBuckets(g, weightGrads, sharded, reduction, options.bucketBytes);
   int added = 0;
   for (auto &[weight, grad] : weightGrads) {
+    if (sharded.count(weight)) continue;
     const ir::Op *producer = g.tensor(grad).producer();
     grad = addAllReduce(g, grad, reduction, producer ? producer->phase : MicroBatch);
     ++added;
@@ -125,10 +131,11 @@ int allReduceAccumulatedGradients(ir::Graph &g, ir::PassContext &c) {
   const ReplicationPassOptions &options = c.state<ReplicationPassOptions>();
   const OptimizerPassState &state = c.state<OptimizerPassState>();
   if (!options.enabled || state.options.accumulationFactor <= 1) return 0;
+  const std::set<TensorId> &sharded = shardedWeights(g, c);
   int added = 0;
   for (const WeightUpdate &u : state.applied.updates) {
     // A sharded weight's accumulated gradient is reduce-scattered by the optimiser instead.
-    if (u.accumulator.empty() || !u.shard.empty()) continue;
+    if (u.accumulator.empty() || sharded.count(u.weight)) continue;
     const ir::Op *accumulate = nullptr;
     for (const ir::Op *op : g.tensor(u.accumulator).consumers())
       if (op->type == "Accumulate") accumulate = op;

@@ -2,10 +2,6 @@
 #include "optimizer/passes.hpp"
 #include <popart/error.hpp>
 
-#include <algorithm>
-#include <map>
-#include <mutex>
-
 namespace popart::optimizer {
 
 namespace {
@@ -39,13 +35,6 @@ TensorId padWithZeros(ir::Graph &g, int phase, const TensorId &x, int64_t count,
   axis.set("axis", int64_t{0});
   return addOp(g, phase, "ai.onnx", "Concat", {x, zeros}, hint, std::move(axis));
 }
-
-/// What the hold and restore passes share.
-struct HeldGradients {
-  /// TrainingTensors::weightGrads as buildGradients (and keepWeightGradientsLow) left them.
-  std::vector<std::pair<TensorId, TensorId>> all;
-  bool holding = false;
-};
 
 } // namespace
 
@@ -103,58 +92,26 @@ TensorId allReduceSum(ir::Graph &g, const TensorId &x, int phase) {
   return addOp(g, phase, "ai.graphcore", "AllReduce", {x}, x + "_allreduced", std::move(attrs));
 }
 
-void registerShardingPasses() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    ir::PassRegistry::instance().add({
-        .name = "holdShardedGradients",
-        .purpose = "sharded optimiser state: the sharded weights' gradients taken out of the all-reduce (they are "
-                   "reduce-scattered by applyOptimizer)",
-        .needs = ir::GradientsBuilt,
-        .before = ir::OptimizerApplied,
-        .run =
-            [](ir::Graph &g, ir::PassContext &c) {
-              const ShardingOptions &options = c.state<OptimizerPassState>().options.sharding;
-              if (!options.enabled()) return 0;
-              auto &weightGrads = c.state<ir::TrainingTensors>().weightGrads;
-              HeldGradients &held = c.state<HeldGradients>();
-              held.all = weightGrads;
-              held.holding = true;
-              int count = 0;
-              weightGrads.clear();
-              for (const auto &wg : held.all)
-                if (options.shards(g.tensor(wg.first).info().elementCount()))
-                  ++count;
-                else
-                  weightGrads.push_back(wg);
-              return count;
-            },
-    });
-    ir::PassRegistry::instance().add({
-        .name = "restoreShardedGradients",
-        .purpose = "sharded optimiser state: the held gradients back among the weight gradients, in their order",
-        .needs = ir::GradientsBuilt,
-        .before = ir::OptimizerApplied,
-        .run =
-            [](ir::Graph &, ir::PassContext &c) {
-              HeldGradients &held = c.state<HeldGradients>();
-              if (!held.holding) return 0;
-              auto &weightGrads = c.state<ir::TrainingTensors>().weightGrads;
-              std::map<TensorId, TensorId> reduced(weightGrads.begin(), weightGrads.end());
-              weightGrads = held.all;
-              int count = 0;
-              for (auto &[weight, grad] : weightGrads) {
-                auto it = reduced.find(weight);
-                if (it != reduced.end())
-                  grad = it->second;
-                else
-                  ++count;
-              }
-              held = {};
-              return count;
-            },
-    });
-  });
+namespace {
+
+/// The pass state of shardedWeights.
+struct ShardedWeights {
+  bool decided = false;
+  std::set<TensorId> weights;
+};
+
+} // namespace
+
+const std::set<TensorId> &shardedWeights(const ir::Graph &g, ir::PassContext &c) {
+  ShardedWeights &sharded = c.state<ShardedWeights>();
+  if (!sharded.decided) {
+    // By the test applyOptimizer makes, so that every weight it shards is left out of the all-reduce.
+    const ShardingOptions &options = c.state<OptimizerPassState>().options.sharding;
+    for (const auto &[weight, grad] : c.state<ir::TrainingTensors>().weightGrads)
+      if (options.shards(g.tensor(weight).info().elementCount())) sharded.weights.insert(weight);
+    sharded.decided = true;
+  }
+  return sharded.weights;
 }
 
 } // namespace popart::optimizer

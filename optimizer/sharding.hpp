@@ -3,8 +3,8 @@
 // stage 1; docs/distributed.md, "Sharded optimiser state"): each sharded weight's gradient is
 // reduce-scattered over the replicas, each replica updates its 1/N shard of the weight with its
 // 1/N shard of the optimiser state, and the updated shards are all-gathered back into the whole
-// weight on every rank. applyOptimizer builds the sharded updates with these helpers; the passes
-// registered here keep the sharded weights' gradients away from allReduceGradients.
+// weight on every rank. applyOptimizer builds the sharded updates with these helpers; the
+// replication passes read shardedWeights to keep those gradients out of their all-reduces.
 
 #include "ir/graph.hpp"
 #include "ir/passes/pass_manager.hpp"
@@ -63,10 +63,10 @@ void gatherWeight(ir::Graph &g, const TensorId &weight, const TensorId &updatedS
 /// squares of clipping and LAMB from the replicas' partial ones.
 TensorId allReduceSum(ir::Graph &g, const TensorId &x, int phase);
 
-/// Registers holdShardedGradients (before allReduceGradients: takes the sharded weights out of
-/// TrainingTensors::weightGrads) and restoreShardedGradients (after it: puts them back, in their
-/// order), so that their gradients are reduce-scattered instead of all-reduced; safe to call more
-/// than once.
-void registerShardingPasses();
+/// The weights whose optimiser state is sharded (ShardingOptions::shards of their element counts
+/// under OptimizerPassState's options), decided once per pipeline from TrainingTensors::weightGrads
+/// and kept in \p c: the replication passes leave their gradients to applyOptimizer, which
+/// reduce-scatters them. \returns an empty set without sharding.
+const std::set<TensorId> &shardedWeights(const ir::Graph &g, ir::PassContext &c);
 
 } // namespace popart::optimizer

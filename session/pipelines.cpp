@@ -54,9 +54,7 @@ const std::vector<std::string> &trainingPipeline() {
       "buildGradients",
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
       "splitPipelineStages",    // pipelining: this process's stage alone, before its weights get updates
-      "holdShardedGradients",   // sharded weights' gradients are reduce-scattered by applyOptimizer instead
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size
-      "restoreShardedGradients",
       "applyOptimizer",
       "allReduceAccumulatedGradients", // with accumulation: once per update, not per micro-batch
       "agreeAllFinite",

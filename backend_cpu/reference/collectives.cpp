@@ -162,21 +162,6 @@ private:
   int64_t count_;
 };
 
-} // namespace
-
-void registerAllGatherIntoKernel(KernelRegistry &r);
-
-void registerReferenceCollectiveKernels(KernelRegistry &r) {
-  r.add({"ai.graphcore", "AllReduce", KernelProvider::Reference, nullptr, makeKernel<AllReduceKernel>});
-  r.add({"ai.graphcore", "ReduceScatter", KernelProvider::Reference, nullptr, makeKernel<ReduceScatterKernel>});
-  r.add({"ai.graphcore", "AllGather", KernelProvider::Reference, nullptr, makeKernel<AllGatherKernel>});
-  r.add({"ai.graphcore", "AllReduceStart", KernelProvider::Reference, nullptr, makeKernel<AllReduceStartKernel>});
-  r.add({"ai.graphcore", "AllReduceWait", KernelProvider::Reference, nullptr, makeKernel<AllReduceWaitKernel>});
-  registerAllGatherIntoKernel(r);
-}
-
-namespace {
-
 /// AllGatherInto: straight into the target when the shards fill it exactly; else through the
 /// scratch (the padded size), of which the target takes the first elements.
 class AllGatherIntoKernel : public Kernel {
@@ -232,7 +217,12 @@ private:
 
 } // namespace
 
-void registerAllGatherIntoKernel(KernelRegistry &r) {
+void registerReferenceCollectiveKernels(KernelRegistry &r) {
+  r.add({"ai.graphcore", "AllReduce", KernelProvider::Reference, nullptr, makeKernel<AllReduceKernel>});
+  r.add({"ai.graphcore", "ReduceScatter", KernelProvider::Reference, nullptr, makeKernel<ReduceScatterKernel>});
+  r.add({"ai.graphcore", "AllGather", KernelProvider::Reference, nullptr, makeKernel<AllGatherKernel>});
+  r.add({"ai.graphcore", "AllReduceStart", KernelProvider::Reference, nullptr, makeKernel<AllReduceStartKernel>});
+  r.add({"ai.graphcore", "AllReduceWait", KernelProvider::Reference, nullptr, makeKernel<AllReduceWaitKernel>});
   r.add({"ai.graphcore", "AllGatherInto", KernelProvider::Reference, nullptr, makeKernel<AllGatherIntoKernel>});
   r.add({"ai.graphcore", "CopyShardVar", KernelProvider::Reference, nullptr, makeKernel<CopyShardVarKernel>});
 }

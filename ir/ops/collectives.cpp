@@ -96,6 +96,35 @@ OpDef def(const char *type, void (*setup)(Op &)) {
 
 bool isFloating(DataType t) { return t == DataType::FLOAT || t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
 
+// AllGatherInto(target, shard; replicas) -> target, updated in place: the replicas' shards in
+// rank order, the first target.elementCount() of them (the rest is padding that the sharded
+// optimiser state added, optimizer/sharding.hpp). It gathers an updated weight's shards straight
+// into the weight Variable rather than through an activation of the padded size and copies.
+void setupAllGatherInto(Op &op) {
+  requireInputCount(op, 2, 2);
+  const int64_t replicas = replicasAttribute(op);
+  const TensorInfo &target = op.inInfo(0), &shard = op.inInfo(1);
+  const int64_t elements = target.elementCount();
+  if (target.dataType() != shard.dataType() || shard.shape().size() != 1 ||
+      shard.elementCount() != (elements + replicas - 1) / replicas)
+    throw error(op.debugName(), ": cannot gather ", replicas, " shards ", shard.toString(), " into ", target.toString(),
+                " (expected 1-D shards of its type, each of its elements divided by ", replicas, ", rounded up)");
+  op.setOutInfo(0, target);
+}
+
+// CopyShardVar(shard, whole; begin) -> shard, updated in place: elements [begin, begin + shard's
+// count) of the flattened whole, zeros past its end (all zeros for a shard of padding only). The other half of
+// AllGatherInto: a replica takes its shard of a weight without an activation of the weight's size.
+void setupCopyShardVar(Op &op) {
+  requireInputCount(op, 2, 2);
+  const TensorInfo &shard = op.inInfo(0), &whole = op.inInfo(1);
+  const int64_t begin = op.attrs.getInt("begin");
+  if (shard.dataType() != whole.dataType() || shard.shape().size() != 1 || begin < 0)
+    throw error(op.debugName(), ": cannot copy a shard ", shard.toString(), " from element ", begin, " of ",
+                whole.toString(), " (expected a 1-D shard of its type)");
+  op.setOutInfo(0, shard);
+}
+
 } // namespace
 
 std::string collectiveReduction(const Op &op) {
@@ -124,44 +153,9 @@ void registerCollectiveOps(OpRegistry &r) {
   OpDef wait = def("AllReduceWait", setupAllReduceWait);
   wait.scheduleLate = true;
   r.add(std::move(wait));
-  registerAllGatherInto(r);
-}
-
-// AllGatherInto(target, shard; replicas) -> target, updated in place: the replicas' shards in
-// rank order, the first target.elementCount() of them (the rest is padding that the sharded
-// optimiser state added, optimizer/sharding.hpp). It gathers an updated weight's shards straight
-// into the weight Variable rather than through an activation of the padded size and copies.
-namespace {
-void setupAllGatherInto(Op &op) {
-  requireInputCount(op, 2, 2);
-  const int64_t replicas = replicasAttribute(op);
-  const TensorInfo &target = op.inInfo(0), &shard = op.inInfo(1);
-  const int64_t elements = target.elementCount();
-  if (target.dataType() != shard.dataType() || shard.shape().size() != 1 ||
-      shard.elementCount() != (elements + replicas - 1) / replicas)
-    throw error(op.debugName(), ": cannot gather ", replicas, " shards ", shard.toString(), " into ", target.toString(),
-                " (expected 1-D shards of its type, each of its elements divided by ", replicas, ", rounded up)");
-  op.setOutInfo(0, target);
-}
-
-// CopyShardVar(shard, whole; begin) -> shard, updated in place: elements [begin, begin + shard's
-// count) of the flattened whole, zeros past its end (all zeros for a shard of padding only). The other half of
-// AllGatherInto: a replica takes its shard of a weight without an activation of the weight's size.
-void setupCopyShardVar(Op &op) {
-  requireInputCount(op, 2, 2);
-  const TensorInfo &shard = op.inInfo(0), &whole = op.inInfo(1);
-  const int64_t begin = op.attrs.getInt("begin");
-  if (shard.dataType() != whole.dataType() || shard.shape().size() != 1 || begin < 0)
-    throw error(op.debugName(), ": cannot copy a shard ", shard.toString(), " from element ", begin, " of ",
-                whole.toString(), " (expected a 1-D shard of its type)");
-  op.setOutInfo(0, shard);
-}
-} // namespace
-
-void registerAllGatherInto(OpRegistry &r) {
-  OpDef d = def("AllGatherInto", setupAllGatherInto);
-  d.modifies = {{0, 0}};
-  r.add(std::move(d));
+  OpDef gatherInto = def("AllGatherInto", setupAllGatherInto);
+  gatherInto.modifies = {{0, 0}};
+  r.add(std::move(gatherInto));
   OpDef copy = def("CopyShardVar", setupCopyShardVar);
   copy.modifies = {{0, 0}};
   r.add(std::move(copy));

@@ -15,9 +15,8 @@ namespace popart::ir {
 /// \returns \p op's value after checking it and that input 0's type suits it (throws naming \p op).
 std::string collectiveReduction(const Op &op);
 
-/// Registers AllReduce, ReduceScatter, AllGather, AllReduceStart and AllReduceWait.
+/// Registers AllReduce, ReduceScatter, AllGather, AllReduceStart, AllReduceWait, and AllGatherInto and
+/// CopyShardVar (a sharded weight's gather and its shard's copy).
 void registerCollectiveOps(OpRegistry &registry);
-/// Registers AllGatherInto and CopyShardVar (a sharded weight's gather and its shard's copy).
-void registerAllGatherInto(OpRegistry &registry);
 
 } // namespace popart::ir

@@ -27,6 +27,23 @@ Shape FusedPool::output(const Op &op) const {
   return y;
 }
 
+std::string whyWindowsDoNotTile(const Op &op, const Shape &windows) {
+  if (!op.hasInput(0) || op.inInfo(0).rank() != 4 || windows.size() != 4) return "not 2-D";
+  const std::vector<int64_t> k = op.attrs.getInts("kernel_shape", {}), s = op.attrs.getInts("strides", {});
+  const std::vector<int64_t> d = op.attrs.getInts("dilations", {1, 1}), pads = op.attrs.getInts("pads", {0, 0, 0, 0});
+  if (k.size() != 2 || s.size() != 2 || d.size() != 2) return "no 2-D kernel_shape, strides and dilations";
+  for (size_t i = 0; i < 2; ++i) {
+    if (s[i] < k[i]) return "overlapping windows (a stride below the kernel)";
+    if (d[i] != 1) return "dilated windows";
+  }
+  if (!std::all_of(pads.begin(), pads.end(), [](int64_t p) { return p == 0; })) return "padded windows";
+  // The windows' shape carries a ceil_mode, whose last window may reach past the input.
+  const Shape &x = op.inInfo(0).shape();
+  for (size_t i = 0; i < 2; ++i)
+    if ((windows[i + 2] - 1) * s[i] + k[i] > x[i + 2]) return "a window (ceil_mode) reaches past the input";
+  return {};
+}
+
 Shape convResultShape(const Op &op) {
   FusedPool pool;
   return fusedPool(op, pool) ? pool.input : op.outInfo(0).shape();

@@ -7,6 +7,7 @@
 #include "ir/op.hpp"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace popart::ir {
@@ -27,6 +28,12 @@ struct WindowGeometry {
 /// SAME and output_shape derive the pads from the output. Attributes absent take ONNX's defaults.
 WindowGeometry resolveWindow(const Op &op, const Shape &x, const Shape &y, const std::vector<int64_t> &kernel,
                              bool transposed);
+
+/// Why the 2-D windows of pool (or pool gradient) \p op do not tile its NCHW input X (input 0):
+/// overlap (a stride below the kernel), padding, dilation, or one of the \p windows windows (Y's
+/// or dY's shape) reaching past X; empty if they tile. The fast pool kernels take only tiling
+/// windows, and fuseMaxPoolGradRelu fuses a 16-bit MaxPoolGrad only where they would.
+std::string whyWindowsDoNotTile(const Op &op, const Shape &windows);
 
 /// The pool fused into Conv \p op (Fusion::pool, ir::FusedPool); false if it has none.
 bool fusedPool(const Op &op, FusedPool &pool);

@@ -1,6 +1,7 @@
 // Relu applied by the op before it: a MatMul, Gemm or Conv (fuseRelu), a BatchNormalization
 // (fuseBatchNormRelu), and in training the Relu's gradient by MaxPoolGrad (fuseMaxPoolGradRelu).
 
+#include "ir/ops/window.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
 
@@ -36,21 +37,6 @@ namespace {
 
 bool isSixteenBit(DataType t) { return t == DataType::FLOAT16 || t == DataType::BFLOAT16; }
 
-/// Whether MaxPoolGrad \p m's 2-D windows tile X without overlap, padding or dilation, each inside
-/// X: what the fast f32 kernel that applies a fused Relu gradient takes.
-bool windowsTile(const Op &m) {
-  if (!m.hasInput(0) || !m.hasInput(1) || m.inInfo(0).rank() != 4 || m.inInfo(1).rank() != 4) return false;
-  std::vector<int64_t> k = m.attrs.getInts("kernel_shape", {}), s = m.attrs.getInts("strides", {});
-  std::vector<int64_t> d = m.attrs.getInts("dilations", {1, 1}), pads = m.attrs.getInts("pads", {0, 0, 0, 0});
-  if (k.size() != 2 || s.size() != 2 || d.size() != 2) return false;
-  for (int64_t p : pads)
-    if (p != 0) return false;
-  const Shape &x = m.inInfo(0).shape(), &dy = m.inInfo(1).shape();
-  for (size_t i = 0; i < 2; ++i)
-    if (s[i] < k[i] || d[i] != 1 || (dy[i + 2] - 1) * s[i] + k[i] > x[i + 2]) return false;
-  return true;
-}
-
 } // namespace
 
 int fuseMaxPoolGradRelu(Graph &graph) {
@@ -64,7 +50,9 @@ int fuseMaxPoolGradRelu(Graph &graph) {
     // A 16-bit pool's fused gradient runs fast only on f32 blocks over the fast f32 kernel, which
     // takes windows that tile; elsewhere only the reference kernel applies the Relu's gradient (at
     // about a tenth of the speed of oneDNN's MaxPoolGrad and ActivationGrad apart).
-    if (m->hasInput(0) && isSixteenBit(m->inInfo(0).dataType()) && !windowsTile(*m)) return false;
+    if (m->hasInput(0) && isSixteenBit(m->inInfo(0).dataType()) &&
+        (!m->hasInput(1) || !whyWindowsDoNotTile(*m, m->inInfo(1).shape()).empty()))
+      return false;
     // The Relu's output must be what the pool read: dX of the pool is then masked by it.
     if (!m->hasInput(0) || &m->input(0) != &a->input(0)) return false;
     const Tensor &pooled = m->output(0);

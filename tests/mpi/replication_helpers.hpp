@@ -1,15 +1,21 @@
 #pragma once
 // Small helpers of the replicated-training tests under mpirun: the world communicator, seeded
-// values, the weights of a session and a hash of them compared across ranks.
+// values, the MLP most of them train, the weights of a session and a hash of them compared
+// across ranks.
 
 #include "comm/mpi_communicator.hpp"
 
+#include <popart/builder.hpp>
 #include <popart/session.hpp>
+
+#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace popart::testing {
@@ -20,10 +26,10 @@ inline std::shared_ptr<comm::Communicator> world() {
   return communicator;
 }
 
-/// \p n normal values of standard deviation \p scale drawn from \p seed.
-inline std::vector<float> randomValues(int64_t n, uint32_t seed, float scale) {
+/// \p n normal values of mean \p offset and standard deviation \p scale drawn from \p seed.
+inline std::vector<float> randomValues(int64_t n, uint32_t seed, float scale, float offset = 0.0f) {
   std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(0.0f, scale);
+  std::normal_distribution<float> normal(offset, scale);
   std::vector<float> v(static_cast<size_t>(n));
   for (float &x : v)
     x = normal(gen);
@@ -56,12 +62,52 @@ inline uint64_t hashOf(const std::vector<std::vector<float>> &weights) {
   return h;
 }
 
+/// Every rank's \p mine, gathered in rank order.
+inline std::vector<uint64_t> valuesOnAllRanks(uint64_t mine) {
+  std::vector<uint64_t> all(static_cast<size_t>(world()->size()));
+  world()->allGather(&mine, all.data(), 1, DataType::INT64);
+  return all;
+}
+
 /// Every rank's hash of \p weights, gathered in rank order.
 inline std::vector<uint64_t> hashesOnAllRanks(const std::vector<std::vector<float>> &weights) {
-  const uint64_t mine = hashOf(weights);
-  std::vector<uint64_t> hashes(static_cast<size_t>(world()->size()));
-  world()->allGather(&mine, hashes.data(), 1, DataType::INT64);
-  return hashes;
+  return valuesOnAllRanks(hashOf(weights));
+}
+
+/// Expects \p values (\p what, for the message) to have the same bits on every rank.
+inline void expectSameOnEveryRank(const std::vector<std::vector<float>> &values, const std::string &what = "weights") {
+  const std::vector<uint64_t> hashes = hashesOnAllRanks(values);
+  const int mine = world()->rank();
+  for (int r = 0; r < world()->size(); ++r)
+    EXPECT_EQ(hashes[size_t(r)], hashes[size_t(mine)])
+        << "rank " << r << "'s " << what << " differ from rank " << mine << "'s";
+}
+
+/// loss = mean((relu(...relu(x·W1 + b1)...)·Wn + bn - target)²) over micro-batches of \p rows rows:
+/// inputs "x" and "target", and a layer per pair of \p widths (the input's, the hidden layers', the
+/// output's), ReLU after all but the last. Layer k's "wk" and "bk" are drawn from seeds 2k - 1 and 2k,
+/// of standard deviation 0.4 (w1), 0.3 (the other weights) and 0.1 (the biases).
+inline std::string mlp(const std::vector<int64_t> &widths, int64_t rows) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId h = b->addInputTensor(TensorInfo(DataType::FLOAT, {rows, widths.front()}), "x");
+  const TensorId target = b->addInputTensor(TensorInfo(DataType::FLOAT, {rows, widths.back()}), "target");
+  std::vector<TensorId> weights, biases;
+  for (size_t k = 1; k < widths.size(); ++k) {
+    const int64_t in = widths[k - 1], out = widths[k];
+    const auto seed = static_cast<uint32_t>(2 * k);
+    const std::string layer = std::to_string(k);
+    weights.push_back(
+        b->addInitializedInputTensor(randomValues(in * out, seed - 1, k == 1 ? 0.4f : 0.3f), {in, out}, "w" + layer));
+    biases.push_back(b->addInitializedInputTensor(randomValues(out, seed, 0.1f), {out}, "b" + layer));
+  }
+  for (size_t k = 0; k < weights.size(); ++k) {
+    h = ai.add({ai.matmul({h, weights[k]}), biases[k]});
+    if (k + 1 < weights.size()) h = ai.relu({h});
+  }
+  const TensorId d = ai.sub({h, target});
+  b->addOutputTensor(ai.reducemean({ai.mul({d, d})}, std::nullopt, 0));
+  return b->getModelProto();
 }
 
 /// Micro-batches first, first + stride, ... (\p count of them) of \p global, each \p rows rows of

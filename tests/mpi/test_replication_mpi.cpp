@@ -5,7 +5,6 @@
 
 #include "replication_helpers.hpp"
 
-#include <popart/builder.hpp>
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -28,21 +27,8 @@ namespace {
 constexpr int64_t kIn = 8, kHidden = 16, kOut = 4, kMicroBatch = 3;
 constexpr int kSteps = 3;
 
-/// loss = mean((relu(x·W1 + b1)·W2 + b2 - target)²) over a micro-batch of kMicroBatch samples.
-std::string mlp() {
-  auto b = Builder::create();
-  auto ai = b->aiOnnxOpset13();
-  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kIn}), "x");
-  TensorId target = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kOut}), "target");
-  TensorId w1 = b->addInitializedInputTensor(randomValues(kIn * kHidden, 1, 0.4f), {kIn, kHidden}, "w1");
-  TensorId b1 = b->addInitializedInputTensor(randomValues(kHidden, 2, 0.1f), {kHidden}, "b1");
-  TensorId w2 = b->addInitializedInputTensor(randomValues(kHidden * kOut, 3, 0.3f), {kHidden, kOut}, "w2");
-  TensorId b2 = b->addInitializedInputTensor(randomValues(kOut, 4, 0.1f), {kOut}, "b2");
-  TensorId h = ai.relu({ai.add({ai.matmul({x, w1}), b1})});
-  TensorId d = ai.sub({ai.add({ai.matmul({h, w2}), b2}), target});
-  b->addOutputTensor(ai.reducemean({ai.mul({d, d})}, std::nullopt, 0));
-  return b->getModelProto();
-}
+/// The MLP of replication_helpers.hpp, 8-16-4, over micro-batches of kMicroBatch samples.
+std::string mlp() { return popart::testing::mlp({kIn, kHidden, kOut}, kMicroBatch); }
 
 /// The global batch of step \p step: replicas × kMicroBatch samples of \p width values each,
 /// replica r's micro-batch at rows [r · kMicroBatch, (r + 1) · kMicroBatch).
@@ -131,11 +117,7 @@ void checkEquivalent(const Optimizer &opt, const TrainingSetup &setup = {}) {
       ASSERT_NEAR(replicated[k][i], accumulated[k][i], tolerance)
           << "weight " << k << " element " << i << " on rank " << world()->rank() << " of " << world()->size();
   }
-  const uint64_t mine = hashOf(replicated);
-  std::vector<uint64_t> hashes(static_cast<size_t>(world()->size()));
-  world()->allGather(&mine, hashes.data(), 1, DataType::INT64);
-  for (int r = 0; r < world()->size(); ++r)
-    EXPECT_EQ(hashes[size_t(r)], mine) << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
+  expectSameOnEveryRank(replicated);
 }
 
 TEST(Replication, SgdWithMomentumMatchesAccumulation) {

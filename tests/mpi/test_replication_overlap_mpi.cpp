@@ -5,7 +5,6 @@
 
 #include "replication_helpers.hpp"
 
-#include <popart/builder.hpp>
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -32,25 +31,9 @@ namespace {
 constexpr int64_t kIn = 8, kHidden1 = 32, kHidden2 = 16, kOut = 4, kMicroBatch = 3;
 constexpr int kSteps = 3;
 
-/// Three layers (8-32-16-4, ReLU), mean squared error: six weight gradients of 16 to 1024 bytes,
-/// produced last layer first.
-std::string mlp() {
-  auto b = Builder::create();
-  auto ai = b->aiOnnxOpset13();
-  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kIn}), "x");
-  TensorId target = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kOut}), "target");
-  TensorId w1 = b->addInitializedInputTensor(randomValues(kIn * kHidden1, 1, 0.4f), {kIn, kHidden1}, "w1");
-  TensorId b1 = b->addInitializedInputTensor(randomValues(kHidden1, 2, 0.1f), {kHidden1}, "b1");
-  TensorId w2 = b->addInitializedInputTensor(randomValues(kHidden1 * kHidden2, 3, 0.3f), {kHidden1, kHidden2}, "w2");
-  TensorId b2 = b->addInitializedInputTensor(randomValues(kHidden2, 4, 0.1f), {kHidden2}, "b2");
-  TensorId w3 = b->addInitializedInputTensor(randomValues(kHidden2 * kOut, 5, 0.3f), {kHidden2, kOut}, "w3");
-  TensorId b3 = b->addInitializedInputTensor(randomValues(kOut, 6, 0.1f), {kOut}, "b3");
-  TensorId h1 = ai.relu({ai.add({ai.matmul({x, w1}), b1})});
-  TensorId h2 = ai.relu({ai.add({ai.matmul({h1, w2}), b2})});
-  TensorId d = ai.sub({ai.add({ai.matmul({h2, w3}), b3}), target});
-  b->addOutputTensor(ai.reducemean({ai.mul({d, d})}, std::nullopt, 0));
-  return b->getModelProto();
-}
+/// The MLP of replication_helpers.hpp, 8-32-16-4: six weight gradients of 16 to 1024 bytes, produced
+/// last layer first.
+std::string mlp() { return popart::testing::mlp({kIn, kHidden1, kHidden2, kOut}, kMicroBatch); }
 
 /// Step \p step's global batch: \p micro micro-batches of kMicroBatch rows of \p width values.
 std::vector<float> globalBatch(int step, int micro, int64_t width, uint32_t salt) {
@@ -146,15 +129,6 @@ void expectClose(const Weights &actual, const Weights &expected, float relative,
           << what << ": weight " << k << " element " << i << " on rank " << world()->rank() << " of "
           << world()->size();
   }
-}
-
-/// Every rank holds the same bits.
-void expectSameOnEveryRank(const Weights &weights) {
-  const uint64_t mine = hashOf(weights);
-  std::vector<uint64_t> hashes(static_cast<size_t>(world()->size()));
-  world()->allGather(&mine, hashes.data(), 1, DataType::INT64);
-  for (int r = 0; r < world()->size(); ++r)
-    EXPECT_EQ(hashes[size_t(r)], mine) << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
 }
 
 size_t count(const std::string &text, const std::string &what) {

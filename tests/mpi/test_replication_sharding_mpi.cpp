@@ -7,7 +7,6 @@
 
 #include "replication_helpers.hpp"
 
-#include <popart/builder.hpp>
 #include <popart/error.hpp>
 #include <popart/session.hpp>
 
@@ -23,6 +22,7 @@
 
 using namespace popart;
 using popart::testing::batchShape;
+using popart::testing::expectSameOnEveryRank;
 using popart::testing::microBatches;
 using popart::testing::randomValues;
 using popart::testing::weightsOf;
@@ -33,21 +33,8 @@ namespace {
 constexpr int64_t kIn = 8, kHidden = 15, kOut = 5, kMicroBatch = 3;
 constexpr int kSteps = 3;
 
-/// loss = mean((relu(x·W1 + b1)·W2 + b2 - target)²) over a micro-batch of kMicroBatch samples.
-std::string mlp() {
-  auto b = Builder::create();
-  auto ai = b->aiOnnxOpset13();
-  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kIn}), "x");
-  TensorId target = b->addInputTensor(TensorInfo(DataType::FLOAT, {kMicroBatch, kOut}), "target");
-  TensorId w1 = b->addInitializedInputTensor(randomValues(kIn * kHidden, 1, 0.4f), {kIn, kHidden}, "w1");
-  TensorId b1 = b->addInitializedInputTensor(randomValues(kHidden, 2, 0.1f), {kHidden}, "b1");
-  TensorId w2 = b->addInitializedInputTensor(randomValues(kHidden * kOut, 3, 0.3f), {kHidden, kOut}, "w2");
-  TensorId b2 = b->addInitializedInputTensor(randomValues(kOut, 4, 0.1f), {kOut}, "b2");
-  TensorId h = ai.relu({ai.add({ai.matmul({x, w1}), b1})});
-  TensorId d = ai.sub({ai.add({ai.matmul({h, w2}), b2}), target});
-  b->addOutputTensor(ai.reducemean({ai.mul({d, d})}, std::nullopt, 0));
-  return b->getModelProto();
-}
+/// The MLP of replication_helpers.hpp, 8-15-5, over micro-batches of kMicroBatch samples.
+std::string mlp() { return popart::testing::mlp({kIn, kHidden, kOut}, kMicroBatch); }
 
 /// How both sides train.
 struct TrainingSetup {
@@ -170,10 +157,7 @@ std::pair<Result, Result> checkEquivalent(const Optimizer &opt, const TrainingSe
         break; // one element per tensor is enough to see
       }
   }
-  const auto hashes = popart::testing::hashesOnAllRanks(sharded.weights);
-  for (int r = 0; r < world()->size(); ++r)
-    EXPECT_EQ(hashes[size_t(r)], hashes[size_t(world()->rank())])
-        << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
+  expectSameOnEveryRank(sharded.weights);
   return {sharded, accumulated};
 }
 
@@ -317,9 +301,7 @@ TEST(ReplicationSharding, MixedPrecisionShardsTheMasterWeightsAndTheirState) {
     }
     EXPECT_LE(worst, 1e-6f * largest) << "weight " << k << " on rank " << world()->rank();
   }
-  const auto hashes = popart::testing::hashesOnAllRanks(sharded.weights);
-  for (uint64_t h : hashes)
-    EXPECT_EQ(h, hashes[0]);
+  expectSameOnEveryRank(sharded.weights);
 }
 
 TEST(ReplicationSharding, TheHistogramMethodOfLossScalingIsRefusedWithAReason) {
@@ -431,13 +413,6 @@ void expectClose(const std::vector<std::vector<float>> &got, const std::vector<s
     EXPECT_LE(worst, 1e-6f * largest) << what << ": weight " << k << " on rank " << world()->rank() << " of "
                                       << world()->size();
   }
-}
-
-void expectSameOnEveryRank(const std::vector<std::vector<float>> &weights) {
-  const auto hashes = popart::testing::hashesOnAllRanks(weights);
-  for (int r = 0; r < world()->size(); ++r)
-    EXPECT_EQ(hashes[size_t(r)], hashes[size_t(world()->rank())])
-        << "rank " << r << "'s weights differ from rank " << world()->rank() << "'s";
 }
 
 /// The shards' whole state must be in the file: resumed at the same count, every rank's next

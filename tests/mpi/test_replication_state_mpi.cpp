@@ -4,7 +4,7 @@
 // checkpoint for the job that resumes with the same or another replica count. The references are
 // single-process sessions fed one replica's micro-batches.
 
-#include "comm/mpi_communicator.hpp"
+#include "replication_helpers.hpp"
 #include "session/session_common.hpp"
 
 #include <popart/builder.hpp>
@@ -14,37 +14,22 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
 using namespace popart;
+using namespace popart::testing;
 
 namespace {
 
 constexpr int64_t kBatch = 4, kIn = 6, kHidden = 8, kOut = 3;
 constexpr uint64_t kSeed = 7;
-
-std::shared_ptr<comm::Communicator> world() {
-  static auto communicator = std::make_shared<comm::MpiCommunicator>(comm::MpiOptions{std::chrono::seconds(60)});
-  return communicator;
-}
-
-std::vector<float> randomValues(int64_t n, uint32_t seed, float scale, float offset = 0.0f) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal(offset, scale);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float &x : v)
-    x = normal(gen);
-  return v;
-}
 
 void addValue(onnx::ValueInfoProto *v, const std::string &name, const std::vector<int64_t> &dims) {
   v->set_name(name);
@@ -201,23 +186,6 @@ std::vector<std::vector<float>> stateOf(const TrainingSession &s) {
   return all;
 }
 
-uint64_t hashOf(const std::vector<std::vector<float>> &values) {
-  uint64_t h = 1469598103934665603ULL;
-  for (const auto &v : values) {
-    const auto *bytes = reinterpret_cast<const uint8_t *>(v.data());
-    for (size_t i = 0; i < v.size() * sizeof(float); ++i)
-      h = (h ^ bytes[i]) * 1099511628211ULL;
-  }
-  return h;
-}
-
-/// Every rank's \p mine.
-std::vector<uint64_t> gathered(uint64_t mine) {
-  std::vector<uint64_t> all(static_cast<size_t>(world()->size()));
-  world()->allGather(&mine, all.data(), 1, DataType::INT64);
-  return all;
-}
-
 std::string checkpointPath(const std::string &name) {
   // The same path on every rank: one checkpoint for the job, which rank 0 writes.
   return ::testing::TempDir() + "replication_state_" + name + "_np" + std::to_string(world()->size()) + ".ckpt";
@@ -228,7 +196,7 @@ TEST(ReplicaState, DropoutMasksDifferPerReplicaAndFollowTheReplicaSeed) {
   auto replicated = makeSession({});
   // Every replica gets the same micro-batch: only the masks can make the outputs differ.
   const std::vector<float> mine = step(*replicated, 0, 0);
-  const std::vector<uint64_t> hashes = gathered(hashOf({mine}));
+  const std::vector<uint64_t> hashes = hashesOnAllRanks({mine});
   for (int q = 0; q < n; ++q)
     if (q != r) {
       EXPECT_NE(hashes[size_t(q)], hashes[size_t(r)]) << "ranks " << r << " and " << q << " drew one mask";
@@ -259,7 +227,7 @@ TEST(ReplicaState, BatchNormStatisticsArePerReplicaByDefault) {
   for (const TensorId id : {"bn_mean", "bn_var"}) {
     const std::vector<float> mine = valuesOf(*replicated, id);
     EXPECT_EQ(mine, valuesOf(*single, id)) << id << " on rank " << r;
-    const std::vector<uint64_t> hashes = gathered(hashOf({mine}));
+    const std::vector<uint64_t> hashes = hashesOnAllRanks({mine});
     for (int q = 0; q < n; ++q)
       if (q != r) {
         EXPECT_NE(hashes[size_t(q)], hashes[size_t(r)]) << id << ": ranks " << r << " and " << q;
@@ -291,8 +259,7 @@ TEST(ReplicaState, MeanBatchNormStatisticsAverageTheReplicas) {
       EXPECT_NEAR(mine[s][i], expected[s][i], 2e-6 * std::max(1.0, std::fabs(expected[s][i])))
           << (s == 0 ? "bn_mean" : "bn_var") << " element " << i << " on rank " << r;
   }
-  for (uint64_t other : gathered(hashOf(mine)))
-    EXPECT_EQ(other, hashOf(mine)) << "the averaged statistics differ between ranks (rank " << r << ")";
+  expectSameOnEveryRank(mine, "averaged statistics");
 }
 
 /// Creates a replicated session whose rank \p odd gets \p oddOptions (or W1 seed \p oddW1) and
@@ -349,13 +316,6 @@ TEST(ReplicaState, RanksCreatedDifferentlyAllGetAnErrorNamingTheRankAndWhat) {
   EXPECT_NO_THROW(makeSession({}));
 }
 
-/// The trained weights alone.
-std::vector<std::vector<float>> weightsOf(const TrainingSession &s) {
-  std::vector<std::vector<float>> all = stateOf(s);
-  all.resize(all.size() - 2);
-  return all;
-}
-
 /// Trains 2 steps, checkpoints, trains 2 more, and checks that a session resumed from the checkpoint
 /// ends with the same bits: weights and running statistics with \p statistics Mean; with Local
 /// the checkpoint holds rank 0's statistics, so the weights alone.
@@ -385,8 +345,7 @@ void checkResumedBitIdentical(ReplicatedStatistics statistics) {
   const bool mean = statistics == ReplicatedStatistics::Mean;
   const auto compared = [&](const TrainingSession &s) { return mean ? stateOf(s) : weightsOf(s); };
   EXPECT_EQ(compared(*resumed), compared(*uninterrupted)) << "rank " << r;
-  for (uint64_t other : gathered(hashOf(compared(*resumed))))
-    EXPECT_EQ(other, hashOf(compared(*resumed))) << "rank " << r;
+  expectSameOnEveryRank(compared(*resumed));
   world()->barrier();
   if (r == 0) std::remove(path.c_str());
 }
@@ -411,8 +370,7 @@ TEST(ReplicaState, CheckpointsResumeWithAnotherReplicaCount) {
   EXPECT_EQ(replicas->getStepCount(), 2);
   step(*replicas, 2, r); // and trains on, alike on every rank
   EXPECT_EQ(replicas->getStepCount(), 3);
-  for (uint64_t other : gathered(hashOf(stateOf(*replicas))))
-    EXPECT_EQ(other, hashOf(stateOf(*replicas))) << "rank " << r;
+  expectSameOnEveryRank(stateOf(*replicas), "weights and statistics");
 
   // N replicas to one process: the replicas' checkpoint, written by rank 0 alone, on every rank.
   const std::string fromMany = checkpointPath("from_many");
@@ -450,7 +408,7 @@ TEST(ReplicaState, EveryRankRunsRank0sTimedMatMulWays) {
   session->prepareDevice();
   const std::string kernels = session->explainKernels();
   EXPECT_NE(kernels.find("timed"), std::string::npos) << kernels; // the products were timed
-  for (uint64_t other : gathered(std::hash<std::string>{}(kernels)))
+  for (uint64_t other : valuesOnAllRanks(std::hash<std::string>{}(kernels)))
     EXPECT_EQ(other, std::hash<std::string>{}(kernels)) << "rank " << world()->rank() << ":\n" << kernels;
 }
 

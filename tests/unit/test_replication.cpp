@@ -162,12 +162,13 @@ TEST(ReplicationOptions, SumAccumulatesTheGradientsWithoutDividingByTheFactor) {
 
 namespace {
 
-/// Weights w [4] and u [2, 3] with stream gradients gw and gu, as buildGradients leaves them.
+/// Weights w [4] and u [2, 3] with stream gradients gw and gu, as buildGradients leaves them,
+/// through allReduceGradients (with \p bucketBytes), applyOptimizer (with \p sharding) and agreeAllFinite.
 struct GradientGraph {
   ir::Graph graph;
   ir::PassContext context;
   SGD opt{{{"defaultLearningRate", {0.1f, false}}}};
-  explicit GradientGraph(bool enabled) {
+  explicit GradientGraph(bool enabled, const optimizer::ShardingOptions &sharding = {}, int64_t bucketBytes = 0) {
     ir::registerBuiltinOps();
     popart::session::registerAllPasses();
     graph.opsets()["ai.onnx"] = 17;
@@ -181,7 +182,9 @@ struct GradientGraph {
     auto &opt_state = context.state<optimizer::OptimizerPassState>();
     opt_state.optimizer = &opt;
     opt_state.options.checkFinite = true;
+    opt_state.options.sharding = sharding;
     context.state<optimizer::ReplicationPassOptions>().enabled = enabled;
+    context.state<optimizer::ReplicationPassOptions>().bucketBytes = bucketBytes;
     context.training = true;
     ir::PipelineOptions po;
     po.entryStages = ir::ShapesInferred | ir::GradientsBuilt;
@@ -224,6 +227,30 @@ TEST(ReplicationPass, EachWeightGradientIsAllReducedBeforeTheOptimiserReadsIt) {
   EXPECT_EQ(and_->attrs.getString("op"), "And");
   EXPECT_EQ(and_->input(0).producer(), finite[0]);
   EXPECT_EQ(and_->phase, optimizer::PreUpdate);
+}
+
+TEST(ReplicationPass, ShardedWeightsGradientsAreReduceScatteredAndNotAllReduced) {
+  // u (6 elements) is sharded over 2 replicas; w (4, below minElements) stays whole. Only gw is
+  // all-reduced, blocking or in a bucket: gu all-reduced before its reduce-scatter would be
+  // summed twice with Sum.
+  optimizer::ShardingOptions sharding;
+  sharding.replicas = 2;
+  sharding.minElements = 5;
+  for (int64_t bucketBytes : {0, 1024}) {
+    GradientGraph g(true, sharding, bucketBytes);
+    std::set<TensorId> allReduced;
+    for (const char *type : {"AllReduce", "AllReduceStart"})
+      for (const ir::Op *op : g.ops(type))
+        for (const ir::Tensor *t : op->inputs)
+          allReduced.insert(t->id());
+    EXPECT_EQ(allReduced.count("gw"), 1u) << "bucketBytes " << bucketBytes;
+    EXPECT_EQ(allReduced.count("gu"), 0u) << "bucketBytes " << bucketBytes;
+    const auto scatters = g.ops("ReduceScatter");
+    ASSERT_EQ(scatters.size(), 1u) << "bucketBytes " << bucketBytes;
+    const ir::Op *flatten = scatters[0]->input(0).producer(); // gu flattened (6 elements need no padding)
+    ASSERT_NE(flatten, nullptr);
+    EXPECT_EQ(flatten->input(0).id(), "gu");
+  }
 }
 
 TEST(ReplicationPass, WithoutReplicationNothingIsInserted) {
