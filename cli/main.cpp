@@ -463,7 +463,19 @@ static int runMain(int argc, char **argv) {
       if (!training) throw error("--replicas trains replicas of a model: it needs --train or --example");
       if (replicas > 1) cli::launchReplicas(replicas, opt.threads, argc, argv);
     }
-    if (env.underMpirun() || replicatedFlag) {
+    if (train.pipelineStages > 0) {
+      if (!train.train) throw error("--pipeline-stages trains a model in stages: it needs --train");
+      if (!env.underMpirun())
+        cli::launchReplicas(train.pipelineStages, opt.threads, argc, argv, "--pipeline-stages", "pipeline stages");
+      if (env.size != train.pipelineStages)
+        throw error("--pipeline-stages ", train.pipelineStages, " but mpirun started ", env.size,
+                    " processes: one per stage");
+      // The session makes the stages' communicators over MPI_COMM_WORLD; rank 0 (stage 0) prints,
+      // the loss coming from the last stage.
+      replicated = true;
+      if (env.rank != 0 && std::getenv("POPART_LOG_LEVEL") == nullptr) logging::setLogLevel(logging::Level::Err);
+      if (!app.count("--threads")) opt.threads = replicaThreads(env, env.size);
+    } else if (env.underMpirun() || replicatedFlag) {
       if (!training)
         throw error("popart-run runs as one replica of an MPI job",
                     env.underMpirun() ? " of " + std::to_string(env.size) + " processes" : std::string(),

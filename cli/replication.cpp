@@ -107,11 +107,11 @@ std::string findOnPath(const std::string &name) {
   return "";
 }
 
-void launchReplicas(int replicas, int threads, int argc, char **argv) {
+void launchReplicas(int replicas, int threads, int argc, char **argv, const char *flag, const char *what) {
   const std::string mpirun = findOnPath("mpirun");
   if (mpirun.empty())
-    throw error("--replicas ", replicas,
-                " starts the replicas with mpirun (Open MPI), which is not on PATH: install the package openmpi-bin "
+    throw error(flag, " ", replicas, " starts the ", what,
+                " with mpirun (Open MPI), which is not on PATH: install the package openmpi-bin "
                 "(scripts/install-deps.sh), or start them yourself with mpirun -np ",
                 replicas, " popart-run ...");
   std::error_code ec;
@@ -130,7 +130,7 @@ void launchReplicas(int replicas, int threads, int argc, char **argv) {
   std::string shown;
   for (const auto &a : cmd)
     shown += (shown.empty() ? "" : " ") + a;
-  std::printf("popart-run: starting %d replicas: %s\n", replicas, shown.c_str());
+  std::printf("popart-run: starting %d %s: %s\n", replicas, what, shown.c_str());
   std::fflush(stdout);
   std::vector<char *> execArgs;
   execArgs.reserve(cmd.size() + 1);
@@ -138,7 +138,7 @@ void launchReplicas(int replicas, int threads, int argc, char **argv) {
     execArgs.push_back(a.data());
   execArgs.push_back(nullptr);
   ::execv(mpirun.c_str(), execArgs.data());
-  throw error("--replicas: cannot start '", mpirun, "': ", std::strerror(errno));
+  throw error(flag, ": cannot start '", mpirun, "': ", std::strerror(errno));
 }
 
 } // namespace popart::cli

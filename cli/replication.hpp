@@ -70,7 +70,9 @@ std::string findOnPath(const std::string &name);
 
 /// Replaces this process by `mpirun ... -np \p replicas <this program> <argv without --replicas>`.
 /// \p threads is --threads as given (0: not given: OMP_NUM_THREADS if set, else the cores shared
-/// out). Throws if mpirun is missing (naming the package openmpi-bin) or cannot be started.
-[[noreturn]] void launchReplicas(int replicas, int threads, int argc, char **argv);
+/// out). Throws if mpirun is missing (naming the package openmpi-bin) or cannot be started. \p flag
+/// is the flag that asked for the processes and \p what they are ("replicas", "pipeline stages").
+[[noreturn]] void launchReplicas(int replicas, int threads, int argc, char **argv, const char *flag = "--replicas",
+                                 const char *what = "replicas");
 
 } // namespace popart::cli

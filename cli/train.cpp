@@ -96,6 +96,9 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--replica-bn-stats",
                                   "--shard-optimizer-state",
                                   "--shard-min-elements",
+                                  "--pipeline-stages",
+                                  "--pipeline-split",
+                                  "--pipeline-cut",
                                   "--steps",
                                   "--epochs",
                                   "--shuffle",
@@ -309,6 +312,19 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
                  "replicated: all-reduce the gradients in buckets of this many bytes overlapping the backward "
                  "(default 4194304; 0: one blocking all-reduce per gradient; SessionOptions::replicationBucketBytes)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--pipeline-stages", o.pipelineStages,
+                 "pipelined training over K processes, one stage each (docs/distributed.md, \"Pipelining\"): under "
+                 "mpirun -np K, or started by popart-run itself; --accumulate sets the micro-batches that flow "
+                 "through the stages")
+      ->check(CLI::Range(2, 4096));
+  app.add_option("--pipeline-split", o.pipelineSplit,
+                 "--pipeline-stages: start a stage after each of these tensors (K-1 of them, in forward order, "
+                 "comma-separated; default: stages balanced by the ops' FLOP and memory estimates)")
+      ->delimiter(',');
+  app.add_option("--pipeline-cut", o.pipelineCut,
+                 "--pipeline-stages: auto (the default: --pipeline-split, else balanced) or annotations (the "
+                 "model's __pipeline_stage / __ipu_number node attributes, as PopART's Builder writes them)")
+      ->check(CLI::IsMember({"auto", "annotations"}));
   app.add_option("--steps", o.steps, "weight updates to run (default: one epoch)")->check(CLI::PositiveNumber);
   app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
   app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
@@ -372,7 +388,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.frozenWeights = o.freeze;
   so.replicatedBatchNormStatistics =
       o.replicaBnStats == "mean" ? ReplicatedStatistics::Mean : ReplicatedStatistics::Local;
-  if (o.accumulate > 1) {
+  if (o.accumulate > 1 || o.pipelineStages > 0) {
     so.enableGradientAccumulation = true;
     so.accumulationFactor = o.accumulate;
   }
@@ -399,6 +415,11 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   const Replication &replication = o.replication;
   const int64_t replicas = replication.slice.replicas;
   replication.apply(so);
+  if (o.pipelineStages > 0) {
+    so.enablePipelining = true;
+    so.virtualGraphMode = o.pipelineCut == "annotations" ? VirtualGraphMode::Manual : VirtualGraphMode::Auto;
+    so.pipelineSplit = o.pipelineSplit;
+  }
   if (o.bucketBytes >= 0) so.replicationBucketBytes = o.bucketBytes;
   if (o.shardOptimizerState)
     so.optimizerStateTensorLocationSettings.location.replicatedTensorSharding = ReplicatedTensorSharding::On;
@@ -588,7 +609,9 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   std::fflush(stdout);
   using clock = std::chrono::steady_clock;
   const std::map<TensorId, TensorData> weightsBefore = readTrainedWeights(*session);
-  if (!o.profile.empty() && replication.leader()) session->enableProfiling();
+  // Pipelined, every stage profiles (the summary gathers their times); stage 0 prints and writes the trace.
+  const bool pipelined = o.pipelineStages > 0;
+  if (!o.profile.empty() && (replication.leader() || pipelined)) session->enableProfiling();
   auto t0 = clock::now();
   std::vector<double> stepMs;
   double lastLoss = NAN;
@@ -646,7 +669,13 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   std::printf("throughput: %.1f samples/s%s\n", double((total - start) * globalPerStep) / std::max(elapsed, 1e-9),
               replication.enabled() ? " (all replicas)" : "");
-  if (!o.profile.empty() && replication.leader()) {
+  if (!o.profile.empty() && pipelined) {
+    const std::string summary = session->profileSummary();
+    if (session->getPipelineStage() == 0) {
+      session->writeProfileTrace(o.profile);
+      std::printf("%strace (stage 0): %s\n", summary.c_str(), o.profile.c_str());
+    }
+  } else if (!o.profile.empty() && replication.leader()) {
     session->writeProfileTrace(o.profile);
     std::printf("%strace: %s\n", session->profileSummary().c_str(), o.profile.c_str());
   }
@@ -677,6 +706,14 @@ void checkTrainFlags(const CLI::App &app, const TrainOptions &o) {
   if (given(app, "--save-precision") && o.save.empty()) throw error("--save-precision needs --save FILE");
   if (given(app, "--checkpoint-every") && o.checkpoint.empty())
     throw error("--checkpoint-every needs --checkpoint DIR");
+  for (const char *f : {"--pipeline-split", "--pipeline-cut"})
+    if (given(app, f) && o.pipelineStages == 0) throw error(f, " needs --pipeline-stages K");
+  if (given(app, "--pipeline-split") && o.pipelineCut == "annotations")
+    throw error("--pipeline-split cuts the model itself: it excludes --pipeline-cut annotations");
+  if (o.pipelineStages > 0)
+    for (const char *f : {"--save", "--checkpoint", "--resume", "--replicas", "--shard-optimizer-state"})
+      if (given(app, f))
+        throw error(f, " is not supported with --pipeline-stages yet (each stage's process holds its own weights)");
   if (given(app, "--shard-min-elements") && !o.shardOptimizerState)
     throw error("--shard-min-elements needs --shard-optimizer-state");
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))

@@ -62,6 +62,12 @@ struct TrainOptions {
   bool explainKernels = false;       ///< print the kernel of each op and why
   /// This process's replica of a data-parallel run (not replicated by default).
   Replication replication;
+  /// Pipelined training over this many processes (mpirun -np K), one stage each; 0: not pipelined.
+  int pipelineStages = 0;
+  /// Tensors after which a stage starts (pipelineStages - 1 of them); empty: balanced stages, or
+  /// the model's annotations with pipelineCut "annotations".
+  std::vector<std::string> pipelineSplit;
+  std::string pipelineCut = "auto"; ///< auto | annotations
 };
 
 /// \p message with the C++ option names of the API (SessionOptions::batchSize...) replaced by

@@ -4,10 +4,32 @@
 #include <popart/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <set>
 
 namespace popart::session {
+
+namespace {
+/// Adds the time from its construction to its destruction to \p total, when \p on.
+class Timer {
+public:
+  Timer(bool on, int64_t &total) : total_(on ? &total : nullptr) {
+    if (total_) start_ = std::chrono::steady_clock::now();
+  }
+  ~Timer() {
+    if (total_)
+      *total_ +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Timer(const Timer &) = delete;
+  Timer &operator=(const Timer &) = delete;
+
+private:
+  int64_t *total_;
+  std::chrono::steady_clock::time_point start_;
+};
+} // namespace
 
 PipelineGroups pipelineGroups(const SessionOptions &options) {
   if (options.virtualGraphMode != VirtualGraphMode::Manual && options.virtualGraphMode != VirtualGraphMode::Auto)
@@ -109,6 +131,7 @@ std::vector<std::pair<bool, int>> PipelineRun::trainingOrder(int stages, int sta
 }
 
 void PipelineRun::receive(bool forward) {
+  const Timer timer(counting_, times_.receiving);
   const auto &buffers = incoming_[forward ? 1 : 0];
   const auto &messages = incomingMessages_[forward ? 1 : 0];
   for (size_t i = 0; i < buffers.size(); ++i)
@@ -116,6 +139,7 @@ void PipelineRun::receive(bool forward) {
 }
 
 void PipelineRun::send(bool forward) {
+  const Timer timer(counting_, times_.copying);
   for (Outgoing &o : outgoing_) {
     if (o.message.forward() != forward) continue;
     const size_t slot = static_cast<size_t>(o.sent++ % static_cast<int64_t>(o.requests.size()));
@@ -128,6 +152,7 @@ void PipelineRun::send(bool forward) {
 
 void PipelineRun::stash(int microBatch) {
   if (stashDepth_ == 0) return;
+  const Timer timer(counting_, times_.copying);
   uint8_t *to = stash_.data() + static_cast<size_t>(microBatch % stashDepth_) * static_cast<size_t>(savedBytes_);
   for (const auto &[address, bytes] : saved_) {
     std::memcpy(to, address, static_cast<size_t>(bytes));
@@ -137,6 +162,7 @@ void PipelineRun::stash(int microBatch) {
 
 void PipelineRun::restore(int microBatch) {
   if (stashDepth_ == 0) return;
+  const Timer timer(counting_, times_.copying);
   const uint8_t *from =
       stash_.data() + static_cast<size_t>(microBatch % stashDepth_) * static_cast<size_t>(savedBytes_);
   for (const auto &[address, bytes] : saved_) {

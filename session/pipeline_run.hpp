@@ -72,6 +72,15 @@ public:
   /// Bytes held for the activations in flight (stash) and the messages being sent.
   int64_t stashBytes() const { return static_cast<int64_t>(stash_.size()); }
 
+  /// Time spent since the counters were last reset (ns): waiting for received tensors, and
+  /// copying activations into and out of the stash and tensors into send buffers.
+  struct Times {
+    int64_t receiving = 0, copying = 0;
+  };
+  const Times &times() const { return times_; }
+  /// Starts counting time (profiling); off by default, so that a run reads no clock.
+  void countTimes() { counting_ = true; }
+
 private:
   struct Outgoing {
     ir::StageMessage message;
@@ -90,6 +99,8 @@ private:
   std::vector<std::pair<void *, int64_t>> incoming_[2]; ///< [forward]: buffers of receives
   std::vector<const ir::StageMessage *> incomingMessages_[2];
   std::vector<Outgoing> outgoing_;
+  bool counting_ = false;
+  Times times_;
 };
 
 } // namespace popart::session

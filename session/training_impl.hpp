@@ -51,6 +51,8 @@ struct TrainingSession::Impl {
   /// the plan, whose buffers it reads and writes).
   std::optional<session::PipelineGroups> pipelineGroups;
   std::unique_ptr<session::PipelineRun> pipeline;
+  /// Pipelined and profiling: wall time of the steps run since profiling started, and their count.
+  int64_t pipelineWallNs = 0, pipelineSteps = 0;
   optimizer::AppliedOptimizer applied;
   std::vector<TensorId> weightIds;          ///< trained weights, model order
   std::vector<WeightStatus> weightStatuses; ///< every float initializer, model order
@@ -137,6 +139,9 @@ struct TrainingSession::Impl {
   /// run() of a pipelined session: \p accum micro-batches of each of \p bps batches flow through
   /// the stages in one-forward-one-backward order.
   void runPipelined(StepIO &stepio, int bps, int accum);
+  /// Pipelined: every stage's busy and waiting time per step, for profileSummary (a collective
+  /// over the stages); "" otherwise.
+  std::string pipelineSummary() const;
   void writeHostScalars();
   void resolveHyperParameters() {
     resolvedHp.clear();

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iomanip>
+#include <sstream>
 #include <type_traits>
 
 namespace popart {
@@ -107,10 +109,12 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   replication.value(o.accumulationAndReplicationReductionType);
   replication.value(o.replicatedBatchNormStatistics);
   replication.value(o.replicationBucketBytes); // the buckets decide the ranks' collectives
-  replication.value(o.enablePipelining);
-  replication.value(o.virtualGraphMode);
+
+  AgreementHash pipelining;
+  pipelining.value(o.enablePipelining);
+  pipelining.value(o.virtualGraphMode);
   for (const std::string &t : o.pipelineSplit)
-    replication.text(t);
+    pipelining.text(t);
 
   AgreementHash accumulation;
   accumulation.value(o.enableGradientAccumulation);
@@ -176,9 +180,10 @@ std::vector<AgreementGroup> agreementGroups(const session::ModelSource &model, c
   compilation.text(o.matmulTuning); // Auto's ways are agreed after compiling (agreeOnTunedWays)
 
   return {{"the model (graph or initial weights) or loss", graph.get()},
-          {"replication or pipelining options (replicatedGraphCount, accumulationAndReplicationReductionType, "
-           "replicatedBatchNormStatistics, replicationBucketBytes, enablePipelining, virtualGraphMode, pipelineSplit)",
+          {"replication options (replicatedGraphCount, accumulationAndReplicationReductionType, "
+           "replicatedBatchNormStatistics, replicationBucketBytes)",
            replication.get()},
+          {"pipelining options (enablePipelining, virtualGraphMode, pipelineSplit)", pipelining.get()},
           {"gradient accumulation (enableGradientAccumulation, accumulationFactor)", accumulation.get()},
           {"the optimiser (type, hyperparameters, loss scaling or clipping)", opt.get()},
           {"precision (precision, automaticLossScalingSettings)", precision.get()},
@@ -602,6 +607,7 @@ void TrainingSession::Impl::runPipelined(StepIO &stepio, int bps, int accum) {
   const std::vector<std::pair<bool, int>> order =
       session::PipelineRun::trainingOrder(groups.stageCount, groups.stage, accum);
   for (int b = 0; b < bps; ++b) {
+    const auto start = std::chrono::steady_clock::now();
     writeHostScalars();
     const int64_t counter = rngCounter;
     rngCounter += accum;
@@ -635,6 +641,11 @@ void TrainingSession::Impl::runPipelined(StepIO &stepio, int bps, int accum) {
     plan->run(p2b, p2e);
     ++step;
     plan->run(p3b, p3e);
+    if (plan->profiling()) {
+      pipelineWallNs +=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count();
+      ++pipelineSteps;
+    }
   }
   pipeline->finishSends();
   pipeline->shareAnchors(stepio.outputs());
@@ -705,6 +716,11 @@ const TensorId &TrainingSession::getLossId() const {
 }
 TensorInfo TrainingSession::getInfo(const TensorId &id) const {
   const_cast<TrainingSession *>(this)->prepareDevice();
+  if (const auto &p = impl_->pipeline; p && !impl_->graph->hasTensor(id)) {
+    // Another stage's anchor, which this process receives after each step (shareAnchors).
+    auto it = p->stages().producedInfo.find(id);
+    if (it != p->stages().producedInfo.end()) return impl_->streams.hostInfo(id, it->second);
+  }
   return impl_->streams.hostInfo(id, impl_->plan->info(id));
 }
 int64_t TrainingSession::getStepCount() const { return impl_->step; }
@@ -715,6 +731,7 @@ int TrainingSession::getReplicationIndex() const {
   return communicator ? communicator->rank() : 0;
 }
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
+int TrainingSession::getPipelineStage() const { return impl_->pipelineGroups ? impl_->pipelineGroups->stage : 0; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
 
@@ -726,6 +743,7 @@ std::string TrainingSession::explainKernels() const {
 void TrainingSession::enableProfiling() {
   prepareDevice();
   impl_->plan->enableProfiling();
+  if (impl_->pipeline) impl_->pipeline->countTimes();
 }
 
 void TrainingSession::writeProfileTrace(const std::string &path) const {
@@ -760,7 +778,34 @@ std::string TrainingSession::profileSummary() const {
       {"constants and hyperparameters", p.constBytes() + other}};
   // Sharded optimiser state: the replica's fp32 copies of its weight shards, which it updates.
   if (shards) memory.insert(memory.begin() + 4, {"weight shards", shards});
-  return session::profileSummary(p, memory) + session::passTimes(m.passRecords);
+  return session::profileSummary(p, memory) + m.pipelineSummary() + session::passTimes(m.passRecords);
+}
+
+std::string TrainingSession::Impl::pipelineSummary() const {
+  if (!pipeline) return "";
+  // Every stage's figures, gathered: {op ns, receiving ns, copying ns, wall ns, steps}.
+  int64_t opNs = 0;
+  for (const auto &[ns, runs] : plan->stepTimes())
+    opNs += ns;
+  const std::vector<int64_t> mine{opNs, pipeline->times().receiving, pipeline->times().copying, pipelineWallNs,
+                                  pipelineSteps};
+  const session::PipelineGroups &groups = pipeline->groups();
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(groups.stageCount));
+  groups.stages->allGather(mine.data(), all.data(), static_cast<int64_t>(mine.size()), DataType::INT64);
+  const int stages = groups.stageCount, micro = accumulation();
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2);
+  os << "pipeline: " << stages << " stages, " << micro << " micro-batches per step; the one-forward-one-backward "
+     << "schedule leaves each stage idle for " << stages - 1 << " of " << micro + stages - 1
+     << " micro-batch slots (bubble " << 100.0 * (stages - 1) / (micro + stages - 1) << "%)\n";
+  for (int k = 0; k < stages; ++k) {
+    const int64_t *f = all.data() + static_cast<size_t>(k) * mine.size();
+    const double steps = std::max<int64_t>(f[4], 1), ms = 1e-6 / steps;
+    os << "  stage " << k << ": step " << f[3] * ms << " ms, ops " << f[0] * ms << " ms (busy "
+       << (f[3] > 0 ? 100.0 * double(f[0]) / double(f[3]) : 0.0) << "%), waiting for tensors " << f[1] * ms
+       << " ms, copying activations and messages " << f[2] * ms << " ms\n";
+  }
+  return os.str();
 }
 
 } // namespace popart

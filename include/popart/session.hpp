@@ -148,6 +148,8 @@ public:
   float getLossScale() const;
   /// This replica's index, from 0 (its communicator's rank); 0 without replication.
   int getReplicationIndex() const;
+  /// The pipeline stage this process runs, from 0; 0 without pipelining (enablePipelining).
+  int getPipelineStage() const;
   /// Weight updates skipped for non-finite gradients (dynamic loss scaling).
   int64_t getSkippedSteps() const;
   std::string dumpIr() const;
@@ -159,7 +161,9 @@ public:
   void enableProfiling();
   /// Writes the recorded spans as a Chrome trace (chrome://tracing or ui.perfetto.dev).
   void writeProfileTrace(const std::string &path) const;
-  /// Per-op and per-op-type share of time, time per run, GFLOP/s and GB/s, and a memory report.
+  /// Per-op and per-op-type share of time, time per run, GFLOP/s and GB/s, and a memory report;
+  /// pipelined, also every stage's busy and waiting time per step (then a collective: every
+  /// stage's process must call it).
   std::string profileSummary() const;
 
 private:

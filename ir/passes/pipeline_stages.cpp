@@ -63,14 +63,39 @@ void checkStages(const std::vector<Op *> &schedule, int stages) {
   }
 }
 
-/// Contiguous pieces of \p schedule of about equal estimated cost, each at least one op.
-void balance(const std::vector<Op *> &schedule, int stages) {
+/// The estimated cost of \p op in a training step: its forward (estimatedSeconds), as much again
+/// for each input whose gradient autodiff will compute (an input that is or depends on a trained
+/// weight), and the optimiser's pass over each trained weight it reads (about six times its bytes
+/// read or written: the weight, its gradient and the optimiser's state).
+double trainingCost(const Op &op, const std::set<const Tensor *> &needGradient, const std::set<TensorId> &weights) {
+  const double forward = estimatedSeconds(op);
+  double cost = forward;
+  for (const Tensor *t : op.inputs)
+    if (t && needGradient.count(t)) {
+      cost += forward;
+      if (weights.count(t->id())) cost += 6.0 * static_cast<double>(t->info().byteCount()) / 10e9;
+    }
+  return cost;
+}
+
+/// Contiguous pieces of \p schedule of about equal estimated training cost, each at least one op.
+void balance(const std::vector<Op *> &schedule, int stages, const TrainingTensors &tt) {
+  const std::set<TensorId> weights(tt.weights.begin(), tt.weights.end());
+  std::set<const Tensor *> needGradient;
+  for (const Op *op : schedule)
+    for (const Tensor *t : op->inputs)
+      if (t && weights.count(t->id())) needGradient.insert(t);
+  for (const Op *op : schedule)
+    if (std::any_of(op->inputs.begin(), op->inputs.end(), [&](const Tensor *t) { return needGradient.count(t); }))
+      for (const Tensor *t : op->outputs)
+        if (t) needGradient.insert(t);
   const auto n = static_cast<int64_t>(schedule.size());
   if (n < stages)
     throw error("cannot cut ", n, " ops into ", stages, " pipeline stages: the model has fewer ops than stages");
   std::vector<double> prefix(static_cast<size_t>(n) + 1, 0.0);
   for (int64_t i = 0; i < n; ++i)
-    prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + estimatedSeconds(*schedule[size_t(i)]);
+    prefix[static_cast<size_t>(i) + 1] =
+        prefix[static_cast<size_t>(i)] + trainingCost(*schedule[size_t(i)], needGradient, weights);
   const double total = prefix.back();
   // Stage k starts at the op whose cost midpoint first passes k/stages of the total, moved so that
   // every stage keeps at least one op.
@@ -142,7 +167,7 @@ int assignPipelineStages(Graph &g, PassContext &c) {
       if (stage) setStage(*op, static_cast<int>(*stage));
     }
     break;
-  case PipelineSettings::Cut::Balanced: balance(schedule, settings.stages); break;
+  case PipelineSettings::Cut::Balanced: balance(schedule, settings.stages, c.state<TrainingTensors>()); break;
   case PipelineSettings::Cut::AtTensors: cutAtTensors(g, schedule, settings.splitAt, settings.stages); break;
   }
   followNeighbours(schedule);
@@ -201,8 +226,12 @@ int splitPipelineStages(Graph &g, PassContext &c) {
     if (all[i].to == settings.stage) ps.receives.push_back(all[i]);
   }
   ps.producerStage.clear();
+  ps.producedInfo.clear();
   for (const TensorId &id : c.keep)
-    if (const Tensor *t = g.findTensor(id); t && t->producer()) ps.producerStage[id] = stageOf(*t->producer());
+    if (const Tensor *t = g.findTensor(id); t && t->producer()) {
+      ps.producerStage[id] = stageOf(*t->producer());
+      ps.producedInfo[id] = t->info();
+    }
 
   int removed = 0;
   for (Op *op : schedule)

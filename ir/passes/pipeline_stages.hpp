@@ -55,6 +55,8 @@ struct PipelineStages {
   /// The stage whose ops produce each tensor that the session reads (the loss and the anchors
   /// named by PassContext::keep before the split); tensors without a producer are not listed.
   std::map<TensorId, int> producerStage;
+  /// Their infos, so that every stage can size the host buffers of those another stage produces.
+  std::map<TensorId, TensorInfo> producedInfo;
   /// The estimated cost (seconds, see assignPipelineStages) of each stage's forward ops.
   std::vector<double> stageCost;
 };
