@@ -93,6 +93,7 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--clip-norm",
                                   "--accumulate",
                                   "--bucket-bytes",
+                                  "--recompute",
                                   "--replica-bn-stats",
                                   "--shard-optimizer-state",
                                   "--shard-min-elements",
@@ -309,6 +310,10 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
                  "replicated: all-reduce the gradients in buckets of this many bytes overlapping the backward "
                  "(default 4194304; 0: one blocking all-reduce per gradient; SessionOptions::replicationBucketBytes)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--recompute", o.recompute,
+                 "none (default) | standard | normonly | all | pipeline: forward activations the backward pass "
+                 "recomputes instead of keeping them (SessionOptions::autoRecomputation, docs/training.md)")
+      ->check(CLI::IsMember({"none", "standard", "normonly", "all", "pipeline"}));
   app.add_option("--steps", o.steps, "weight updates to run (default: one epoch)")->check(CLI::PositiveNumber);
   app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
   app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
@@ -364,6 +369,12 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.kernels = o.kernels;
   so.precision = o.precision;
   so.fuseOps = o.fuseOps;
+  const std::map<std::string, RecomputationType> recomputation{{"none", RecomputationType::None},
+                                                               {"standard", RecomputationType::Standard},
+                                                               {"normonly", RecomputationType::NormOnly},
+                                                               {"all", RecomputationType::RecomputeAll},
+                                                               {"pipeline", RecomputationType::Pipeline}};
+  so.autoRecomputation = recomputation.at(o.recompute);
   so.disabledPasses = o.disabledPasses;
   so.dumpIrAfter = o.dumpIrAfter;
   so.verifyIr = o.verifyIr;

@@ -51,6 +51,7 @@ const std::vector<std::string> &trainingPipeline() {
       "findWeights",
       "scaleLoss",
       "buildGradients",
+      "recompute",              // right after autodiff: it tells the forward ops from the backward ops by their ids
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
       "holdShardedGradients",   // sharded weights' gradients are reduce-scattered by applyOptimizer instead
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size

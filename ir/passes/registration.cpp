@@ -20,6 +20,7 @@ void registerLossFusionPasses(PassRegistry &r);
 void registerRecurrentStatePasses(PassRegistry &r);
 void registerPrecisionPasses(PassRegistry &r);
 void registerRecomputeCastPasses(PassRegistry &r);
+void registerRecomputePasses(PassRegistry &r);
 
 void registerIrPasses() {
   static std::once_flag once;
@@ -39,6 +40,7 @@ void registerIrPasses() {
     registerRecurrentStatePasses(r);
     registerPrecisionPasses(r);
     registerRecomputeCastPasses(r);
+    registerRecomputePasses(r);
   });
 }
 
