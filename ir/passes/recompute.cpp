@@ -187,11 +187,10 @@ RecomputePlan planRecomputation(const Graph &graph, const TensorId &scaledLoss, 
   // The last forward op that the backward pass reads is kept, so that the backward pass depends on
   // the forward pass: with everything recomputed from the inputs, the backward ops would not, and
   // the schedule could run them first.
-  int64_t lastForward = -1;
   for (const Op *op : plan.forward)
-    lastForward = std::max(lastForward, op->id);
+    plan.lastForwardId = std::max(plan.lastForwardId, op->id);
   for (auto op = plan.forward.rbegin(); op != plan.forward.rend(); ++op)
-    if (readInBackward(**op, lastForward)) {
+    if (readInBackward(**op, plan.lastForwardId)) {
       chosen.erase(*op);
       break;
     }
@@ -210,10 +209,6 @@ RecomputePlan planRecomputation(const Graph &graph, const TensorId &scaledLoss, 
 int recompute(Graph &graph, const TensorId &scaledLoss, RecomputeMode mode) {
   const RecomputePlan plan = planRecomputation(graph, scaledLoss, mode);
   if (plan.chosen.empty()) return 0;
-  // Every forward op exists before autodiff, which numbers its ops after them.
-  int64_t lastForward = -1;
-  for (const Op *op : plan.forward)
-    lastForward = std::max(lastForward, op->id);
   const std::set<const Op *> forward(plan.forward.begin(), plan.forward.end());
   std::map<const Op *, Op *> clones;
   // The clone of chosen op \p op, made with the clones of the chosen ops it reads.
@@ -250,7 +245,7 @@ int recompute(Graph &graph, const TensorId &scaledLoss, RecomputeMode mode) {
   };
   std::vector<Op *> backward;
   for (const auto &op : graph.ops())
-    if (op->id > lastForward && !forward.count(op.get())) backward.push_back(op.get());
+    if (op->id > plan.lastForwardId && !forward.count(op.get())) backward.push_back(op.get());
   for (Op *reader : backward)
     for (size_t k = 0; k < reader->inputCount(); ++k) {
       const Tensor *t = reader->inputs[k];

@@ -29,6 +29,9 @@ struct RecomputeOptions {
 struct RecomputePlan {
   std::vector<Op *> forward;   ///< ancestors of the scaled loss, in schedule order
   std::set<const Op *> chosen; ///< forward ops whose outputs the backward pass reads recomputed
+  /// The largest id of a forward op: autodiff, which runs after every forward op exists, numbers
+  /// the backward ops above it.
+  int64_t lastForwardId = -1;
 };
 
 /// The plan of recompute(\p graph, \p scaledLoss, \p mode); throws naming the op when an op
