@@ -93,6 +93,7 @@ const char *const kTrainOnly[] = {"--loss",
                                   "--clip-norm",
                                   "--accumulate",
                                   "--bucket-bytes",
+                                  "--recompute",
                                   "--replica-bn-stats",
                                   "--shard-optimizer-state",
                                   "--shard-min-elements",
@@ -325,6 +326,10 @@ void addTrainOptions(CLI::App &app, TrainOptions &o) {
                  "--pipeline-stages: auto (the default: --pipeline-split, else balanced) or annotations (the "
                  "model's __pipeline_stage / __ipu_number node attributes, as PopART's Builder writes them)")
       ->check(CLI::IsMember({"auto", "annotations"}));
+  app.add_option("--recompute", o.recompute,
+                 "none (default) | standard | normonly | all | pipeline: forward activations the backward pass "
+                 "recomputes instead of keeping them (SessionOptions::autoRecomputation, docs/training.md)")
+      ->check(CLI::IsMember({"none", "standard", "normonly", "all", "pipeline"}));
   app.add_option("--steps", o.steps, "weight updates to run (default: one epoch)")->check(CLI::PositiveNumber);
   app.add_option("--epochs", o.epochs, "epochs to run")->check(CLI::PositiveNumber);
   app.add_flag("--shuffle", o.shuffle, "shuffle the samples every epoch (seeded by --seed)");
@@ -380,6 +385,12 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.kernels = o.kernels;
   so.precision = o.precision;
   so.fuseOps = o.fuseOps;
+  const std::map<std::string, RecomputationType> recomputation{{"none", RecomputationType::None},
+                                                               {"standard", RecomputationType::Standard},
+                                                               {"normonly", RecomputationType::NormOnly},
+                                                               {"all", RecomputationType::RecomputeAll},
+                                                               {"pipeline", RecomputationType::Pipeline}};
+  so.autoRecomputation = recomputation.at(o.recompute);
   so.disabledPasses = o.disabledPasses;
   so.dumpIrAfter = o.dumpIrAfter;
   so.verifyIr = o.verifyIr;

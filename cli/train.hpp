@@ -33,6 +33,8 @@ struct TrainOptions {
   std::string replicaBnStats = "local"; ///< SessionOptions::replicatedBatchNormStatistics
   /// SessionOptions::replicationBucketBytes under mpirun; -1 keeps the session's default.
   int64_t bucketBytes = -1;
+  /// SessionOptions::autoRecomputation: none, standard, normonly, all or pipeline.
+  std::string recompute = "none";
   /// Replicated: each replica keeps and updates 1/N of the optimiser state (SessionOptions::
   /// optimizerStateTensorLocationSettings' replicatedTensorSharding On).
   bool shardOptimizerState = false;

@@ -134,6 +134,7 @@ std::unique_ptr<Graph> Graph::clone() const {
   for (const auto &[id, t] : tensors_) {
     Tensor &c = g->addTensor(id, t->kind(), t->info());
     c.setData(t->data());
+    c.setRecomputed(t->recomputed());
   }
   // addOp takes over the copied output tensors (no producer yet), keeping their infos.
   std::vector<Op *> order;
@@ -168,6 +169,39 @@ TensorId Graph::uniqueId(const std::string &prefix) {
   }
 }
 
+namespace {
+
+/// The ops with a Tensor::recomputed output, in an order where each comes after those of them it
+/// reads (insertion order otherwise); throws on a cycle among them.
+std::vector<Op *> recomputingOps(const Graph &graph, std::map<const Op *, std::vector<Op *>> &successors) {
+  std::vector<Op *> late;
+  std::map<const Op *, size_t> pending;
+  for (const auto &op : graph.ops())
+    if (std::any_of(op->outputs.begin(), op->outputs.end(), [](const Tensor *t) { return t && t->recomputed(); })) {
+      late.push_back(op.get());
+      pending[op.get()] = 0;
+    }
+  if (late.empty()) return late;
+  for (const Op *l : late)
+    for (const Op *c : successors[l])
+      if (auto it = pending.find(c); it != pending.end()) ++it->second;
+  std::deque<Op *> ready;
+  for (Op *l : late)
+    if (pending[l] == 0) ready.push_back(l);
+  std::vector<Op *> ordered;
+  while (!ready.empty()) {
+    Op *l = ready.front();
+    ready.pop_front();
+    ordered.push_back(l);
+    for (Op *c : successors[l])
+      if (auto it = pending.find(c); it != pending.end() && --it->second == 0) ready.push_back(c);
+  }
+  if (ordered.size() != late.size()) throw error("the graph has a cycle among the ops recomputing tensors");
+  return ordered;
+}
+
+} // namespace
+
 std::vector<Op *> Graph::schedule() const {
   // Edges: producer -> consumer, and reader -> op updating that input in place. Successors are
   // kept in the order the edges are found (ops in insertion order), not by address: the schedule,
@@ -191,13 +225,51 @@ std::vector<Op *> Graph::schedule() const {
         for (Op *reader : op->input(static_cast<size_t>(m.input)).consumers())
           addEdge(reader, op.get());
   }
+  // Ops recomputing a value for the backward pass (an output Tensor::recomputed) would be ready as
+  // soon as the forward tensors they read are, and their outputs would stay live from there to
+  // the backward pass. They are left out of the ordering too and placed afterwards just before
+  // their first successor; so that the ordering still runs everything they read before their
+  // readers, each of their readers outside them depends on the ops outside them that they read
+  // (through other recomputing ops).
+  std::vector<Op *> late = recomputingOps(*this, successors);
+  std::set<const Op *> lateSet(late.begin(), late.end());
   // Ops that depend on nothing (the Casts of weights and graph inputs, ops reading only
   // constants) would all be ready at the start, and their outputs would stay live from the first
   // step to their readers. They are left out of the ordering and placed afterwards just before
   // their first successor, so that a weight's 16-bit copy lives only while its layer runs.
   std::vector<Op *> sources;
   for (const auto &op : ops_)
-    if (pending[op.get()] == 0) sources.push_back(op.get());
+    if (pending[op.get()] == 0 && !lateSet.count(op.get())) sources.push_back(op.get());
+  if (!late.empty()) {
+    // Per late op, the ops outside late it reads through late ops, in the order found (not by
+    // address, so that the schedule is the same in every run).
+    std::map<const Op *, std::vector<Op *>> outer;
+    auto addOuter = [&](const Op *l, Op *p) {
+      std::vector<Op *> &o = outer[l];
+      if (std::find(o.begin(), o.end(), p) == o.end()) o.push_back(p);
+    };
+    std::map<const Op *, std::vector<Op *>> predecessors;
+    for (const auto &op : ops_)
+      for (Op *c : successors[op.get()])
+        predecessors[c].push_back(op.get());
+    for (const Op *l : late) // in topological order
+      for (Op *p : predecessors[l])
+        if (lateSet.count(p))
+          for (Op *q : std::vector<Op *>(outer[p]))
+            addOuter(l, q);
+        else
+          addOuter(l, p);
+    for (const Op *l : late) {
+      const std::vector<Op *> readers = successors[l]; // addEdge may grow successors
+      for (Op *s : readers)
+        if (!lateSet.count(s))
+          for (Op *p : outer[l])
+            addEdge(p, s);
+    }
+    for (const Op *l : late)
+      for (Op *c : successors[l])
+        --pending[c];
+  }
   for (const Op *source : sources)
     for (Op *c : successors[source])
       --pending[c];
@@ -208,7 +280,8 @@ std::vector<Op *> Graph::schedule() const {
   // Keyed 2 · phase + late: a phase's OpDef::scheduleLate ops queue after its others.
   auto key = [](const Op *op) { return 2 * op->phase + (op->def && op->def->scheduleLate ? 1 : 0); };
   for (const auto &op : ops_)
-    if (pending[op.get()] == 0 && !sourceSet.count(op.get())) ready[key(op.get())].push_back(op.get());
+    if (pending[op.get()] == 0 && !sourceSet.count(op.get()) && !lateSet.count(op.get()))
+      ready[key(op.get())].push_back(op.get());
   std::vector<Op *> order;
   order.reserve(ops_.size());
   while (!ready.empty()) {
@@ -221,9 +294,9 @@ std::vector<Op *> Graph::schedule() const {
                   order.back()->phase);
     order.push_back(op);
     for (Op *c : successors[op])
-      if (--pending[c] == 0) ready[key(c)].push_back(c);
+      if (--pending[c] == 0 && !lateSet.count(c)) ready[key(c)].push_back(c);
   }
-  if (order.size() + sources.size() != ops_.size()) {
+  if (order.size() + sources.size() + late.size() != ops_.size()) {
     for (const auto &op : ops_)
       if (pending[op.get()] > 0)
         for (Tensor *t : op->inputs)
@@ -237,23 +310,32 @@ std::vector<Op *> Graph::schedule() const {
   std::map<const Op *, size_t> position;
   for (size_t i = 0; i < order.size(); ++i)
     position[order[i]] = i;
-  std::vector<std::vector<Op *>> before(order.size() + 1);
-  for (Op *source : sources) {
+  // Late ops are placed first, from the last (whose successors' places are known then), each in
+  // the place of its first successor; sources go before the late ops of their place.
+  std::map<const Op *, size_t> lateAt;
+  auto placeOf = [&](const Op *op) {
     auto phaseEnd =
-        std::partition_point(order.begin(), order.end(), [&](const Op *op) { return op->phase <= source->phase; });
+        std::partition_point(order.begin(), order.end(), [&](const Op *o) { return o->phase <= op->phase; });
     size_t at = static_cast<size_t>(phaseEnd - order.begin());
-    for (const Op *c : successors[source]) {
-      if (c->phase < source->phase)
-        throw error(c->debugName(), " of phase ", c->phase, " depends on ", source->debugName(), " of phase ",
-                    source->phase);
-      at = std::min(at, position.at(c));
+    for (const Op *c : successors[op]) {
+      if (c->phase < op->phase)
+        throw error(c->debugName(), " of phase ", c->phase, " depends on ", op->debugName(), " of phase ", op->phase);
+      at = std::min(at, lateSet.count(c) ? lateAt.at(c) : position.at(c));
     }
-    before[at].push_back(source);
-  }
+    return at;
+  };
+  for (auto l = late.rbegin(); l != late.rend(); ++l)
+    lateAt[*l] = placeOf(*l);
+  std::vector<std::vector<Op *>> before(order.size() + 1), lateBefore(order.size() + 1);
+  for (Op *source : sources)
+    before[placeOf(source)].push_back(source);
+  for (Op *l : late)
+    lateBefore[lateAt.at(l)].push_back(l);
   std::vector<Op *> result;
   result.reserve(ops_.size());
   for (size_t i = 0; i <= order.size(); ++i) {
     result.insert(result.end(), before[i].begin(), before[i].end());
+    result.insert(result.end(), lateBefore[i].begin(), lateBefore[i].end());
     if (i < order.size()) result.push_back(order[i]);
   }
   return result;

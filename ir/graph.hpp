@@ -64,7 +64,8 @@ public:
   TensorId uniqueId(const std::string &prefix);
 
   /// Ops in an order where every producer comes before its consumers; throws on a cycle,
-  /// naming a tensor on it.
+  /// naming a tensor on it. Ops that read no op's output, and ops writing a Tensor::recomputed
+  /// tensor, run just before their first reader.
   std::vector<Op *> schedule() const;
   /// Checks every consumed tensor is a graph input, a constant/variable or produced by an op.
   void checkConnected() const;

@@ -44,6 +44,11 @@ public:
   const std::vector<Op *> &consumers() const { return consumers_; }
   void addConsumer(Op *op) { consumers_.push_back(op); }
   void removeConsumer(Op *op);
+  /// A value computed again for the backward pass (ir/passes/recompute.hpp): Graph::schedule()
+  /// runs its producer just before its first reader, so that it is not live from the forward pass
+  /// on. Kept on the tensor, not the op, so that a rewrite fusing its producer keeps it.
+  bool recomputed() const { return recomputed_; }
+  void setRecomputed(bool recomputed) { recomputed_ = recomputed; }
 
 private:
   TensorId id_;
@@ -52,6 +57,7 @@ private:
   std::shared_ptr<TensorData> data_;
   Op *producer_ = nullptr;
   std::vector<Op *> consumers_;
+  bool recomputed_ = false;
 };
 
 } // namespace popart::ir

@@ -52,6 +52,7 @@ const std::vector<std::string> &trainingPipeline() {
       "scaleLoss",
       "assignPipelineStages", // pipelining: the forward ops' stages, which autodiff gives their gradients
       "buildGradients",
+      "recompute",              // right after autodiff: it tells the forward ops from the backward ops by their ids
       "keepWeightGradientsLow", // before the optimiser: its update ops read the 16-bit gradients
       "splitPipelineStages",    // pipelining: this process's stage alone, before its weights get updates
       "allReduceGradients",     // after keepWeightGradientsLow: 16-bit gradients travel at their size

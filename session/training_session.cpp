@@ -7,6 +7,7 @@
 #include "comm/mpi_communicator.hpp"
 #include "core/log.hpp"
 #include "ir/passes/pipeline_stages.hpp"
+#include "ir/passes/recompute.hpp"
 #include "optimizer/passes.hpp"
 #include "optimizer/replication.hpp"
 #include "session/pipelines.hpp"
@@ -218,6 +219,18 @@ void checkReplicasAgree(comm::Communicator &communicator, const std::vector<Agre
               differences);
 }
 
+ir::RecomputeMode recomputeMode(RecomputationType type) {
+  switch (type) {
+  case RecomputationType::None: return ir::RecomputeMode::None;
+  case RecomputationType::Standard: return ir::RecomputeMode::Standard;
+  case RecomputationType::NormOnly: return ir::RecomputeMode::NormOnly;
+  case RecomputationType::RecomputeAll: return ir::RecomputeMode::All;
+  case RecomputationType::Pipeline: return ir::RecomputeMode::Pipeline;
+  }
+  throw error("SessionOptions.autoRecomputation is ", static_cast<int>(type),
+              ", not a RecomputationType (None, Standard, NormOnly, RecomputeAll, Pipeline)");
+}
+
 } // namespace
 
 std::unique_ptr<ir::Graph> TrainingSession::Impl::shapedImport(autodiff::Constants *constants, bool inferShapes) const {
@@ -296,6 +309,7 @@ void TrainingSession::Impl::compile() {
   context.state<ir::PrecisionPolicy>() = precision;
   pipeline.reset();
   if (pipelineGroups) context.state<ir::PipelineSettings>() = session::pipelineSettings(*pipelineGroups, options);
+  context.state<ir::RecomputeOptions>().mode = recomputeMode(options.autoRecomputation);
   passRecords =
       ir::runPipeline("training", session::trainingPipeline(), *g, context, session::pipelineOptions(options));
 

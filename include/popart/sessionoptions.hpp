@@ -56,6 +56,18 @@ enum class ReplicatedStatistics {
   Mean   ///< after each update the replicas' running statistics are averaged: all ranks hold the same
 };
 
+/// Automatic recomputation (PopART's RecomputationType; docs/training.md, "Recomputation"):
+/// which forward activations the backward pass recomputes instead of reading them kept from the
+/// forward pass. Ops annotated Recompute or Checkpoint (Builder::recomputeOutputInBackwardPass)
+/// are recomputed or kept whatever the mode.
+enum class RecomputationType {
+  None,         ///< only the ops annotated Recompute
+  Standard,     ///< checkpoints spaced along the forward schedule (about sqrt(2N) of N ops); the rest recomputed
+  NormOnly,     ///< the normalisation ops (BatchNorm, LayerNorm, GroupNorm, InstanceNorm)
+  RecomputeAll, ///< every forward op: only graph inputs and weights are kept
+  Pipeline      ///< checkpoints are the tensors crossing __pipeline_stage boundaries and the graph inputs
+};
+
 /// Options that change how a session compiles and runs; the defaults suit most models.
 /// Whether a tensor class is sharded over the replicas (PopART's ReplicatedTensorSharding).
 enum class ReplicatedTensorSharding { Off, On };
@@ -188,6 +200,9 @@ struct SessionOptions {
   /// just before the optimiser, so that communication overlaps the rest of the backward
   /// (docs/distributed.md, "Overlapping the all-reduce"). 0: one blocking all-reduce per gradient.
   int64_t replicationBucketBytes = int64_t{4} << 20;
+  /// Training: which forward activations the backward pass recomputes (RecomputationType), on
+  /// top of the ops annotated Recompute; results are the same bit for bit in every mode.
+  RecomputationType autoRecomputation = RecomputationType::None;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).

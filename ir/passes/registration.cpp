@@ -21,6 +21,7 @@ void registerRecurrentStatePasses(PassRegistry &r);
 void registerPrecisionPasses(PassRegistry &r);
 void registerRecomputeCastPasses(PassRegistry &r);
 void registerPipelineStagePasses(PassRegistry &r);
+void registerRecomputePasses(PassRegistry &r);
 
 void registerIrPasses() {
   static std::once_flag once;
@@ -41,6 +42,7 @@ void registerIrPasses() {
     registerPrecisionPasses(r);
     registerRecomputeCastPasses(r);
     registerPipelineStagePasses(r);
+    registerRecomputePasses(r);
   });
 }
 

@@ -63,6 +63,9 @@ expect 0 "x 2 accumulated, 5 steps" -- "$RUN" "$M" --train "${D[@]}" --accumulat
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --optimizer lamb --loss-scaling dynamic --steps 4
 expect 0 "ai.graphcore::AdamUpdate-" -- "$RUN" "$M" --train "${D[@]}" --optimizer adamw --steps 1 --dump-ir
 expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --steps 2 --no-fusion
+expect 0 "_recomputed" -- "$RUN" "$M" --train "${D[@]}" --steps 1 --recompute all --dump-ir
+expect 2 "recompute: most not in" -- "$RUN" "$M" --train "${D[@]}" --recompute most
+expect 2 "error: --recompute needs --train" -- "$RUN" "$M" --recompute standard
 # The pass manager: the pipelines listed, passes disabled or dumped by name, unknown names refused.
 expect 0 "^training pipeline:" -- "$RUN" --passes
 expect 0 "^  [0-9]+\. fuseMatMulBias: " -- "$RUN" --passes
