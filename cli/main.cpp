@@ -465,6 +465,7 @@ static int runMain(int argc, char **argv) {
     }
     if (train.pipelineStages > 0) {
       if (!train.train) throw error("--pipeline-stages trains a model in stages: it needs --train");
+      cli::checkTrainFlags(app, train); // before starting the stages, which would all say the same
       if (!env.underMpirun())
         cli::launchReplicas(train.pipelineStages, opt.threads, argc, argv, "--pipeline-stages", "pipeline stages");
       if (env.size != train.pipelineStages)

@@ -172,6 +172,28 @@ EOF
   then passes=$((passes + 1)); else fail "--replica-bn-stats $stats: rank 0's running mean"; fi
 done
 
+# --pipeline-stages 2 (docs/distributed.md, "Pipelining"): popart-run starts mpirun itself, the
+# stages are balanced by estimate, and the loss that rank 0 prints (the last stage's, sent to every
+# rank) is that of one process accumulating the same micro-batches.
+P=("$M" --train "${D[@]}" --steps 6 --seed 5 --optimizer sgd --lr 0.05 --momentum 0.9 --accumulate 4)
+"$RUN" "${P[@]}" --threads 1 >"$TMP/pipe_one.txt" 2>&1 || fail "one process for pipelining: $(tail -3 "$TMP/pipe_one.txt")"
+"$RUN" "${P[@]}" --pipeline-stages 2 >"$TMP/pipe_two.txt" 2>&1 ||
+  fail "--pipeline-stages 2: $(tail -5 "$TMP/pipe_two.txt")"
+count_is "$TMP/pipe_two.txt" "^popart-run: starting 2 pipeline stages: .*mpirun .*-np 2 .*--pipeline-stages 2" 1
+count_is "$TMP/pipe_two.txt" "^final loss: " 1
+if /usr/bin/python3 - "$TMP/pipe_one.txt" "$TMP/pipe_two.txt" <<'EOF'
+import re, sys
+one, two = (float(re.search(r"^final loss: ([0-9.e+-]+)", open(p).read(), re.M).group(1)) for p in sys.argv[1:3])
+print(f"final loss: one process {one}, 2 stages {two}")
+sys.exit(0 if abs(one - two) <= 1e-5 * abs(one) else 1)
+EOF
+then passes=$((passes + 1)); else fail "2 pipeline stages end with another loss than one process"; fi
+expect 2 "error: --pipeline-split needs --pipeline-stages K" -- "$RUN" "$M" --train "${D[@]}" --pipeline-split h
+expect 2 "error: --save is not supported with --pipeline-stages yet" -- \
+  "$RUN" "$M" --train "${D[@]}" --pipeline-stages 2 --save "$TMP/p.onnx"
+expect 2 "error: rank 0 of 2: .*pipelineSplit: 'nope' is not a tensor that an op of the model produces" -- \
+  "${MPI[@]}" -np 2 "$RUN" "$M" --train "${D[@]}" --accumulate 2 --pipeline-stages 2 --pipeline-split nope
+
 # The Fashion-MNIST example goes through the sampler too; rank 0 evaluates.
 if [[ -d /usr/share/datasets/fashion-mnist ]]; then
   "${MPI[@]}" -np 2 "$RUN" --example fashion-mnist --steps 30 >"$TMP/fmnist.txt" 2>&1 ||

@@ -142,6 +142,8 @@ Model transformer() {
 struct Cut {
   VirtualGraphMode mode = VirtualGraphMode::Manual;
   std::vector<std::string> splitAt;
+  /// The pipelined side's SessionOptions::autoRecomputation (the unpipelined one recomputes nothing).
+  RecomputationType recompute = RecomputationType::None;
 };
 
 /// What a run ends with: this process's weights by name, and the loss anchor of every micro-batch.
@@ -176,6 +178,7 @@ Result train(const Model &model, const Optimizer &opt, int accumulation, bool pi
     so.enablePipelining = true;
     so.virtualGraphMode = cut.mode;
     so.pipelineSplit = cut.splitAt;
+    so.autoRecomputation = cut.recompute;
     so.communicator = world();
     if (replicas > 1) {
       so.enableReplicatedGraphs = true;
@@ -295,6 +298,11 @@ TEST(Pipeline, TransformerBalancedSgdMomentum) {
 
 TEST(Pipeline, TransformerBalancedAdamW) {
   checkEquivalent(transformer(), adamW(), 4, 1, {VirtualGraphMode::Auto, {}});
+}
+
+TEST(Pipeline, TransformerWithPipelineRecomputation) {
+  // Each stage recomputes its forward in the backward from what crosses the stages: the same weights.
+  checkEquivalent(transformer(), adamW(4.0f), 4, 1, {VirtualGraphMode::Auto, {}, RecomputationType::Pipeline});
 }
 
 TEST(Pipeline, ReplicatedTwoByTwo) {
