@@ -4,7 +4,9 @@
 #include "core/dispatch.hpp"
 #include "core/log.hpp"
 #include "ir/passes/passes.hpp"
+#include "ir/passes/pipeline_stages.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include "session/pipeline_run.hpp"
 #include "session/pipelines.hpp"
 #include "session/profile.hpp"
 #include "session/session_common.hpp"
@@ -14,6 +16,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -34,6 +37,9 @@ struct InferenceSession::Impl {
   std::unique_ptr<ir::Graph> graph;         ///< specialised for the current input shapes
   backend_cpu::KernelContext kernelContext; ///< what the plan's kernels are created with
   std::unique_ptr<backend_cpu::ExecutionPlan> plan;
+  /// With enablePipelining: the job's process groups, and this stage's side of a run.
+  std::optional<session::PipelineGroups> pipelineGroups;
+  std::unique_ptr<session::PipelineRun> pipeline;
   std::map<TensorId, TensorInfo> compiledInfos;
   std::map<TensorId, TensorData> compiledValues;
   bool profiling = false;
@@ -78,10 +84,15 @@ struct InferenceSession::Impl {
         context.keep.push_back(a);
       }
     context.state<ir::PrecisionPolicy>() = session::precisionPolicy(options, false);
+    pipeline.reset();
+    if (pipelineGroups) context.state<ir::PipelineSettings>() = session::pipelineSettings(*pipelineGroups, options);
     passRecords =
         ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
     streams.host = context.state<ir::StreamTypes>().host;
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
+    if (pipelineGroups) // no backward: nothing to hold between runs
+      pipeline =
+          std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan, 0);
     if (profiling) plan->enableProfiling();
     graph = std::move(g);
     compiledInfos = infos;
@@ -129,7 +140,13 @@ std::unique_ptr<InferenceSession> InferenceSession::createFromOnnxModel(const st
   m.kernelContext = session::kernelContext(options);
   // Replicas of an inference session each run their own inputs; the communicator serves the
   // collective ops a model may hold, and getReplicationIndex.
-  m.kernelContext.communicator = session::replicationCommunicator(options);
+  if (options.enablePipelining) {
+    // Pipelined inference: the batches of a step flow through the stages, one process each.
+    m.pipelineGroups = session::pipelineGroups(options);
+    m.kernelContext.communicator = m.pipelineGroups->replicas;
+  } else {
+    m.kernelContext.communicator = session::replicationCommunicator(options);
+  }
   session::precisionPolicy(options, false); // a bad mode is an error now, not at prepareDevice
   session::ModelSource src = session::loadModel(model);
   m.modelBytes = std::move(src.bytes);
@@ -225,8 +242,12 @@ void InferenceSession::run(StepIO &stepio) {
     if (m.plan) logging::logger().info("input shapes or shape values changed: recompiling");
     m.compile(infos, arrays);
   }
+  if (m.pipeline && !m.valueInputs.empty())
+    throw error("pipelined inference needs input shapes that do not depend on input values (", *m.valueInputs.begin(),
+                ")");
   for (const auto &[id, arr] : stepio.outputs()) {
     if (!m.dataFlow.isAnchored(id)) throw error("StepIO output '", id, "' is not an anchor of the DataFlow");
+    if (m.pipeline && !m.graph->hasTensor(id)) continue; // another stage's, which sends it (shareAnchors)
     const TensorInfo info = m.streams.hostInfo(id, m.plan->info(id));
     Shape expected = info.shape();
     int count = m.dataFlow.returnedCount(id);
@@ -258,8 +279,11 @@ void InferenceSession::run(StepIO &stepio) {
       if (bytes == 0) continue;
       m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + b * bytes, m.plan->address(id));
     }
+    if (m.pipeline) m.pipeline->receive(true);
     m.plan->run();
+    if (m.pipeline) m.pipeline->send(true);
     for (const auto &[id, arr] : stepio.outputs()) {
+      if (m.pipeline && !m.graph->hasTensor(id)) continue;
       const AnchorReturnType &art = m.dataFlow.art(id);
       const TensorInfo &info = m.plan->info(id);
       const void *src = m.plan->address(id);
@@ -272,12 +296,20 @@ void InferenceSession::run(StepIO &stepio) {
       session::writeAnchor(art, m.streams.hostInfo(id, info), info.dataType(), src, arr, b, bps);
     }
   }
+  if (m.pipeline) {
+    m.pipeline->finishSends();
+    m.pipeline->shareAnchors(stepio.outputs());
+  }
 }
 
 std::vector<TensorId> InferenceSession::getInputIds() const { return impl_->inputIds; }
 std::vector<TensorId> InferenceSession::getOutputIds() const { return impl_->outputIds; }
 
 TensorInfo InferenceSession::getInfo(const TensorId &id) const {
+  if (const auto &p = impl_->pipeline; p && !impl_->graph->hasTensor(id)) {
+    auto it = p->stages().producedInfo.find(id);
+    if (it != p->stages().producedInfo.end()) return impl_->streams.hostInfo(id, it->second);
+  }
   if (impl_->plan) return impl_->streams.hostInfo(id, impl_->plan->info(id));
   if (std::find(impl_->inputIds.begin(), impl_->inputIds.end(), id) != impl_->inputIds.end())
     return impl_->resolvedInfo(id);
@@ -303,6 +335,7 @@ std::string InferenceSession::dumpIr() const { return (impl_->graph ? impl_->gra
 int64_t InferenceSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }
 
 int InferenceSession::getReplicationIndex() const {
+  if (impl_->pipelineGroups) return impl_->pipelineGroups->replica;
   const auto &communicator = impl_->kernelContext.communicator;
   return communicator ? communicator->rank() : 0;
 }

@@ -120,6 +120,7 @@ PipelineRun::~PipelineRun() {
 
 std::vector<std::pair<bool, int>> PipelineRun::trainingOrder(int stages, int stage, int microBatches) {
   std::vector<std::pair<bool, int>> order;
+  order.reserve(2 * static_cast<size_t>(std::max(microBatches, 0)));
   const int warmUp = std::min(stages - stage - 1, microBatches);
   for (int i = 0; i < warmUp; ++i)
     order.emplace_back(true, i);

@@ -17,6 +17,8 @@ const std::vector<std::string> &inferencePipeline() {
       "expandGradientOps",
       "removeDeadCode",
       "inferenceDropoutAsIdentity",
+      "assignPipelineStages", // pipelining: each op's stage, before the fusions join ops
+      "splitPipelineStages",  // pipelining: this process's stage alone
       "fuseLayerNorm",
       "fuseGelu",
       "foldTransposesIntoMatMul",

@@ -327,14 +327,14 @@ void registerPipelineStagePasses(PassRegistry &r) {
   r.add({
       .name = "assignPipelineStages",
       .purpose = "pipelining: gives every forward op a pipeline stage (annotations, pipelineSplit or a balanced cut)",
-      .needs = ShapesInferred | TrainingPrepared,
+      .needs = ShapesInferred, // training: after scaleLoss, so that the loss scaling goes with the loss
       .before = GradientsBuilt,
       .run = assignPipelineStages,
   });
   r.add({
       .name = "splitPipelineStages",
       .purpose = "pipelining: keeps this process's stage; tensors read across stages become messages (sent, received)",
-      .needs = ShapesInferred | GradientsBuilt,
+      .needs = ShapesInferred, // training: after autodiff, so that gradients go with their ops
       .before = OptimizerApplied,
       .run = splitPipelineStages,
   });

@@ -311,6 +311,35 @@ TEST(Pipeline, ReplicatedTwoByTwo) {
   checkEquivalent(transformer(), sgdWithMomentum(2.0f), 4, 2, {VirtualGraphMode::Auto, {}});
 }
 
+TEST(Pipeline, InferenceMatchesUnpipelined) {
+  // 4 batches per step flow through the stages; the loss (last stage) and the first hidden layer
+  // (stage 0) reach every rank.
+  const Model m = mlp(world()->size());
+  constexpr int kBatches = 4;
+  const TensorId hidden = m.layerOutputs.front();
+  auto infer = [&](bool pipelined) {
+    SessionOptions so;
+    so.numThreads = 1;
+    if (pipelined) {
+      so.enablePipelining = true;
+      so.virtualGraphMode = VirtualGraphMode::Manual;
+      so.communicator = world();
+    }
+    auto s =
+        InferenceSession::createFromOnnxModel(m.proto, DataFlow(kBatches, std::vector<TensorId>{m.loss, hidden}), so);
+    std::vector<float> x = globalBatch(7, kBatches, m.inWidth, 1), t = globalBatch(7, kBatches, m.outWidth, 2);
+    std::vector<float> losses(kBatches), h(size_t(kBatches * kRows * 12));
+    NDArrayWrapper<float> xa(x.data(), withPrefix(kBatches, m.inShape)), ta(t.data(), withPrefix(kBatches, m.outShape));
+    NDArrayWrapper<float> la(losses.data(), {kBatches}), ha(h.data(), {kBatches, kRows, 12});
+    StepIO io({{"x", xa}, {"target", ta}}, {{m.loss, la}, {hidden, ha}});
+    s->run(io);
+    losses.insert(losses.end(), h.begin(), h.end());
+    return losses;
+  };
+  const std::vector<float> piped = infer(true), whole = infer(false);
+  EXPECT_LE(relativeDifference(piped, whole), 1e-6) << "rank " << world()->rank();
+}
+
 TEST(Pipeline, BadOptionsAreErrors) {
   const Model m = mlp(world()->size());
   SessionOptions so;
