@@ -185,6 +185,13 @@ private:
   std::vector<KernelEntry> entries_;
 };
 
+/// Whether oneDNN itself computes in \p type on this CPU (FLOAT: always): the verdict of the oneDNN
+/// kernels' own check (dnnl_util::implementationFor) on a plain 16×16 matmul in \p type, with its
+/// reason when not: oneDNN 2.6 has bf16 kernels only from AVX-512 on, so on an AVX2-only CPU this
+/// is "oneDNN 2.6 has no bf16 matmul on this CPU" and every bf16 op runs on the fast or reference
+/// kernels instead.
+Support dnnlComputesIn(DataType type);
+
 /// Registers the reference, fast and oneDNN kernels; safe to call more than once.
 void registerBuiltinKernels();
 

@@ -6,6 +6,7 @@
 //   MXCSR), where round-to-nearest-even keeps them. Declined.
 // - f16 ↔ f32 (simple:any, a C++ loop): turns −0 into +0 both ways. Declined.
 // - bf16 ↔ f16: no reorder. Declined.
+// Without AVX-512 (AVX2 only), bf16 → f32 is simple:any, a C++ loop that turns −0 into +0: declined.
 // Declined casts are the reference kernel's.
 
 #include "backend_cpu/dnnl/dnnl_common.hpp"
@@ -40,7 +41,7 @@ Support supportsCast(const ir::Op &op) {
     return Support::no(std::string("oneDNN 2.6 has no ") + dnnl_util::dnnlTypeName(*src) + " to " +
                        dnnl_util::dnnlTypeName(*dst) + " reorder");
   if (pd.scratchpad_desc().get_size() != 0) return Support::no("the reorder needs a scratchpad");
-  return Support::yes();
+  return dnnl_util::exactReorder(pd, *src, std::string("to ") + dnnl_util::dnnlTypeName(*dst));
 }
 
 std::unique_ptr<Kernel> createCast(const ir::Op &op) {

@@ -172,7 +172,10 @@ template <typename Backward, bool weights> ConvGradSetup<Backward> convGradSetup
   }
   if (isRef(pd)) pd = make(d.x, d.w, d.y);
   s.pd = pd;
-  if (!pd) s.whyNot = "no oneDNN backward convolution for it";
+  if (!pd)
+    s.whyNot = d.x.data_type() == memory::data_type::f32
+                   ? "no oneDNN backward convolution for it"
+                   : dnnl_util::noImplementation("backward convolution", d.x.data_type()).reason;
   if (Support impl = dnnl_util::implementationFor(pd, "backward convolution", d.x.data_type()); pd && !impl)
     s.whyNot = impl.reason;
   return s;
@@ -238,7 +241,10 @@ AveragePoolGradSetup averagePoolGradSetup(const ir::Op &op) {
     pooling_v2_backward::desc d(alg, s.mdX, s.mdY, win.strides, win.kernel, win.dilates, win.padL, win.padR);
     s.pd = pooling_v2_backward::primitive_desc(d, userScratchpad(), eng, fpd, true);
   }
-  if (!s.pd) s.whyNot = "no oneDNN pooling backward for it";
+  if (!s.pd)
+    s.whyNot = s.mdX.data_type() == memory::data_type::f32
+                   ? "no oneDNN pooling backward for it"
+                   : dnnl_util::noImplementation("pooling backward", s.mdX.data_type()).reason;
   if (Support impl = dnnl_util::implementationFor(s.pd, "pooling backward", s.mdX.data_type()); s.pd && !impl)
     s.whyNot = impl.reason;
   return s;
@@ -309,7 +315,9 @@ MaxPoolGradSetup maxPoolGradSetup(const ir::Op &op) {
     s.bpd = pooling_v2_backward::primitive_desc(bd, userScratchpad(), eng, s.fpd, true);
   }
   if (!s.bpd)
-    s.whyNot = "no oneDNN max pooling backward for it";
+    s.whyNot = s.mdX.data_type() == memory::data_type::f32
+                   ? "no oneDNN max pooling backward for it"
+                   : dnnl_util::noImplementation("max pooling backward", s.mdX.data_type()).reason;
   else if (s.fpd.dst_desc() != s.mdY || s.bpd.diff_src_desc() != s.mdX || s.bpd.diff_dst_desc() != s.mdY ||
            s.bpd.workspace_desc() != s.fpd.workspace_desc())
     s.whyNot = "oneDNN chose other layouts";

@@ -537,7 +537,10 @@ PoolSetup poolSetup(const ir::Op &op) {
   pooling_v2_forward::desc d(prop_kind::forward_inference, alg, s.mdX, s.mdY, w.strides, w.kernel, w.dilates, w.padL,
                              w.padR);
   s.pd = pooling_v2_forward::primitive_desc(d, dnnl_util::engine(), true);
-  if (!s.pd) s.whyNot = "no oneDNN pooling implementation for it";
+  if (!s.pd)
+    s.whyNot = s.mdX.data_type() == memory::data_type::f32
+                   ? "no oneDNN pooling implementation for it"
+                   : dnnl_util::noImplementation("pooling", s.mdX.data_type()).reason;
   if (Support impl = dnnl_util::implementationFor(s.pd, "pooling", s.mdX.data_type()); s.pd && !impl)
     s.whyNot = impl.reason;
   return s;

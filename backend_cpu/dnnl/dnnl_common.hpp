@@ -122,6 +122,16 @@ template <typename PD> void skipBrgconv(PD &pd) {
   }
 }
 
+/// The decline for a reorder \p pd of \p type data ("to f32" in \p what) that is oneDNN 2.6's C++
+/// loop (simple:any, its only 16-bit reorder on CPUs without AVX-512): it goes through float and
+/// turns −0 into +0, where a Cast or Transpose must move every bit pattern exactly. Yes otherwise.
+template <typename PD> Support exactReorder(const PD &pd, dnnl::memory::data_type type, const std::string &what) {
+  if (type != dnnl::memory::data_type::f32 && implIs(pd, "simple"))
+    return Support::no(std::string("oneDNN 2.6 has only its C++ loop ") + dnnlTypeName(type) + " " + what +
+                       " reorder on this CPU, which turns -0 into +0");
+  return Support::yes();
+}
+
 /// A reorder from \p from to \p to that needs no scratchpad at run time (oneDNN's library
 /// scratchpad mode would allocate one on every execution); throws if it would need one.
 dnnl::reorder userScratchReorder(const dnnl::memory &from, const dnnl::memory &to);

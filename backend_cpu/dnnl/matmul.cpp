@@ -539,4 +539,13 @@ void registerDnnlMatMulKernels(KernelRegistry &r) {
   r.add({"ai.onnx", "MatMul", KernelProvider::Dnnl, supportsMatMul, createMatMul});
 }
 
+Support dnnlComputesIn(DataType type) {
+  if (type == DataType::FLOAT) return Support::yes();
+  auto t = dnnl_util::dnnlType(type);
+  if (!t) return Support::no("oneDNN computes in FLOAT, BFLOAT16 or FLOAT16, not " + toString(type));
+  dnnl::memory::desc md = dnnl_util::plainDesc({16, 16}, 2, *t);
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), dnnl::primitive_attr(), dnnl_util::engine(), true);
+  return dnnl_util::implementationFor(pd, "matmul", *t);
+}
+
 } // namespace popart::backend_cpu

@@ -67,6 +67,7 @@ std::string genericBatchNorm(const TensorInfo &info) {
 
 /// Why oneDNN leaves \p op to the fast kernel: its implementation for X's layout is generic.
 std::string genericDecline(const std::string &impl) {
+  if (impl == "none") return "oneDNN 2.6 has no bf16 batch normalization on this CPU";
   return "only oneDNN's generic loops (" + impl + ") for this layout, slower than the fast kernel";
 }
 

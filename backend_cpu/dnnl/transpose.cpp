@@ -49,7 +49,7 @@ Support supportsTranspose(const ir::Op &op) {
   auto pd = reorder::primitive_desc(dnnl_util::engine(), src, dnnl_util::engine(), dst, primitive_attr(), true);
   // As for reductions: oneDNN's plain C++ reorder is not faster than our reference loop.
   if (!pd || dnnl_util::implIs(pd, "ref")) return Support::no("only oneDNN's plain C++ reorder, slower than ours");
-  return Support::yes();
+  return dnnl_util::exactReorder(pd, src.data_type(), "transpose");
 }
 
 std::unique_ptr<Kernel> createTranspose(const ir::Op &op) {

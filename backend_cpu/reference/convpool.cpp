@@ -37,6 +37,8 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), false);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
+  // A FLOAT bias of a 16-bit convolution (mixed precision keeps biases FLOAT).
+  bool floatBias = bias && op.inInfo(2).dataType() == DataType::FLOAT && op.inInfo(0).dataType() != DataType::FLOAT;
   const ir::FusedActivation act = op.fusion.activation; // fused by fuseRelu / fuseConvActivation
   bool residual = op.fusion.residual;                   // fused by fuseConvResidual
   ir::FusedPool pool;
@@ -48,12 +50,15 @@ std::unique_ptr<Kernel> createConv(const ir::Op &op) {
     using C = compute_t<T>;
     auto buffer = std::make_shared<std::vector<T>>(static_cast<size_t>(convElements));
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
+      const T *X = a.in<T>(0), *W = a.in<T>(1);
+      const void *B = bias ? a.inputs[2] : nullptr;
       const T *R = residual ? a.in<T>(3) : nullptr;
       T *Y = pooled ? buffer->data() : a.out<T>(0);
       forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
         int64_t mm = gi * ch.mg + mo;
-        C acc = B ? static_cast<C>(B[mm]) : C(0);
+        C acc = !B          ? C(0)
+                : floatBias ? static_cast<C>(static_cast<const float *>(B)[mm])
+                            : static_cast<C>(static_cast<const T *>(B)[mm]);
         const T *xb = X + (b * ch.c + gi * ch.cg) * g.inSize;
         const T *wb = W + mm * ch.cg * g.kSize;
         forWindow(g, oc, [&](int64_t kf, int64_t inf) {
@@ -88,16 +93,21 @@ std::unique_ptr<Kernel> createConvTranspose(const ir::Op &op) {
   Geom g = makeGeom(op, x, y, weightKernel(op), true);
   ConvChannels ch = convChannels(op, x, y);
   bool bias = op.hasInput(2);
+  // A FLOAT bias of a 16-bit convolution (mixed precision keeps biases FLOAT).
+  bool floatBias = bias && op.inInfo(2).dataType() == DataType::FLOAT && op.inInfo(0).dataType() != DataType::FLOAT;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     using C = compute_t<T>;
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *X = a.in<T>(0), *W = a.in<T>(1), *B = bias ? a.in<T>(2) : nullptr;
+      const T *X = a.in<T>(0), *W = a.in<T>(1);
+      const void *B = bias ? a.inputs[2] : nullptr;
       T *Y = a.out<T>(0);
       int64_t j[kMaxSpatial];
       forConvOutputs(g, ch, [&](int64_t o, const int64_t *oc, int64_t b, int64_t gi, int64_t mo) {
         int64_t mm = gi * ch.mg + mo;
-        C acc = B ? static_cast<C>(B[mm]) : C(0);
+        C acc = !B          ? C(0)
+                : floatBias ? static_cast<C>(static_cast<const float *>(B)[mm])
+                            : static_cast<C>(static_cast<const T *>(B)[mm]);
         for (int i = 0; i < g.nsp; ++i)
           j[i] = 0;
         for (int64_t kf = 0; kf < g.kSize; ++kf) {

@@ -81,7 +81,14 @@ public:
     m_ = op.outInfo(0).dim(0);
     n_ = op.outInfo(0).dim(1);
     k_ = transA_ ? op.inInfo(0).dim(0) : op.inInfo(0).dim(1);
-    if (op.hasInput(2)) cStrides_ = broadcastStrides(op.inInfo(2).shape(), {m_, n_});
+    if (op.hasInput(2)) {
+      cStrides_ = broadcastStrides(op.inInfo(2).shape(), {m_, n_});
+      DataType c = op.inInfo(2).dataType();
+      if (c != type_ && c != DataType::FLOAT)
+        throw ::popart::error(op.debugName(), ": Gemm's C is ", toString(c), ", expected ", toString(type_),
+                              " or FLOAT");
+      floatC_ = c != type_;
+    }
   }
 
   void run(const KernelArgs &args) override {
@@ -90,7 +97,7 @@ public:
       using C = compute_t<T>;
       const T *a = args.in<T>(0);
       const T *b = args.in<T>(1);
-      const T *c = args.hasInput(2) ? args.in<T>(2) : nullptr;
+      const void *c = args.hasInput(2) ? args.inputs[2] : nullptr;
       T *y = args.out<T>(0);
       for (int64_t i = 0; i < m_; ++i)
         for (int64_t j = 0; j < n_; ++j) {
@@ -102,7 +109,12 @@ public:
             if (halfPartials_) acc = static_cast<C>(static_cast<T>(acc)); // fp16.16: 16-bit partials
           }
           C v = static_cast<C>(alpha_) * acc;
-          if (c) v += static_cast<C>(beta_) * static_cast<C>(c[i * cStrides_[0] + j * cStrides_[1]]);
+          if (c) {
+            int64_t at = i * cStrides_[0] + j * cStrides_[1];
+            C cv = floatC_ ? static_cast<C>(static_cast<const float *>(c)[at])
+                           : static_cast<C>(static_cast<const T *>(c)[at]);
+            v += static_cast<C>(beta_) * cv;
+          }
           if (relu_ && v < C(0)) v = C(0); // fused by fuseRelu; NaN stays NaN
           y[i * n_ + j] = static_cast<T>(v);
         }
@@ -114,7 +126,8 @@ private:
   bool transA_, transB_;
   float alpha_, beta_;
   bool relu_;
-  bool halfPartials_; ///< internal_attr::kHalfPartials
+  bool halfPartials_;   ///< internal_attr::kHalfPartials
+  bool floatC_ = false; ///< a FLOAT C of a 16-bit product (mixed precision's bias)
   int64_t m_, n_, k_;
   std::vector<int64_t> cStrides_;
 };

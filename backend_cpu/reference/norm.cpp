@@ -24,6 +24,15 @@ void storeFloat(void *buf, DataType t, int64_t i, double v) {
   });
 }
 
+/// Element \p i of a floating-point buffer of type \p t, as double: the FLOAT parameters of a
+/// 16-bit normalisation (mixed precision's form) or ones of X's type.
+double loadFloat(const void *buf, DataType t, int64_t i) {
+  return dispatchFloat(t, "normalisation parameters", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return static_cast<double>(static_cast<compute_t<T>>(static_cast<const T *>(buf)[i]));
+  });
+}
+
 /// Elements per (batch, channel) plane of a tensor of shape (N, C, spatial...).
 int64_t planeSize(const Shape &x) { return shapeElementCount(Shape(x.begin() + 2, x.end())); }
 
@@ -221,17 +230,19 @@ std::unique_ptr<Kernel> createLayerNorm(const ir::Op &op) {
   DataType statType = op.hasOutput(1)   ? op.outInfo(1).dataType()
                       : op.hasOutput(2) ? op.outInfo(2).dataType()
                                         : DataType::FLOAT;
+  DataType scaleType = op.inInfo(1).dataType(), biasType = hasB ? op.inInfo(2).dataType() : scaleType;
   return dispatchFloat(op.inInfo(0).dataType(), op.debugName().c_str(), [&](auto tag) -> std::unique_ptr<Kernel> {
     using T = typename decltype(tag)::type;
     return std::make_unique<LoopKernel>([=](const KernelArgs &a) {
-      const T *X = a.in<T>(0), *S = a.in<T>(1), *B = hasB ? a.in<T>(2) : nullptr;
+      const T *X = a.in<T>(0);
+      const void *S = a.inputs[1], *B = hasB ? a.inputs[2] : nullptr;
       T *Y = a.out<T>(0);
       for (int64_t o = 0; o < outer; ++o) {
         const T *xr = X + o * inner;
         auto [mean, inv] = meanAndInvStd(xr, inner, eps);
         for (int64_t i = 0; i < inner; ++i) {
-          double r = (static_cast<double>(xr[i]) - mean) * inv * static_cast<double>(S[(*scaleIdx)[i]]);
-          if (B) r += static_cast<double>(B[(*biasIdx)[i]]);
+          double r = (static_cast<double>(xr[i]) - mean) * inv * loadFloat(S, scaleType, (*scaleIdx)[i]);
+          if (B) r += loadFloat(B, biasType, (*biasIdx)[i]);
           Y[o * inner + i] = static_cast<T>(static_cast<compute_t<T>>(r));
         }
         if (a.hasOutput(1)) storeFloat(a.outputs[1], statType, o, mean);

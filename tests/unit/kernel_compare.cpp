@@ -186,4 +186,40 @@ void expectSixteenBitMatchesFp32Reference(backend_cpu::KernelProvider provider, 
     }
 }
 
+std::string declinedReasons(const backend_cpu::KernelChoice &choice) {
+  std::string reasons;
+  for (const auto &d : choice.declined)
+    reasons += d + "; ";
+  return reasons;
+}
+
+std::string expectDnnlDeclinesOnThisCpu(const ir::Op &op, DataType type) {
+  backend_cpu::KernelChoice choice =
+      backend_cpu::KernelRegistry::instance().choose(op, backend_cpu::KernelProvider::Dnnl);
+  EXPECT_EQ(choice.entry, nullptr) << op.type << ": oneDNN took it though " << backend_cpu::dnnlComputesIn(type).reason;
+  std::string reasons = declinedReasons(choice);
+  const char *name = type == DataType::BFLOAT16 ? "bf16" : type == DataType::FLOAT16 ? "f16" : "f32";
+  EXPECT_NE(reasons.find(name), std::string::npos) << op.type << ": " << reasons;
+  EXPECT_NE(reasons.find("on this CPU"), std::string::npos) << op.type << ": " << reasons;
+  return reasons;
+}
+
+void expectDnnlOrItsFallbackMatchesFp32Reference(const ir::Op &op, std::mt19937 &rng,
+                                                 const std::function<float(size_t input, std::mt19937 &rng)> &fill,
+                                                 double tolerance) {
+  DataType type = op.inInfo(0).dataType();
+  if (backend_cpu::dnnlComputesIn(type)) {
+    backend_cpu::KernelChoice choice =
+        backend_cpu::KernelRegistry::instance().choose(op, backend_cpu::KernelProvider::Dnnl);
+    ASSERT_NE(choice.entry, nullptr) << op.type << " in " << toString(type)
+                                     << ": oneDNN declined: " << choice.explanation();
+    expectSixteenBitMatchesFp32Reference(backend_cpu::KernelProvider::Dnnl, op, rng, fill, tolerance);
+    return;
+  }
+  expectDnnlDeclinesOnThisCpu(op, type);
+  const backend_cpu::KernelEntry *fallback = backend_cpu::KernelRegistry::instance().find(op);
+  ASSERT_NE(fallback, nullptr) << op.type << " in " << toString(type) << ": no kernel at all";
+  expectSixteenBitMatchesFp32Reference(fallback->provider, op, rng, fill, tolerance);
+}
+
 } // namespace popart::kernel_compare

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 
 namespace popart::kernel_compare {
 
@@ -75,5 +76,22 @@ Fp32Twin fp32Twin(const ir::Op &op);
 void expectSixteenBitMatchesFp32Reference(backend_cpu::KernelProvider provider, const ir::Op &op, std::mt19937 &rng,
                                           const std::function<float(size_t input, std::mt19937 &rng)> &fill,
                                           double tolerance);
+
+/// The reasons \p choice gives for each provider it passed over, joined by "; ".
+std::string declinedReasons(const backend_cpu::KernelChoice &choice);
+
+/// Expects oneDNN to decline \p op because it does not compute in \p type on this CPU: its reasons
+/// name the type as oneDNN does ("bf16") and "on this CPU" (an AVX2-only CPU, where
+/// backend_cpu::dnnlComputesIn(\p type) says no). \returns the reasons.
+std::string expectDnnlDeclinesOnThisCpu(const ir::Op &op, DataType type);
+
+/// The check of a 16-bit oneDNN kernel on every CPU. Where oneDNN computes in \p op's input 0 type
+/// here (backend_cpu::dnnlComputesIn): expects oneDNN's kernel to take \p op and match the fp32
+/// reference (expectSixteenBitMatchesFp32Reference). Where it does not: expects oneDNN to decline
+/// saying so (expectDnnlDeclinesOnThisCpu), and the kernel a session runs instead (fast or
+/// reference) to match the fp32 reference within the same \p tolerance.
+void expectDnnlOrItsFallbackMatchesFp32Reference(const ir::Op &op, std::mt19937 &rng,
+                                                 const std::function<float(size_t input, std::mt19937 &rng)> &fill,
+                                                 double tolerance);
 
 } // namespace popart::kernel_compare
