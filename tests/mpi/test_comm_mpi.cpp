@@ -3,6 +3,7 @@
 // the order that docs/distributed.md promises (exactly), and in double (within rounding).
 
 #include "comm/mpi_handle.hpp"
+#include "comm_test_helpers.hpp"
 #include "core/half.hpp"
 
 #include <popart/error.hpp>
@@ -21,26 +22,16 @@ using namespace popart;
 using popart::comm::MpiCommunicator;
 using popart::comm::MpiOptions;
 using popart::comm::ReduceOp;
+using popart::testing::elementBits;
+using popart::testing::mix;
+using popart::testing::testOptions;
 
 namespace {
-
-// Long enough for a loaded machine, short enough that a broken collective fails instead of
-// running into ctest's timeout.
-MpiOptions testOptions() { return MpiOptions{std::chrono::seconds(60)}; }
-
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  return x ^ (x >> 33);
-}
 
 /// Rank \p rank's element \p i: signed, with magnitudes over a wide range so that the order of a
 /// sum changes its rounding.
 float input(int rank, int64_t i, int salt = 0) {
-  uint64_t h = mix(static_cast<uint64_t>(rank) * 1000003ULL + static_cast<uint64_t>(i) * 7919ULL +
-                   static_cast<uint64_t>(salt) * 104729ULL + 1);
+  uint64_t h = elementBits(rank, i, salt);
   double unit = static_cast<double>(h % 2000001) / 1e6 - 1.0;
   return static_cast<float>(std::ldexp(unit, static_cast<int>((h >> 40) % 12) - 6));
 }

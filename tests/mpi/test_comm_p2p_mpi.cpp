@@ -3,6 +3,7 @@
 // so each received element is checked against the sender's values computed here.
 
 #include "comm/mpi_communicator.hpp"
+#include "comm_test_helpers.hpp"
 
 #include <popart/error.hpp>
 
@@ -22,28 +23,17 @@ using popart::comm::Communicator;
 using popart::comm::MpiCommunicator;
 using popart::comm::MpiOptions;
 using popart::comm::ReduceOp;
+using popart::testing::elementBits;
+using popart::testing::testOptions;
 
 namespace {
-
-// Long enough for a loaded machine, short enough that a broken exchange fails instead of running
-// into ctest's timeout.
-MpiOptions testOptions() { return MpiOptions{std::chrono::seconds(60)}; }
-
-uint64_t mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  return x ^ (x >> 33);
-}
 
 /// What rank \p rank sends as \p count elements of \p type for \p salt: arbitrary bits per element.
 std::vector<uint8_t> payload(int rank, int64_t count, DataType type, int salt) {
   size_t size = dataTypeSize(type);
   std::vector<uint8_t> bytes(static_cast<size_t>(count) * size);
   for (int64_t i = 0; i < count; ++i) {
-    uint64_t h = mix(static_cast<uint64_t>(rank) * 1000003ULL + static_cast<uint64_t>(i) * 7919ULL +
-                     static_cast<uint64_t>(salt) * 104729ULL + 1);
+    uint64_t h = elementBits(rank, i, salt);
     std::memcpy(bytes.data() + static_cast<size_t>(i) * size, &h, size);
   }
   return bytes;

@@ -23,6 +23,7 @@
 using namespace popart;
 using popart::testing::microBatches;
 using popart::testing::randomValues;
+using popart::testing::weightsOf;
 using popart::testing::world;
 
 namespace {
@@ -203,15 +204,10 @@ Result train(const Model &model, const Optimizer &opt, int accumulation, bool pi
     StepIO io({{"x", xa}, {"target", ta}}, {{loss, la}});
     s->run(io);
   }
-  for (const TensorId &id : s->getWeightIds()) {
-    const TensorInfo info = s->getInfo(id);
-    std::vector<float> v(static_cast<size_t>(info.elementCount()));
-    NDArrayWrapper<float> arr(v.data(), info.shape());
-    WeightsIO io;
-    io.insert(id, arr);
-    s->readWeights(io);
-    r.weights[id] = std::move(v);
-  }
+  const std::vector<TensorId> ids = s->getWeightIds();
+  std::vector<std::vector<float>> values = weightsOf(*s);
+  for (size_t i = 0; i < ids.size(); ++i)
+    r.weights[ids[i]] = std::move(values[i]);
   return r;
 }
 
