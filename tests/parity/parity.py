@@ -459,7 +459,9 @@ CASES = [
 # Mixed-precision cases: (loss of every step, relative; weights: ||got - want|| / ||want - initial||
 # per tensor, i.e. the error in units of how far torch's training moved the tensor. A norm, not a
 # maximum: Adam's step is about lr whatever the gradient's size, so an element whose tiny gradient
-# rounds to the other sign moves 2 lr the other way in either run.)
+# rounds to the other sign moves 2 lr the other way in either run.) bf16 weights may also be twice
+# torch's bf16-vs-fp32 distance away (compare_mixed_precision): torch's bf16 on a CPU without
+# AVX-512 rounds in other places than ours, and the CNN's BatchNorm bias lands 0.17 away.
 PRECISION_TOLERANCES = {"bf16": (0.01, 0.15), "fp16.32": (0.01, 0.1)}
 
 
@@ -723,7 +725,10 @@ def run_case(c, args, workdir):
                       f"{result.stdout}{result.stderr}")
     trained = read_initializers(out_path)
     if c.precision != "fp32":
-        return compare_mixed_precision(c, result.stdout, losses, expected, trained, state0)
+        fp32 = None
+        if c.precision == "bf16":
+            fp32, _, _ = train_torch(c._replace(precision="fp32"), fresh_module(c, state0), data)
+        return compare_mixed_precision(c, result.stdout, losses, expected, trained, state0, fp32)
 
     rows = []
     for k, want in expected.items():
@@ -746,9 +751,13 @@ def run_case(c, args, workdir):
     return rows
 
 
-def compare_mixed_precision(c, stdout, losses, expected, trained, state0):
+def compare_mixed_precision(c, stdout, losses, expected, trained, state0, fp32=None):
     """Rows of a mixed-precision case: the loss of each step within the relative tolerance, and
-    each weight within the tolerance in units of how far torch moved it."""
+    each weight within the tolerance in units of how far torch moved it. With \\p fp32 (torch's
+    float32 training of the same case), a weight may also be up to twice as far from torch's
+    result as torch's own float32 result is: two implementations that round to bf16 in different
+    places (oneDNN's bf16 kernels, or fp32 rounded once where a CPU lacks them; torch's varies by
+    CPU too) are each about that far from float32, in directions of their own."""
     loss_rtol, weight_tol = PRECISION_TOLERANCES[c.precision]
     ours = [float(m) for m in re.findall(r"^step \d+/\d+ loss (\S+)", stdout, re.M)]
     if len(ours) != len(losses):
@@ -763,7 +772,10 @@ def compare_mixed_precision(c, stdout, losses, expected, trained, state0):
         want = want.numpy().astype(np.float64)
         moved = float(np.linalg.norm(want - state0[k].numpy()))
         err = float(np.linalg.norm(got - want))
-        rows.append((k, err, err / moved, moved, err <= weight_tol * moved))
+        tol = weight_tol * moved
+        if fp32 is not None:
+            tol = max(tol, 2 * float(np.linalg.norm(fp32[k].numpy().astype(np.float64) - want)))
+        rows.append((k, err, err / moved, moved, err <= tol))
     return rows
 
 
