@@ -854,22 +854,25 @@ Request MpiCommunicator::barrierAsync() {
   return Request(std::move(operation));
 }
 
-Request MpiCommunicator::sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) {
-  checkPointToPoint("send", count, type, peer, tag);
-  state_->refuseIfFailed("send");
-  auto operation = std::make_unique<PointToPointOperation>(state_, PointToPointOperation::Kind::Send, data, nullptr,
-                                                           count, type, peer, tag);
+namespace {
+/// Starts a send of \p send or a receive into \p recv, as \p kind says (the other one null).
+Request startPointToPoint(const std::shared_ptr<MpiCommunicator::State> &state, PointToPointOperation::Kind kind,
+                          const void *send, void *recv, int64_t count, DataType type, int peer, int tag) {
+  state->refuseIfFailed(kind == PointToPointOperation::Kind::Send ? "send" : "receive");
+  auto operation = std::make_unique<PointToPointOperation>(state, kind, send, recv, count, type, peer, tag);
   operation->start();
   return Request(std::move(operation));
+}
+} // namespace
+
+Request MpiCommunicator::sendAsync(const void *data, int64_t count, DataType type, int peer, int tag) {
+  checkPointToPoint("send", count, type, peer, tag);
+  return startPointToPoint(state_, PointToPointOperation::Kind::Send, data, nullptr, count, type, peer, tag);
 }
 
 Request MpiCommunicator::recvAsync(void *data, int64_t count, DataType type, int peer, int tag) {
   checkPointToPoint("receive", count, type, peer, tag);
-  state_->refuseIfFailed("receive");
-  auto operation = std::make_unique<PointToPointOperation>(state_, PointToPointOperation::Kind::Receive, nullptr, data,
-                                                           count, type, peer, tag);
-  operation->start();
-  return Request(std::move(operation));
+  return startPointToPoint(state_, PointToPointOperation::Kind::Receive, nullptr, data, count, type, peer, tag);
 }
 
 std::shared_ptr<Communicator> MpiCommunicator::split(int color, int key) {

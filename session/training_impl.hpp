@@ -51,6 +51,10 @@ struct TrainingSession::Impl {
   /// the plan, whose buffers it reads and writes).
   std::optional<session::PipelineGroups> pipelineGroups;
   std::unique_ptr<session::PipelineRun> pipeline;
+  /// Pipelined: this stage's one-forward-one-backward order over a step's micro-batches, and the
+  /// anchors it writes, each with whether the forward writes it (else the backward); made once.
+  std::vector<std::pair<bool, int>> pipelineOrder;
+  std::vector<std::pair<TensorId, bool>> pipelineAnchors;
   /// Pipelined and profiling: wall time of the steps run since profiling started, and their count.
   int64_t pipelineWallNs = 0, pipelineSteps = 0;
   optimizer::AppliedOptimizer applied;

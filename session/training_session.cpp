@@ -344,6 +344,15 @@ void TrainingSession::Impl::compile() {
     const int stages = pipelineGroups->stageCount, stage = pipelineGroups->stage;
     pipeline = std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan,
                                                       stage == stages - 1 ? 0 : stages - stage);
+    pipelineOrder = session::PipelineRun::trainingOrder(stages, stage, accumulation());
+    pipelineAnchors.clear();
+    for (const auto &id : dataFlow.anchors()) {
+      auto owner = pipeline->stages().producerStage.find(id);
+      if (owner != pipeline->stages().producerStage.end() && owner->second != stage) continue;
+      if (!g->hasTensor(id)) continue;
+      const ir::Op *producer = g->tensor(id).producer();
+      pipelineAnchors.emplace_back(id, !producer || producer->phase == ir::kPipelineForwardPhase);
+    }
   }
   graph = std::move(g);
   initialValues.clear();
@@ -604,28 +613,20 @@ void TrainingSession::Impl::runPipelined(StepIO &stepio, int bps, int accum) {
   int64_t *rng = graph->hasTensor(rngStateId) ? variable(rngStateId).as<int64_t>() : nullptr;
   const auto seedOfReplica = static_cast<int64_t>(session::replicaSeed(seed, groups.replica));
   const int micro = bps * accum;
-  // Anchors this stage produces, by the phase that writes them (inputs: the forward's).
-  std::vector<std::pair<TensorId, IArray *>> anchors[2]; // [forward]
-  for (const auto &[id, arr] : stepio.outputs()) {
-    auto owner = pipeline->stages().producerStage.find(id);
-    if (owner != pipeline->stages().producerStage.end() && owner->second != groups.stage) continue;
-    if (!graph->hasTensor(id)) continue;
-    const ir::Op *producer = graph->tensor(id).producer();
-    anchors[!producer || producer->phase == ir::kPipelineForwardPhase ? 1 : 0].emplace_back(id, &arr);
-  }
   auto writeAnchors = [&](bool forward, int k) {
-    for (const auto &[id, arr] : anchors[forward ? 1 : 0])
+    for (const auto &[id, byForward] : pipelineAnchors) {
+      auto out = stepio.outputs().find(id);
+      if (byForward != forward || out == stepio.outputs().end()) continue;
       session::writeAnchor(dataFlow.art(id), streams.hostInfo(id, plan->info(id)), plan->info(id).dataType(),
-                           plan->address(id), *arr, k, micro);
+                           plan->address(id), out->second, k, micro);
+    }
   };
-  const std::vector<std::pair<bool, int>> order =
-      session::PipelineRun::trainingOrder(groups.stageCount, groups.stage, accum);
   for (int b = 0; b < bps; ++b) {
     const auto start = std::chrono::steady_clock::now();
     writeHostScalars();
     const int64_t counter = rngCounter;
     rngCounter += accum;
-    for (const auto &[forward, i] : order) {
+    for (const auto &[forward, i] : pipelineOrder) {
       const int k = b * accum + i;
       if (forward) {
         for (const auto &id : inputIds) {

@@ -366,6 +366,74 @@ TEST(Pipeline, BadOptionsAreErrors) {
   }
 }
 
+/// Runs \p body, which must throw a popart::error whose message contains \p expected.
+template <typename Body> void expectError(const Body &body, const std::string &expected, const char *what) {
+  try {
+    body();
+    ADD_FAILURE() << what << ": accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << what << ": " << e.what();
+  }
+}
+
+/// The MLP with its first layer's weight read again by the last stage's loss: a trained weight of
+/// two stages.
+std::string mlpWithTiedWeight(int stages) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, Shape{kRows, 4}), "x");
+  TensorId w = b->addInitializedInputTensor(randomValues(16, 1, 0.4f), {4, 4}, "tied");
+  TensorId h = ai.relu({ai.matmul({x, w})});
+  b->pipelineStage(h, 0);
+  TensorId y = ai.matmul({h, w});
+  TensorId loss = ai.reducemean({ai.mul({y, y})}, std::nullopt, 0);
+  b->pipelineStage(y, stages - 1);
+  b->pipelineStage(loss, stages - 1);
+  b->addOutputTensor(loss);
+  return b->getModelProto();
+}
+
+TEST(Pipeline, WhatPipeliningDoesNotTakeIsAnErrorNamingIt) {
+  const int stages = world()->size();
+  const Model m = mlp(stages), plain = mlp(0);
+  SessionOptions so;
+  so.enablePipelining = true;
+  so.communicator = world();
+  so.enableGradientAccumulation = true;
+  so.accumulationFactor = 2;
+  so.virtualGraphMode = VirtualGraphMode::Manual;
+  auto prepared = [&](const std::string &proto, const SessionOptions &options, const SGD &sgd = SGD()) {
+    auto s = TrainingSession::createFromOnnxModel(proto, DataFlow(1, std::vector<TensorId>{}), "", sgd, options);
+    s->prepareDevice();
+    return s;
+  };
+  SessionOptions dynamic = so;
+  dynamic.automaticLossScalingSettings.enabled = true;
+  expectError([&] { prepared(m.proto, dynamic); }, "does not take dynamic loss scaling", "dynamic loss scaling");
+  expectError([&] { prepared(m.proto, so, SGD({}, {ClipNormSettings::clipAllWeights(1.0f)})); },
+              "does not take gradient clipping", "clipping");
+  expectError([&] { prepared(mlpWithTiedWeight(stages), so); }, "weight 'tied' is read on pipeline stages 0 and",
+              "a weight of two stages");
+  // pipelineSplit: one tensor too many, and the right count out of forward order.
+  SessionOptions split = so;
+  split.virtualGraphMode = VirtualGraphMode::Auto;
+  split.pipelineSplit.assign(m.layerOutputs.begin(), m.layerOutputs.begin() + stages);
+  expectError([&] { prepared(plain.proto, split); }, "pipeline stages need " + std::to_string(stages - 1),
+              "pipelineSplit's count");
+  split.pipelineSplit.assign(m.layerOutputs.rbegin(), m.layerOutputs.rbegin() + (stages - 1));
+  if (stages > 2) {
+    expectError([&] { prepared(plain.proto, split); }, "list the tensors in forward order", "pipelineSplit's order");
+  }
+  // A session that trains refuses what needs every stage's weights in one process.
+  auto s = prepared(m.proto, so);
+  const std::string path = ::testing::TempDir() + "pipelined_rank" + std::to_string(world()->rank());
+  expectError([&] { s->modelToHost(path + ".onnx"); }, "modelToHost: pipelined sessions", "modelToHost");
+  expectError([&] { s->saveCheckpoint(path + ".ckpt"); }, "checkpoints of pipelined sessions are not supported",
+              "saveCheckpoint");
+  expectError([&] { s->loadCheckpoint(path + ".ckpt"); }, "checkpoints of pipelined sessions are not supported",
+              "loadCheckpoint");
+}
+
 } // namespace
 
 int main(int argc, char **argv) {

@@ -375,16 +375,17 @@ TEST(Recompute, ASmallTransformerTrainsBitForBitAsWithoutRecomputation) {
     const Trained r = train(model, type);
     expectSameBits(none, r, name);
     EXPECT_GT(clonesOf(r.ir), 0) << name << "\n" << r.ir;
+    if (type == RecomputationType::NormOnly) {
+      // The LayerNormalizations alone, but the last, which the backward pass reads first (kept so
+      // that the backward pass depends on the forward pass).
+      EXPECT_EQ(clonesOf(r.ir), 3) << r.ir;
+      EXPECT_EQ(clonesOf(r.ir, "1_ln2"), 0) << r.ir;
+      EXPECT_EQ(clonesOf(r.ir, "0_ln1"), 1) << r.ir;
+    } else if (type == RecomputationType::Standard) {
+      EXPECT_GT(clonesOf(r.ir, "0_probs"), 0) << "the first layer's attention probabilities\n" << r.ir;
+      EXPECT_LT(r.arena, none.arena);
+    }
   }
-  const Trained normOnly = train(model, RecomputationType::NormOnly);
-  // The LayerNormalizations alone, but the last, which the backward pass reads first (kept so that
-  // the backward pass depends on the forward pass).
-  EXPECT_EQ(clonesOf(normOnly.ir), 3) << normOnly.ir;
-  EXPECT_EQ(clonesOf(normOnly.ir, "1_ln2"), 0) << normOnly.ir;
-  EXPECT_EQ(clonesOf(normOnly.ir, "0_ln1"), 1) << normOnly.ir;
-  const Trained standard = train(model, RecomputationType::Standard);
-  EXPECT_GT(clonesOf(standard.ir, "0_probs"), 0) << "the first layer's attention probabilities\n" << standard.ir;
-  EXPECT_LT(standard.arena, none.arena);
 }
 
 TEST(Recompute, ASmallCnnWithBatchNormTrainsBitForBitAsWithoutRecomputation) {
@@ -396,9 +397,10 @@ TEST(Recompute, ASmallCnnWithBatchNormTrainsBitForBitAsWithoutRecomputation) {
     const Trained r = train(model, type);
     expectSameBits(none, r, name);
     EXPECT_GT(clonesOf(r.ir, "bn2"), 0) << name << ": the pool's input\n" << r.ir;
+    if (type == RecomputationType::Standard) {
+      EXPECT_LT(r.arena, none.arena);
+    }
   }
-  const Trained standard = train(model, RecomputationType::Standard);
-  EXPECT_LT(standard.arena, none.arena);
 }
 
 TEST(Recompute, TheAnnotationAloneRecomputesTheAnnotatedOpsAndKeepsCheckpoints) {
