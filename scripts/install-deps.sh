@@ -4,10 +4,10 @@
 set -euo pipefail
 packages=(cmake g++ make ccache libonnx-dev libprotobuf-dev protobuf-compiler libdnnl-dev
   libspdlog-dev libgtest-dev libcli11-dev nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist
-  openmpi-bin libopenmpi-dev)
+  openmpi-bin libopenmpi-dev dpkg-dev file)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(libonnx-testdata python3-onnx python3-numpy python3-torch python3-torchvision libopenblas0-pthread
-    clang-tidy libomp-dev)
+    clang-tidy libomp-dev pkg-config)
 fi
 missing=()
 for p in "${packages[@]}"; do
