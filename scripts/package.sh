@@ -33,7 +33,7 @@ run="$root/usr/bin/popart-run"
 # Every library the package's programs and libraries need (their NEEDED entries), other than its
 # own, must come from a package named in Depends (checked independently of dpkg-shlibdeps).
 depends=$(dpkg-deb -f "$deb" Depends)
-depends_names=$(tr ',|' '\n\n' <<<"$depends" | sed 's/([^)]*)//; s/ //g')
+depends_names=$(tr ',|' '\n' <<<"$depends" | sed 's/([^)]*)//; s/ //g')
 checked=0
 while IFS= read -r elf; do
   ldd_out=$(ldd "$elf")
@@ -46,7 +46,7 @@ while IFS= read -r elf; do
       owner=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1) || true
     [[ -n "$owner" ]] || fail "no Debian package owns $path ($soname, needed by $elf)"
     # A library package may be depended on through a name it provides (libspdlog1.10-fmt9).
-    names=("$owner" $(dpkg-query -W -f='${Provides}' "$owner" | sed 's/([^)]*)//g; s/,/ /g'))
+    mapfile -t names < <(echo "$owner"; dpkg-query -W -f='${Provides}' "$owner" | sed 's/([^)]*)//g; s/ //g' | tr ',' '\n')
     named=0
     for name in "${names[@]}"; do
       if grep -Fxq "$name" <<<"$depends_names"; then named=1; fi
