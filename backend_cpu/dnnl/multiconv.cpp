@@ -6,9 +6,12 @@
 // when it is called inside a parallel region; its jit kernels also split their work for the
 // thread count they were created with. So the parts are created for one thread each, and one
 // parallel region of the session's threads runs them: each thread runs its list of parts,
-// planned at compile by longest-processing-time-first on their FLOPs. Where that plan would leave
-// threads idle for long (one part of most of the FLOPs, or fewer parts than threads), the parts
-// are created for all threads instead and run one after another, as separate Conv ops would.
+// planned at compile by longest-processing-time-first on their FLOPs. A convolution or data
+// gradient of more FLOPs than a thread's even share is split by images into parts of about that
+// share (each image's result is computed as in the whole batch; a weight gradient sums over the
+// images, so it is not split). Where the plan would still leave threads idle for long (fewer
+// parts than threads), the parts are created for all threads instead and run one after another,
+// as separate Conv ops would.
 
 #include "ir/ops/multiconv.hpp"
 #include "backend_cpu/dnnl/dnnl_families.hpp"
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -32,8 +36,10 @@ constexpr double kMaxImbalance = 1.25;
 /// One convolution or gradient of the op, on its own kernel.
 struct Part {
   std::unique_ptr<Kernel> kernel;
-  std::vector<int> inputs; ///< the op's input index of each of the kernel's inputs (-1: omitted)
-  size_t output = 0;       ///< the op's output index of the kernel's output 0
+  std::vector<int> inputs;       ///< the op's input index of each of the kernel's inputs (-1: omitted)
+  std::vector<int64_t> inOffset; ///< bytes into that input (the first image of a batch slice)
+  size_t output = 0;             ///< the op's output index of the kernel's output 0
+  int64_t outOffset = 0;
   int64_t scratchOffset = 0;
   double flops = 0;
   std::string label;
@@ -50,6 +56,69 @@ bool outputRead(const ir::Op &op, size_t i) {
   if (!t.consumers().empty() || op.graph == nullptr) return true;
   const auto &outs = op.graph->outputs();
   return std::find(outs.begin(), outs.end(), t.id()) != outs.end();
+}
+
+/// One run of an unpacked op: on images [begin, begin + count) of its batch (all: count 0).
+struct Work {
+  const ir::Op *op = nullptr;
+  int64_t begin = 0, count = 0;
+  double flops = 0;
+};
+
+/// Whether \p op's images are independent: a Conv's or ConvDataGrad's, whose input 0 and output
+/// are batched; a ConvWeightGrad sums over them.
+bool splitsByImage(const ir::Op &op) { return op.type == "Conv" || op.type == "ConvDataGrad"; }
+
+/// Bytes of one image of \p t.
+int64_t imageBytes(const ir::Tensor &t) { return t.info().byteCount() / std::max<int64_t>(1, t.info().shape()[0]); }
+
+/// Each of \p ops as one Work, or split by images into parts of about \p share FLOPs.
+std::vector<Work> divide(const std::vector<const ir::Op *> &ops, double share) {
+  std::vector<Work> work;
+  for (const ir::Op *op : ops) {
+    const double flops = ir::estimateFlops(*op);
+    const int64_t images = op->inInfo(0).shape()[0];
+    int64_t parts = 1;
+    if (splitsByImage(*op) && share > 0 && flops > share)
+      parts = std::min<int64_t>(images, static_cast<int64_t>(std::ceil(flops / share - 1e-9)));
+    if (parts <= 1) {
+      work.push_back({op, 0, 0, flops});
+      continue;
+    }
+    for (int64_t p = 0, begin = 0; p < parts; ++p) { // counts differ by at most one
+      int64_t count = images / parts + (p < images % parts ? 1 : 0);
+      work.push_back({op, begin, count, flops * static_cast<double>(count) / static_cast<double>(images)});
+      begin += count;
+    }
+  }
+  return work;
+}
+
+/// The op of \p w in \p g: \p w.op itself, or a copy on its batch slice (input 0 and output 0 of
+/// \p w.count images, sharing the other inputs, so that kernels choose as for the whole).
+const ir::Op &sliceOp(ir::Graph &g, const Work &w) {
+  if (w.count == 0) return *w.op;
+  const ir::Op &op = *w.op;
+  auto sliced = [&](const ir::Tensor &t) {
+    TensorId id = t.id() + "@" + std::to_string(w.begin);
+    Shape shape = t.info().shape();
+    shape[0] = w.count;
+    if (!g.hasTensor(id)) g.addTensor(id, ir::TensorKind::Stream, TensorInfo(t.info().dataType(), shape));
+    return id;
+  };
+  std::vector<TensorId> inputs{sliced(op.input(0))};
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    inputs.push_back(op.hasInput(i) ? op.input(i).id() : "");
+  ir::Attributes attrs = op.attrs;
+  if (op.type == "ConvDataGrad") {
+    std::vector<int64_t> shape = attrs.getInts("input_shape");
+    shape[0] = w.count;
+    attrs.set("input_shape", shape);
+  }
+  TensorId out = op.output(0).id() + "@" + std::to_string(w.begin);
+  ir::Op &copy = g.addOp(op.type, op.domain, op.version, op.name, attrs, inputs, {out});
+  copy.def->setup(copy);
+  return copy;
 }
 
 /// Longest processing time first: \p flops assigned to \p bins threads; \returns each thread's parts.
@@ -81,18 +150,22 @@ public:
       if (grad && u.dataGrad[i] && outputRead(op, 2 * i)) subOps.push_back(u.dataGrad[i]);
       if (grad && u.weightGrad[i] && outputRead(op, 2 * i + 1)) subOps.push_back(u.weightGrad[i]);
     }
-    std::vector<double> flops;
-    double total = 0;
-    for (const ir::Op *sub : subOps) {
-      flops.push_back(ir::estimateFlops(*sub));
-      total += flops.back();
-    }
     const int threads = std::max(1, context.threads);
+    double total = 0;
+    for (const ir::Op *sub : subOps)
+      total += ir::estimateFlops(*sub);
+    std::vector<Work> work = divide(subOps, threads >= 2 ? total / threads : 0.0);
+    std::vector<double> flops;
+    for (const Work &w : work)
+      flops.push_back(w.flops);
     double makespan = total;
-    const size_t bins = std::min(static_cast<size_t>(threads), subOps.size());
+    const size_t bins = std::min(static_cast<size_t>(threads), work.size());
     if (bins >= 2) team_ = planTeam(flops, bins, makespan);
     const bool concurrent = bins >= 2 && makespan <= kMaxImbalance * total / threads;
-    if (!concurrent) team_.clear();
+    if (!concurrent) {
+      team_.clear();
+      work = divide(subOps, 0.0); // whole, on all threads
+    }
 
     // Parts run concurrently are made for one thread (see the file comment).
     KernelContext partContext = context;
@@ -102,16 +175,21 @@ public:
       omp_set_num_threads(1);
     }
     try {
-      for (size_t p = 0; p < subOps.size(); ++p) {
-        const ir::Op &sub = *subOps[p];
+      for (const Work &w : work) {
+        const ir::Op &sub = sliceOp(*u.graph, w);
         Part part;
         part.kernel = createKernel(sub, provider, partContext);
-        part.flops = flops[p];
-        for (const ir::Tensor *t : sub.inputs)
+        part.flops = w.flops;
+        for (size_t j = 0; j < sub.inputCount(); ++j) {
+          const ir::Tensor *t = w.op->hasInput(j) ? &w.op->input(j) : nullptr;
           part.inputs.push_back(t ? static_cast<int>(u.opInput.at(t->id())) : -1);
-        part.output = u.opOutput.at(sub.output(0).id());
+          part.inOffset.push_back(j == 0 ? w.begin * imageBytes(*t) : 0);
+        }
+        part.output = u.opOutput.at(w.op->output(0).id());
+        part.outOffset = w.begin * imageBytes(w.op->output(0));
         part.in.resize(part.inputs.size());
         part.label = sub.type + " " + std::to_string(grad ? part.output / 2 : part.output);
+        if (w.count > 0) part.label += " [" + std::to_string(w.begin) + ", " + std::to_string(w.begin + w.count) + ")";
         const int64_t bytes = (part.kernel->scratchBytes() + 63) / 64 * 64;
         if (concurrent) {
           part.scratchOffset = scratchBytes_;
@@ -132,8 +210,8 @@ public:
   void run(const KernelArgs &args) override {
     for (Part &p : parts_) {
       for (size_t j = 0; j < p.inputs.size(); ++j)
-        p.in[j] = p.inputs[j] < 0 ? nullptr : args.inputs[p.inputs[j]];
-      p.out[0] = args.outputs[p.output];
+        p.in[j] = p.inputs[j] < 0 ? nullptr : static_cast<const char *>(args.inputs[p.inputs[j]]) + p.inOffset[j];
+      p.out[0] = static_cast<char *>(args.outputs[p.output]) + p.outOffset;
     }
     auto *scratch = static_cast<char *>(args.scratch);
     auto runPart = [scratch](Part &p) {
