@@ -139,6 +139,15 @@ std::vector<std::vector<size_t>> planTeam(const std::vector<double> &flops, size
   return team;
 }
 
+/// planTeam of \p work on up to \p threads threads (none for fewer than 2 parts).
+std::vector<std::vector<size_t>> plan(const std::vector<Work> &work, int threads, double &makespan) {
+  const size_t bins = std::min(static_cast<size_t>(threads), work.size());
+  if (bins < 2) return {};
+  std::vector<double> flops(work.size());
+  std::transform(work.begin(), work.end(), flops.begin(), [](const Work &w) { return w.flops; });
+  return planTeam(flops, bins, makespan);
+}
+
 class MultiConvKernel : public Kernel {
 public:
   MultiConvKernel(const ir::Op &op, const KernelContext &context, KernelProvider provider) {
@@ -154,14 +163,21 @@ public:
     double total = 0;
     for (const ir::Op *sub : subOps)
       total += ir::estimateFlops(*sub);
-    std::vector<Work> work = divide(subOps, threads >= 2 ? total / threads : 0.0);
-    std::vector<double> flops;
-    for (const Work &w : work)
-      flops.push_back(w.flops);
+    // The plan of the whole parts, and of parts split to a thread's share where that is shorter.
+    std::vector<Work> work = divide(subOps, 0.0);
     double makespan = total;
-    const size_t bins = std::min(static_cast<size_t>(threads), work.size());
-    if (bins >= 2) team_ = planTeam(flops, bins, makespan);
-    const bool concurrent = bins >= 2 && makespan <= kMaxImbalance * total / threads;
+    if (threads >= 2) {
+      team_ = plan(work, threads, makespan);
+      std::vector<Work> split = divide(subOps, total / threads);
+      double splitMakespan = total;
+      auto splitTeam = plan(split, threads, splitMakespan);
+      if (split.size() > work.size() && splitMakespan < 0.99 * makespan) {
+        work = std::move(split);
+        team_ = std::move(splitTeam);
+        makespan = splitMakespan;
+      }
+    }
+    const bool concurrent = team_.size() >= 2 && makespan <= kMaxImbalance * total / threads;
     if (!concurrent) {
       team_.clear();
       work = divide(subOps, 0.0); // whole, on all threads
@@ -231,6 +247,8 @@ public:
     const auto teamSize = static_cast<int>(team_.size());
 #pragma omp parallel num_threads(teamSize)
     {
+      // A kernel that asks OpenMP for its thread count inside a part gets the one it runs on.
+      omp_set_num_threads(1);
       // Should OpenMP give fewer threads than asked, the ones there take the others' lists too.
       for (int t = omp_get_thread_num(); t < teamSize; t += omp_get_num_threads())
         for (size_t p : team_[static_cast<size_t>(t)])
@@ -248,10 +266,11 @@ private:
           std::to_string(parts_.size()) + " convolutions one after another on " + std::to_string(threads) + " threads";
       if (team_.empty() && parts_.size() >= 2 && threads >= 2 && total > 0)
         choice_ += " (concurrently, the longest thread would do " +
-                   std::to_string(static_cast<int>(100.0 * makespan / total + 0.5)) + "% of the work)";
+                   std::to_string(std::lround(100.0 * makespan / total)) + "% of the work)";
       return;
     }
-    choice_ = "concurrent on " + std::to_string(team_.size()) + " threads:";
+    choice_ = "concurrent on " + std::to_string(team_.size()) + " threads (the longest has " +
+              std::to_string(std::lround(100.0 * makespan / total)) + "% of the FLOPs):";
     for (size_t t = 0; t < team_.size(); ++t) {
       choice_ += t ? " |" : "";
       for (size_t p : team_[t])

@@ -114,7 +114,7 @@ void compare(const Options &o, bool training) {
   }
   double m = medianMs(multi.times), s = medianMs(separate.times);
   std::printf("%s plans:\n%s", training ? "training" : "forward", multiConvPlans(multi.explain()).c_str());
-  std::printf("| %-8s | %6.2f | %6.2f | %5.2fx |\n", training ? "training" : "forward", s, m, s / m);
+  std::printf("| %s | %.2f | %.2f | %.2fx |\n", training ? "training" : "forward", s, m, s / m);
   if (!training)
     std::printf("forward outputs %s\n",
                 std::memcmp(multi.y.data(), separate.y.data(), multi.y.size() * sizeof(float)) == 0
@@ -168,7 +168,7 @@ int main(int argc, char **argv) {
   std::printf("Inception-style block: x [%lld, %lld, %lld, %lld], %d threads, median of %d interleaved runs\n",
               static_cast<long long>(o.batch), static_cast<long long>(192 * o.width / 4),
               static_cast<long long>(o.size), static_cast<long long>(o.size), o.threads, o.runs);
-  std::printf("| step     | separate Convs ms | MultiConv ms | speed-up |\n");
+  std::printf("| step | separate Convs ms | MultiConv ms | speed-up |\n");
   try {
     compare(o, false);
     compare(o, true);

@@ -6,13 +6,17 @@
 #include "thrown.hpp"
 
 #include "../../bench/multiconv/multiconv_model.hpp"
+#include "backend_cpu/plan.hpp"
 #include "ir/ops/multiconv.hpp"
+#include "session/threads.hpp"
 #include <popart/session.hpp>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
+#include <random>
 
 using namespace popart;
 using Ints = std::vector<int64_t>;
@@ -220,4 +224,68 @@ TEST(MultiConv, ImportRefusesABadNodeNamingIt) {
   std::string e =
       thrown([&] { InferenceSession::createFromOnnxModel(g.serialize(), DataFlow(1, {"y0"}))->prepareDevice(); });
   EXPECT_NE(e.find("MultiConv 'y0_MultiConv': convolution 1"), std::string::npos) << e;
+}
+
+namespace {
+
+/// The gradients of the streams of an f32 MultiConv (conv 0 large, 3x3, with constant weights, so
+/// that only its data gradient is computed; conv 1 small), by a plan of \p threads threads, and the
+/// plan's kernel choices.
+std::vector<std::vector<float>> f32Gradients(int threads, std::string &kernels) {
+  std::mt19937 rng(5);
+  auto f32 = [&](const Shape &s) {
+    TensorData d = gradcheck::randomDoubles(rng, s);
+    std::vector<float> v(d.info().elementCount());
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<float>(static_cast<const double *>(d.data())[i]);
+    return TensorData(TensorInfo(DataType::FLOAT, s), v.data());
+  };
+  gradcheck::Problem p{"MultiConv",
+                       17,
+                       gradcheck::attrs({{"pads", Ints{1, 1, 1, 1, 0, 0, 0, 0}}}),
+                       {{"xa", f32({4, 16, 14, 14}), true},
+                        {"wa", f32({16, 16, 3, 3}), false},
+                        {"ba", f32({16}), false},
+                        {"xb", f32({4, 4, 6, 6}), true},
+                        {"wb", f32({4, 4, 1, 1}), true},
+                        {"bb", f32({4}), true}}};
+  p.domain = "ai.graphcore";
+  p.outs = {"y0", "y1"};
+  p.loss = gradcheck::weightedSumLoss(2);
+  std::vector<TensorId> grads;
+  auto g = gradcheck::buildGraph(p, &grads);
+  setThreadCount(threads);
+  backend_cpu::KernelContext context;
+  context.threads = threads;
+  backend_cpu::ExecutionPlan plan(*g, {}, context);
+  for (const auto &f : p.feeds)
+    if (f.stream) std::memcpy(plan.address(f.id), f.data.data(), static_cast<size_t>(f.data.byteCount()));
+  plan.run();
+  setThreadCount(0);
+  kernels.clear();
+  for (const auto &k : plan.stepKernels())
+    kernels += k + "\n";
+  std::vector<std::vector<float>> out;
+  for (const auto &id : grads) {
+    const auto *v = static_cast<const float *>(plan.address(id));
+    out.emplace_back(v, v + plan.info(id).elementCount());
+  }
+  return out;
+}
+
+} // namespace
+
+// A data gradient of most of the FLOPs is split by images between the threads; the concurrent
+// parts are the one-thread kernels, so the gradients are those of the one-thread plan, bit for bit.
+TEST(MultiConv, ConcurrentGradientsAreTheOneThreadGradients) {
+  std::string kernels1, kernels2;
+  auto one = f32Gradients(1, kernels1), two = f32Gradients(2, kernels2);
+  EXPECT_NE(kernels2.find("concurrent on 2 threads"), std::string::npos) << kernels2;
+  EXPECT_NE(kernels2.find("ConvDataGrad 0 [0, 2)"), std::string::npos) << kernels2;
+  EXPECT_EQ(kernels2.find("ConvWeightGrad 0"), std::string::npos) << kernels2; // wa is constant
+  ASSERT_EQ(one.size(), 4u);                                                   // xa, xb, wb, bb
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_TRUE(bitwiseEqual(one[i], two[i])) << "gradient " << i;
+    EXPECT_GT(*std::max_element(one[i].begin(), one[i].end()), 0.0f);
+  }
 }
