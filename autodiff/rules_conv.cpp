@@ -1,4 +1,4 @@
-// Gradient rules of Conv, ConvTranspose and AveragePool. The backward passes are the dedicated
+// Gradient rules of Conv, ConvTranspose, AveragePool and ai.graphcore MultiConv. The backward passes are the dedicated
 // ai.graphcore grad ops (ir/ops/convgrad.cpp) with the geometry resolved here into explicit
 // strides, dilations and pads, plus forward ops where the math allows (ConvTranspose's dX is a
 // Conv of dY).
@@ -120,10 +120,44 @@ void averagePoolRule(GradContext &c) {
   c.setInGrad(0, addGradOp(c, "AveragePoolGrad", {c.outGrad(0)}, a));
 }
 
+/// MultiConv: one MultiConvGrad for the data and weight gradients of every convolution that a
+/// gradient reaches (its kernel runs them concurrently, as the forward ones), with the forward
+/// op's geometry attributes; bias gradients as Conv's.
+void multiConvRule(GradContext &c) {
+  const ir::Op &op = c.op();
+  const size_t k = op.outputCount();
+  std::vector<TensorId> inputs, outputs;
+  bool any = false;
+  for (size_t i = 0; i < k; ++i) {
+    const TensorId dy = c.outGrad(i);
+    inputs.insert(inputs.end(), {dy, c.in(3 * i), c.in(3 * i + 1)});
+    if (dy.empty()) {
+      outputs.insert(outputs.end(), {"", ""});
+      continue;
+    }
+    any = true;
+    outputs.push_back(c.graph().uniqueId(c.out(i) + "_grad_MultiConvGrad_dX"));
+    outputs.push_back(c.graph().uniqueId(c.out(i) + "_grad_MultiConvGrad_dW"));
+  }
+  if (!any) return;
+  ir::Attributes a;
+  for (const char *name : {"strides", "pads", "dilations"})
+    if (op.attrs.has(name)) a.set(name, op.attrs.getInts(name));
+  ir::Op &grad = c.graph().addOp("MultiConvGrad", "ai.graphcore", 1, "", std::move(a), inputs, outputs);
+  grad.def->setup(grad);
+  for (size_t i = 0; i < k; ++i) {
+    if (outputs[2 * i].empty()) continue;
+    c.setInGrad(3 * i, outputs[2 * i]);
+    c.setInGrad(3 * i + 1, outputs[2 * i + 1]);
+    if (op.hasInput(3 * i + 2)) c.setInGrad(3 * i + 2, biasGrad(c, c.outGrad(i), c.inShape(3 * i).size()));
+  }
+}
+
 } // namespace
 
 void registerConvRules(GradRuleRegistry &r) {
   addOnnxRules(r, {{"Conv", convRule}, {"ConvTranspose", convTransposeRule}, {"AveragePool", averagePoolRule}});
+  r.add({"ai.graphcore", "MultiConv", 1, 1000, multiConvRule});
 }
 
 } // namespace popart::autodiff

@@ -17,6 +17,7 @@ void registerDnnlKernels(KernelRegistry &r) {
   registerDnnlTransposeKernels(r);
   registerDnnlRnnKernels(r);
   registerDnnlCastKernels(r);
+  registerDnnlMultiConvKernels(r);
 }
 
 } // namespace popart::backend_cpu

@@ -36,6 +36,8 @@ void registerDnnlConvGradKernels(KernelRegistry &registry);
 void registerDnnlActGradKernels(KernelRegistry &registry);
 void registerDnnlTransposeKernels(KernelRegistry &registry);
 void registerDnnlRnnKernels(KernelRegistry &registry);
+/// MultiConv and MultiConvGrad (multiconv.cpp): the convolutions on their own kernels, concurrently.
+void registerDnnlMultiConvKernels(KernelRegistry &registry);
 /// Cast and CastLike between FLOAT, BFLOAT16 and FLOAT16 (reorders).
 void registerDnnlCastKernels(KernelRegistry &registry);
 /// Ours on oneDNN's blocked layouts: GlobalAveragePool, Mul by per-channel gates.
