@@ -122,6 +122,16 @@ struct BuilderImpl {
 
   onnx::NodeProto &lastNode() { return *graph().mutable_node(graph().node_size() - 1); }
 
+  /// Puts the last node in domain ai.graphcore, importing opset 1 of it once.
+  void inGraphcoreDomain() {
+    lastNode().set_domain("ai.graphcore");
+    for (const auto &o : model.opset_import())
+      if (o.domain() == "ai.graphcore") return;
+    auto *op = model.add_opset_import();
+    op->set_domain("ai.graphcore");
+    op->set_version(1);
+  }
+
   void attrInt(const std::string &n, int64_t v) {
     auto *a = lastNode().add_attribute();
     a->set_name(n);
@@ -479,6 +489,120 @@ TensorId Builder::identityloss(const TensorId &input, ReductionType reduction, c
   if (!impl_->types.count(input)) throw error("Builder::identityloss: unknown input tensor '", input, "'");
   return impl_->reduce("identityloss", input, reduction, debugName.empty() ? "IdentityLoss" : debugName);
 }
+
+// ---- AiGraphcoreOpset1 (ai.graphcore opset 1) ----
+
+namespace {
+
+/// PopART's spelling of a loss reduction in the "reduction" attribute.
+const char *graphcoreReduction(ReductionType r) {
+  switch (r) {
+  case ReductionType::Sum: return "Sum";
+  case ReductionType::Mean: return "Mean";
+  case ReductionType::NoReduction: return "None";
+  }
+  throw error("Builder: unknown ReductionType");
+}
+
+} // namespace
+
+AiGraphcoreOpset1 Builder::aiGraphcoreOpset1() { return AiGraphcoreOpset1(impl_.get()); }
+
+std::vector<TensorId> AiGraphcoreOpset1::groupnormalization(const std::vector<TensorId> &args, int64_t num_groups,
+                                                            float epsilon, const std::string &name) {
+  auto outs = impl_->addNode("GroupNormalization", args, 3, name, 3, 3);
+  impl_->inGraphcoreDomain();
+  impl_->attrInt("num_groups", num_groups);
+  impl_->attrFloat("epsilon", epsilon);
+  return outs;
+}
+
+TensorId AiGraphcoreOpset1::gelu(const std::vector<TensorId> &args, const std::string &name) {
+  TensorId out = impl_->one("Gelu", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::scale(const std::vector<TensorId> &args, float scale, const std::string &name) {
+  TensorId out = impl_->one("Scale", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrFloat("scale", scale);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::subsample(const std::vector<TensorId> &args, const std::vector<int64_t> &strides,
+                                      const std::string &name) {
+  TensorId out = impl_->one("Subsample", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrInts("strides", strides, false);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::detach(const std::vector<TensorId> &args, const std::string &name) {
+  TensorId out = impl_->one("Detach", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type,
+                                 int64_t batch_axis, const std::string &name) {
+  DataType type = dataTypeFromOnnx(static_cast<int>(data_type));
+  TensorId out = impl_->one("Init", {}, name, 0, 0, type);
+  impl_->inGraphcoreDomain();
+  impl_->attrInts("shape", shape, false);
+  impl_->attrInt("data_type", data_type);
+  impl_->attrInt("tensor_type", 0); // PopART's TensorType::ActGrad, as its builder writes
+  impl_->attrInt("init_type", init_type);
+  impl_->attrInt("batch_axis", batch_axis);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type,
+                                 const std::string &name) {
+  return init(shape, data_type, init_type, -1, name);
+}
+
+TensorId AiGraphcoreOpset1::identityloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                         const std::string &name) {
+  TensorId out = impl_->one("IdentityLoss", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::nllloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                    std::optional<int> ignoreIndex, bool inputIsLogProbability,
+                                    const std::string &name) {
+  TensorId out = impl_->one("Nll", args, name, 2, 2);
+  impl_->inGraphcoreDomain();
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  if (ignoreIndex) impl_->attrInt("ignoreIndex", *ignoreIndex);
+  impl_->attrInt("inputIsLogProbability", inputIsLogProbability ? 1 : 0);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::l1loss(const std::vector<TensorId> &args, float lambda, ReductionType reduction,
+                                   const std::string &name) {
+  TensorId out = impl_->one("L1", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrFloat("lambda", lambda);
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::printtensor(const std::vector<TensorId> &args, int64_t print_gradient,
+                                        const std::string &name, const std::string &title, int summariseThreshold,
+                                        int edgeItems) {
+  TensorId out = impl_->one("PrintTensor", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrInt("print_gradient", print_gradient);
+  impl_->attrString("title", title);
+  impl_->attrInt("summariseThreshold", summariseThreshold);
+  impl_->attrInt("edgeItems", edgeItems);
+  return out;
+}
+
+// ---- end of AiGraphcoreOpset1 ----
 
 std::vector<TensorId> Builder::getInputTensorIds() const { return impl_->inputs; }
 std::vector<TensorId> Builder::getOutputTensorIds() const { return impl_->outputs; }

@@ -1,5 +1,6 @@
 #include "ir/ops/collectives.hpp"
 #include "ir/ops/families.hpp"
+#include "ir/ops/graphcore.hpp"
 
 #include <mutex>
 
@@ -31,6 +32,7 @@ void registerBuiltinOps() {
     registerControlFlowOps(r);
     registerSequenceOps(r);
     registerCollectiveOps(r);
+    registerGraphcoreOps(r);
   });
 }
 
