@@ -3,6 +3,9 @@
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
 
+#include "ir/passes/passes.hpp"
+#include "onnx_import/onnx_import.hpp"
+
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -607,6 +610,35 @@ TensorId AiGraphcoreOpset1::printtensor(const std::vector<TensorId> &args, int64
 std::vector<TensorId> Builder::getInputTensorIds() const { return impl_->inputs; }
 std::vector<TensorId> Builder::getOutputTensorIds() const { return impl_->outputs; }
 
+namespace {
+
+/// Gives the graph outputs of \p m that ONNX's inference left without a shape (outputs of nodes it
+/// has no schema for: ai.graphcore's) the shapes this runtime's own inference finds; the checker
+/// requires a shape on every graph output.
+void inferOutputShapesOfCustomOps(onnx::ModelProto &m) {
+  auto *g = m.mutable_graph();
+  bool missing = false;
+  for (const auto &out : g->output())
+    missing = missing || !out.type().tensor_type().has_shape();
+  if (!missing) return;
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
+  onnx_import::ImportOptions options;
+  options.check = false; // the model is not complete yet: the shapes are what is missing
+  auto graph = onnx_import::importModelBytes(bytes, ".", options, "Builder");
+  ir::inferShapes(*graph, nullptr);
+  for (auto &out : *g->mutable_output()) {
+    if (out.type().tensor_type().has_shape() || !graph->hasTensor(out.name())) continue;
+    const TensorInfo &info = graph->tensor(out.name()).info();
+    if (!info.isKnown()) continue;
+    auto *shape = out.mutable_type()->mutable_tensor_type()->mutable_shape();
+    for (int64_t d : info.shape())
+      shape->add_dim()->set_dim_value(d);
+  }
+}
+
+} // namespace
+
 std::string Builder::getModelProto() const {
   onnx::ModelProto m = impl_->model;
   auto *g = m.mutable_graph();
@@ -636,6 +668,7 @@ std::string Builder::getModelProto() const {
         it->second->type().tensor_type().elem_type() == out.type().tensor_type().elem_type())
       *out.mutable_type() = it->second->type();
   }
+  inferOutputShapesOfCustomOps(m);
   std::string bytes;
   if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
   return bytes;
