@@ -17,6 +17,7 @@ std::vector<TensorId> addGraphcore(GradContext &c, const std::string &type, cons
                                    ir::Attributes attrs, const std::vector<std::string> &names) {
   ir::Graph &g = c.graph();
   std::vector<TensorId> outs;
+  outs.reserve(names.size());
   for (const auto &n : names)
     outs.push_back(g.uniqueId(c.out(0) + "_grad_" + n));
   ir::Op &op = g.addOp(type, "ai.graphcore", 1, "", std::move(attrs), inputs, outs);
