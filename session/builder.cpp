@@ -3,6 +3,7 @@
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
 
+#include "core/log.hpp"
 #include "ir/passes/passes.hpp"
 #include "onnx_import/onnx_import.hpp"
 
@@ -625,8 +626,16 @@ void inferOutputShapesOfCustomOps(onnx::ModelProto &m) {
   if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
   onnx_import::ImportOptions options;
   options.check = false; // the model is not complete yet: the shapes are what is missing
-  auto graph = onnx_import::importModelBytes(bytes, ".", options, "Builder");
-  ir::inferShapes(*graph, nullptr);
+  std::unique_ptr<ir::Graph> graph;
+  try {
+    graph = onnx_import::importModelBytes(bytes, ".", options, "Builder");
+    ir::inferShapes(*graph, nullptr);
+  } catch (const error &e) {
+    // Best effort, as ONNX's own: shapes that depend on values computed at run time stay unknown
+    // (loading then names the problem), but the reason is worth a line in the log.
+    logging::logger().warn("Builder::getModelProto: output shapes that ONNX cannot infer stay unknown: {}", e.what());
+    return;
+  }
   for (auto &out : *g->mutable_output()) {
     if (out.type().tensor_type().has_shape() || !graph->hasTensor(out.name())) continue;
     const TensorInfo &info = graph->tensor(out.name()).info();
