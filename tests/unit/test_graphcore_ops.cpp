@@ -9,6 +9,7 @@
 
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
+#include <popart/optimizer.hpp>
 #include <popart/session.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -400,6 +401,60 @@ TEST(GraphcoreOps, BuilderWritesGraphcoreNodesThatRun) {
   expectClose(outs[nll], {-std::log(0.5) - std::log(0.6)}, 1e-6, "nllloss sum");
   // Label 0 (the second sample's) ignored: the mean is over the one position left.
   expectClose(outs[nllIgnore], {-std::log(0.5)}, 1e-6, "nllloss mean, ignoreIndex 0");
+}
+
+/// One SGD step through a TrainingSession on a Builder model, GroupNormalization -> Scale -> Nll
+/// over the channels (through a Transpose: PopART's Nll takes the classes last) plus an L1 term on
+/// the detached input, against torch's gradients of the same function.
+TEST(GraphcoreOps, TrainingStepMatchesTorch) {
+  const char *script = R"PY(
+import numpy as np, torch, torch.nn.functional as F
+x = torch.tensor(np.sin(np.arange(24) * 0.7).reshape(2, 4, 3) * 2, dtype=torch.float64)
+s = torch.tensor([1.0, 2.0, 0.5, -1.0], dtype=torch.float64, requires_grad=True)
+b = torch.tensor([0.0, 0.1, -0.2, 0.3], dtype=torch.float64, requires_grad=True)
+label = torch.tensor([[0, 3, 1], [2, 2, 0]])
+y = F.group_norm(x, 2, s, b, 1e-5) * 0.5
+probs = torch.softmax(y, 1)
+loss = F.nll_loss(torch.log(probs), label, reduction="mean") + 0.1 * (x * s.reshape(1, 4, 1)).detach().abs().sum()
+loss.backward()
+lr = 0.1
+print("s", " ".join(repr(float(v)) for v in (s - lr * s.grad).detach()))
+print("b", " ".join(repr(float(v)) for v in (b - lr * b.grad).detach()))
+print("x", " ".join(repr(float(v)) for v in x.reshape(-1)))
+)PY";
+  auto ref = runPython(script, "");
+  auto builder = Builder::create();
+  auto ai = builder->aiOnnxOpset13();
+  auto gc = builder->aiGraphcoreOpset1();
+  TensorId x = builder->addInputTensor(TensorInfo(DataType::FLOAT, {2, 4, 3}), "x");
+  TensorId s = builder->addInitializedInputTensor(std::vector<float>{1.0f, 2.0f, 0.5f, -1.0f}, {4}, "s");
+  TensorId b = builder->addInitializedInputTensor(std::vector<float>{0.0f, 0.1f, -0.2f, 0.3f}, {4}, "b");
+  TensorId label = builder->addInitializedInputTensor(std::vector<int32_t>{0, 3, 1, 2, 2, 0}, {2, 3}, "label");
+  TensorId y = gc.scale({gc.groupnormalization({x, s, b}, 2)[0]}, 0.5f);
+  TensorId probs = ai.softmax({ai.transpose({y}, {0, 2, 1})}, -1);
+  TensorId nll = gc.nllloss({probs, label}, ReductionType::Mean);
+  std::vector<int64_t> channelShape{1, 4, 1};
+  TensorId sReshaped = ai.reshape({s, builder->addInitializedInputTensor(channelShape, {3})});
+  TensorId l1 = gc.l1loss({gc.detach({ai.mul({x, sReshaped})})}, 0.1f, ReductionType::Sum);
+  TensorId loss = gc.identityloss({ai.add({nll, l1})}, ReductionType::Sum);
+  builder->addOutputTensor(loss);
+
+  auto session = TrainingSession::createFromOnnxModel(builder->getModelProto(), DataFlow(1, std::vector<TensorId>{}),
+                                                      loss, ConstSGD(0.1f));
+  session->prepareDevice();
+  session->weightsFromHost();
+  std::vector<float> xv = toFloats(ref["x"]);
+  NDArrayWrapper<float> in(xv.data(), {2, 4, 3});
+  StepIO io({{x, in}}, {});
+  session->run(io);
+  for (const TensorId &w : {s, b}) {
+    std::vector<float> v(4);
+    NDArrayWrapper<float> arr(v.data(), {4});
+    WeightsIO weights;
+    weights.insert(w, arr);
+    session->readWeights(weights);
+    expectClose(v, ref[w], 1e-5, w);
+  }
 }
 
 TEST(GraphcoreOps, BadAttributesAreNamedErrors) {
