@@ -61,6 +61,7 @@ void registerBuiltinRules() {
     registerConvRules(r);
     registerRnnRules(r);
     registerControlFlowRules(r);
+    registerGraphcoreRules(r);
   });
 }
 

@@ -136,5 +136,7 @@ void registerLossNormRules(GradRuleRegistry &registry);
 void registerConvRules(GradRuleRegistry &registry);
 void registerRnnRules(GradRuleRegistry &registry);
 void registerControlFlowRules(GradRuleRegistry &registry);
+/// The ai.graphcore opset-1 ops' rules (autodiff/rules_graphcore.cpp).
+void registerGraphcoreRules(GradRuleRegistry &registry);
 
 } // namespace popart::autodiff

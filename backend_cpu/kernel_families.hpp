@@ -33,6 +33,8 @@ void registerReferenceSequenceKernels(KernelRegistry &registry);
 void registerReferenceControlFlowKernels(KernelRegistry &registry);
 /// AllReduce, ReduceScatter and AllGather over KernelContext::communicator (reference/collectives.cpp).
 void registerReferenceCollectiveKernels(KernelRegistry &registry);
+/// The ai.graphcore opset-1 ops and their grad ops (reference/graphcore.cpp).
+void registerReferenceGraphcoreKernels(KernelRegistry &registry);
 
 void registerFastNormKernels(KernelRegistry &registry);
 void registerFastReduceKernels(KernelRegistry &registry);

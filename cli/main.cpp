@@ -304,6 +304,36 @@ int run(const Options &opt) {
   return 0;
 }
 
+/// The ai.graphcore opset-1 section after the table of docs/ops.md.
+constexpr const char *kGraphcoreOpset1Notes =
+    "\n## ai.graphcore opset 1\n\n"
+    "PopART's own operators, imported from nodes of domain `ai.graphcore` (opset 1) with PopART's op "
+    "types and attributes, and written by `Builder::aiGraphcoreOpset1()` (`groupnormalization`, "
+    "`gelu`, `scale`, `subsample`, `detach`, `init`, `identityloss`, `nllloss`, `l1loss`, "
+    "`printtensor`). Each has a gradient but Init (no inputs); the `*Grad` rows are the grad ops "
+    "those gradients use.\n\n"
+    "- `GroupNormalization` (X [N, C, ...], Scale [C], Bias [C]; `num_groups`, `epsilon` = 1e-5) -> Y, "
+    "Mean and InvStdDev [N·num_groups]; group g holds channels [g·C/G, (g+1)·C/G) (PopART's default, "
+    "torch.nn.GroupNorm's). Only Y is differentiable.\n"
+    "- `Gelu`: the exact form 0.5·x·(1 + erf(x/√2)). PopART's Gelu is the tanh approximation (its "
+    "GeluErf is the exact one); they differ by up to about 5e-4.\n"
+    "- `Scale` (`scale`): x·scale. `Subsample` (`strides`, one per dimension): every strides[d]-th "
+    "element from the first, ⌈n/stride⌉ of each dimension. `Detach`: the identity; no gradient flows "
+    "through it.\n"
+    "- `Init` (`shape`, `data_type`, `tensor_type`, `init_type`, optional `batch_axis`): a zero tensor. "
+    "`data_type` is a popart::DataType value, which here are ONNX's numbers (FLOAT = 1), not PopART's "
+    "enum; NoInit (0) gives zeros too, and the output is an ordinary tensor whatever its `tensor_type`.\n"
+    "- Losses, `reduction` = `Sum`, `Mean` or `None` (PopART's spelling; `nllloss` and `l1loss` write "
+    "PopART's node types `Nll` and `L1`): `IdentityLoss` (x itself), "
+    "`L1` (`lambda`·|x|; Mean over every element), `Nll` (probabilities [..., C] with the classes last, "
+    "integer labels [...]; −log(max(p, 1e-7)), or −p with `inputIsLogProbability`; labels equal to "
+    "`ignoreIndex` count 0 and Mean divides by the labels not ignored, at least 1; a label out of range "
+    "is an error naming its position).\n"
+    "- `PrintTensor` (`print_gradient` = 1, `title`, `summariseThreshold` = 1000, `edgeItems` = 3): the "
+    "identity, which logs its input at info level (`POPART_LOG_LEVEL=info`) as \"title TYPE[shape]: "
+    "[values]\", and its gradient under \"title_gradient\" when `print_gradient` is 1. PopART's other "
+    "format attributes are accepted and not used.\n";
+
 /// The supported ops as a Markdown table, from the op and kernel registries (docs/ops.md).
 void printOps() {
   ir::registerBuiltinOps();
@@ -346,6 +376,7 @@ void printOps() {
     std::cout << "| " << key.first << " | " << key.second << " | " << ranges << " | " << kernels << " | "
               << autodiff::gradientSupport(key.first, key.second, opsets) << " |\n";
   }
+  std::cout << kGraphcoreOpset1Notes;
 }
 
 /// Sends this process's standard output to /dev/null: the replicas other than rank 0 print

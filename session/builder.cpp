@@ -3,6 +3,10 @@
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
 
+#include "core/log.hpp"
+#include "ir/passes/passes.hpp"
+#include "onnx_import/onnx_import.hpp"
+
 #include <onnx/onnx_pb.h>
 #include <onnx/shape_inference/implementation.h>
 
@@ -121,6 +125,16 @@ struct BuilderImpl {
   }
 
   onnx::NodeProto &lastNode() { return *graph().mutable_node(graph().node_size() - 1); }
+
+  /// Puts the last node in domain ai.graphcore, importing opset 1 of it once.
+  void inGraphcoreDomain() {
+    lastNode().set_domain("ai.graphcore");
+    for (const auto &o : model.opset_import())
+      if (o.domain() == "ai.graphcore") return;
+    auto *op = model.add_opset_import();
+    op->set_domain("ai.graphcore");
+    op->set_version(1);
+  }
 
   void attrInt(const std::string &n, int64_t v) {
     auto *a = lastNode().add_attribute();
@@ -480,8 +494,159 @@ TensorId Builder::identityloss(const TensorId &input, ReductionType reduction, c
   return impl_->reduce("identityloss", input, reduction, debugName.empty() ? "IdentityLoss" : debugName);
 }
 
+// ---- AiGraphcoreOpset1 (ai.graphcore opset 1) ----
+
+namespace {
+
+/// PopART's spelling of a loss reduction in the "reduction" attribute.
+const char *graphcoreReduction(ReductionType r) {
+  switch (r) {
+  case ReductionType::Sum: return "Sum";
+  case ReductionType::Mean: return "Mean";
+  case ReductionType::NoReduction: return "None";
+  }
+  throw error("Builder: unknown ReductionType");
+}
+
+} // namespace
+
+AiGraphcoreOpset1 Builder::aiGraphcoreOpset1() { return AiGraphcoreOpset1(impl_.get()); }
+
+std::vector<TensorId> AiGraphcoreOpset1::groupnormalization(const std::vector<TensorId> &args, int64_t num_groups,
+                                                            float epsilon, const std::string &name) {
+  auto outs = impl_->addNode("GroupNormalization", args, 3, name, 3, 3);
+  impl_->inGraphcoreDomain();
+  impl_->attrInt("num_groups", num_groups);
+  impl_->attrFloat("epsilon", epsilon);
+  return outs;
+}
+
+TensorId AiGraphcoreOpset1::gelu(const std::vector<TensorId> &args, const std::string &name) {
+  TensorId out = impl_->one("Gelu", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::scale(const std::vector<TensorId> &args, float scale, const std::string &name) {
+  TensorId out = impl_->one("Scale", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrFloat("scale", scale);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::subsample(const std::vector<TensorId> &args, const std::vector<int64_t> &strides,
+                                      const std::string &name) {
+  TensorId out = impl_->one("Subsample", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrInts("strides", strides, false);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::detach(const std::vector<TensorId> &args, const std::string &name) {
+  TensorId out = impl_->one("Detach", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type,
+                                 int64_t batch_axis, const std::string &name) {
+  DataType type = dataTypeFromOnnx(static_cast<int>(data_type));
+  TensorId out = impl_->one("Init", {}, name, 0, 0, type);
+  impl_->inGraphcoreDomain();
+  impl_->attrInts("shape", shape, false);
+  impl_->attrInt("data_type", data_type);
+  impl_->attrInt("tensor_type", 0); // PopART's TensorType::ActGrad, as its builder writes
+  impl_->attrInt("init_type", init_type);
+  impl_->attrInt("batch_axis", batch_axis);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type,
+                                 const std::string &name) {
+  return init(shape, data_type, init_type, -1, name);
+}
+
+TensorId AiGraphcoreOpset1::identityloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                         const std::string &name) {
+  TensorId out = impl_->one("IdentityLoss", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::nllloss(const std::vector<TensorId> &args, ReductionType reduction,
+                                    std::optional<int> ignoreIndex, bool inputIsLogProbability,
+                                    const std::string &name) {
+  TensorId out = impl_->one("Nll", args, name, 2, 2);
+  impl_->inGraphcoreDomain();
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  if (ignoreIndex) impl_->attrInt("ignoreIndex", *ignoreIndex);
+  impl_->attrInt("inputIsLogProbability", inputIsLogProbability ? 1 : 0);
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::l1loss(const std::vector<TensorId> &args, float lambda, ReductionType reduction,
+                                   const std::string &name) {
+  TensorId out = impl_->one("L1", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrFloat("lambda", lambda);
+  impl_->attrString("reduction", graphcoreReduction(reduction));
+  return out;
+}
+
+TensorId AiGraphcoreOpset1::printtensor(const std::vector<TensorId> &args, int64_t print_gradient,
+                                        const std::string &name, const std::string &title, int summariseThreshold,
+                                        int edgeItems) {
+  TensorId out = impl_->one("PrintTensor", args, name, 1, 1);
+  impl_->inGraphcoreDomain();
+  impl_->attrInt("print_gradient", print_gradient);
+  impl_->attrString("title", title);
+  impl_->attrInt("summariseThreshold", summariseThreshold);
+  impl_->attrInt("edgeItems", edgeItems);
+  return out;
+}
+
+// ---- end of AiGraphcoreOpset1 ----
+
 std::vector<TensorId> Builder::getInputTensorIds() const { return impl_->inputs; }
 std::vector<TensorId> Builder::getOutputTensorIds() const { return impl_->outputs; }
+
+namespace {
+
+/// Gives the graph outputs of \p m that ONNX's inference left without a shape (outputs of nodes it
+/// has no schema for: ai.graphcore's) the shapes this runtime's own inference finds; the checker
+/// requires a shape on every graph output.
+void inferOutputShapesOfCustomOps(onnx::ModelProto &m) {
+  auto *g = m.mutable_graph();
+  bool missing = false;
+  for (const auto &out : g->output())
+    missing = missing || !out.type().tensor_type().has_shape();
+  if (!missing) return;
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
+  onnx_import::ImportOptions options;
+  options.check = false; // the model is not complete yet: the shapes are what is missing
+  std::unique_ptr<ir::Graph> graph;
+  try {
+    graph = onnx_import::importModelBytes(bytes, ".", options, "Builder");
+    ir::inferShapes(*graph, nullptr);
+  } catch (const error &e) {
+    // Best effort, as ONNX's own: shapes that depend on values computed at run time stay unknown
+    // (loading then names the problem), but the reason is worth a line in the log.
+    logging::logger().warn("Builder::getModelProto: output shapes that ONNX cannot infer stay unknown: {}", e.what());
+    return;
+  }
+  for (auto &out : *g->mutable_output()) {
+    if (out.type().tensor_type().has_shape() || !graph->hasTensor(out.name())) continue;
+    const TensorInfo &info = graph->tensor(out.name()).info();
+    if (!info.isKnown()) continue;
+    auto *shape = out.mutable_type()->mutable_tensor_type()->mutable_shape();
+    for (int64_t d : info.shape())
+      shape->add_dim()->set_dim_value(d);
+  }
+}
+
+} // namespace
 
 std::string Builder::getModelProto() const {
   onnx::ModelProto m = impl_->model;
@@ -512,6 +677,7 @@ std::string Builder::getModelProto() const {
         it->second->type().tensor_type().elem_type() == out.type().tensor_type().elem_type())
       *out.mutable_type() = it->second->type();
   }
+  inferOutputShapesOfCustomOps(m);
   std::string bytes;
   if (!m.SerializeToString(&bytes)) throw error("Builder::getModelProto: serialization failed");
   return bytes;

@@ -25,6 +25,7 @@ void registerReferenceKernels(KernelRegistry &r) {
   registerReferenceSequenceKernels(r);
   registerReferenceControlFlowKernels(r);
   registerReferenceCollectiveKernels(r);
+  registerReferenceGraphcoreKernels(r);
 }
 
 } // namespace popart::backend_cpu

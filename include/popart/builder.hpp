@@ -97,6 +97,59 @@ private:
   detail::BuilderImpl *impl_;
 };
 
+// ---- ai.graphcore opset 1 (AiGraphcoreOpset1) -------------------------------------------------
+// PopART's own operators (docs/ops.md, "ai.graphcore opset 1"). New methods are appended at the
+// end of the class; the block ends at the matching "end of ai.graphcore opset 1" line.
+
+/// The ai.graphcore opset-1 operators, with PopART's method names. Each method adds one node of
+/// domain "ai.graphcore" (importing that opset into the model) and returns its output id(s);
+/// \p name is an optional node name (made unique by the builder).
+class AiGraphcoreOpset1 {
+public:
+  explicit AiGraphcoreOpset1(detail::BuilderImpl *impl) : impl_(impl) {}
+
+  /// {x [N, C, ...], scale [C], bias [C]} -> {y, mean, invStdDev}, the statistics [N·num_groups]
+  /// per (sample, group of C/num_groups consecutive channels).
+  std::vector<TensorId> groupnormalization(const std::vector<TensorId> &args, int64_t num_groups, float epsilon = 1e-5f,
+                                           const std::string &name = "");
+  /// Exact GELU, 0.5·x·(1 + erf(x/√2)).
+  TensorId gelu(const std::vector<TensorId> &args, const std::string &name = "");
+  /// x · \p scale.
+  TensorId scale(const std::vector<TensorId> &args, float scale, const std::string &name = "");
+  /// Every strides[d]-th element of each dimension d (one stride per dimension).
+  TensorId subsample(const std::vector<TensorId> &args, const std::vector<int64_t> &strides,
+                     const std::string &name = "");
+  /// The identity, through which no gradient flows.
+  TensorId detach(const std::vector<TensorId> &args, const std::string &name = "");
+  /// A zero tensor of \p shape and \p data_type (a popart::DataType value); \p init_type 0 (NoInit)
+  /// or 1 (Zero) both give zeros; \p batch_axis is checked and otherwise unused.
+  TensorId init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type, int64_t batch_axis,
+                const std::string &name = "");
+  TensorId init(const std::vector<int64_t> &shape, int64_t data_type, int64_t init_type, const std::string &name = "");
+  /// The (reduced) value of args[0] itself.
+  TensorId identityloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,
+                        const std::string &name = "");
+  /// {probs [..., C], label [...]} -> −log(probs[label]) per position (−probs[label] with
+  /// \p inputIsLogProbability), labels equal to \p ignoreIndex left out; Mean divides by the
+  /// positions not ignored.
+  TensorId nllloss(const std::vector<TensorId> &args, ReductionType reduction = ReductionType::Mean,
+                   std::optional<int> ignoreIndex = std::nullopt, bool inputIsLogProbability = false,
+                   const std::string &name = "");
+  /// \p lambda · |args[0]|, reduced.
+  TensorId l1loss(const std::vector<TensorId> &args, float lambda, ReductionType reduction = ReductionType::Mean,
+                  const std::string &name = "");
+  /// The identity, which logs args[0] at info level (POPART_LOG_LEVEL=info) under \p title, and its
+  /// gradient too if \p print_gradient is 1; tensors of more than \p summariseThreshold elements
+  /// (0: no limit) show their first and last \p edgeItems.
+  TensorId printtensor(const std::vector<TensorId> &args, int64_t print_gradient = 1, const std::string &name = "",
+                       const std::string &title = "", int summariseThreshold = 1000, int edgeItems = 3);
+
+private:
+  detail::BuilderImpl *impl_;
+};
+
+// ---- end of ai.graphcore opset 1 ---------------------------------------------------------------
+
 /// Builds one ONNX graph (opset 13) in code.
 class Builder {
 public:
@@ -120,6 +173,8 @@ public:
   void addOutputTensor(const TensorId &id);
 
   AiOnnxOpset13 aiOnnxOpset13();
+  /// PopART's ai.graphcore operators (opset 1).
+  AiGraphcoreOpset1 aiGraphcoreOpset1();
 
   /// -log(probs[label]) per sample, from {probs, label}; \p probs are probabilities (e.g. a
   /// softmax), \p label holds INT32 or INT64 class indices.

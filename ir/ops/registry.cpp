@@ -1,6 +1,7 @@
 #include "ir/ops/collectives.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/multiconv.hpp"
+#include "ir/ops/graphcore.hpp"
 
 #include <mutex>
 
@@ -33,6 +34,7 @@ void registerBuiltinOps() {
     registerSequenceOps(r);
     registerCollectiveOps(r);
     registerMultiConvOps(r);
+    registerGraphcoreOps(r);
   });
 }
 
