@@ -154,7 +154,8 @@ CustomOpNode nodeOf(const ir::Op &op, const std::vector<CustomAttributeSpec> *sp
       if (v) node.attributes[name] = std::move(*v);
       continue;
     }
-    auto s = std::find_if(spec->begin(), spec->end(), [&](const CustomAttributeSpec &a) { return a.name == name; });
+    auto s =
+        std::find_if(spec->begin(), spec->end(), [&key = name](const CustomAttributeSpec &a) { return a.name == key; });
     if (s == spec->end())
       throw error(node.name, ": ", op.domain, "::", op.type, " (", origin, ") has no attribute '", name, "'");
     // ONNX writes alpha=1 as an int; a float attribute takes it.

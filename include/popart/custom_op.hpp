@@ -274,4 +274,4 @@ void registerCustomOps(const std::string &origin, const std::function<void(Custo
     return POPART_CUSTOM_OP_ABI_VERSION;                                                                               \
   }                                                                                                                    \
   extern "C" __attribute__((visibility("default"))) void popart_register_custom_ops(                                   \
-      popart::CustomOpRegistrar &registrar)
+      popart::CustomOpRegistrar &registrar) // NOLINT(bugprone-macro-parentheses): the parameter's name
