@@ -30,6 +30,7 @@ GradRuleRegistry &GradRuleRegistry::instance() {
 void GradRuleRegistry::add(GradRuleDef def) {
   def.domain = ir::canonicalDomain(def.domain);
   if (!def.rule) throw error("gradient rules: ", def.domain, "::", def.type, " has an empty rule");
+  std::unique_lock lock(mutex_);
   for (const auto &d : defs_)
     if (d.domain == def.domain && d.type == def.type &&
         !(def.maxVersion < d.minVersion || def.minVersion > d.maxVersion))
@@ -40,6 +41,7 @@ void GradRuleRegistry::add(GradRuleDef def) {
 
 const GradRule *GradRuleRegistry::find(const std::string &domain, const std::string &type, int version) const {
   std::string dom = ir::canonicalDomain(domain);
+  std::shared_lock lock(mutex_);
   for (const auto &d : defs_)
     if (d.domain == dom && d.type == type && version >= d.minVersion && version <= d.maxVersion) return &d.rule;
   return nullptr;

@@ -5,8 +5,10 @@
 
 #include "ir/graph.hpp"
 
+#include <deque>
 #include <functional>
 #include <map>
+#include <shared_mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -103,6 +105,8 @@ struct GradRuleDef {
 
 /// The gradient rules by (domain, op type, opset range), filled once by registerBuiltinRules().
 /// An op shares a rule only with ops of its own domain: ai.graphcore Gelu's rule is not ai.onnx Gelu's.
+/// Custom-op libraries add rules later, possibly while other threads look rules up; rules never
+/// move once added.
 class GradRuleRegistry {
 public:
   static GradRuleRegistry &instance();
@@ -110,10 +114,12 @@ public:
   void add(GradRuleDef def);
   /// The rule for \p type in \p domain ("" is ai.onnx) at opset \p version; null if none.
   const GradRule *find(const std::string &domain, const std::string &type, int version) const;
-  const std::vector<GradRuleDef> &all() const { return defs_; }
+  /// Every rule; not to be read while another thread adds one.
+  const std::deque<GradRuleDef> &all() const { return defs_; }
 
 private:
-  std::vector<GradRuleDef> defs_;
+  mutable std::shared_mutex mutex_;
+  std::deque<GradRuleDef> defs_;
 };
 
 /// How \p registry's rules for \p type in \p domain cover the opset ranges \p opsets ([min, max]):

@@ -15,6 +15,7 @@ KernelRegistry &KernelRegistry::instance() {
 
 void KernelRegistry::add(KernelEntry entry) {
   entry.domain = ir::canonicalDomain(entry.domain);
+  std::unique_lock lock(mutex_);
   entries_.push_back(std::move(entry));
 }
 
@@ -23,6 +24,7 @@ const char *kernelProviderName(KernelProvider provider) {
   case KernelProvider::Dnnl: return "oneDNN";
   case KernelProvider::Fast: return "fast";
   case KernelProvider::Reference: return "reference";
+  case KernelProvider::Plugin: return "plugin";
   case KernelProvider::Any: break;
   }
   return "any";
@@ -43,34 +45,55 @@ std::string KernelChoice::explanation() const {
 
 namespace {
 
-/// Preference among the providers an op's entries come from: oneDNN, fast, reference.
+/// Preference among the providers an op's entries come from: a plugin's override, oneDNN, fast,
+/// reference.
 int rank(KernelProvider provider) {
-  return provider == KernelProvider::Dnnl ? 0 : provider == KernelProvider::Fast ? 1 : 2;
+  switch (provider) {
+  case KernelProvider::Plugin: return -1;
+  case KernelProvider::Dnnl: return 0;
+  case KernelProvider::Fast: return 1;
+  case KernelProvider::Reference:
+  case KernelProvider::Any: break;
+  }
+  return 2;
+}
+int rank(const KernelEntry &e) { return rank(e.provider); }
+
+/// Whether the session's choice \p provider allows \p e.
+bool allowed(const KernelEntry &e, KernelProvider provider) {
+  return provider == KernelProvider::Any || e.provider == provider;
 }
 
 } // namespace
 
+std::vector<const KernelEntry *> KernelRegistry::candidates(const ir::Op &op, KernelProvider provider) const {
+  std::vector<const KernelEntry *> found;
+  std::shared_lock lock(mutex_);
+  for (const auto &e : entries_)
+    if (e.type == op.type && e.domain == op.domain && allowed(e, provider)) found.push_back(&e);
+  return found;
+}
+
 KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) const {
   KernelChoice choice;
   bool dnnlEntry = false;
-  std::vector<std::pair<KernelProvider, std::string>> declined;
-  for (const auto &e : entries_) {
-    if (e.type != op.type || e.domain != op.domain) continue;
-    if (provider != KernelProvider::Any && e.provider != provider) continue;
+  std::vector<std::pair<int, std::string>> declined;
+  for (const KernelEntry *entry : candidates(op, provider)) {
+    const KernelEntry &e = *entry;
     dnnlEntry = dnnlEntry || e.provider == KernelProvider::Dnnl;
     if (e.supports) {
       Support s = e.supports(op);
       if (!s) {
-        declined.emplace_back(e.provider, std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
+        declined.emplace_back(rank(e), std::string(kernelProviderName(e.provider)) + " declined: " + s.reason);
         continue;
       }
     }
-    if (!choice.entry || rank(e.provider) < rank(choice.entry->provider)) choice.entry = &e;
+    if (!choice.entry || rank(e) < rank(*choice.entry)) choice.entry = &e;
   }
   // Why the chosen kernel runs: the declines of the providers preferred to it (a fast entry for
   // other types does not explain why oneDNN's runs).
-  for (auto &[p, why] : declined)
-    if (!choice.entry || rank(p) < rank(choice.entry->provider)) choice.declined.push_back(std::move(why));
+  for (auto &[r, why] : declined)
+    if (!choice.entry || r < rank(*choice.entry)) choice.declined.push_back(std::move(why));
   if (!dnnlEntry && (provider == KernelProvider::Any || provider == KernelProvider::Dnnl))
     choice.declined.insert(choice.declined.begin(), "oneDNN: no kernel for " + op.type);
   return choice;
@@ -78,10 +101,9 @@ KernelChoice KernelRegistry::choose(const ir::Op &op, KernelProvider provider) c
 
 const KernelEntry *KernelRegistry::find(const ir::Op &op, KernelProvider provider) const {
   const KernelEntry *best = nullptr;
-  for (const auto &e : entries_) {
-    if (e.type != op.type || e.domain != op.domain) continue;
-    if (provider != KernelProvider::Any && e.provider != provider) continue;
-    if (best && rank(e.provider) >= rank(best->provider)) continue;
+  for (const KernelEntry *entry : candidates(op, provider)) {
+    const KernelEntry &e = *entry;
+    if (best && rank(e) >= rank(*best)) continue;
     if (e.supports && !e.supports(op)) continue;
     best = &e;
   }
@@ -112,7 +134,12 @@ std::unique_ptr<Kernel> createKernel(const ir::Op &op, KernelProvider provider, 
       throw error(op.debugName(), ": no ", kernelProviderName(provider), " kernel supports this op with inputs (",
                   types, "), and the session allows only ", kernelProviderName(provider),
                   " kernels (SessionOptions::kernels, --kernels)");
-    throw error(op.debugName(), ": no CPU kernel supports this op with inputs (", types, ")");
+    // The checks that declined it say why (a custom op's "takes FLOAT or DOUBLE, not INT32").
+    std::string why;
+    for (const std::string &d : KernelRegistry::instance().choose(op, provider).declined)
+      if (d.find(" declined: ") != std::string::npos) why += (why.empty() ? " (" : "; ") + d;
+    throw error(op.debugName(), ": no CPU kernel supports this op with inputs (", types, ")",
+                why.empty() ? "" : why + ")");
   }
   return createKernel(*e, op, context);
 }

@@ -6,7 +6,9 @@
 #include "backend_cpu/kernel_context.hpp"
 #include "ir/op.hpp"
 
+#include <deque>
 #include <memory>
+#include <shared_mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -82,7 +84,10 @@ public:
 /// - Fast (backend_cpu/fast/): vectorised and tiled loops for the f32 hot paths oneDNN lacks
 ///   or runs slower (vecloops.hpp), each tested against the reference.
 /// - Dnnl (backend_cpu/dnnl/): oneDNN primitives.
-enum class KernelProvider { Any, Reference, Dnnl, Fast };
+/// - Plugin: a custom-op library's override of a registered op's kernels
+///   (include/popart/custom_op.hpp), preferred to all of the above when the session allows any
+///   provider, never chosen when it allows one only.
+enum class KernelProvider { Any, Reference, Dnnl, Fast, Plugin };
 
 /// A capability check's verdict: supported, or why not ("oneDNN has no f64 matmul"), for the
 /// debug log and popart-run --explain-kernels.
@@ -170,7 +175,8 @@ const char *kernelProviderName(KernelProvider provider);
 /// choices otherwise.
 KernelProvider kernelProviderFromName(const std::string &name);
 
-/// All kernels, filled once by registerBuiltinKernels().
+/// All kernels, filled once by registerBuiltinKernels(), and by custom-op libraries later (possibly
+/// while other threads look kernels up); entries never move once added.
 class KernelRegistry {
 public:
   static KernelRegistry &instance();
@@ -179,10 +185,15 @@ public:
   const KernelEntry *find(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
   /// As find, with the reasons of the providers that declined \p op.
   KernelChoice choose(const ir::Op &op, KernelProvider provider = KernelProvider::Any) const;
-  const std::vector<KernelEntry> &all() const { return entries_; }
+  /// Every entry; not to be read while another thread adds one.
+  const std::deque<KernelEntry> &all() const { return entries_; }
 
 private:
-  std::vector<KernelEntry> entries_;
+  /// The entries for \p op's domain and type that \p provider allows, taken under the lock; their
+  /// checks then run without it (a check may look up another op's kernel).
+  std::vector<const KernelEntry *> candidates(const ir::Op &op, KernelProvider provider) const;
+  mutable std::shared_mutex mutex_;
+  std::deque<KernelEntry> entries_;
 };
 
 /// Whether oneDNN itself computes in \p type on this CPU (FLOAT: always): the verdict of the oneDNN

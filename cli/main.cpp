@@ -10,6 +10,7 @@
 #include "onnx_import/onnx_import.hpp"
 #include "session/npy.hpp"
 #include "session/pipelines.hpp"
+#include <popart/custom_op.hpp>
 #include <popart/error.hpp>
 #include <popart/logging.hpp>
 #include <popart/session.hpp>
@@ -366,8 +367,8 @@ void printOps() {
       opsets.emplace_back(d->minVersion, d->maxVersion);
     }
     std::string kernels;
-    for (auto p : {backend_cpu::KernelProvider::Dnnl, backend_cpu::KernelProvider::Fast,
-                   backend_cpu::KernelProvider::Reference}) {
+    for (auto p : {backend_cpu::KernelProvider::Plugin, backend_cpu::KernelProvider::Dnnl,
+                   backend_cpu::KernelProvider::Fast, backend_cpu::KernelProvider::Reference}) {
       bool has = false;
       for (const auto &k : backend_cpu::KernelRegistry::instance().all())
         has = has || (k.domain == key.first && k.type == key.second && k.provider == p);
@@ -406,6 +407,9 @@ static int runMain(int argc, char **argv) {
   bool listOps = false;
   app.add_option("model", opt.model, "ONNX model file");
   app.add_flag("--list-ops", listOps, "print the supported ops as a Markdown table and exit");
+  std::vector<std::string> customOpLibs;
+  app.add_option("--custom-op-lib", customOpLibs,
+                 "load the custom-op library FILE before anything else; repeat for more (docs/custom-ops.md)");
   app.add_option("--input", opt.inputs, "NAME=FILE (.npy or TensorProto .pb); repeat for each input");
   app.add_option("--data-dir", opt.dataDir, "ONNX test-data folder: input_<i>.pb in, output_<i>.pb compared");
   app.add_option("--save-outputs", opt.saveOutputs, "write each output as DIR/<name>.npy");
@@ -481,6 +485,8 @@ static int runMain(int argc, char **argv) {
   }
   bool replicated = false;
   try {
+    for (const auto &lib : customOpLibs)
+      loadCustomOpLibrary(lib);
     if (listOps) {
       printOps();
       return 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <mutex>
 
 namespace popart::ir {
 
@@ -63,6 +64,7 @@ OpRegistry &OpRegistry::instance() {
 
 void OpRegistry::add(OpDef def) {
   def.domain = canonicalDomain(def.domain);
+  std::unique_lock lock(mutex_);
   for (const auto &d : defs_)
     if (d.domain == def.domain && d.type == def.type &&
         !(def.maxVersion < d.minVersion || def.minVersion > d.maxVersion))
@@ -73,6 +75,7 @@ void OpRegistry::add(OpDef def) {
 
 const OpDef *OpRegistry::find(const std::string &domain, const std::string &type, int version) const {
   std::string dom = canonicalDomain(domain);
+  std::shared_lock lock(mutex_);
   for (const auto &d : defs_)
     if (d.domain == dom && d.type == type && version >= d.minVersion && version <= d.maxVersion) return &d;
   return nullptr;
@@ -80,6 +83,7 @@ const OpDef *OpRegistry::find(const std::string &domain, const std::string &type
 
 bool OpRegistry::knowsType(const std::string &domain, const std::string &type) const {
   std::string dom = canonicalDomain(domain);
+  std::shared_lock lock(mutex_);
   for (const auto &d : defs_)
     if (d.domain == dom && d.type == type) return true;
   return false;

@@ -6,7 +6,9 @@
 #include "ir/tensor.hpp"
 
 #include <cstdint>
+#include <deque>
 #include <optional>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -120,7 +122,9 @@ double estimateFlops(const Op &op);
 /// Elements of \p op's present outputs: the estimate for ops of about one operation per element.
 double outputElementCount(const Op &op);
 
-/// All op definitions, filled once at start-up by registerBuiltinOps().
+/// All op definitions, filled once at start-up by registerBuiltinOps(), and by custom-op
+/// libraries (session/custom_op.cpp) later. add() and the lookups may run on different threads;
+/// definitions never move once added (ops point at them).
 class OpRegistry {
 public:
   static OpRegistry &instance();
@@ -129,10 +133,12 @@ public:
   const OpDef *find(const std::string &domain, const std::string &type, int version) const;
   /// True if some version of \p type in \p domain is registered.
   bool knowsType(const std::string &domain, const std::string &type) const;
-  const std::vector<OpDef> &all() const { return defs_; }
+  /// Every definition; not to be read while another thread adds one.
+  const std::deque<OpDef> &all() const { return defs_; }
 
 private:
-  std::vector<OpDef> defs_;
+  mutable std::shared_mutex mutex_;
+  std::deque<OpDef> defs_;
 };
 
 /// Registers every op family; safe to call more than once.
