@@ -606,6 +606,65 @@ TensorId AiGraphcoreOpset1::printtensor(const std::vector<TensorId> &args, int64
   return out;
 }
 
+std::vector<TensorId> AiGraphcoreOpset1::multiconv(
+    const std::vector<std::vector<TensorId>> &tensors, const std::vector<std::vector<int64_t>> &dilations,
+    const std::vector<std::vector<int64_t>> &inDilations, const std::vector<std::vector<int64_t>> &pads,
+    const std::vector<std::vector<int64_t>> &outPads, const std::vector<std::vector<int64_t>> &strides,
+    const std::vector<float> &availableMemoryProportions, const std::vector<std::string> &partialsTypes,
+    const std::optional<std::string> &planType, const std::optional<int64_t> &perConvReservedTiles,
+    const std::optional<float> &cycleBackOff, const std::vector<int64_t> &enableConvDithering,
+    const std::string &name) {
+  const size_t k = tensors.size();
+  if (k == 0) throw error("Builder: MultiConv '", name, "' needs at least one convolution");
+  // PopART's node layout: per-convolution lists concatenated.
+  auto flatten = [&](const std::vector<std::vector<int64_t>> &lists, const char *what) {
+    if (!lists.empty() && lists.size() != k)
+      throw error("Builder: MultiConv '", name, "': ", what, " has ", lists.size(),
+                  " lists, expected one per convolution (", k, ")");
+    std::vector<int64_t> flat;
+    for (const auto &l : lists)
+      flat.insert(flat.end(), l.begin(), l.end());
+    return flat;
+  };
+  std::vector<TensorId> args;
+  std::vector<DataType> outTypes;
+  for (size_t i = 0; i < k; ++i) {
+    if (tensors[i].size() != 2 && tensors[i].size() != 3)
+      throw error("Builder: MultiConv '", name, "': convolution ", i, " has ", tensors[i].size(),
+                  " tensors, expected {x, w} or {x, w, b}");
+    args.insert(args.end(), tensors[i].begin(), tensors[i].end());
+    if (tensors[i].size() == 2) args.emplace_back(); // no bias
+    outTypes.push_back(impl_->typeOf(tensors[i][0]));
+  }
+  auto outs = impl_->addNode("MultiConv", args, static_cast<unsigned>(k), name, 3 * k, 3 * k, outTypes);
+  impl_->inGraphcoreDomain();
+  impl_->attrInts("dilations", flatten(dilations, "dilations"));
+  impl_->attrInts("inDilations", flatten(inDilations, "inDilations"));
+  impl_->attrInts("pads", flatten(pads, "pads"));
+  impl_->attrInts("outPads", flatten(outPads, "outPads"));
+  impl_->attrInts("strides", flatten(strides, "strides"));
+  if (!availableMemoryProportions.empty()) {
+    auto *a = impl_->lastNode().add_attribute();
+    a->set_name("availableMemoryProportions");
+    a->set_type(onnx::AttributeProto::FLOATS);
+    for (float f : availableMemoryProportions)
+      a->add_floats(f);
+  }
+  if (!partialsTypes.empty()) {
+    auto *a = impl_->lastNode().add_attribute();
+    a->set_name("partialsTypes");
+    a->set_type(onnx::AttributeProto::STRINGS);
+    for (const auto &t : partialsTypes)
+      a->add_strings(t);
+  }
+  if (planType) impl_->attrString("planType", *planType);
+  if (perConvReservedTiles) impl_->attrInt("perConvReservedTiles", *perConvReservedTiles);
+  if (cycleBackOff) impl_->attrFloat("cycleBackOff", *cycleBackOff);
+  impl_->attrInts("enableConvDithering", enableConvDithering);
+  impl_->attrInt("numConvs", static_cast<int64_t>(k));
+  return outs;
+}
+
 // ---- end of AiGraphcoreOpset1 ----
 
 std::vector<TensorId> Builder::getInputTensorIds() const { return impl_->inputs; }

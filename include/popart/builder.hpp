@@ -143,6 +143,20 @@ public:
   /// (0: no limit) show their first and last \p edgeItems.
   TensorId printtensor(const std::vector<TensorId> &args, int64_t print_gradient = 1, const std::string &name = "",
                        const std::string &title = "", int summariseThreshold = 1000, int edgeItems = 3);
+  /// MultiConv: the convolutions \p tensors ({x, w} or {x, w, b} each) as one op whose kernels run
+  /// them concurrently (docs/performance.md, "MultiConv"). \p dilations, \p inDilations, \p pads,
+  /// \p outPads, \p strides: empty (defaults) or one list per convolution; inDilations and outPads
+  /// only at their defaults. The IPU planning options are recorded and have no effect on the CPU.
+  /// \returns one output per convolution.
+  std::vector<TensorId> multiconv(
+      const std::vector<std::vector<TensorId>> &tensors, const std::vector<std::vector<int64_t>> &dilations = {},
+      const std::vector<std::vector<int64_t>> &inDilations = {}, const std::vector<std::vector<int64_t>> &pads = {},
+      const std::vector<std::vector<int64_t>> &outPads = {}, const std::vector<std::vector<int64_t>> &strides = {},
+      const std::vector<float> &availableMemoryProportions = {}, const std::vector<std::string> &partialsTypes = {},
+      const std::optional<std::string> &planType = std::nullopt,
+      const std::optional<int64_t> &perConvReservedTiles = std::nullopt,
+      const std::optional<float> &cycleBackOff = std::nullopt, const std::vector<int64_t> &enableConvDithering = {},
+      const std::string &name = "");
 
 private:
   detail::BuilderImpl *impl_;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build into a temporary prefix (then moves it, so that nothing may point back to
 # where it was installed), checks the layout, the SONAME and that the public headers stand alone,
-# and builds examples/ against it as a user would: with find_package(PopartCpu) and with
-# pkg-config. Both programs run on examples/mlp.onnx and must match numpy.
+# and builds examples/ (infer and the custom_op plugins) against it as a user would: with
+# find_package(PopartCpu) and with pkg-config. Both programs run on examples/mlp.onnx and must
+# match numpy; the plugins run under the installed popart-run (tests/plugins/test_custom_op_cli.py).
 # Usage: test_install.sh BUILD_DIR SOURCE_DIR LIBDIR   (LIBDIR: CMAKE_INSTALL_LIBDIR, e.g. lib)
 set -euo pipefail
 build="$1"
@@ -60,6 +61,16 @@ grep -q "PopartCpu_DIR:PATH=$lib/cmake/PopartCpu" "$tmp/examples/CMakeCache.txt"
 cmake --build "$tmp/examples" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "building examples/ failed"; }
 echo "find_package(PopartCpu):"
 run_example "$tmp/examples/infer"
+
+# The custom-op plugins of examples/custom_op, built against the install, loaded by the installed
+# popart-run: a model using both, its forward against numpy, training, the refusals.
+for plugin in leaky_relu_op cube_op; do
+  [[ -f "$tmp/examples/custom_op/lib$plugin.so" ]] || fail "examples/custom_op did not build lib$plugin.so"
+done
+echo "examples/custom_op plugins with the installed popart-run:"
+"$python" "$src/tests/plugins/test_custom_op_cli.py" "$prefix/bin/popart-run" \
+  "$tmp/examples/custom_op/libleaky_relu_op.so" "$tmp/examples/custom_op/libcube_op.so" ||
+  fail "the installed plugins failed tests/plugins/test_custom_op_cli.py"
 
 # pkg-config, with the compiler alone.
 export PKG_CONFIG_PATH="$lib/pkgconfig"

@@ -9,6 +9,7 @@
 #include "backend_cpu/plan.hpp"
 #include "ir/ops/multiconv.hpp"
 #include "session/threads.hpp"
+#include <popart/builder.hpp>
 #include <popart/session.hpp>
 
 #include <gtest/gtest.h>
@@ -288,4 +289,50 @@ TEST(MultiConv, ConcurrentGradientsAreTheOneThreadGradients) {
     EXPECT_TRUE(bitwiseEqual(one[i], two[i])) << "gradient " << i;
     EXPECT_GT(*std::max_element(one[i].begin(), one[i].end()), 0.0f);
   }
+}
+
+/// Builder::aiGraphcoreOpset1().multiconv writes PopART's node layout: two convolutions (the second
+/// without bias, strided and padded) give the outputs of the same two ai.onnx Convs, bit for bit.
+TEST(MultiConv, TheBuilderWritesANodeThatRunsAsTheSeparateConvolutions) {
+  auto run = [](bool multi) {
+    auto b = Builder::create();
+    auto ai = b->aiOnnxOpset13();
+    TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, Shape{2, 3, 7, 7}), "x");
+    std::vector<float> w0(4 * 3 * 3 * 3), w1(5 * 3 * 1 * 1), b0(4);
+    for (size_t i = 0; i < w0.size(); ++i)
+      w0[i] = 0.05f * static_cast<float>(i % 11) - 0.2f;
+    for (size_t i = 0; i < w1.size(); ++i)
+      w1[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+    for (size_t i = 0; i < b0.size(); ++i)
+      b0[i] = 0.25f * static_cast<float>(i);
+    TensorId tw0 = b->addInitializedInputTensor(w0, {4, 3, 3, 3}, "w0");
+    TensorId tw1 = b->addInitializedInputTensor(w1, {5, 3, 1, 1}, "w1");
+    TensorId tb0 = b->addInitializedInputTensor(b0, {4}, "b0");
+    std::vector<TensorId> ys;
+    if (multi) {
+      ys = b->aiGraphcoreOpset1().multiconv({{x, tw0, tb0}, {x, tw1}}, {}, {}, {{1, 1, 1, 1}, {1, 0, 1, 0}}, {},
+                                            {{1, 1}, {2, 2}}, {}, {}, std::nullopt, std::nullopt, std::nullopt, {},
+                                            "mc");
+    } else {
+      ys.push_back(ai.conv({x, tw0, tb0}, {}, 1, {}, {1, 1, 1, 1}, {1, 1}));
+      ys.push_back(ai.conv({x, tw1}, {}, 1, {}, {1, 0, 1, 0}, {2, 2}));
+    }
+    for (const TensorId &y : ys)
+      b->addOutputTensor(y);
+    auto s = InferenceSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, ys), threads(2));
+    s->prepareDevice();
+    std::vector<float> xv = input(3);
+    xv.resize(2 * 3 * 7 * 7);
+    std::vector<float> y0(2 * 4 * 7 * 7), y1(2 * 5 * 5 * 4);
+    NDArrayWrapper<float> xa(xv.data(), {2, 3, 7, 7}), y0a(y0.data(), {2, 4, 7, 7}), y1a(y1.data(), {2, 5, 5, 4});
+    StepIO io({{x, xa}}, {{ys[0], y0a}, {ys[1], y1a}});
+    s->run(io);
+    y0.insert(y0.end(), y1.begin(), y1.end());
+    return y0;
+  };
+  EXPECT_TRUE(bitwiseEqual(run(true), run(false)));
+  auto b = Builder::create();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, Shape{1, 1, 3, 3}), "x");
+  const std::string message = thrown([&] { b->aiGraphcoreOpset1().multiconv({{x}}); });
+  EXPECT_NE(message.find("convolution 0 has 1 tensors"), std::string::npos) << message;
 }
