@@ -180,11 +180,11 @@ def perturbed(wrapper, data, seed):
     return copy_, {k: nudge(a) if a.dtype.kind == "f" else a for k, a in data.items()}
 
 
-def train_torch(c, wrapper, data, dtype, first_error=None, rng=None):
+def train_torch(c, wrapper, data, dtype, first_error=None, rng=None, first_grads=False):
     """STEPS updates of case \\p c on \\p data (batch by batch, in order) in \\p dtype; returns the
-    float state as float64 numpy arrays, the losses and each step's gradients (name -> list).
-    \\p first_error (name -> array), its elements shuffled by \\p rng, is added to the first
-    gradients; the gradients returned are those before it."""
+    float state as float64 numpy arrays, the losses and, with \\p first_grads, the first step's
+    gradients (name -> array; else empty). \\p first_error (name -> array), its elements shuffled
+    by \\p rng, is added to the first gradients; the gradients returned are those before it."""
     batch = wrapper.batch
     wrapper = wrapper.to(dtype)
     params = [p for p in wrapper.parameters() if p.requires_grad]
@@ -192,16 +192,19 @@ def train_torch(c, wrapper, data, dtype, first_error=None, rng=None):
     tensors = [torch.from_numpy(a) for a in data.values()]
     tensors = [t.to(dtype) if t.is_floating_point() else t for t in tensors]
     losses = []
-    grads = {k: [] for k, p in wrapper.net.named_parameters() if p.requires_grad}
+    grads = {}
     for step in range(STEPS):
         opt.zero_grad()
         loss = wrapper(*[t[step * batch:(step + 1) * batch] for t in tensors])
         losses.append(loss.item())
         loss.backward()
-        for k, p in wrapper.net.named_parameters():
-            if k in grads:
-                grads[k].append(p.grad.detach().double().numpy().copy())
-                if first_error is not None and step == 0:
+        if step == 0:
+            for k, p in wrapper.net.named_parameters():
+                if not p.requires_grad:
+                    continue
+                if first_grads:
+                    grads[k] = p.grad.detach().double().numpy().copy()
+                if first_error is not None:
                     shuffled = rng.permutation(first_error[k].ravel()).reshape(p.shape)
                     p.grad += torch.from_numpy(shuffled).to(dtype)
         opt.step()
@@ -214,7 +217,7 @@ def sign_ambiguous(grads64, grads32):
     """Per parameter, the elements whose first gradient float32 cannot sign: |g64| <= FACTOR x
     max |g32 - g64| over the tensor. (Only the first: later gradients differ by the runs'
     divergence too, which the perturbed runs measure.)"""
-    return {k: np.abs(g64[0]) <= FACTOR * float(np.max(np.abs(grads32[k][0] - g64[0]), initial=0.0))
+    return {k: np.abs(g64) <= FACTOR * float(np.max(np.abs(grads32[k] - g64), initial=0.0))
             for k, g64 in grads64.items()}
 
 
@@ -224,8 +227,9 @@ def check_training(name, c, args, model_path, input_files, wrapper0, state0, dat
     line; raises Failure naming the first bad tensor (after printing every bad one)."""
     w32 = copy.deepcopy(wrapper0)
     w64 = copy.deepcopy(wrapper0)
-    want32, losses, grads32 = train_torch(c, w32, data, torch.float32)
-    want64, _, grads64 = train_torch(c, w64, data, torch.float64)
+    adam = c.opt != "sgd"  # only optimisers that divide by the gradient's size need its sign
+    want32, losses, grads32 = train_torch(c, w32, data, torch.float32, first_grads=adam)
+    want64, _, grads64 = train_torch(c, w64, data, torch.float64, first_grads=adam)
     # torch's float32 error: its distance from float64, also in runs whose weights and data
     # were nudged by rounding-sized amounts (near a kink such as ReLU6 at 0, whether an
     # element's rounding flips the branch is luck; one run rarely shows it). For Adam-family
@@ -234,9 +238,9 @@ def check_training(name, c, args, model_path, input_files, wrapper0, state0, dat
     # rounding error to the first gradients (torch's own, g32 - g64, shuffled over each tensor).
     # Only optimisers that divide by the gradient's size turn its rounding into a full step.
     ambiguous, first_error = {}, None
-    if c.opt != "sgd":
+    if adam:
         ambiguous = sign_ambiguous(grads64, grads32)
-        first_error = {k: grads32[k][0] - g64[0] for k, g64 in grads64.items()}
+        first_error = {k: grads32[k] - g64 for k, g64 in grads64.items()}
     noise32 = {k: np.abs(v - want64[k]) for k, v in want32.items()}
     for seed in range(PERTURBED_RUNS):
         nudged, nudged_data = perturbed(wrapper0, data, seed)
