@@ -72,6 +72,11 @@ bool tiledMaxPoolGrad(const ir::Op &op);
 /// in its generic simple_nchw code (10.7 ms against about 1 ms for the CNN benchmark's first
 /// pool), so oneDNN declines it too.
 bool tiledMaxPool(const ir::Op &op);
+/// A f32 2-D MaxPool without Indices whose windows each hold a tap of X (any stride, padding or
+/// dilation): the fast family's separable kernel (backend_cpu/fast/convpool.cpp), which oneDNN
+/// declines where its own pooling is the generic simple_nchw code (oneDNN 2.6 on plain NCHW
+/// without AVX-512 took 26 ms for GoogLeNet 3a's 3×3 stride-1 pool of [8, 192, 28, 28]).
+bool separableMaxPool(const ir::Op &op);
 /// A f32 SoftmaxGrad over the last axis: the fast family's threaded row pass (fast/softmax.cpp),
 /// where oneDNN 2.6 without AVX-512 took 3.8 ms per BERT attention softmax gradient (3.3 GB/s),
 /// so oneDNN declines it.

@@ -604,7 +604,11 @@ Support supportsPool(const ir::Op &op) {
   for (size_t i = 0; i < k.size(); ++i)
     if (pads[i] >= k[i] || pads[i + k.size()] >= k[i] || x[i + 2] < 1)
       return Support::no("a window may lie wholly in the padding");
-  return Support::unless(poolSetup(op).whyNot);
+  PoolSetup s = poolSetup(op);
+  if (!s.whyNot.empty()) return Support::no(s.whyNot);
+  if (separableMaxPool(op) && !dnnl_util::implIs(s.pd, "jit"))
+    return Support::no("only oneDNN's generic pooling for plain NCHW: the fast kernel's separable passes are faster");
+  return Support::yes();
 }
 
 } // namespace

@@ -95,7 +95,8 @@ std::vector<Work> divide(const std::vector<const ir::Op *> &ops, double share) {
 }
 
 /// The op of \p w in \p g: \p w.op itself, or a copy on its batch slice (input 0 and output 0 of
-/// \p w.count images, sharing the other inputs, so that kernels choose as for the whole).
+/// \p w.count images, sharing the other inputs and the fusion, so that kernels choose as for the
+/// whole).
 const ir::Op &sliceOp(ir::Graph &g, const Work &w) {
   if (w.count == 0) return *w.op;
   const ir::Op &op = *w.op;
@@ -117,6 +118,7 @@ const ir::Op &sliceOp(ir::Graph &g, const Work &w) {
   }
   TensorId out = op.output(0).id() + "@" + std::to_string(w.begin);
   ir::Op &copy = g.addOp(op.type, op.domain, op.version, op.name, attrs, inputs, {out});
+  copy.fusion = op.fusion; // a fused Relu (kMultiConvReluAttr)
   copy.def->setup(copy);
   return copy;
 }

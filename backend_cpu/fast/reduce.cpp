@@ -1,8 +1,9 @@
 // Fast kernels: ReduceSum and ReduceMean over the middle of [A kept, R reduced, B kept] (bias
-// gradients, row sums, means over one axis) with the vectorised loops of vecloops.hpp, threaded
-// over outputs (and over slices of R when there are few outputs): f32 summed in double, FLOAT16
-// and BFLOAT16 (mixed precision's bias gradients) widened and summed in f32, each output rounded
-// once to its type.
+// gradients, row sums, means over one axis), and over both ends of [Q reduced, A kept, R reduced]
+// (a convolution's bias gradient: NCHW summed over N, H and W) with the vectorised loops of
+// vecloops.hpp, threaded over outputs (and over slices of R when there are few outputs): f32
+// summed in double, FLOAT16 and BFLOAT16 (mixed precision's bias gradients) widened and summed in
+// f32, each output rounded once to its type.
 
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
@@ -18,10 +19,11 @@ namespace popart::backend_cpu {
 
 namespace {
 
-/// The [A, R, B] element counts of \p shape, if it is [A kept, R reduced, B kept] once size-1 axes
-/// are dropped and neighbours of the same kind merged; false otherwise (two runs of reduced axes,
-/// or two of kept ones around a reduced run).
-bool splitKeptReducedKept(const Shape &shape, const std::vector<bool> &reduced, int64_t &a, int64_t &r, int64_t &b) {
+/// The [Q, A, R, B] element counts of \p shape, if it is [Q reduced, A kept, R reduced, B kept]
+/// once size-1 axes are dropped and neighbours of the same kind merged, with Q or B 1; false
+/// otherwise (more runs).
+bool splitReducedKeptReducedKept(const Shape &shape, const std::vector<bool> &reduced, int64_t &q, int64_t &a,
+                                 int64_t &r, int64_t &b) {
   std::vector<std::pair<bool, int64_t>> groups; // (reduced, elements)
   for (size_t d = 0; d < shape.size(); ++d) {
     if (shape[d] == 1) continue;
@@ -30,8 +32,11 @@ bool splitKeptReducedKept(const Shape &shape, const std::vector<bool> &reduced, 
     else
       groups.emplace_back(reduced[d], shape[d]);
   }
-  a = r = b = 1;
+  q = a = r = b = 1;
   size_t g = 0;
+  // [Q, A, R]: a leading reduced run only before a kept one and a reduced one ([R, B] is [A, R, B]
+  // with A = 1, summed by columns).
+  if (groups.size() == 3 && groups[0].first) q = groups[g++].second;
   if (g < groups.size() && !groups[g].first) a = groups[g++].second;
   if (g < groups.size() && groups[g].first) r = groups[g++].second;
   if (g < groups.size() && !groups[g].first) b = groups[g++].second;
@@ -49,9 +54,9 @@ Support supportsSumOrMean(const ir::Op &op) {
   bool identity = false;
   std::vector<bool> reduced = reducedAxes(op, identity);
   if (identity) return Support::no("no axes with noop_with_empty_axes (an identity)");
-  int64_t a = 1, r = 1, b = 1;
-  if (!splitKeptReducedKept(in.shape(), reduced, a, r, b))
-    return Support::no("the reduced axes are not one run between kept ones ([A, R, B])");
+  int64_t q = 1, a = 1, r = 1, b = 1;
+  if (!splitReducedKeptReducedKept(in.shape(), reduced, q, a, r, b))
+    return Support::no("the reduced axes are neither one run between kept ones ([A, R, B]) nor both ends ([Q, A, R])");
   return Support::yes();
 }
 
@@ -65,8 +70,8 @@ public:
   explicit SumOrMeanKernel(const ir::Op &op)
       : inCount_(op.inInfo(0).elementCount()), type_(op.inInfo(0).dataType()), outType_(op.outInfo(0).dataType()) {
     bool identity = false;
-    splitKeptReducedKept(op.inInfo(0).shape(), reducedAxes(op, identity), a_, r_, b_);
-    div_ = op.type == "ReduceMean" ? static_cast<double>(r_) : 1.0;
+    splitReducedKeptReducedKept(op.inInfo(0).shape(), reducedAxes(op, identity), q_, a_, r_, b_);
+    div_ = op.type == "ReduceMean" ? static_cast<double>(q_ * r_) : 1.0;
     const int64_t blocks = (b_ + kBlock - 1) / kBlock;
     if (b_ > 1 && a_ * blocks < kMinTasks)
       slices_ = std::min<int64_t>(kMinTasks / (a_ * blocks), std::max<int64_t>(1, r_ / 64));
@@ -92,10 +97,14 @@ private:
     const float *x = args.in<float>(0);
     float *y = args.out<float>(0);
     const double div = div_;
-    if (b_ == 1) {
+    if (b_ == 1) { // row sums; with Q, the rows a, a + A, ... added in order
 #pragma omp parallel for schedule(static) if (a_ > 1 && inCount_ > 32768)
-      for (int64_t a = 0; a < a_; ++a)
-        y[a] = static_cast<float>(vec::sum(x + a * r_, r_) / div);
+      for (int64_t a = 0; a < a_; ++a) {
+        double sum = 0;
+        for (int64_t q = 0; q < q_; ++q)
+          sum += vec::sum(x + (q * a_ + a) * r_, r_);
+        y[a] = static_cast<float>(sum / div);
+      }
       return;
     }
     sumColumns(x, y, div, vec::accumulate, partial_.data());
@@ -115,13 +124,14 @@ private:
     const auto *x = args.in<uint16_t>(0);
     void *y = args.outputs[0];
     const double div = div_;
-    if (b_ == 1) { // row sums: each row in chunks of kBlock lanes, the lanes added in order
+    if (b_ == 1) { // row sums: each row (each of Q's) in chunks of kBlock lanes, the lanes added in order
 #pragma omp parallel for schedule(static) if (a_ > 1 && inCount_ > 32768)
       for (int64_t a = 0; a < a_; ++a) {
         float lanes[kBlock] = {};
         const int64_t width = std::min(kBlock, r_);
-        for (int64_t r0 = 0; r0 < r_; r0 += width)
-          accumulate(x + a * r_ + r0, lanes, std::min(width, r_ - r0));
+        for (int64_t q = 0; q < q_; ++q)
+          for (int64_t r0 = 0; r0 < r_; r0 += width)
+            accumulate(x + (q * a_ + a) * r_ + r0, lanes, std::min(width, r_ - r0));
         double sum = 0;
         for (int64_t j = 0; j < width; ++j)
           sum += static_cast<double>(lanes[j]);
@@ -164,7 +174,7 @@ private:
   }
 
   static constexpr int64_t kBlock = 512, kMinTasks = 8;
-  int64_t inCount_ = 0, a_ = 1, r_ = 1, b_ = 1, slices_ = 1;
+  int64_t inCount_ = 0, q_ = 1, a_ = 1, r_ = 1, b_ = 1, slices_ = 1;
   DataType type_, outType_;
   double div_ = 1.0;
   std::vector<double> partial_;

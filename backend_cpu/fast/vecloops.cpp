@@ -182,6 +182,17 @@ POPART_CLONES void maxPoolBlocked(const float *x, float *y, int64_t h, int64_t w
       }
 }
 
+POPART_CLONES void maxInto(const float *x, int64_t stride, float *m, int64_t n) {
+  if (stride == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i)
+      m[i] = x[i] > m[i] ? x[i] : m[i];
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    m[i] = x[i * stride] > m[i] ? x[i * stride] : m[i];
+}
+
 POPART_CLONES void adamStep(const float *g, float *w, float *m, float *v, int64_t n, float gs, float l2, float b1,
                             float b2, float decay, float stepSize, float bc2Sqrt, float eps) {
 #pragma omp simd

@@ -63,6 +63,10 @@ void maxPoolGradPlane(const float *x, const float *dy, float *dx, int64_t h, int
 void maxPoolPlane(const float *x, float *y, int64_t h, int64_t w, int64_t oh, int64_t ow, int64_t kh, int64_t kw,
                   int64_t sh, int64_t sw);
 
+/// One tap of a max pool's windows: m[i] = x[i·stride] where it is greater, for i < n (a NaN
+/// already in m stays, a NaN in x is passed over: the first tap of a window decides NaN).
+void maxInto(const float *x, int64_t stride, float *m, int64_t n);
+
 /// MaxPool on one plane of a channel-blocked layout, x [h, w, block] to y [oh, ow, block]:
 /// each output pixel's \p block channels are the maxima of its kh×kw window (stride sh, sw; no
 /// padding or dilation; windows may overlap), the first maximum winning as in maxPoolPlane.

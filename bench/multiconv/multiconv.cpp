@@ -4,7 +4,12 @@
 // interleaved, run by run, and the medians are compared. Prints the CPU, the plans MultiConv's
 // kernels chose, both times and the ratio; asserts nothing about time.
 //
-//   multiconv [--threads 2] [--batch 8] [--size 28] [--width 4] [--runs 30] [--tiny]
+// The bound line puts the ratio in context: the separate Convs' block also runs on one thread
+// (interleaved with the others), and T1 / threads is what a perfect split of that work would take,
+// so speed-ups above (separate time) / (T1 / threads) need more than scheduling the same kernels
+// better (the block's other ops included). --profile prints each variant's per-op profile.
+//
+//   multiconv [--threads 2] [--batch 8] [--size 28] [--width 4] [--runs 30] [--profile] [--tiny]
 
 #include "multiconv_model.hpp"
 
@@ -27,6 +32,7 @@ namespace {
 
 struct Options {
   int threads = 2, runs = 30;
+  bool profile = false;
   int64_t batch = 8, size = 28, width = 4;
 };
 
@@ -68,10 +74,10 @@ struct Variant {
   Shape xShape, yShape;
   std::vector<double> times;
 
-  Variant(const Options &o, bool multi, bool training) {
+  Variant(const Options &o, bool multi, bool training, int threads) {
     std::string model = multiconv_model::inceptionBlock(o.batch, o.size, o.width, multi);
     SessionOptions so;
-    so.numThreads = o.threads;
+    so.numThreads = threads;
     xShape = {o.batch, 192 * o.width / 4, o.size, o.size};
     yShape = {o.batch, 256 * o.width / 4, o.size, o.size};
     x.resize(static_cast<size_t>(xShape[0] * xShape[1] * xShape[2] * xShape[3]));
@@ -103,18 +109,36 @@ struct Variant {
 };
 
 void compare(const Options &o, bool training) {
-  Variant multi(o, true, training), separate(o, false, training);
-  for (int w = 0; w < 3; ++w) { // warm-up: first-touch of the arena, oneDNN's jit caches
-    multi.run();
-    separate.run();
-  }
-  for (int r = 0; r < o.runs; ++r) { // interleaved, so that both see the same machine
-    multi.times.push_back(multi.run());
-    separate.times.push_back(separate.run());
-  }
+  Variant multi(o, true, training, o.threads), separate(o, false, training, o.threads);
+  Variant one(o, false, training, 1); // the bound's one-thread run
+  std::vector<Variant *> variants{&multi, &separate};
+  if (o.threads > 1) variants.push_back(&one);
+  for (int w = 0; w < 3; ++w) // warm-up: first-touch of the arena, oneDNN's jit caches
+    for (Variant *v : variants)
+      v->run();
+  for (int r = 0; r < o.runs; ++r) // interleaved, so that all see the same machine
+    for (Variant *v : variants)
+      v->times.push_back(v->run());
   double m = medianMs(multi.times), s = medianMs(separate.times);
+  if (o.profile)
+    for (Variant *v : {&multi, &separate}) {
+      if (v->train)
+        v->train->enableProfiling();
+      else
+        v->infer->enableProfiling();
+      for (int r = 0; r < o.runs; ++r)
+        v->run();
+      std::printf("%s profile:\n%s\n", v == &multi ? "MultiConv" : "separate Convs",
+                  (v->train ? v->train->profileSummary() : v->infer->profileSummary()).c_str());
+    }
   std::printf("%s plans:\n%s", training ? "training" : "forward", multiConvPlans(multi.explain()).c_str());
   std::printf("| %s | %.2f | %.2f | %.2fx |\n", training ? "training" : "forward", s, m, s / m);
+  if (o.threads > 1) {
+    double t1 = medianMs(one.times);
+    std::printf("bound: separate Convs on 1 thread %.2f ms, %.2fx faster on %d; a perfect split of that work would "
+                "take %.2f ms: at most %.2fx over the separate Convs from scheduling alone\n",
+                t1, t1 / s, o.threads, t1 / o.threads, s / (t1 / o.threads));
+  }
   if (!training)
     std::printf("forward outputs %s\n",
                 std::memcmp(multi.y.data(), separate.y.data(), multi.y.size() * sizeof(float)) == 0
@@ -148,6 +172,8 @@ int main(int argc, char **argv) {
       o.size = next();
     else if (a == "--width")
       o.width = next();
+    else if (a == "--profile")
+      o.profile = true;
     else if (a == "--tiny") {
       o.runs = 2;
       o.batch = 2;

@@ -7,6 +7,7 @@
 #include "ir/ops/helpers.hpp"
 #include <popart/error.hpp>
 
+#include <set>
 #include <string>
 
 namespace popart::ir {
@@ -187,6 +188,8 @@ UnpackedMultiConv unpackMultiConv(const Op &op, bool withGradients) {
   u.conv.assign(k, nullptr);
   u.dataGrad.assign(k, nullptr);
   u.weightGrad.assign(k, nullptr);
+  const std::vector<int64_t> reluList = op.attrs.getInts(kMultiConvReluAttr, {});
+  const std::set<int64_t> relu(reluList.begin(), reluList.end());
   for (size_t i = 0; i < k; ++i) {
     Attributes geometry = multiConvAttributes(op, i);
     TensorId x = indexed("x", i), w = indexed("w", i);
@@ -214,6 +217,7 @@ UnpackedMultiConv unpackMultiConv(const Op &op, bool withGradients) {
     TensorId y = indexed("y", i);
     u.opOutput[y] = i;
     u.conv[i] = &g.addOp("Conv", "ai.onnx", kConvOpset, op.name, geometry, inputs, {y});
+    if (relu.count(static_cast<int64_t>(i))) u.conv[i]->fusion.activation.kind = FusedActivation::Kind::Relu;
     setupPart(op, i, *u.conv[i]);
     if (withGradients && trained(op)) {
       TensorId dy = indexed("dy", i);

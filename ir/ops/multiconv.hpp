@@ -21,6 +21,10 @@
 
 namespace popart::ir {
 
+/// The MultiConv attribute fuseRelu sets: the indices of the convolutions whose output is passed
+/// through a Relu (oneDNN's post-op, as a Conv's fused Relu). Not PopART's: made by the pass only.
+constexpr const char *kMultiConvReluAttr = "fusedRelu";
+
 /// The convolutions of a MultiConv or MultiConvGrad as ordinary ops of a graph of their own.
 struct UnpackedMultiConv {
   std::unique_ptr<Graph> graph;
@@ -40,7 +44,8 @@ size_t multiConvCount(const Op &op);
 Attributes multiConvAttributes(const Op &op, size_t i);
 
 /// \p op's convolutions unpacked. A MultiConv gives Conv ops reading x<i>, w<i>, b<i> (of the
-/// infos, kinds and constant values of the op's inputs) and writing y<i>; with \p withGradients
+/// infos, kinds and constant values of the op's inputs) and writing y<i>, each with its fused Relu
+/// (kMultiConvReluAttr); with \p withGradients
 /// also the grad ops the gradient rule makes of each (so that kernels choose as for a trained
 /// Conv). A MultiConvGrad gives ConvDataGrad(dy<i>, w<i>) -> dx<i> and ConvWeightGrad(dy<i>,
 /// x<i>) -> dw<i> where dy<i> is present. Output infos are set (setup run); an invalid

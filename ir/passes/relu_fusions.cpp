@@ -1,20 +1,50 @@
-// Relu applied by the op before it: a MatMul, Gemm or Conv (fuseRelu), a BatchNormalization
-// (fuseBatchNormRelu), and in training the Relu's gradient by MaxPoolGrad (fuseMaxPoolGradRelu).
+// Relu applied by the op before it: a MatMul, Gemm, Conv or one convolution of a MultiConv
+// (fuseRelu), a BatchNormalization (fuseBatchNormRelu), and in training the Relu's gradient by
+// MaxPoolGrad (fuseMaxPoolGradRelu).
 
+#include "ir/ops/multiconv.hpp"
 #include "ir/ops/window.hpp"
 #include "ir/passes/pass_manager.hpp"
 #include "ir/passes/rewrite.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace popart::ir {
+
+namespace {
+
+/// Relu \p r of output i of MultiConv \p c becomes convolution i's post-op (kMultiConvReluAttr),
+/// as separate Convs take theirs.
+bool fuseMultiConvRelu(Graph &graph, Op &c, Op &r) {
+  const Tensor &pre = r.input(0);
+  if (pre.consumers().size() != 1 || isGraphOutput(graph, pre)) return false;
+  std::vector<int64_t> relu = c.attrs.getInts(kMultiConvReluAttr, {});
+  std::vector<TensorId> outs;
+  for (size_t i = 0; i < c.outputCount(); ++i) {
+    outs.push_back(c.hasOutput(i) ? c.output(i).id() : "");
+    if (c.hasOutput(i) && &c.output(i) == &pre) {
+      if (std::find(relu.begin(), relu.end(), static_cast<int64_t>(i)) != relu.end()) return false;
+      relu.push_back(static_cast<int64_t>(i));
+      outs.back() = r.output(0).id();
+    }
+  }
+  Attributes attrs = c.attrs;
+  attrs.set(kMultiConvReluAttr, relu);
+  replaceOps(graph, {&c, &r}, c.type, c.domain, c.version, attrs, inputIds(c), outs, c.fusion);
+  return true;
+}
+
+} // namespace
 
 int fuseRelu(Graph &graph, bool convolutions) {
   return rewriteAll(graph, [&](Op &candidate) {
     Op *r = &candidate;
     if (r->type != "Relu" || r->domain != "ai.onnx" || !r->hasInput(0) || !r->hasOutput(0)) return false;
     Op *c = r->input(0).producer();
+    if (convolutions && c && c->type == "MultiConv" && c->domain == "ai.graphcore")
+      return fuseMultiConvRelu(graph, *c, *r);
     if (!c || c->domain != "ai.onnx" || c->fusion.activated()) return false;
     // A MatMul adds its residual after its post-ops; a Conv adds it before them.
     if (c->fusion.residual && c->type != "Conv") return false;

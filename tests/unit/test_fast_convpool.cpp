@@ -220,37 +220,58 @@ TEST(FastConvPool, MaxPoolCeilModeThatAddsNoWindowIsFast) {
   expectSame(r.fast, r.reference, t.what);
 }
 
-TEST(FastConvPool, MaxPoolDeclinesWindowsThatDoNotTile) {
+TEST(FastConvPool, MaxPoolWindowsThatDoNotTileRunTheSeparableKernel) {
+  // The tiled kernel declines them (its reason named), the separable one takes them.
+  Tiling t{{1, 2, 9, 9}, {2, 2}, {2, 2}, ""};
+  auto expectSeparable = [&](const OneOp &o, const std::string &tiledReason) {
+    EXPECT_FALSE(backend_cpu::tiledMaxPool(*o.op)) << tiledReason;
+    EXPECT_TRUE(backend_cpu::separableMaxPool(*o.op)) << tiledReason;
+    std::mt19937 rng(531);
+    TensorData x = floats(t.x, values(shapeElementCount(t.x), rng, 2, 0.1));
+    Outputs r = runBoth(*o.op, {x});
+    expectSame(r.fast, r.reference, tiledReason);
+  };
+  ir::Attributes a = poolAttrs(t);
+  a.set("ceil_mode", int64_t{1}); // a last window that reaches past the input
+  expectSeparable(maxPool(t, a), "reaches past the input");
+  a = poolAttrs(t);
+  a.set("pads", Ints{1, 1, 0, 0});
+  expectSeparable(maxPool(t, a), "padded windows");
+  a = poolAttrs(t);
+  a.set("strides", Ints{1, 2});
+  expectSeparable(maxPool(t, a), "overlapping windows");
+  a = poolAttrs(t);
+  a.set("dilations", Ints{2, 2});
+  a.set("strides", Ints{4, 4});
+  expectSeparable(maxPool(t, a), "dilated windows");
+  a = poolAttrs(t);
+  a.set("auto_pad", std::string("VALID"));
+  expectSeparable(maxPool(t, a), "auto_pad");
+}
+
+TEST(FastConvPool, MaxPoolDeclinesWhatNeitherFastKernelRuns) {
   auto reasonOf = [](const OneOp &o) {
     return backend_cpu::KernelRegistry::instance().choose(*o.op, KernelProvider::Fast).explanation();
   };
   auto expectDeclined = [&](const OneOp &o, const std::string &reason) {
     EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*o.op, KernelProvider::Fast), nullptr) << reason;
     EXPECT_FALSE(backend_cpu::tiledMaxPool(*o.op)) << reason;
+    EXPECT_FALSE(backend_cpu::separableMaxPool(*o.op)) << reason;
     EXPECT_NE(reasonOf(o).find(reason), std::string::npos) << reasonOf(o);
   };
   Tiling t{{1, 2, 9, 9}, {2, 2}, {2, 2}, ""};
-  ir::Attributes a = poolAttrs(t);
-  a.set("ceil_mode", int64_t{1}); // a last window that reaches past the input
-  expectDeclined(maxPool(t, a), "reaches past the input");
-  a = poolAttrs(t);
-  a.set("pads", Ints{1, 1, 0, 0});
-  expectDeclined(maxPool(t, a), "padded windows");
-  a = poolAttrs(t);
-  a.set("strides", Ints{1, 2});
-  expectDeclined(maxPool(t, a), "overlapping windows");
-  a = poolAttrs(t);
-  a.set("dilations", Ints{2, 2});
-  a.set("strides", Ints{4, 4});
-  expectDeclined(maxPool(t, a), "dilated windows");
-  a = poolAttrs(t);
-  a.set("auto_pad", std::string("VALID"));
-  expectDeclined(maxPool(t, a), "auto_pad");
   expectDeclined(oneOp("MaxPool", "", 12, poolAttrs(t), {TensorInfo(DataType::DOUBLE, t.x)}), "not f32");
   ir::Attributes oneD;
   oneD.set("kernel_shape", Ints{2});
   oneD.set("strides", Ints{2});
   expectDeclined(oneOp("MaxPool", "", 12, oneD, {TensorInfo(DataType::FLOAT, {1, 2, 8})}), "not 2-D");
+  // A dilated window whose taps all fall in the padding: the reference's lowest float.
+  ir::Attributes padded;
+  padded.set("kernel_shape", Ints{2, 2});
+  padded.set("dilations", Ints{3, 3});
+  padded.set("pads", Ints{2, 2, 2, 2});
+  expectDeclined(oneOp("MaxPool", "", 12, padded, {TensorInfo(DataType::FLOAT, {1, 1, 1, 1})}),
+                 "a window lies wholly in the padding");
   {
     // Indices: only the reference gives them.
     ir::registerBuiltinOps();
@@ -264,7 +285,50 @@ TEST(FastConvPool, MaxPoolDeclinesWindowsThatDoNotTile) {
     ir::inferShapes(g, nullptr);
     EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(op, KernelProvider::Fast), nullptr);
     EXPECT_FALSE(backend_cpu::tiledMaxPool(op));
+    EXPECT_FALSE(backend_cpu::separableMaxPool(op));
   }
+}
+
+TEST(FastConvPool, SeparableMaxPoolMatchesTheReferenceBitForBit) {
+  // Overlapping, padded, strided, dilated and ceil-mode windows, square or not, on planes from
+  // one pixel to ones large enough to thread, with ties, infinities and NaNs (a NaN wins a window
+  // only as its first tap, in the reference's row-major order).
+  struct Case {
+    Shape x;
+    Ints kernel, strides, pads, dilations;
+    int64_t ceil;
+    std::string what;
+  };
+  std::vector<Case> cases{{{8, 19, 28, 28}, {3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 0, "GoogLeNet's 3x3/1 pad 1"},
+                          {{2, 8, 112, 112}, {3, 3}, {2, 2}, {1, 1, 1, 1}, {1, 1}, 0, "ResNet's 3x3/2 pad 1"},
+                          {{2, 3, 28, 28}, {3, 3}, {2, 2}, {0, 0, 0, 0}, {1, 1}, 1, "GoogLeNet's 3x3/2 ceil_mode"},
+                          {{2, 3, 13, 13}, {3, 3}, {2, 2}, {0, 0, 0, 0}, {1, 1}, 0, "AlexNet's 3x3/2"},
+                          {{1, 4, 9, 11}, {2, 4}, {1, 3}, {0, 1, 1, 2}, {1, 1}, 0, "2x4/1x3, uneven pads"},
+                          {{1, 4, 12, 10}, {3, 2}, {2, 1}, {1, 0, 2, 1}, {2, 3}, 1, "dilated 3x2, ceil_mode"},
+                          {{3, 2, 1, 1}, {3, 3}, {1, 1}, {1, 1, 1, 1}, {1, 1}, 0, "one pixel"},
+                          {{1, 2, 5, 40}, {5, 1}, {1, 1}, {2, 0, 2, 0}, {1, 1}, 0, "5x1 column windows"},
+                          {{1, 2, 6, 6}, {6, 6}, {1, 1}, {0, 0, 0, 0}, {1, 1}, 0, "one window as large as the plane"}};
+  unsigned seed = 700;
+  for (const Case &c : cases)
+    for (int levels : {0, 2})
+      for (double specials : {0.0, 0.15}) {
+        ir::Attributes a;
+        a.set("kernel_shape", c.kernel);
+        a.set("strides", c.strides);
+        a.set("pads", c.pads);
+        a.set("dilations", c.dilations);
+        a.set("ceil_mode", c.ceil);
+        OneOp o = oneOp("MaxPool", "", 12, std::move(a), {TensorInfo(DataType::FLOAT, c.x)});
+        ASSERT_TRUE(backend_cpu::separableMaxPool(*o.op)) << c.what;
+        std::mt19937 rng(seed++);
+        std::vector<float> v = values(shapeElementCount(c.x), rng, levels, specials);
+        if (specials > 0) // NaNs too: where one is a window's first tap and where it is not
+          for (size_t i = 0; i < v.size(); i += 7)
+            v[i] = kNaN;
+        Outputs r = runBoth(*o.op, {floats(c.x, v)});
+        expectSame(r.fast, r.reference,
+                   c.what + (levels ? ", ties" : "") + (specials > 0 ? ", infinities and NaNs" : ""));
+      }
 }
 
 TEST(FastConvPool, MaxPoolGradOverTilingWindowsMatchesTheReference) {

@@ -378,6 +378,11 @@ TEST(FastReduce, SumAndMeanMatchTheReference) {
                                 {{3, 1, 700, 2}, {2}},
                                 {{6, 1100, 3}, {-2}},
                                 {{2, 3, 4, 5}, {1, 2}},
+                                // [Q, A, R]: a convolution's bias gradient (NCHW over N, H, W)
+                                {{8, 64, 28, 28}, {0, 2, 3}},
+                                {{4, 5, 6}, {0, 2}},
+                                {{3, 1, 7, 1, 9}, {0, 1, 3, 4}},
+                                {{2, 16, 1, 1}, {0, 2, 3}},
                                 // size-1 axes, reduced or kept, vanish; R may be 1
                                 {{1, 1, 9}, {0}},
                                 {{4, 1, 6}, {1}},
@@ -484,22 +489,24 @@ TEST(FastReduce, FastSumAndMeanDeclineWhatTheyDoNotRun) {
     declines(DataType::DOUBLE, {4, 5}, {0}, 0, "not f32");
     declines(DataType::FLOAT, {0, 5}, {0}, 0, "an empty input");
     declines(DataType::FLOAT, {4, 5}, {}, 1, "noop_with_empty_axes");
-    declines(DataType::FLOAT, {4, 5, 6}, {0, 2}, 0, "not one run");
-    declines(DataType::FLOAT, {4, 5, 6, 7}, {1, 3}, 0, "not one run");
+    declines(DataType::FLOAT, {4, 5, 6, 7}, {0, 2}, 0, "nor both ends");
+    declines(DataType::FLOAT, {4, 5, 6, 7}, {1, 3}, 0, "nor both ends");
+    declines(DataType::FLOAT, {3, 4, 5, 6, 7}, {0, 2, 4}, 0, "nor both ends");
     // [A, R, B]: the fast kernel, which oneDNN leaves to it where it has only plain C++ loops.
     auto [g, op] = choose(type, DataType::FLOAT, {80, 32}, {0}, 0);
     ASSERT_NE(KernelRegistry::instance().find(*op, KernelProvider::Fast), nullptr);
     EXPECT_NE(KernelRegistry::instance().find(*op)->provider, KernelProvider::Reference);
   }
   // The reference still reduces what the fast kernel declines.
-  TensorData x = randomTensor(DataType::FLOAT, {4, 5, 6}, rng, -3, 3);
+  TensorData x = randomTensor(DataType::FLOAT, {4, 5, 6, 2}, rng, -3, 3);
   auto y = runReduce("ReduceSum", x, {0, 2}, 0, 0, KernelProvider::Any);
   std::vector<double> v = x.toDoubleVector();
-  for (int64_t j = 0; j < 5; ++j) {
-    double s = 0;
-    for (int64_t i = 0; i < 4; ++i)
-      for (int64_t k = 0; k < 6; ++k)
-        s += v[static_cast<size_t>((i * 5 + j) * 6 + k)];
-    EXPECT_NEAR(y[0].valueAsDouble(j), s, 1e-5 * (1 + std::fabs(s))) << j;
-  }
+  for (int64_t j = 0; j < 5; ++j)
+    for (int64_t l = 0; l < 2; ++l) {
+      double s = 0;
+      for (int64_t i = 0; i < 4; ++i)
+        for (int64_t k = 0; k < 6; ++k)
+          s += v[static_cast<size_t>(((i * 5 + j) * 6 + k) * 2 + l)];
+      EXPECT_NEAR(y[0].valueAsDouble(j * 2 + l), s, 1e-5 * (1 + std::fabs(s))) << j << ", " << l;
+    }
 }

@@ -59,14 +59,15 @@ TEST(FastReduce16, SumAndMeanOfSixteenBitTypesMatchTheReferences) {
     Shape shape;
     std::vector<int64_t> axes;
   };
-  std::vector<Case> cases{{{2048, 300}, {0}},       // a bias gradient, one block: R cut into slices
-                          {{512, 1100}, {0}},       // three blocks, the last one a tail
-                          {{16, 128, 256}, {0, 1}}, // leading axes of a [batch, sequence, features] gradient
-                          {{4, 96, 700}, {1}},      // [A, R, B]
-                          {{64, 3000}, {1}},        // row sums (B = 1)
-                          {{7, 5}, {0, 1}},         // everything, small
-                          {{2, 9000, 3}, {1}},      // many rows, few columns
-                          {{1, 1, 37}, {0}}};       // nothing reduced but size-1 axes
+  std::vector<Case> cases{{{2048, 300}, {0}},            // a bias gradient, one block: R cut into slices
+                          {{512, 1100}, {0}},            // three blocks, the last one a tail
+                          {{16, 128, 256}, {0, 1}},      // leading axes of a [batch, sequence, features] gradient
+                          {{4, 96, 700}, {1}},           // [A, R, B]
+                          {{64, 3000}, {1}},             // row sums (B = 1)
+                          {{7, 5}, {0, 1}},              // everything, small
+                          {{2, 9000, 3}, {1}},           // many rows, few columns
+                          {{1, 1, 37}, {0}},             // nothing reduced but size-1 axes
+                          {{8, 32, 14, 14}, {0, 2, 3}}}; // a convolution's bias gradient ([Q, A, R])
   for (DataType type : {DataType::BFLOAT16, DataType::FLOAT16})
     for (const Case &c : cases)
       for (const char *opType : {"ReduceSum", "ReduceMean"})
@@ -92,7 +93,7 @@ TEST(FastReduce16, SumAndMeanOfSixteenBitTypesMatchTheReferences) {
 }
 
 TEST(FastReduce16, DeclinesOtherTypesAndShapes) {
-  ReduceGraph twoRuns("ReduceSum", DataType::BFLOAT16, {4, 5, 6}, {0, 2}, 0);
+  ReduceGraph twoRuns("ReduceSum", DataType::BFLOAT16, {4, 5, 6, 7}, {1, 3}, 0);
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*twoRuns.op, KernelProvider::Fast), nullptr);
   ReduceGraph ints("ReduceSum", DataType::INT32, {4, 5}, {0}, 0);
   EXPECT_EQ(backend_cpu::KernelRegistry::instance().find(*ints.op, KernelProvider::Fast), nullptr);

@@ -97,6 +97,8 @@ TEST(MultiConv, ForwardIsBitwiseTheSeparateConvolutions) {
     for (float v : multi)
       sum += std::abs(v);
     EXPECT_GT(sum, 0.0); // the block computed something
+    // Each Relu after a convolution is its post-op, in the MultiConv as in a separate Conv (fuseRelu).
+    EXPECT_EQ(kernels.find("Relu '"), std::string::npos) << kernels;
     if (n == 2) {
       EXPECT_NE(kernels.find("concurrent on 2 threads"), std::string::npos) << kernels;
     }
