@@ -221,8 +221,9 @@ void removeStaleCheckpoints(const fs::path &dir, const std::string &keep) {
     // Only the names this code writes: checkpoint.ckpt and checkpoint-<step>.ckpt.
     std::string step = name.starts_with("checkpoint-") && name.ends_with(".ckpt") ? name.substr(11, name.size() - 16)
                                                                                   : std::string("x");
-    const bool ours = name == "checkpoint.ckpt" ||
-                      (!step.empty() && std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    const bool ours =
+        name == "checkpoint.ckpt" ||
+        (!step.empty() && std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; }));
     if (ours) fs::remove(entry.path(), ec); // a leftover costs disk, not correctness
   }
 }
@@ -230,8 +231,8 @@ void removeStaleCheckpoints(const fs::path &dir, const std::string &keep) {
 std::string progressText(const Progress &p) {
   return "step " + std::to_string(p.step) + "\nseed " + std::to_string(p.seed) + "\nshuffle " +
          std::to_string(p.shuffle ? 1 : 0) + "\nsamples " + std::to_string(p.samples) + "\nbatch " +
-         std::to_string(p.batch) + "\nreplicas " + std::to_string(p.replicas) + "\nlayout " +
-         std::to_string(p.layout) + "\n";
+         std::to_string(p.batch) + "\nreplicas " + std::to_string(p.replicas) + "\nlayout " + std::to_string(p.layout) +
+         "\n";
 }
 
 Progress readProgress(const fs::path &path) {

@@ -11,7 +11,7 @@
 namespace popart::session {
 
 /// FNV-1a's 64-bit offset basis: the state before any byte.
-constexpr uint64_t kFnv1a64Start = 1469598103934665603ull;
+constexpr uint64_t kFnv1a64Start = 14695981039346656037ull;
 
 /// 64-bit FNV-1a of \p size bytes at \p data, continued from \p state (kFnv1a64Start for a
 /// new hash). Every change of a single byte changes the result: each step is a bijection.

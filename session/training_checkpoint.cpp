@@ -36,6 +36,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -52,8 +53,13 @@ constexpr uint64_t kChecksumBytes = 8;
 /// The largest JSON header a loader accepts (a malformed length must not allocate gigabytes).
 constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 30;
 
-/// 64-bit FNV-1a of the model bytes: a checkpoint belongs to one model.
-uint64_t fingerprint(const std::string &bytes) { return session::fnv1a64(bytes.data(), bytes.size()); }
+/// A hash of the model bytes: a checkpoint belongs to one model. FNV-1a 64 from a start value that
+/// lacks the offset basis's last digit: kept, as the header's "model" of every checkpoint written
+/// so far is this value.
+uint64_t fingerprint(const std::string &bytes) {
+  constexpr uint64_t kModelHashStart = 1469598103934665603ull;
+  return session::fnv1a64(bytes.data(), bytes.size(), kModelHashStart);
+}
 
 uint64_t readWord(const char *at) {
   uint64_t v = 0;
@@ -78,6 +84,7 @@ CheckpointLayout checkFraming(const std::string &path) {
   if (!in) throw error("cannot open it");
   char preamble[kPreambleBytes] = {};
   in.read(preamble, static_cast<std::streamsize>(std::min<uint64_t>(size, kPreambleBytes)));
+  if (size == 0) throw error("it is empty (0 bytes)");
   const size_t magicSeen = static_cast<size_t>(std::min<uint64_t>(size, sizeof kCheckpointMagic));
   if (std::memcmp(preamble, kCheckpointMagic, magicSeen) != 0)
     throw error("it is not a checkpoint (it does not start with the magic 'POPARTCK')");
@@ -91,8 +98,8 @@ CheckpointLayout checkFraming(const std::string &path) {
     const uint64_t expected = readWord(preamble + 16);
     if (size < expected) throw error("it is truncated at byte ", size, " of ", expected);
     if (size > expected)
-      throw error("it has ", size - expected, " bytes of trailing data after its end at byte ", expected,
-                  " (it holds ", size, ")");
+      throw error("it has ", size - expected, " bytes of trailing data after its end at byte ", expected, " (it holds ",
+                  size, ")");
     if (expected < kPreambleBytes + kChecksumBytes)
       throw error("its preamble records an impossible size of ", expected, " bytes (a corrupt file)");
     // Every byte after the magic, in chunks: a checkpoint may be larger than the memory to spare.
@@ -119,7 +126,8 @@ CheckpointLayout checkFraming(const std::string &path) {
   }
   // Format 1: the header's length where format 2 has its version, the header right after it.
   if (word > 2 && word <= kMaxHeaderBytes && size > 16 && preamble[16] == '{') {
-    if (word > size - 16) throw error("it is truncated at byte ", size, ": its format-1 header alone needs ", 16 + word);
+    if (word > size - 16)
+      throw error("it is truncated at byte ", size, ": its format-1 header alone needs ", 16 + word);
     logging::logger().warn("loadCheckpoint: '{}' is in format 1, which has no checksum: it is read unverified (a "
                            "new checkpoint is written in format {})",
                            path, kCheckpointVersion);
@@ -325,13 +333,21 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     throw error("loadCheckpoint: '", path, "' has a corrupt header: ", e.what());
   }
   if (!header.is_object()) throw error("loadCheckpoint: '", path, "' has a corrupt header: not a JSON object");
-  try {
-    m.adoptTunedWays(header);
-  } catch (const std::exception &e) {
-    throw error("loadCheckpoint: '", path, "' has malformed MatMul ways: ", e.what());
-  }
-  prepareDevice();
-  try {
+  // Every failure below names the file; json's own exceptions mean a malformed header.
+  auto withFileNamed = [&](const auto &body) {
+    try {
+      body();
+    } catch (const nlohmann::json::exception &e) {
+      throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+    } catch (const error &e) {
+      throw error("loadCheckpoint: '", path, "': ", e.what());
+    } catch (const std::exception &e) {
+      throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+    }
+  };
+  // What the file is for, checked before the session recompiles for its MatMul ways (which resets
+  // its state): a checkpoint of another model, optimiser or precision leaves the session as it was.
+  withFileNamed([&] {
     if (header.at("version").get<int>() != layout.version)
       throw error("its header says format version ", header.at("version").get<int>(), ", its preamble ",
                   layout.version);
@@ -346,6 +362,14 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       throw error("it was written in precision mode ", precision, ", the session uses ", precisionMode(m.options),
                   " (its weights and optimiser state have other types; resume in ", precision,
                   ", or start a new run from the model modelToHost wrote)");
+  });
+  try {
+    m.adoptTunedWays(header);
+  } catch (const std::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has malformed MatMul ways: ", e.what());
+  }
+  prepareDevice();
+  withFileNamed([&] {
     // Checkpoints from before replication are those of one process.
     const int written = header.value("replicas", 1);
     const int replicas = m.kernelContext.communicator ? m.kernelContext.communicator->size() : 1;
@@ -387,32 +411,40 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     }
     if (at != layout.dataEnd)
       throw error("it has ", layout.dataEnd - at, " bytes after its last tensor (which ends at byte ", at, ")");
+    // The step state, read whole before any of it is applied.
+    const int64_t step = header.at("step").get<int64_t>();
+    const int64_t skipped = header.at("skipped").get<int64_t>();
+    const int64_t goodSteps = header.at("goodSteps").get<int64_t>();
+    const auto lossScale = header.at("lossScale").get<float>();
+    // Checkpoints from before the histogram method of loss scaling start a new period.
+    const auto histogramBelow = header.value("histogramBelow", int64_t{0});
+    const auto histogramUpper = header.value("histogramUpper", int64_t{0});
+    const auto periodSteps = header.value("periodSteps", int64_t{0});
+    const std::string seedText = header.at("seed").get<std::string>();
+    uint64_t seed = 0;
+    const auto parsed = std::from_chars(seedText.data(), seedText.data() + seedText.size(), seed);
+    if (parsed.ec != std::errc() || parsed.ptr != seedText.data() + seedText.size())
+      throw error("its seed '", seedText, "' is not an unsigned 64-bit number");
+    const int64_t rngCounter = header.at("rngCounter").get<int64_t>();
     // Everything read and checked: only now change the session.
     for (size_t i = 0; i < ids.size(); ++i)
       std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));
-    m.step = header.at("step").get<int64_t>();
-    m.skipped = header.at("skipped").get<int64_t>();
-    m.goodSteps = header.at("goodSteps").get<int64_t>();
-    m.lossScale = header.at("lossScale").get<float>();
-    // Checkpoints from before the histogram method of loss scaling start a new period.
-    m.histogramBelow = header.value("histogramBelow", int64_t{0});
-    m.histogramUpper = header.value("histogramUpper", int64_t{0});
-    m.periodSteps = header.value("periodSteps", int64_t{0});
-    m.seed = std::stoull(header.at("seed").get<std::string>());
-    m.rngCounter = header.at("rngCounter").get<int64_t>();
+    m.step = step;
+    m.skipped = skipped;
+    m.goodSteps = goodSteps;
+    m.lossScale = lossScale;
+    m.histogramBelow = histogramBelow;
+    m.histogramUpper = histogramUpper;
+    m.periodSteps = periodSteps;
+    m.seed = seed;
+    m.rngCounter = rngCounter;
     if (written != replicas)
       logging::logger().info("loadCheckpoint: '{}' was written by {} replica(s) and resumes on {}: the weights, "
                              "running statistics and optimiser state are whole (a sharded session cuts its shards) and "
                              "carry over; each replica draws "
                              "from its own stream from the same seed and counter on",
                              path, written, replicas);
-  } catch (const nlohmann::json::exception &e) {
-    throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
-  } catch (const error &e) {
-    throw error("loadCheckpoint: '", path, "': ", e.what());
-  } catch (const std::exception &e) { // std::stoull of a corrupt seed, and the like
-    throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
-  }
+  });
 }
 
 void TrainingSession::Impl::adoptTunedWays(const nlohmann::json &header) {
