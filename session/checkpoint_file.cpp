@@ -15,7 +15,7 @@ namespace {
 
 /// fsync of \p path opened with \p flags; \p what says what it is in the message.
 void syncPath(const std::filesystem::path &path, int flags, const char *what) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC); // NOLINT(cppcoreguidelines-pro-type-vararg)
+  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
   if (fd < 0) throw error("cannot open ", what, " '", path.string(), "' to sync it: ", std::strerror(errno));
   const int synced = ::fsync(fd);
   const int savedErrno = errno;

@@ -6,7 +6,8 @@ Trains an MLP with Dropout and Adam on a slice of Fashion-MNIST with `--checkpoi
 checks after every kill that the folder resumes. The checkpoint (~22 MB: weights and Adam's two
 moments) takes long enough to write that some kills land during the write, which shows as a
 temporary file left behind; the test requires some. Finally it resumes to the end and requires the
-last checkpoint and the saved model to be bit-identical to those of an uninterrupted run.
+last checkpoint and the saved model to be bit-identical to those of an uninterrupted run, and a
+truncated or bit-flipped copy of it to be refused with a message that says so.
 
 Usage: checkpoint_kill.py POPART_RUN [--kills N] [--seed S]
 """
@@ -142,6 +143,7 @@ def main():
         while kills < args.kills:
             resume = ["--resume", folder] if progress_step(folder) is not None else []
             before = progress_step(folder)
+            launched = time.time()
             p = subprocess.Popen(base + ["--steps", str(steps), "--checkpoint", folder, "--checkpoint-every", "1"]
                                  + resume, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             delay = rng.uniform(startup * 0.8, startup + 4 * per_step)
@@ -154,7 +156,11 @@ def main():
             p.send_signal(signal.SIGKILL)
             p.communicate()
             kills += 1
-            left = sorted(n for n in os.listdir(folder) if n.endswith(".tmp")) if os.path.isdir(folder) else []
+            # A temporary file this run wrote (not one an earlier kill left, which the next save
+            # removes): the kill landed during a write.
+            left = sorted(n for n in os.listdir(folder) if n.endswith(".tmp")
+                          and os.stat(os.path.join(folder, n)).st_mtime >= launched - 0.05) \
+                if os.path.isdir(folder) else []
             during_write += bool(left)
             step = progress_step(folder)
             print(f"kill {kills}: after {delay:.2f} s, progress step {before} -> {step}"
@@ -195,6 +201,21 @@ def main():
             sys.exit(f"FAILED: the folder keeps stale files: {leftovers}")
         if during_write == 0:
             sys.exit("FAILED: no kill landed during a checkpoint write (the test did not test that)")
+        # A damaged folder is refused with a clear error, never resumed from half a checkpoint.
+        for damage, expected in (("truncate", f"truncated at byte {len(got) // 2} of {len(got)}"),
+                                 ("flip", "checksum mismatch")):
+            shutil.rmtree(check, ignore_errors=True)
+            shutil.copytree(folder, check)
+            bad = bytearray(got[:len(got) // 2]) if damage == "truncate" else bytearray(got)
+            if damage == "flip":
+                bad[len(bad) // 2] ^= 0x10
+            with open(os.path.join(check, final), "wb") as f:
+                f.write(bad)
+            r = run(["--steps", str(steps + 1), "--resume", check])
+            if r.returncode == 0 or expected not in r.stdout or final not in r.stdout:
+                sys.exit(f"FAILED: a folder whose checkpoint was damaged ({damage}) was not refused with "
+                         f"'{expected}':\n{r.stdout}")
+            print(f"damaged ({damage}): {r.stdout.strip().splitlines()[-1]}", flush=True)
         print("checkpoint_kill: PASSED (bit-identical to the uninterrupted run)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
