@@ -596,7 +596,12 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   // on the other ranks).
   auto saveCheckpoint = [&](int64_t stepsDone) {
     fs::path dir(o.checkpoint);
-    if (replication.leader()) fs::create_directories(dir);
+    // A new folder's own entry is made durable too, or a power cut could lose it with everything in it.
+    if (replication.leader() && fs::create_directories(dir)) {
+      fs::path full = fs::absolute(dir).lexically_normal();
+      if (!full.has_filename()) full = full.parent_path(); // "ckpt/"
+      session::syncDirectory(full.parent_path());
+    }
     Progress p{stepsDone, o.seed, o.shuffle, data.samples, globalPerStep, replicas, kProgressLayout};
     // The checkpoint first, under a name of its own; then the manifest that points at it; then
     // the old checkpoints (see Progress).
