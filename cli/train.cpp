@@ -1,6 +1,7 @@
 #include "cli/train.hpp"
 #include "cli/dataloader.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include "session/checkpoint_file.hpp"
 #include "session/npy.hpp"
 #include <popart/error.hpp>
 #include <popart/session.hpp>
@@ -190,29 +191,48 @@ struct InputFiles {
 };
 
 /// Where a run is, saved next to the checkpoint so that a resumed run takes the same batches.
+/// progress.txt is the folder's manifest: it names the checkpoint that goes with it (layout 2:
+/// checkpoint-<step>.ckpt), and it is replaced only once that checkpoint is on disk, and old
+/// checkpoints are deleted only once it is. A kill at any moment leaves a progress.txt whose
+/// checkpoint exists and holds the weights of the same step.
 struct Progress {
   int64_t step = 0;
   uint64_t seed = 0;
   bool shuffle = false;
   int64_t samples = 0, batch = 0; ///< batch: the samples of a step, over all replicas
   int64_t replicas = 1;
+  int64_t layout = 2; ///< 1: the checkpoint is checkpoint.ckpt, replaced in place (before format 2)
 };
 
-void writeFileAtomically(const fs::path &path, const std::string &bytes) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out.flush()) throw error("cannot write '", tmp.string(), "'");
+constexpr int64_t kProgressLayout = 2;
+
+/// The checkpoint file of a folder whose progress.txt reads \p p.
+std::string checkpointName(const Progress &p) {
+  return p.layout >= 2 ? "checkpoint-" + std::to_string(p.step) + ".ckpt" : "checkpoint.ckpt";
+}
+
+/// Deletes the checkpoints (and temporary files of interrupted writes) in \p dir other than \p keep.
+void removeStaleCheckpoints(const fs::path &dir, const std::string &keep) {
+  std::error_code ec;
+  for (const auto &entry : fs::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name == keep) continue;
+    if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+    // Only the names this code writes: checkpoint.ckpt and checkpoint-<step>.ckpt.
+    std::string step = name.starts_with("checkpoint-") && name.ends_with(".ckpt") ? name.substr(11, name.size() - 16)
+                                                                                  : std::string("x");
+    const bool ours =
+        name == "checkpoint.ckpt" ||
+        (!step.empty() && std::all_of(step.begin(), step.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    if (ours) fs::remove(entry.path(), ec); // a leftover costs disk, not correctness
   }
-  fs::rename(tmp, path);
 }
 
 std::string progressText(const Progress &p) {
   return "step " + std::to_string(p.step) + "\nseed " + std::to_string(p.seed) + "\nshuffle " +
          std::to_string(p.shuffle ? 1 : 0) + "\nsamples " + std::to_string(p.samples) + "\nbatch " +
-         std::to_string(p.batch) + "\nreplicas " + std::to_string(p.replicas) + "\n";
+         std::to_string(p.batch) + "\nreplicas " + std::to_string(p.replicas) + "\nlayout " + std::to_string(p.layout) +
+         "\n";
 }
 
 Progress readProgress(const fs::path &path) {
@@ -233,6 +253,11 @@ Progress readProgress(const fs::path &path) {
   p.batch = kv["batch"];
   // Written before replication existed: one process.
   p.replicas = kv.count("replicas") ? kv["replicas"] : 1;
+  // Written before the manifest layout: checkpoint.ckpt.
+  p.layout = kv.count("layout") ? kv["layout"] : 1;
+  if (p.layout != 1 && p.layout != kProgressLayout)
+    throw error("--resume: '", path.string(), "' has an unknown layout ", p.layout, " (this build reads 1 and ",
+                kProgressLayout, ")");
   return p;
 }
 
@@ -494,9 +519,11 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
                                  : stepsPerEpoch;
 
   int64_t start = 0;
+  fs::path resumeFrom;
   if (!o.resume.empty()) {
     fs::path dir(o.resume);
     Progress p = readProgress(dir / "progress.txt");
+    resumeFrom = dir / checkpointName(p);
     // Another replica count resumes where the global batch is the same (replicas x batch x
     // accumulation): the sampler then hands out the same samples per step from the same position.
     if (p.samples != data.samples || p.batch != globalPerStep || p.shuffle != o.shuffle || p.seed != o.seed)
@@ -514,7 +541,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   session->setRandomSeed(o.seed);
   // The checkpoint holds weights, optimiser state, loss scale and the random state.
-  if (!o.resume.empty()) session->loadCheckpoint((fs::path(o.resume) / "checkpoint.ckpt").string());
+  if (!o.resume.empty()) session->loadCheckpoint(resumeFrom.string());
 
   // Batches of B·N samples (this replica's share of the step) come from a prefetching loader;
   // each step views them as [N, B, ...].
@@ -569,11 +596,19 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   // on the other ranks).
   auto saveCheckpoint = [&](int64_t stepsDone) {
     fs::path dir(o.checkpoint);
-    if (replication.leader()) fs::create_directories(dir);
-    session->saveCheckpoint((dir / "checkpoint.ckpt").string());
+    // A new folder's own entry is made durable too, or a power cut could lose it with everything in it.
+    if (replication.leader() && fs::create_directories(dir)) {
+      fs::path full = fs::absolute(dir).lexically_normal();
+      if (!full.has_filename()) full = full.parent_path(); // "ckpt/"
+      session::syncDirectory(full.parent_path());
+    }
+    Progress p{stepsDone, o.seed, o.shuffle, data.samples, globalPerStep, replicas, kProgressLayout};
+    // The checkpoint first, under a name of its own; then the manifest that points at it; then
+    // the old checkpoints (see Progress).
+    session->saveCheckpoint((dir / checkpointName(p)).string());
     if (!replication.leader()) return;
-    Progress p{stepsDone, o.seed, o.shuffle, data.samples, globalPerStep, replicas};
-    writeFileAtomically(dir / "progress.txt", progressText(p));
+    session::writeFileDurably(dir / "progress.txt", progressText(p));
+    removeStaleCheckpoints(dir, checkpointName(p));
   };
 
   // mpirun hands rank 0 a pseudo-terminal whatever its own output is: replicas print lines.

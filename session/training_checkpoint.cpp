@@ -1,6 +1,18 @@
 // TrainingSession's checkpoints: every persistent tensor and the host-side step state in one
-// file (a JSON header after a magic and its length, then the raw bytes), written atomically and
-// read back only after everything in it has been checked.
+// file, written durably (temporary file, fsync, rename, fsync of the folder) and read back only
+// after everything in it has been checked.
+//
+// Format 2, integers as little-endian uint64:
+//   [0, 8)        magic "POPARTCK"
+//   [8, 16)       format version (2; in format 1 this was the header's length, always > 2)
+//   [16, 24)      M, the file's size in bytes
+//   [24, 32)      n, the JSON header's length
+//   [32, 32 + n)  the JSON header (step state, and each tensor's id, type, shape, offset, bytes)
+//   then          the tensors' raw bytes, back to back in the header's order
+//   [M - 8, M)    64-bit FNV-1a of bytes [8, M - 8): every byte after the magic
+// The size and the checksum are checked before the header is parsed, so a truncated, extended or
+// corrupted file is refused as such before anything in it is believed. Format 1 (magic, n, header,
+// tensors: no size, no checksum) is still read.
 //
 // A replicated job writes one checkpoint: every replica holds the same weights, running
 // statistics (unless each replica keeps its own, ReplicatedStatistics::Local, when rank 0's are
@@ -18,11 +30,13 @@
 #include "comm/communicator.hpp"
 #include "core/log.hpp"
 #include "optimizer/sharding.hpp"
+#include "session/checkpoint_file.hpp"
 #include "session/training_impl.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -32,14 +46,95 @@ namespace popart {
 
 namespace {
 constexpr char kCheckpointMagic[8] = {'P', 'O', 'P', 'A', 'R', 'T', 'C', 'K'};
-constexpr int kCheckpointVersion = 1;
+constexpr int kCheckpointVersion = 2;
+/// Format 2's fixed part: magic, version, file size, header length.
+constexpr uint64_t kPreambleBytes = 32;
+constexpr uint64_t kChecksumBytes = 8;
+/// The largest JSON header a loader accepts (a malformed length must not allocate gigabytes).
+constexpr uint64_t kMaxHeaderBytes = uint64_t{1} << 30;
 
-/// 64-bit FNV-1a of the model bytes: a checkpoint belongs to one model.
+/// A hash of the model bytes: a checkpoint belongs to one model. FNV-1a 64 from a start value that
+/// lacks the offset basis's last digit: kept, as the header's "model" of every checkpoint written
+/// so far is this value.
 uint64_t fingerprint(const std::string &bytes) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : bytes)
-    h = (h ^ c) * 1099511628211ull;
-  return h;
+  constexpr uint64_t kModelHashStart = 1469598103934665603ull;
+  return session::fnv1a64(bytes.data(), bytes.size(), kModelHashStart);
+}
+
+uint64_t readWord(const char *at) {
+  uint64_t v = 0;
+  std::memcpy(&v, at, sizeof v);
+  return v;
+}
+
+/// Where a checked checkpoint file's parts are.
+struct CheckpointLayout {
+  int version = 0;
+  uint64_t headerOffset = 0, headerBytes = 0;
+  uint64_t dataEnd = 0; ///< one past the last tensor byte
+};
+
+/// Checks \p path's magic, version, size and (format 2) checksum, before anything in it is parsed;
+/// throws popart::error saying what is wrong (the caller adds the file's name).
+CheckpointLayout checkFraming(const std::string &path) {
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw error("cannot read its size: ", ec.message());
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw error("cannot open it");
+  char preamble[kPreambleBytes] = {};
+  in.read(preamble, static_cast<std::streamsize>(std::min<uint64_t>(size, kPreambleBytes)));
+  if (size == 0) throw error("it is empty (0 bytes)");
+  const size_t magicSeen = static_cast<size_t>(std::min<uint64_t>(size, sizeof kCheckpointMagic));
+  if (std::memcmp(preamble, kCheckpointMagic, magicSeen) != 0)
+    throw error("it is not a checkpoint (it does not start with the magic 'POPARTCK')");
+  if (size < 16) throw error("it is truncated at byte ", size, " of at least ", kPreambleBytes + kChecksumBytes);
+  CheckpointLayout layout;
+  const uint64_t word = readWord(preamble + 8);
+  if (word == static_cast<uint64_t>(kCheckpointVersion)) {
+    layout.version = kCheckpointVersion;
+    if (size < kPreambleBytes)
+      throw error("it is truncated at byte ", size, " of at least ", kPreambleBytes + kChecksumBytes);
+    const uint64_t expected = readWord(preamble + 16);
+    if (size < expected) throw error("it is truncated at byte ", size, " of ", expected);
+    if (size > expected)
+      throw error("it has ", size - expected, " bytes of trailing data after its end at byte ", expected, " (it holds ",
+                  size, ")");
+    if (expected < kPreambleBytes + kChecksumBytes)
+      throw error("its preamble records an impossible size of ", expected, " bytes (a corrupt file)");
+    // Every byte after the magic, in chunks: a checkpoint may be larger than the memory to spare.
+    std::vector<char> chunk(size_t{1} << 20);
+    uint64_t hash = session::kFnv1a64Start;
+    in.seekg(8);
+    for (uint64_t left = expected - 8 - kChecksumBytes; left > 0;) {
+      const auto take = static_cast<std::streamsize>(std::min<uint64_t>(left, chunk.size()));
+      if (!in.read(chunk.data(), take)) throw error("reading it failed at byte ", expected - kChecksumBytes - left);
+      hash = session::fnv1a64(chunk.data(), static_cast<size_t>(take), hash);
+      left -= static_cast<uint64_t>(take);
+    }
+    char stored[kChecksumBytes];
+    if (!in.read(stored, sizeof stored)) throw error("reading its checksum failed");
+    if (readWord(stored) != hash)
+      throw error("checksum mismatch: the ", expected - 8, " bytes after the magic hash to ", hash,
+                  ", the file records ", readWord(stored), " (a corrupt file: a flipped bit, or an interrupted copy)");
+    layout.headerOffset = kPreambleBytes;
+    layout.headerBytes = readWord(preamble + 24);
+    layout.dataEnd = expected - kChecksumBytes;
+    if (layout.headerBytes > layout.dataEnd - layout.headerOffset)
+      throw error("its header of ", layout.headerBytes, " bytes does not fit in its ", expected, " bytes");
+    return layout;
+  }
+  // Format 1: the header's length where format 2 has its version, the header right after it.
+  if (word > 2 && word <= kMaxHeaderBytes && size > 16 && preamble[16] == '{') {
+    if (word > size - 16)
+      throw error("it is truncated at byte ", size, ": its format-1 header alone needs ", 16 + word);
+    logging::logger().warn("loadCheckpoint: '{}' is in format 1, which has no checksum: it is read unverified (a "
+                           "new checkpoint is written in format {})",
+                           path, kCheckpointVersion);
+    return {1, 16, word, size};
+  }
+  throw error("it has an unknown format version ", word, " (this build reads formats 1 and ", kCheckpointVersion,
+              "; or the file is corrupt)");
 }
 
 /// The precision mode of \p options as checkpoints record it ("fp32", "fp16.32"...).
@@ -153,39 +248,54 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
   }
   const std::string h = header.dump();
   const std::string tmp = path + ".tmp";
+  const uint64_t fileBytes = kPreambleBytes + h.size() + static_cast<uint64_t>(offset) + kChecksumBytes;
   // The writer streams the tensors out, gathering each sharded one when its turn comes (one
   // whole state tensor in memory at a time, on every rank: an all-gather). A failure on the writer does not leave the
   // gathers: the other ranks would wait in them; it is reported once they are done.
   std::string failure;
   std::ofstream out;
+  uint64_t checksum = session::kFnv1a64Start;
+  // Every byte after the magic goes into the checksum.
+  auto put = [&](const void *bytes, uint64_t size) {
+    checksum = session::fnv1a64(bytes, static_cast<size_t>(size), checksum);
+    out.write(static_cast<const char *>(bytes), static_cast<std::streamsize>(size));
+  };
   if (writer) {
     out.open(tmp, std::ios::binary | std::ios::trunc);
     if (!out) failure = "cannot write '" + tmp + "'";
-    const uint64_t n = h.size();
     out.write(kCheckpointMagic, sizeof kCheckpointMagic);
-    out.write(reinterpret_cast<const char *>(&n), sizeof n);
-    out.write(h.data(), static_cast<std::streamsize>(h.size()));
+    const uint64_t preamble[3] = {static_cast<uint64_t>(kCheckpointVersion), fileBytes, h.size()};
+    put(preamble, sizeof preamble);
+    put(h.data(), h.size());
   }
   for (const auto &id : ids) {
     const TensorData &d = m.variable(id);
     auto shard = sharded.find(id);
     if (shard == sharded.end()) {
-      if (writer) out.write(static_cast<const char *>(d.data()), static_cast<std::streamsize>(d.byteCount()));
+      if (writer) put(d.data(), static_cast<uint64_t>(d.byteCount()));
       continue;
     }
     const optimizer::ShardLayout &l = shard->second.layout;
     TensorData gathered(TensorInfo(d.info().dataType(), {l.padded}));
     communicator->allGather(d.data(), gathered.data(), l.shard, d.info().dataType());
     if (writer) // the padding past the weight's end is left out
-      out.write(static_cast<const char *>(gathered.data()),
-                static_cast<std::streamsize>(l.elements * static_cast<int64_t>(dataTypeSize(d.info().dataType()))));
+      put(gathered.data(), static_cast<uint64_t>(l.elements) * dataTypeSize(d.info().dataType()));
   }
   if (writer) {
+    const uint64_t sum = checksum;
+    out.write(reinterpret_cast<const char *>(&sum), sizeof sum);
     if (failure.empty() && !out.flush()) failure = "writing '" + tmp + "' failed (disk full?)";
     out.close();
-    std::error_code ec;
-    if (failure.empty()) std::filesystem::rename(tmp, path, ec);
-    if (ec) failure = "cannot rename '" + tmp + "' to '" + path + "': " + ec.message();
+    // Synced before the rename, and the folder after it: after a crash or a kill the path holds
+    // the previous checkpoint or this one, whole, never a part of either.
+    if (failure.empty()) {
+      try {
+        session::syncFile(tmp);
+        session::renameDurably(tmp, path);
+      } catch (const error &e) {
+        failure = e.what();
+      }
+    }
   }
   if (sharded.empty()) {
     if (!failure.empty()) throw error("saveCheckpoint: ", failure);
@@ -204,31 +314,43 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
 void TrainingSession::loadCheckpoint(const std::string &path) {
   Impl &m = *impl_;
   if (m.pipelineGroups) throw error("loadCheckpoint: checkpoints of pipelined sessions are not supported yet");
+  CheckpointLayout layout;
+  try {
+    layout = checkFraming(path);
+  } catch (const error &e) {
+    throw error("loadCheckpoint: '", path, "': ", e.what());
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw error("loadCheckpoint: cannot open '", path, "'");
-  char magic[sizeof kCheckpointMagic];
-  uint64_t n = 0;
-  in.read(magic, sizeof magic);
-  in.read(reinterpret_cast<char *>(&n), sizeof n);
-  if (!in || std::memcmp(magic, kCheckpointMagic, sizeof magic) != 0 || n > (1u << 30))
-    throw error("loadCheckpoint: '", path, "' is not a checkpoint");
-  std::string h(n, '\0');
-  in.read(h.data(), static_cast<std::streamsize>(n));
+  in.seekg(static_cast<std::streamoff>(layout.headerOffset));
+  std::string h(layout.headerBytes, '\0');
+  if (!in.read(h.data(), static_cast<std::streamsize>(h.size())))
+    throw error("loadCheckpoint: '", path, "': cannot read its header");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(h);
   } catch (const std::exception &e) {
     throw error("loadCheckpoint: '", path, "' has a corrupt header: ", e.what());
   }
-  try {
-    m.adoptTunedWays(header);
-  } catch (const std::exception &e) {
-    throw error("loadCheckpoint: '", path, "' has malformed MatMul ways: ", e.what());
-  }
-  prepareDevice();
-  try {
-    if (header.at("version").get<int>() != kCheckpointVersion)
-      throw error("version ", header.at("version").get<int>(), " (expected ", kCheckpointVersion, ")");
+  if (!header.is_object()) throw error("loadCheckpoint: '", path, "' has a corrupt header: not a JSON object");
+  // Every failure below names the file; json's own exceptions mean a malformed header.
+  auto withFileNamed = [&](const auto &body) {
+    try {
+      body();
+    } catch (const nlohmann::json::exception &e) {
+      throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+    } catch (const error &e) {
+      throw error("loadCheckpoint: '", path, "': ", e.what());
+    } catch (const std::exception &e) {
+      throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
+    }
+  };
+  // What the file is for, checked before the session recompiles for its MatMul ways (which resets
+  // its state): a checkpoint of another model, optimiser or precision leaves the session as it was.
+  withFileNamed([&] {
+    if (header.at("version").get<int>() != layout.version)
+      throw error("its header says format version ", header.at("version").get<int>(), ", its preamble ",
+                  layout.version);
     if (header.at("model").get<std::string>() != std::to_string(fingerprint(m.model.bytes)))
       throw error("it was written for a different model");
     if (header.at("optimizer").get<std::string>() != m.optimizer->name())
@@ -240,6 +362,14 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       throw error("it was written in precision mode ", precision, ", the session uses ", precisionMode(m.options),
                   " (its weights and optimiser state have other types; resume in ", precision,
                   ", or start a new run from the model modelToHost wrote)");
+  });
+  try {
+    m.adoptTunedWays(header);
+  } catch (const std::exception &e) {
+    throw error("loadCheckpoint: '", path, "' has malformed MatMul ways: ", e.what());
+  }
+  prepareDevice();
+  withFileNamed([&] {
     // Checkpoints from before replication are those of one process.
     const int written = header.value("replicas", 1);
     const int replicas = m.kernelContext.communicator ? m.kernelContext.communicator->size() : 1;
@@ -250,6 +380,7 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     if (tensors.size() != ids.size())
       throw error("it holds ", tensors.size(), " tensors, the session has ", ids.size());
     std::vector<TensorData> values;
+    uint64_t at = layout.headerOffset + layout.headerBytes;
     for (size_t i = 0; i < ids.size(); ++i) {
       const auto &t = tensors[i];
       const TensorData &d = m.variable(ids[i]);
@@ -263,8 +394,13 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
         throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ",
                     toString(t.at("shape").get<Shape>()), ", the session has ", whole.toString());
       TensorData v(whole);
-      in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(v.byteCount()));
-      if (!in) throw error("it is truncated in tensor '", ids[i], "'");
+      const auto bytes = static_cast<uint64_t>(v.byteCount());
+      if (bytes > layout.dataEnd - at)
+        throw error("it is truncated in tensor '", ids[i], "': it needs bytes [", at, ", ", at + bytes,
+                    "), the data ends at byte ", layout.dataEnd);
+      in.read(static_cast<char *>(v.data()), static_cast<std::streamsize>(bytes));
+      if (!in) throw error("reading tensor '", ids[i], "' failed");
+      at += bytes;
       if (shard != sharded.end()) {
         TensorData cut(d.info());
         auto initial = m.initialValues.find(ids[i]);
@@ -273,30 +409,42 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       }
       values.push_back(std::move(v));
     }
+    if (at != layout.dataEnd)
+      throw error("it has ", layout.dataEnd - at, " bytes after its last tensor (which ends at byte ", at, ")");
+    // The step state, read whole before any of it is applied.
+    const int64_t step = header.at("step").get<int64_t>();
+    const int64_t skipped = header.at("skipped").get<int64_t>();
+    const int64_t goodSteps = header.at("goodSteps").get<int64_t>();
+    const auto lossScale = header.at("lossScale").get<float>();
+    // Checkpoints from before the histogram method of loss scaling start a new period.
+    const auto histogramBelow = header.value("histogramBelow", int64_t{0});
+    const auto histogramUpper = header.value("histogramUpper", int64_t{0});
+    const auto periodSteps = header.value("periodSteps", int64_t{0});
+    const std::string seedText = header.at("seed").get<std::string>();
+    uint64_t seed = 0;
+    const auto parsed = std::from_chars(seedText.data(), seedText.data() + seedText.size(), seed);
+    if (parsed.ec != std::errc() || parsed.ptr != seedText.data() + seedText.size())
+      throw error("its seed '", seedText, "' is not an unsigned 64-bit number");
+    const int64_t rngCounter = header.at("rngCounter").get<int64_t>();
     // Everything read and checked: only now change the session.
     for (size_t i = 0; i < ids.size(); ++i)
       std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));
-    m.step = header.at("step").get<int64_t>();
-    m.skipped = header.at("skipped").get<int64_t>();
-    m.goodSteps = header.at("goodSteps").get<int64_t>();
-    m.lossScale = header.at("lossScale").get<float>();
-    // Checkpoints from before the histogram method of loss scaling start a new period.
-    m.histogramBelow = header.value("histogramBelow", int64_t{0});
-    m.histogramUpper = header.value("histogramUpper", int64_t{0});
-    m.periodSteps = header.value("periodSteps", int64_t{0});
-    m.seed = std::stoull(header.at("seed").get<std::string>());
-    m.rngCounter = header.at("rngCounter").get<int64_t>();
+    m.step = step;
+    m.skipped = skipped;
+    m.goodSteps = goodSteps;
+    m.lossScale = lossScale;
+    m.histogramBelow = histogramBelow;
+    m.histogramUpper = histogramUpper;
+    m.periodSteps = periodSteps;
+    m.seed = seed;
+    m.rngCounter = rngCounter;
     if (written != replicas)
       logging::logger().info("loadCheckpoint: '{}' was written by {} replica(s) and resumes on {}: the weights, "
                              "running statistics and optimiser state are whole (a sharded session cuts its shards) and "
                              "carry over; each replica draws "
                              "from its own stream from the same seed and counter on",
                              path, written, replicas);
-  } catch (const nlohmann::json::exception &e) {
-    throw error("loadCheckpoint: '", path, "' has a malformed header: ", e.what());
-  } catch (const error &e) {
-    throw error("loadCheckpoint: '", path, "': ", e.what());
-  }
+  });
 }
 
 void TrainingSession::Impl::adoptTunedWays(const nlohmann::json &header) {

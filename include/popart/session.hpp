@@ -120,13 +120,15 @@ public:
   /// on every const value.
   void updateOptimizerFromHost(const Optimizer *optimizer);
   /// Writes weights, optimiser state, step count, loss scale and random state to \p path
-  /// atomically (a temporary file renamed over it). Replicated: rank 0 writes and the other ranks
+  /// atomically and durably (a temporary file, synced, renamed over it, the folder synced), with a
+  /// checksum over the file. Replicated: rank 0 writes and the other ranks
   /// return at once; with the optimiser state sharded (replicatedTensorSharding) it is a collective
   /// that every rank must call: the shards are all-gathered and rank 0 writes the whole state, in
   /// the same format, and every rank throws if rank 0 could not write the file.
   void saveCheckpoint(const std::string &path) const;
   /// Restores a checkpoint written by saveCheckpoint for the same model and optimiser; throws
-  /// naming the first mismatch and leaves the session unchanged. Any replica count, sharded or not,
+  /// naming the first mismatch (a truncated, extended or corrupt file: its size or checksum) and
+  /// leaves the session unchanged. Any replica count, sharded or not,
   /// loads it: a session with sharded optimiser state takes its shard of the whole state.
   void loadCheckpoint(const std::string &path);
   /// Seeds the random ops (Dropout); the stream of masks depends only on the seed and the step.

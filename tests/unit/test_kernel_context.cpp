@@ -3,6 +3,7 @@
 // seed of random kernels that have none of their own.
 
 #include "backend_cpu/kernel.hpp"
+#include "checkpoint_test_helpers.hpp"
 #include "ir/graph.hpp"
 #include <popart/builder.hpp>
 #include <popart/error.hpp>
@@ -69,30 +70,6 @@ std::unique_ptr<TrainingSession> trainer(const std::string &model, const Session
   return TrainingSession::createFromOnnxModel(model, DataFlow(1, std::vector<TensorId>{}), "", sgd, options);
 }
 
-/// A checkpoint's JSON header, and the bytes after it.
-struct Checkpoint {
-  nlohmann::json header;
-  std::string prefix, rest; ///< magic; the tensors
-};
-
-Checkpoint readCheckpoint(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data() + 8, sizeof n);
-  return {nlohmann::json::parse(bytes.substr(16, n)), bytes.substr(0, 8), bytes.substr(16 + n)};
-}
-
-void writeCheckpoint(const std::string &path, const Checkpoint &c) {
-  std::string h = c.header.dump();
-  uint64_t n = h.size();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(c.prefix.data(), static_cast<std::streamsize>(c.prefix.size()));
-  out.write(reinterpret_cast<const char *>(&n), sizeof n);
-  out.write(h.data(), static_cast<std::streamsize>(h.size()));
-  out.write(c.rest.data(), static_cast<std::streamsize>(c.rest.size()));
-}
-
 struct TempDir {
   std::filesystem::path path =
       std::filesystem::temp_directory_path() / ("popart_kernelctx_" + std::to_string(::getpid()));
@@ -113,7 +90,7 @@ TEST(KernelContext, ResumedRunAboveTheTuningThresholdIsBitIdentical) {
   step(*a, 2);
   step(*a, 3);
   // The checkpoint records a way for each timed MatMul configuration.
-  Checkpoint c = readCheckpoint(ckpt);
+  test::CheckpointParts c = test::readCheckpointParts(ckpt);
   ASSERT_TRUE(c.header.contains("matmulWays"));
   EXPECT_GE(c.header["matmulWays"].size(), 2u) << c.header["matmulWays"].dump(); // forward and weight gradient
   // Resumed in a new session (which times nothing: it takes the recorded ways).
@@ -135,14 +112,14 @@ TEST(KernelContext, ResumedSessionTakesTheRecordedWaysEvenAfterTimingItsOwn) {
   a->prepareDevice();
   step(*a, 0);
   a->saveCheckpoint(ckpt);
-  Checkpoint c = readCheckpoint(ckpt);
+  test::CheckpointParts c = test::readCheckpointParts(ckpt);
   std::map<std::string, std::string> wanted;
   for (auto &[key, way] : c.header["matmulWays"].items()) {
     way = way.get<std::string>() == "FlippedB" ? "AsStored" : "FlippedB";
     wanted[key] = way.get<std::string>();
   }
   ASSERT_FALSE(wanted.empty());
-  writeCheckpoint(edited, c);
+  test::writeCheckpointParts(edited, c);
   auto b = trainer(model);
   b->prepareDevice(); // timed its own ways
   b->loadCheckpoint(edited);
@@ -156,7 +133,7 @@ TEST(KernelContext, ResumedSessionTakesTheRecordedWaysEvenAfterTimingItsOwn) {
   EXPECT_EQ(b->getStepCount(), 2);
   // A way the runtime does not know is refused naming it.
   c.header["matmulWays"][wanted.begin()->first] = "Sideways";
-  writeCheckpoint(edited, c);
+  test::writeCheckpointParts(edited, c);
   auto d = trainer(model);
   try {
     d->loadCheckpoint(edited);
