@@ -674,10 +674,12 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   if (tty) std::printf("\n");
   double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-  if (session->getSkippedSteps() > 0)
-    std::printf("skipped %lld steps with non-finite gradients (%s); loss scale now %g\n",
-                (long long)session->getSkippedSteps(), skippedStepList(*session).c_str(), session->getLossScale());
-  else if (automaticLossScaling(o))
+  if (session->getSkippedSteps() > 0) {
+    // The list on a line of its own: the line before is what scripts parse.
+    std::printf("skipped %lld steps with non-finite gradients; loss scale now %g\n",
+                (long long)session->getSkippedSteps(), session->getLossScale());
+    std::printf("skipped %s\n", skippedStepList(*session).c_str());
+  } else if (automaticLossScaling(o))
     std::printf("loss scale now %g\n", session->getLossScale());
   std::printf("final loss: %.6g%s\n", lastLoss,
               replication.enabled() ? (" (mean over " + std::to_string(replicas) + " replicas)").c_str() : "");
