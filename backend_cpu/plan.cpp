@@ -1,4 +1,5 @@
 #include "backend_cpu/plan.hpp"
+#include "core/half.hpp"
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
@@ -8,6 +9,7 @@
 #include <malloc.h>
 #include <omp.h>
 #include <set>
+#include <sstream>
 
 namespace popart::backend_cpu {
 
@@ -216,6 +218,10 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
     scratch.push_back(step.kernel->scratchBytes());
     stepProviders_.push_back(choice.entry ? choice.entry->provider : KernelProvider::Reference);
     stepNames_.push_back(op->debugName());
+    stepOps_.push_back(op->debugName());
+    stepOutputs_.emplace_back();
+    for (const ir::Tensor *t : op->outputs)
+      if (t) stepOutputs_.back().push_back(t->id());
     stepPhases_.push_back(op->phase);
     StepInfo info;
     info.name = op->debugName();
@@ -467,18 +473,22 @@ void ExecutionPlan::enableProfiling(size_t maxEvents) {
 }
 
 void ExecutionPlan::run(size_t begin, size_t end) {
-  if (profiling_) {
+  if (profiling_ || numericChecks_) {
+    if (numericChecks_) numericFault_.reset();
     for (size_t i = begin; i < end; ++i) {
-      int64_t t0 = nowNs();
+      const int64_t t0 = profiling_ ? nowNs() : 0;
       runStep(i);
       // Between kernels the collectives in flight advance (MPI progresses only when asked);
       // the time it takes counts to the step that just ran.
       if (collectives_ && collectives_->inFlight()) pollCollectives(i);
-      int64_t t1 = nowNs();
-      stepTimes_[i].first += t1 - t0;
-      stepTimes_[i].second += 1;
-      if (events_.size() < events_.capacity())
-        events_.push_back({static_cast<uint32_t>(i), t0 - profileStart_, t1 - t0});
+      if (profiling_) {
+        int64_t t1 = nowNs();
+        stepTimes_[i].first += t1 - t0;
+        stepTimes_[i].second += 1;
+        if (events_.size() < events_.capacity())
+          events_.push_back({static_cast<uint32_t>(i), t0 - profileStart_, t1 - t0});
+      }
+      if (numericChecks_) checkOutputs(i);
     }
     return;
   }
@@ -489,6 +499,88 @@ void ExecutionPlan::run(size_t begin, size_t end) {
       throw error(stepNames_[i], ": ", e.what());
     }
     if (collectives_ && collectives_->inFlight()) pollCollectives(i);
+  }
+}
+
+std::string NumericFault::describe() const {
+  std::ostringstream os;
+  os << "output '" << tensor << "' of " << op << " (" << type << ") holds " << value << " at element " << index
+     << (internalLayout ? " (of the kernel's internal layout)" : "");
+  return os.str();
+}
+
+void ExecutionPlan::enableNumericChecks(const std::set<TensorId> &unchecked) {
+  checkedOutputs_.clear();
+  checkedBegin_.assign(steps_.size() + 1, 0);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    checkedBegin_[s] = checkedOutputs_.size();
+    // Its outputs are complete only after the AllReduceWait, which is checked.
+    if (stepInfos_[s].type.ends_with("AllReduceStart")) continue;
+    for (const TensorId &id : stepOutputs_[s]) {
+      const TensorInfo &t = info(id);
+      if (!t.isTensor() || !isFloatingPoint(t.dataType()) || unchecked.count(id)) continue;
+      const bool internal = std::find(agreedLayouts_.begin(), agreedLayouts_.end(), id) != agreedLayouts_.end();
+      // A blocked layout's padding is zeros (oneDNN writes it), so all its stored bytes are scanned.
+      const int64_t elements =
+          internal ? arenaStorage(id).second / static_cast<int64_t>(dataTypeSize(t.dataType())) : t.elementCount();
+      if (elements > 0) checkedOutputs_.push_back({&id, t.dataType(), address(id), elements, internal});
+    }
+  }
+  checkedBegin_[steps_.size()] = checkedOutputs_.size();
+  numericChecks_ = true;
+  numericFault_.reset();
+}
+
+namespace {
+// The index of the first element of \p data whose exponent bits (\p mask) are all set, which
+// makes it NaN or inf in every IEEE format; -1 if none. Bits are read through memcpy: the buffer
+// holds floats, and a uint pointer to it would break aliasing rules.
+template <typename Bits> int64_t firstNonFinite(const void *data, int64_t elements, Bits mask) {
+  const auto *bytes = static_cast<const uint8_t *>(data);
+  for (int64_t i = 0; i < elements; ++i) {
+    Bits bits;
+    std::memcpy(&bits, bytes + i * static_cast<int64_t>(sizeof(Bits)), sizeof(Bits));
+    if ((bits & mask) == mask) return i;
+  }
+  return -1;
+}
+} // namespace
+
+void ExecutionPlan::checkOutputs(size_t index) {
+  for (size_t c = checkedBegin_[index]; c < checkedBegin_[index + 1]; ++c) {
+    const CheckedOutput &out = checkedOutputs_[c];
+    int64_t bad = -1;
+    double value = 0;
+    switch (out.type) {
+    case DataType::FLOAT:
+      bad = firstNonFinite<uint32_t>(out.data, out.elements, 0x7f800000u);
+      if (bad >= 0) value = static_cast<const float *>(out.data)[bad];
+      break;
+    case DataType::DOUBLE:
+      bad = firstNonFinite<uint64_t>(out.data, out.elements, 0x7ff0000000000000u);
+      if (bad >= 0) value = static_cast<const double *>(out.data)[bad];
+      break;
+    case DataType::FLOAT16:
+      bad = firstNonFinite<uint16_t>(out.data, out.elements, 0x7c00u);
+      if (bad >= 0) value = halfToFloat(static_cast<const uint16_t *>(out.data)[bad]);
+      break;
+    case DataType::BFLOAT16:
+      bad = firstNonFinite<uint16_t>(out.data, out.elements, 0x7f80u);
+      if (bad >= 0) value = bfloat16ToFloat(static_cast<const uint16_t *>(out.data)[bad]);
+      break;
+    default: break;
+    }
+    if (bad < 0) continue;
+    NumericFault fault;
+    fault.step = index;
+    fault.op = stepOps_[index];
+    fault.type = stepInfos_[index].type;
+    fault.tensor = *out.id;
+    fault.index = bad;
+    fault.internalLayout = out.internalLayout;
+    fault.value = value;
+    numericFault_ = fault;
+    throw error("numeric check: ", fault.describe());
   }
 }
 

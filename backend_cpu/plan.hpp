@@ -7,6 +7,8 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +81,19 @@ struct ProfileEvent {
   int64_t durationNs;
 };
 
+/// The first NaN or inf that the numeric checks found (ExecutionPlan::enableNumericChecks).
+struct NumericFault {
+  size_t step = 0;             ///< the plan step whose output held it
+  std::string op;              ///< the op that wrote it: "Log 'log1'"
+  std::string type;            ///< its type: "Log", "ai.graphcore.ConvDataGrad"
+  TensorId tensor;             ///< the output
+  int64_t index = 0;           ///< flat index of the first bad element
+  bool internalLayout = false; ///< the index is in a kernel's internal layout (agreedLayouts()), not row-major
+  double value = 0;            ///< NaN, inf or -inf
+  /// "output 'y' of Log 'log1' (Log) holds nan at element 3".
+  std::string describe() const;
+};
+
 struct CompileOptions {
   KernelProvider provider = KernelProvider::Any;
   /// Runs adjacent optimiser updates (kernels with Kernel::rangeElements) as one step.
@@ -132,6 +147,15 @@ public:
   /// Total ns and run count per step since enableProfiling.
   const std::vector<std::pair<int64_t, int64_t>> &stepTimes() const { return stepTimes_; }
   const std::vector<ProfileEvent> &profileEvents() const { return events_; }
+  /// Checks, after each step, its FLOAT, FLOAT16, BFLOAT16 and DOUBLE outputs (except those in
+  /// \p unchecked, and those of AllReduceStart, still in flight) for NaN and inf: the first
+  /// found stops the run with an error naming the op, the tensor and the element, and is kept in
+  /// numericFault(). The table of what to check is made now: checked runs allocate nothing.
+  void enableNumericChecks(const std::set<TensorId> &unchecked = {});
+  bool numericChecks() const { return numericChecks_; }
+  /// What stopped the last run, if a numeric check did (reset by each run that checks).
+  const std::optional<NumericFault> &numericFault() const { return numericFault_; }
+
   /// The collectives of the plan's kernels: requests in flight between kernels and, while
   /// profiling, their spans (the profile's communication track). Null if the context had none.
   const CollectiveRequests *collectives() const { return collectives_.get(); }
@@ -149,6 +173,8 @@ public:
   const std::vector<TensorId> &inPlace() const { return inPlace_; }
 
 private:
+  /// Checks the outputs of step \p index (enableNumericChecks); throws on the first NaN or inf.
+  void checkOutputs(size_t index);
   /// Advances the collectives in flight after step \p after (errors say where the run was).
   void pollCollectives(size_t after);
   /// Replaces each run of two or more adjacent steps of one phase whose kernels split into ranges
@@ -185,6 +211,20 @@ private:
   int64_t profileStart_ = 0;
   std::vector<std::pair<int64_t, int64_t>> stepTimes_;
   std::vector<ProfileEvent> events_;
+  /// One floating-point output that the numeric checks scan.
+  struct CheckedOutput {
+    const TensorId *id;
+    DataType type;
+    const void *data;
+    int64_t elements;
+    bool internalLayout;
+  };
+  bool numericChecks_ = false;
+  std::vector<CheckedOutput> checkedOutputs_; ///< by step
+  std::vector<size_t> checkedBegin_;          ///< each step's first entry in checkedOutputs_, then the end
+  std::optional<NumericFault> numericFault_;
+  std::vector<std::vector<TensorId>> stepOutputs_; ///< each step's outputs (present ones)
+  std::vector<std::string> stepOps_;               ///< each step's op, as debugName (merging renames stepNames_)
   int64_t constBytes_ = 0, variableBytes_ = 0, kernelBytes_ = 0;
   std::vector<TensorId> agreedLayouts_, inPlace_;
   std::map<TensorId, void *> addresses_;

@@ -56,6 +56,7 @@ struct Options {
   std::string matmulTuning = "auto";
   int64_t convPoolChunk = 0;
   bool explainKernels = false;
+  bool checkNumerics = false; ///< SessionOptions::enableFloatingPointChecks
   std::string profile;
 };
 
@@ -203,6 +204,7 @@ int run(const Options &opt) {
   so.verifyIr = opt.verifyIr;
   so.matmulTuning = opt.matmulTuning;
   so.convPoolChunk = opt.convPoolChunk;
+  so.enableFloatingPointChecks = opt.checkNumerics;
   // The outputs' names come from a first session, gone before the one that runs is made (both
   // alive at once doubled the peak RSS).
   const std::vector<TensorId> outputs =
@@ -448,6 +450,9 @@ static int runMain(int argc, char **argv) {
   app.add_flag(
       "--explain-kernels", opt.explainKernels,
       "print the kernel that runs each op (oneDNN or reference, and what it chose) and why the others declined");
+  app.add_flag("--check-numerics", opt.checkNumerics,
+               "after each op, check its floating-point outputs for NaN and inf and stop at the first, naming the "
+               "op, tensor, step and element (under dynamic loss scaling, gradients are left to its skipping)");
   app.add_option("--profile", opt.profile,
                  "write a Chrome trace of the op runs to FILE.json and print the per-op summary and memory report");
   cli::TrainOptions train;
@@ -559,6 +564,7 @@ static int runMain(int argc, char **argv) {
       train.profile = opt.profile;
       train.dumpIr = opt.dumpIr;
       train.explainKernels = opt.explainKernels;
+      train.checkNumerics = opt.checkNumerics;
       return cli::runTraining(opt.model, train);
     }
     if (std::string f = cli::trainOnlyFlagGiven(app); !f.empty()) throw error(f, " needs --train");

@@ -272,6 +272,7 @@ std::string cliWording(std::string message) {
       {"SessionOptions.kernels", "--kernels"},
       {"SessionOptions.matmulTuning", "--matmul-tuning"},
       {"SessionOptions.convPoolChunk", "--convpool-chunk"},
+      {"SessionOptions::enableFloatingPointChecks", "--check-numerics"},
   };
   for (const auto &[api, flag] : kFlags)
     for (size_t at = message.find(api); at != std::string::npos; at = message.find(api, at + std::strlen(flag)))
@@ -388,6 +389,20 @@ std::string trainOnlyFlagGiven(const CLI::App &app) {
   return "";
 }
 
+namespace {
+// "steps 3, 9, 12" (the first ten, then how many more), from the session's record.
+std::string skippedStepList(const TrainingSession &session) {
+  constexpr size_t kShown = 10;
+  const std::vector<int64_t> numbers = session.getSkippedStepNumbers();
+  std::string list = numbers.size() == 1 ? "step " : "steps ";
+  for (size_t i = 0; i < numbers.size() && i < kShown; ++i)
+    list += (i ? ", " : "") + std::to_string(numbers[i]);
+  if (const int64_t more = session.getSkippedSteps() - static_cast<int64_t>(std::min(numbers.size(), kShown)); more > 0)
+    list += numbers.empty() ? "not recorded" : " and " + std::to_string(more) + " more";
+  return list;
+}
+} // namespace
+
 int runTraining(const std::string &modelPath, const TrainOptions &o) {
   InputFiles data;
   for (const auto &spec : o.inputs) {
@@ -419,6 +434,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.disabledPasses = o.disabledPasses;
   so.dumpIrAfter = o.dumpIrAfter;
   so.verifyIr = o.verifyIr;
+  so.enableFloatingPointChecks = o.checkNumerics;
   so.matmulTuning = o.matmulTuning;
   so.convPoolChunk = o.convPoolChunk;
   so.frozenWeights = o.freeze;
@@ -693,10 +709,12 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   }
   if (tty) std::printf("\n");
   double elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-  if (session->getSkippedSteps() > 0)
+  if (session->getSkippedSteps() > 0) {
+    // The list on a line of its own: the line before is what scripts parse.
     std::printf("skipped %lld steps with non-finite gradients; loss scale now %g\n",
                 (long long)session->getSkippedSteps(), session->getLossScale());
-  else if (automaticLossScaling(o))
+    std::printf("skipped %s\n", skippedStepList(*session).c_str());
+  } else if (automaticLossScaling(o))
     std::printf("loss scale now %g\n", session->getLossScale());
   std::printf("final loss: %.6g%s\n", lastLoss,
               replication.enabled() ? (" (mean over " + std::to_string(replicas) + " replicas)").c_str() : "");

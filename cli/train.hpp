@@ -62,6 +62,7 @@ struct TrainOptions {
   std::string profile;               ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false;               ///< print the compiled training graph (forward, backward and updates)
   bool explainKernels = false;       ///< print the kernel of each op and why
+  bool checkNumerics = false;        ///< SessionOptions::enableFloatingPointChecks
   /// This process's replica of a data-parallel run (not replicated by default).
   Replication replication;
   /// Pipelined training over this many processes (mpirun -np K), one stage each; 0: not pipelined.

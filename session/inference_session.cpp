@@ -43,6 +43,7 @@ struct InferenceSession::Impl {
   std::map<TensorId, TensorInfo> compiledInfos;
   std::map<TensorId, TensorData> compiledValues;
   bool profiling = false;
+  int64_t batchesRun = 0;                  ///< batches run so far: the step numbers of the numeric checks
   std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
   session::Streams streams;                ///< inputs and anchors the device keeps in 16 bits
 
@@ -94,6 +95,7 @@ struct InferenceSession::Impl {
       pipeline =
           std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan, 0);
     if (profiling) plan->enableProfiling();
+    if (options.enableFloatingPointChecks) plan->enableNumericChecks();
     graph = std::move(g);
     compiledInfos = infos;
     compiledValues.clear();
@@ -280,7 +282,13 @@ void InferenceSession::run(StepIO &stepio) {
       m.streams.copyIn(id, device, static_cast<uint8_t *>(arr.data()) + b * bytes, m.plan->address(id));
     }
     if (m.pipeline) m.pipeline->receive(true);
-    m.plan->run();
+    ++m.batchesRun;
+    try {
+      m.plan->run();
+    } catch (const error &) {
+      session::throwIfNumericFault(*m.plan, m.batchesRun);
+      throw;
+    }
     if (m.pipeline) m.pipeline->send(true);
     for (const auto &[id, arr] : stepio.outputs()) {
       if (m.pipeline && !m.graph->hasTensor(id)) continue;

@@ -239,4 +239,11 @@ std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions
   return communicator;
 }
 
+void throwIfNumericFault(const backend_cpu::ExecutionPlan &plan, int64_t step) {
+  const std::optional<backend_cpu::NumericFault> &fault = plan.numericFault();
+  if (fault)
+    throw error("floating-point check failed at step ", step, ": ", fault->describe(),
+                " (SessionOptions::enableFloatingPointChecks)");
+}
+
 } // namespace popart::session

@@ -66,6 +66,11 @@ uint64_t replicaSeed(uint64_t seed, int replica);
 /// given or one over MPI_COMM_WORLD, checked against replicatedGraphCount (errors name the option).
 std::shared_ptr<comm::Communicator> replicationCommunicator(const SessionOptions &options);
 
+/// With SessionOptions::enableFloatingPointChecks: if \p plan's last run stopped on a NaN or inf,
+/// throws the error users see, naming the op, tensor, element and \p step (1-based, counting
+/// every step the session ran, skipped ones included); returns otherwise.
+void throwIfNumericFault(const backend_cpu::ExecutionPlan &plan, int64_t step);
+
 /// "a, b, c".
 std::string joinIds(const std::vector<TensorId> &ids);
 

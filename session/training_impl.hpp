@@ -74,6 +74,10 @@ struct TrainingSession::Impl {
   session::Streams streams;                ///< inputs and anchors the device keeps in 16 bits
 
   int64_t step = 0, skipped = 0, goodSteps = 0;
+  /// Skipped steps' numbers (1-based, counting every step run), the first kSkippedStepsKept.
+  std::vector<int64_t> skippedSteps;
+  static constexpr size_t kSkippedStepsKept = 64;
+  int64_t currentStep = 0; ///< the step being run (1-based, skipped ones counted), for error messages
   float lossScale = 1.0f;
   /// The histogram method's counts of gradient elements below and at or above the bin edge,
   /// summed over the steps of the current update period so far (periodSteps of them).
@@ -143,6 +147,9 @@ struct TrainingSession::Impl {
   /// run() of a pipelined session: \p accum micro-batches of each of \p bps batches flow through
   /// the stages in one-forward-one-backward order.
   void runPipelined(StepIO &stepio, int bps, int accum);
+  /// run() after its StepIO checks: \p bps steps of \p accum micro-batches each, as replica
+  /// \p replica (its random seed).
+  void runSteps(StepIO &stepio, int bps, int accum, int replica);
   /// Pipelined: every stage's busy and waiting time per step, for profileSummary (a collective
   /// over the stages); "" otherwise.
   std::string pipelineSummary() const;

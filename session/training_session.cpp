@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <iomanip>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -255,6 +256,27 @@ void TrainingSession::Impl::findLoss(const ir::Graph &g) {
   if (lossId.empty()) lossId = autodiff::onlyScalarOutput(g, model.sourceName);
 }
 
+namespace {
+// Under dynamic loss scaling a step whose gradients overflow is expected: its update is skipped.
+// What the scaled loss reaches before the update (gradients, their norms and statistics) is left
+// to that finite check; the update itself runs only on finite gradients, so it stays checked.
+std::set<TensorId> scaledBeforeUpdate(const ir::Graph &g, const TensorId &lossScale) {
+  std::set<TensorId> scaled;
+  if (!g.hasTensor(lossScale)) return scaled; // a pipeline stage without the loss
+  std::vector<const ir::Tensor *> todo{&g.tensor(lossScale)};
+  while (!todo.empty()) {
+    const ir::Tensor *t = todo.back();
+    todo.pop_back();
+    for (const ir::Op *op : t->consumers()) {
+      if (op->phase == optimizer::Update) continue;
+      for (const ir::Tensor *out : op->outputs)
+        if (out && scaled.insert(out->id()).second) todo.push_back(out);
+    }
+  }
+  return scaled;
+}
+} // namespace
+
 void TrainingSession::Impl::compile() {
   session::registerAllPasses();
   ir::PassContext context;
@@ -340,6 +362,8 @@ void TrainingSession::Impl::compile() {
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
+  if (options.enableFloatingPointChecks)
+    plan->enableNumericChecks(dynamicScaling() ? scaledBeforeUpdate(*g, lossScaleId) : std::set<TensorId>{});
   if (pipelineGroups) {
     const int stages = pipelineGroups->stageCount, stage = pipelineGroups->stage;
     pipeline = std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan,
@@ -388,6 +412,7 @@ void TrainingSession::Impl::resetState() {
     if (!u.accumulator.empty())
       std::memset(variable(u.accumulator).data(), 0, size_t(variable(u.accumulator).byteCount()));
   step = skipped = goodSteps = 0;
+  skippedSteps.clear();
   histogramBelow = histogramUpper = periodSteps = 0;
   rngCounter = 0;
   lossScale = dynamicScaling() ? options.automaticLossScalingSettings.initialScale : optimizer->lossScaling().val();
@@ -561,6 +586,18 @@ void TrainingSession::run(StepIO &stepio) {
       throw error("output buffer for anchor '", id, "' is ", toString(arr.dataType()), " ", toString(arr.shape()),
                   ", expected ", toString(info.dataType()), " ", toString(expected));
   }
+  try {
+    m.runSteps(stepio, bps, accum, getReplicationIndex());
+  } catch (const error &) {
+    // The step that failed: the next to be counted (a fault in PostUpdate comes after ++step).
+    session::throwIfNumericFault(*m.plan, m.currentStep);
+    throw;
+  }
+}
+
+void TrainingSession::Impl::runSteps(StepIO &stepio, int bps, int accum, int replica) {
+  Impl &m = *this;
+  const int micro = bps * accum;
   if (m.pipeline) {
     m.runPipelined(stepio, bps, accum);
     return;
@@ -570,8 +607,9 @@ void TrainingSession::run(StepIO &stepio) {
   auto [p2b, p2e] = m.plan->phaseSteps(optimizer::Update);
   auto [p3b, p3e] = m.plan->phaseSteps(optimizer::PostUpdate);
   int64_t *rng = m.variable(m.rngStateId).as<int64_t>();
-  const auto seed = static_cast<int64_t>(session::replicaSeed(m.seed, getReplicationIndex()));
+  const auto seed = static_cast<int64_t>(session::replicaSeed(m.seed, replica));
   for (int b = 0; b < bps; ++b) {
+    m.currentStep = m.step + m.skipped + 1;
     m.writeHostScalars();
     for (int a = 0; a < accum; ++a) {
       int k = b * accum + a;
@@ -597,6 +635,7 @@ void TrainingSession::run(StepIO &stepio) {
       ++m.step;
     } else {
       ++m.skipped;
+      if (m.skippedSteps.size() < kSkippedStepsKept) m.skippedSteps.push_back(m.currentStep);
     }
     m.plan->run(p3b, p3e);
     m.updateLossScale(finite);
@@ -623,6 +662,7 @@ void TrainingSession::Impl::runPipelined(StepIO &stepio, int bps, int accum) {
   };
   for (int b = 0; b < bps; ++b) {
     const auto start = std::chrono::steady_clock::now();
+    currentStep = step + skipped + 1;
     writeHostScalars();
     const int64_t counter = rngCounter;
     rngCounter += accum;
@@ -746,6 +786,7 @@ int TrainingSession::getReplicationIndex() const {
   return communicator ? communicator->rank() : 0;
 }
 int64_t TrainingSession::getSkippedSteps() const { return impl_->skipped; }
+std::vector<int64_t> TrainingSession::getSkippedStepNumbers() const { return impl_->skippedSteps; }
 int TrainingSession::getPipelineStage() const { return impl_->pipelineGroups ? impl_->pipelineGroups->stage : 0; }
 std::string TrainingSession::dumpIr() const { return (impl_->graph ? impl_->graph : impl_->declared)->dump(); }
 int64_t TrainingSession::plannedArenaBytes() const { return impl_->plan ? impl_->plan->memoryPlan().arenaBytes : 0; }

@@ -154,6 +154,10 @@ public:
   int getPipelineStage() const;
   /// Weight updates skipped for non-finite gradients (dynamic loss scaling).
   int64_t getSkippedSteps() const;
+  /// The numbers of the first 64 skipped steps (1-based, every step run counted), in order, since
+  /// the state was last reset (prepareDevice, weightsFromHost); a resumed checkpoint restores
+  /// getSkippedSteps but not these.
+  std::vector<int64_t> getSkippedStepNumbers() const;
   std::string dumpIr() const;
   int64_t plannedArenaBytes() const;
   /// For each op of the compiled plan, the kernel that runs it and why, one line each.

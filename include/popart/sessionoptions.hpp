@@ -118,6 +118,13 @@ struct SessionOptions {
   std::vector<std::string> dumpIrAfter;
   /// Verify the IR after every pass (always on in debug builds; tests turn it on).
   bool verifyIr = false;
+  /// After each op of a run, check its floating-point outputs for NaN and inf and stop at the
+  /// first one with an error naming the op, the tensor, the step and the element
+  /// (docs/training.md, "Numeric checks"). Off: nothing is checked and nothing costs. Under
+  /// dynamic loss scaling, the tensors computed from the scaled loss before the weight update
+  /// (gradients, their norms and statistics) are not checked: the session's finite check skips
+  /// such steps (TrainingSession::getSkippedSteps).
+  bool enableFloatingPointChecks = false;
   /// Run the ONNX checker on the imported model.
   bool checkModel = true;
   /// Training unrolls the If, Loop and Scan ops the loss depends on (docs/training.md, "Control

@@ -140,5 +140,28 @@ expect 2 "error: loss 'nope' is not a tensor" -- "$RUN" "$M" --train "${D[@]}" -
 expect 2 "error: --resume: the checkpoint .* was made with .*this run differs" -- "$RUN" "$M" --train "${D[@]}" --optimizer adam --shuffle --seed 4 --steps 20 --resume "$TMP/ck"
 expect 2 "error: --resume: .*progress.txt' is missing" -- "$RUN" "$M" --train "${D[@]}" --resume "$TMP/nowhere"
 
+# --check-numerics: the first NaN or inf names the op, tensor, step and element and stops.
+/usr/bin/python3 - "$TMP" <<'PY'
+import sys
+import numpy as np
+out = sys.argv[1]
+x = np.ones((3, 4, 5), np.float32)
+x.flat[7] = -1.0
+np.save(f"{out}/log_negative.npy", x)
+# train_mlp's dataset with a second batch (samples 4-7) whose loss is finite (~1e36) but whose
+# gradients overflow at a loss scale of 65536.
+big = np.load(f"{out}/x.npy")[:12].copy()
+big[4:8] = 1e35
+np.save(f"{out}/x_big.npy", big)
+np.save(f"{out}/y_big.npy", np.load(f"{out}/y.npy")[:12])
+PY
+expect 2 "error: floating-point check failed at step 1: output 'y' of Log .*\(Log\) holds -?nan at element 7 \(--check-numerics\)" -- "$RUN" "$DATA/node/test_log/model.onnx" --input "x=$TMP/log_negative.npy" --check-numerics
+expect 0 "y: FLOAT \[3,4,5\]" -- "$RUN" "$DATA/node/test_relu/model.onnx" --check-numerics
+BIG=(--input "x=$TMP/x_big.npy" --input "y=$TMP/y_big.npy")
+expect 0 "skipped 1 steps with non-finite gradients; loss scale now 32768" -- "$RUN" "$M" --train "${BIG[@]}" --steps 3 --loss-scaling dynamic
+expect 0 "^skipped step 2$" -- "$RUN" "$M" --train "${BIG[@]}" --steps 3 --loss-scaling dynamic --check-numerics
+expect 2 "error: floating-point check failed at step 2: .* holds inf" -- "$RUN" "$M" --train "${BIG[@]}" --steps 3 --loss-scaling 65536 --check-numerics
+expect 0 "final loss" -- "$RUN" "$M" --train "${D[@]}" --steps 3 --check-numerics
+
 echo "cli: $passes passed, $failures failed"
 [[ $failures -eq 0 ]]
