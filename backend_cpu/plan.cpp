@@ -250,6 +250,12 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
   // leaves freed pages resident in the heap; returned before the arena is touched, they are not
   // counted twice in the peak RSS (BERT-mini training: 90 MB).
   malloc_trim(0);
+  for (const auto &[id, t] : graph.tensors())
+    if (t->info().isTensor() && !shared.count(id) && !aliases.count(id) && !planned(*t) && t->data())
+      (t->kind() == ir::TensorKind::Variable ? variableBytes_ : constBytes_) += t->data()->byteCount();
+  if (options.checkMemory)
+    options.checkMemory(
+        {memoryPlan_.arenaBytes, std::max<int64_t>(0, heapInUse() - heapAtStart), constBytes_, variableBytes_});
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
     if (!t->info().isTensor()) {
@@ -264,7 +270,6 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       auto it = memoryPlan_.offsets.find(id);
       if (it != memoryPlan_.offsets.end()) addresses_[id] = arena_.get() + it->second;
     } else if (t->data()) {
-      (t->kind() == ir::TensorKind::Variable ? variableBytes_ : constBytes_) += t->data()->byteCount();
       addresses_[id] = t->data()->data();
       keepAlive_.push_back(t->data());
       constData_[id] = t->data().get();

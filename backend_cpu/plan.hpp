@@ -5,6 +5,7 @@
 #include "ir/graph.hpp"
 #include "ir/passes/passes.hpp"
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -94,10 +95,21 @@ struct NumericFault {
   std::string describe() const;
 };
 
+/// What a plan will hold, known once its kernels exist and its memory is planned, before its
+/// arena is allocated (the parts of profileSummary's "planned peak").
+struct PlannedMemory {
+  int64_t arenaBytes = 0;    ///< the activation arena (MemoryPlan::arenaBytes)
+  int64_t kernelBytes = 0;   ///< heap the kernels took as they were created (see kernelBytes())
+  int64_t constBytes = 0;    ///< Const tensors, read where they are
+  int64_t variableBytes = 0; ///< Variable tensors (weights, optimiser state...), read where they are
+};
+
 struct CompileOptions {
   KernelProvider provider = KernelProvider::Any;
   /// Runs adjacent optimiser updates (kernels with Kernel::rangeElements) as one step.
   bool mergeUpdates = true;
+  /// Called before the arena is allocated; throws to refuse the plan (SessionOptions::memoryLimitBytes).
+  std::function<void(const PlannedMemory &)> checkMemory = nullptr;
 };
 
 /// The compiled form of a graph: kernels in schedule order with their buffer addresses.

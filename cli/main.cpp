@@ -58,6 +58,7 @@ struct Options {
   bool explainKernels = false;
   bool checkNumerics = false; ///< SessionOptions::enableFloatingPointChecks
   std::string profile;
+  int64_t memoryLimit = 0; ///< SessionOptions::memoryLimitBytes
 };
 
 TensorData randomTensor(const TensorInfo &info, std::mt19937 &rng) {
@@ -205,6 +206,7 @@ int run(const Options &opt) {
   so.matmulTuning = opt.matmulTuning;
   so.convPoolChunk = opt.convPoolChunk;
   so.enableFloatingPointChecks = opt.checkNumerics;
+  so.memoryLimitBytes = opt.memoryLimit;
   // The outputs' names come from a first session, gone before the one that runs is made (both
   // alive at once doubled the peak RSS).
   const std::vector<TensorId> outputs =
@@ -447,6 +449,16 @@ static int runMain(int argc, char **argv) {
   app.add_option("--convpool-chunk", opt.convPoolChunk,
                  "images per chunk of a fused Conv + MaxPool (default 0: about 512 KiB of result per chunk)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--memory-limit", opt.memoryLimit,
+                 "refuse a compiled plan (arena, kernels, weights, optimiser state) above this size: bytes, or "
+                 "with a unit, 512M, 2G (K, M, G: powers of 1024; default: the available RAM; "
+                 "SessionOptions::memoryLimitBytes)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Validator(
+          [](const std::string &bytes) {
+            return bytes.empty() || bytes[0] == '-' || bytes == "0" ? "must be a size above 0, such as 512M or 2G" : "";
+          },
+          "SIZE"));
   app.add_flag(
       "--explain-kernels", opt.explainKernels,
       "print the kernel that runs each op (oneDNN or reference, and what it chose) and why the others declined");
@@ -561,6 +573,7 @@ static int runMain(int argc, char **argv) {
       train.verifyIr = opt.verifyIr;
       train.matmulTuning = opt.matmulTuning;
       train.convPoolChunk = opt.convPoolChunk;
+      train.memoryLimit = opt.memoryLimit;
       train.profile = opt.profile;
       train.dumpIr = opt.dumpIr;
       train.explainKernels = opt.explainKernels;

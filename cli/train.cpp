@@ -273,6 +273,7 @@ std::string cliWording(std::string message) {
       {"SessionOptions.matmulTuning", "--matmul-tuning"},
       {"SessionOptions.convPoolChunk", "--convpool-chunk"},
       {"SessionOptions::enableFloatingPointChecks", "--check-numerics"},
+      {"SessionOptions.memoryLimitBytes (popart-run --memory-limit)", "--memory-limit"},
   };
   for (const auto &[api, flag] : kFlags)
     for (size_t at = message.find(api); at != std::string::npos; at = message.find(api, at + std::strlen(flag)))
@@ -437,6 +438,7 @@ int runTraining(const std::string &modelPath, const TrainOptions &o) {
   so.enableFloatingPointChecks = o.checkNumerics;
   so.matmulTuning = o.matmulTuning;
   so.convPoolChunk = o.convPoolChunk;
+  so.memoryLimitBytes = o.memoryLimit;
   so.frozenWeights = o.freeze;
   so.replicatedBatchNormStatistics =
       o.replicaBnStats == "mean" ? ReplicatedStatistics::Mean : ReplicatedStatistics::Local;

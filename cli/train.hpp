@@ -59,6 +59,7 @@ struct TrainOptions {
   bool verifyIr = false;
   std::string matmulTuning = "auto"; ///< SessionOptions::matmulTuning
   int64_t convPoolChunk = 0;         ///< SessionOptions::convPoolChunk
+  int64_t memoryLimit = 0;           ///< SessionOptions::memoryLimitBytes (0: the available RAM)
   std::string profile;               ///< Chrome trace path ("" = no profiling)
   bool dumpIr = false;               ///< print the compiled training graph (forward, backward and updates)
   bool explainKernels = false;       ///< print the kernel of each op and why

@@ -42,17 +42,23 @@ bool parseProto(google::protobuf::MessageLite &message, const std::string &bytes
   return message.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
 }
 
-/// Reads the bytes of an external-data tensor, refusing paths that leave the model folder.
-std::string readExternalData(const onnx::TensorProto &t, const std::string &baseDir) {
+/// Reads the \p bytes bytes of external-data tensor \p t straight into \p dst (its final buffer:
+/// a large initializer is not held twice), refusing paths that leave the model folder and ranges
+/// of another size.
+void readExternalData(const onnx::TensorProto &t, const std::string &baseDir, void *dst, int64_t bytes) {
   std::string location;
   int64_t offset = 0, length = -1;
   for (const auto &kv : t.external_data()) {
-    if (kv.key() == "location")
-      location = kv.value();
-    else if (kv.key() == "offset")
-      offset = std::stoll(kv.value());
-    else if (kv.key() == "length")
-      length = std::stoll(kv.value());
+    try {
+      if (kv.key() == "location")
+        location = kv.value();
+      else if (kv.key() == "offset")
+        offset = std::stoll(kv.value());
+      else if (kv.key() == "length")
+        length = std::stoll(kv.value());
+    } catch (const std::logic_error &) {
+      throw error("tensor '", t.name(), "': external data ", kv.key(), " '", kv.value(), "' is not an integer");
+    }
   }
   if (location.empty()) throw error("tensor '", t.name(), "': external data has no location");
   fs::path rel(location);
@@ -69,13 +75,15 @@ std::string readExternalData(const onnx::TensorProto &t, const std::string &base
   in.seekg(0, std::ios::end);
   int64_t size = in.tellg();
   if (length < 0) length = size - offset;
-  if (offset < 0 || offset + length > size)
+  if (offset < 0 || length < 0 || offset > size || length > size - offset)
     throw error("tensor '", t.name(), "': external data range [", offset, ", ", offset + length, ") is outside file '",
                 full.string(), "' of ", size, " bytes");
-  std::string bytes(static_cast<size_t>(length), '\0');
+  if (length != bytes) throw error("tensor '", t.name(), "': external data has ", length, " bytes, expected ", bytes);
   in.seekg(offset);
-  in.read(bytes.data(), length);
-  return bytes;
+  in.read(static_cast<char *>(dst), length);
+  if (in.gcount() != length)
+    throw error("tensor '", t.name(), "': read ", in.gcount(), " of ", length, " bytes of external data file '",
+                full.string(), "'");
 }
 
 Shape shapeFromDims(const google::protobuf::RepeatedField<int64_t> &dims) { return Shape(dims.begin(), dims.end()); }
@@ -103,10 +111,7 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
                   " needs ", n);
   };
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string bytes = readExternalData(t, baseDir);
-    if (static_cast<int64_t>(bytes.size()) != info.byteCount())
-      throw error("tensor '", t.name(), "': external data has ", bytes.size(), " bytes, expected ", info.byteCount());
-    std::memcpy(data.data(), bytes.data(), bytes.size());
+    readExternalData(t, baseDir, data.data(), info.byteCount());
   } else if (t.has_raw_data()) {
     if (static_cast<int64_t>(t.raw_data().size()) != info.byteCount())
       throw error("tensor '", t.name(), "': raw_data has ", t.raw_data().size(), " bytes, expected ", info.byteCount(),

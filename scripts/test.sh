@@ -10,6 +10,13 @@ echo "== unit tests under POPART_SANITIZE=address,undefined =="
 CCACHE_BASEDIR="$PWD" cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPOPART_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j2 --target unit_tests
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/tests/unit_tests --gtest_brief=1
+# Concurrent sessions under ThreadSanitizer: only the test's own target is built (docs/threads.md).
+echo "== concurrent sessions under POPART_SANITIZE=thread =="
+CCACHE_BASEDIR="$PWD" cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DPOPART_SANITIZE=thread >/dev/null
+cmake --build build-tsan -j2 --target concurrency_tests
+TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+  build-tsan/tests/concurrency_tests --gtest_brief=1
 cd build
 set +e
 ctest --output-on-failure -j2 --timeout 1800 >ctest.log 2>&1

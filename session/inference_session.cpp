@@ -47,6 +47,13 @@ struct InferenceSession::Impl {
   std::vector<ir::PassRecord> passRecords; ///< what each pass of the last compile did, and its time
   session::Streams streams;                ///< inputs and anchors the device keeps in 16 bits
 
+  /// The parts of the memory report and of the memory limit's check.
+  static session::MemoryParts memoryParts(const backend_cpu::PlannedMemory &planned) {
+    return {{"activation arena", planned.arenaBytes},
+            {"kernels", planned.kernelBytes},
+            {"weights and constants", planned.constBytes + planned.variableBytes}};
+  }
+
   std::unique_ptr<ir::Graph> import() const {
     onnx_import::ImportOptions io;
     io.check = options.checkModel;
@@ -90,7 +97,12 @@ struct InferenceSession::Impl {
     passRecords =
         ir::runPipeline("inference", session::inferencePipeline(), *g, context, session::pipelineOptions(options));
     streams.host = context.state<ir::StreamTypes>().host;
-    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
+    backend_cpu::CompileOptions compile = session::compileOptions(options);
+    compile.checkMemory = [&](const backend_cpu::PlannedMemory &planned) {
+      session::checkMemoryLimit(memoryParts(planned), planned.kernelBytes + planned.constBytes + planned.variableBytes,
+                                options, sourceName);
+    };
+    plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compile, kernelContext);
     if (pipelineGroups) // no backward: nothing to hold between runs
       pipeline =
           std::make_unique<session::PipelineRun>(*pipelineGroups, context.state<ir::PipelineStages>(), *g, *plan, 0);
@@ -366,9 +378,7 @@ void InferenceSession::writeProfileTrace(const std::string &path) const {
 std::string InferenceSession::profileSummary() const {
   if (!impl_->plan) throw error("profileSummary: the session has not run");
   const auto &p = *impl_->plan;
-  return session::profileSummary(p, {{"activation arena", p.memoryPlan().arenaBytes},
-                                     {"kernels", p.kernelBytes()},
-                                     {"weights and constants", p.constBytes() + p.variableBytes()}}) +
+  return session::profileSummary(p, Impl::memoryParts(session::plannedMemory(p))) +
          session::passTimes(impl_->passRecords);
 }
 

@@ -31,12 +31,13 @@ const char *kernelLabel(const backend_cpu::ExecutionPlan &plan, size_t step) {
                                                    : backend_cpu::kernelProviderName(plan.stepProviders()[step]);
 }
 
+} // namespace
+
 std::string megabytes(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MB", static_cast<double>(bytes) / 1e6);
   return buf;
 }
-} // namespace
 
 void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string &path) {
   if (!plan.profiling()) throw error("no profile recorded: profiling was not enabled before running");

@@ -12,6 +12,9 @@
 
 namespace popart::session {
 
+/// \p bytes as "12.34 MB" (10^6 bytes), as the memory report prints sizes.
+std::string megabytes(int64_t bytes);
+
 /// Writes the recorded spans of \p plan as a Chrome trace JSON file, atomically.
 void writeChromeTrace(const backend_cpu::ExecutionPlan &plan, const std::string &path);
 

@@ -6,6 +6,7 @@
 #include "core/half.hpp"
 #include "ir/passes/passes.hpp"
 #include "session/pipelines.hpp"
+#include "session/profile.hpp"
 #include "session/threads.hpp"
 #include <popart/error.hpp>
 
@@ -18,6 +19,85 @@
 namespace popart::session {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+/// The first integer in file \p path, or -1 if it holds none ("max" in cgroup v2's memory.max).
+int64_t readInteger(const fs::path &path) {
+  std::ifstream in(path);
+  int64_t value = -1;
+  if (!(in >> value)) return -1;
+  return value;
+}
+
+/// What the cgroup of this process may still allocate, or -1 if it sets no limit (or we cannot tell).
+int64_t cgroupRoomBytes() {
+  // /proc/self/cgroup names the group: "0::/path" (v2) or "N:memory:/path" (v1).
+  std::ifstream groups("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(groups, line)) {
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const bool v2 = controllers.empty();
+    if (!v2 && controllers.find("memory") == std::string::npos) continue;
+    const fs::path root = v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory";
+    const char *limitFile = v2 ? "memory.max" : "memory.limit_in_bytes";
+    const char *usageFile = v2 ? "memory.current" : "memory.usage_in_bytes";
+    // Inside a container the group's own folder is usually mounted as the root itself.
+    for (const fs::path &dir : {root / fs::path(line.substr(second + 1)).relative_path(), root})
+      if (int64_t limit = readInteger(dir / limitFile); limit >= 0)
+        return std::max<int64_t>(0, limit - std::max<int64_t>(0, readInteger(dir / usageFile)));
+  }
+  return -1;
+}
+
+} // namespace
+
+int64_t availableMemoryBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  int64_t kilobytes = -1;
+  std::string line;
+  while (std::getline(meminfo, line))
+    if (line.rfind("MemAvailable:", 0) == 0) {
+      std::istringstream(line.substr(13)) >> kilobytes;
+      break;
+    }
+  if (kilobytes < 0) return -1;
+  int64_t available = kilobytes * 1024;
+  if (int64_t room = cgroupRoomBytes(); room >= 0) available = std::min(available, room);
+  return available;
+}
+
+backend_cpu::PlannedMemory plannedMemory(const backend_cpu::ExecutionPlan &plan) {
+  return {plan.memoryPlan().arenaBytes, plan.kernelBytes(), plan.constBytes(), plan.variableBytes()};
+}
+
+void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model) {
+  if (options.memoryLimitBytes < 0)
+    throw error("SessionOptions.memoryLimitBytes must be 0 (the available RAM) or a byte count, got ",
+                options.memoryLimitBytes);
+  int64_t total = 0;
+  for (const auto &part : parts)
+    total += part.second;
+  std::string limit;
+  if (options.memoryLimitBytes > 0) {
+    if (total <= options.memoryLimitBytes) return;
+    limit = "the limit of " + megabytes(options.memoryLimitBytes) + " (" + std::to_string(options.memoryLimitBytes) +
+            " bytes) set by SessionOptions.memoryLimitBytes (popart-run --memory-limit)";
+  } else {
+    const int64_t available = availableMemoryBytes();
+    if (available < 0 || total <= available + held) return; // nothing known to compare with
+    limit = "the default limit, the available RAM: " + megabytes(available) +
+            " (MemAvailable, or the cgroup's memory.max) plus the " + megabytes(held) +
+            " already allocated; SessionOptions.memoryLimitBytes (popart-run --memory-limit) sets another";
+  }
+  std::string list;
+  for (const auto &part : parts)
+    if (part.second > 0) list += (list.empty() ? "" : "; ") + part.first + " " + megabytes(part.second);
+  throw error("prepareDevice: the plan of '", model, "' needs ", megabytes(total), " (", total, " bytes: ", list,
+              "), above ", limit);
+}
 
 ModelSource loadModel(const std::string &model) {
   ModelSource m;

@@ -22,6 +22,22 @@ struct ModelSource {
   std::string sourceName; ///< the path, or "<model bytes>", for messages
 };
 
+/// The parts of a plan's memory, {label, bytes} (profileSummary's "planned peak" and the limit).
+using MemoryParts = std::vector<std::pair<std::string, int64_t>>;
+
+/// Bytes the system can still give this process: MemAvailable from /proc/meminfo, or what the
+/// cgroup's memory.max leaves above memory.current if that is less (cgroup v2, else v1's
+/// memory.limit_in_bytes and memory.usage_in_bytes). -1 if /proc/meminfo cannot be read.
+int64_t availableMemoryBytes();
+
+/// The memory of compiled \p plan as its compilation planned it.
+backend_cpu::PlannedMemory plannedMemory(const backend_cpu::ExecutionPlan &plan);
+
+/// Throws a popart::error if the sum of \p parts is above SessionOptions::memoryLimitBytes or, when
+/// that is 0, above availableMemoryBytes() plus \p held (the bytes of \p parts already allocated).
+/// The message names \p model, the planned size, its parts and the limit.
+void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model);
+
 /// Reads \p model, a path to an .onnx file or a serialized ModelProto.
 ModelSource loadModel(const std::string &model);
 

@@ -109,6 +109,10 @@ struct TrainingSession::Impl {
 
   TensorData &variable(const TensorId &id) const { return *graph->tensor(id).data(); }
 
+  /// The parts of the memory report and of the memory limit's check, for \p g compiled to
+  /// \p planned (the variables split into weights, optimiser state, accumulators...).
+  session::MemoryParts memoryParts(const ir::Graph &g, const backend_cpu::PlannedMemory &planned) const;
+
   /// The optimiser state Variables that hold this replica's shard, by id (none unless the
   /// session shards its optimiser state; training_checkpoint.cpp).
   std::map<TensorId, session::StateShard> shardedState() const;

@@ -361,7 +361,13 @@ void TrainingSession::Impl::compile() {
   for (const auto &u : applied.updates)
     stateIds.insert(stateIds.end(), u.state.begin(), u.state.end());
   resolveHyperParameters();
-  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, session::compileOptions(options), kernelContext);
+  backend_cpu::CompileOptions compile = session::compileOptions(options);
+  compile.checkMemory = [&](const backend_cpu::PlannedMemory &planned) {
+    session::checkMemoryLimit(memoryParts(*g, planned),
+                              planned.kernelBytes + planned.constBytes + planned.variableBytes, options,
+                              model.sourceName);
+  };
+  plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compile, kernelContext);
   if (options.enableFloatingPointChecks)
     plan->enableNumericChecks(dynamicScaling() ? scaledBeforeUpdate(*g, lossScaleId) : std::set<TensorId>{});
   if (pipelineGroups) {
@@ -807,34 +813,39 @@ void TrainingSession::writeProfileTrace(const std::string &path) const {
   session::writeChromeTrace(*impl_->plan, path);
 }
 
-std::string TrainingSession::profileSummary() const {
-  const Impl &m = *impl_;
-  if (!m.plan) throw error("profileSummary: the session has not run");
+session::MemoryParts TrainingSession::Impl::memoryParts(const ir::Graph &g,
+                                                        const backend_cpu::PlannedMemory &planned) const {
   auto bytesOf = [&](const std::vector<TensorId> &ids) {
     int64_t n = 0;
     for (const auto &id : ids)
-      n += m.variable(id).byteCount();
+      n += g.tensor(id).data()->byteCount();
     return n;
   };
-  int64_t weights = bytesOf(m.weightIds), stats = bytesOf(m.runningStats), state = bytesOf(m.stateIds);
+  int64_t weights = bytesOf(weightIds), stats = bytesOf(runningStats), state = bytesOf(stateIds);
   int64_t accumulators = 0, shards = 0;
-  for (const auto &u : m.applied.updates) {
-    if (!u.accumulator.empty()) accumulators += m.variable(u.accumulator).byteCount();
-    if (!u.shard.empty()) shards += m.variable(u.shard).byteCount();
+  for (const auto &u : applied.updates) {
+    if (!u.accumulator.empty()) accumulators += g.tensor(u.accumulator).data()->byteCount();
+    if (!u.shard.empty()) shards += g.tensor(u.shard).data()->byteCount();
   }
-  const auto &p = *m.plan;
-  int64_t other = p.variableBytes() - weights - stats - state - accumulators - shards;
-  std::vector<std::pair<std::string, int64_t>> memory{
-      {"activation arena", p.memoryPlan().arenaBytes},
-      {"kernels", p.kernelBytes()},
-      {"weights", weights},
-      {shards ? "optimiser state (this replica's shards)" : "optimiser state", state},
-      {"gradient accumulators", accumulators},
-      {"running statistics", stats},
-      {"constants and hyperparameters", p.constBytes() + other}};
+  int64_t other = planned.variableBytes - weights - stats - state - accumulators - shards;
+  session::MemoryParts memory{{"activation arena", planned.arenaBytes},
+                              {"kernels", planned.kernelBytes},
+                              {"weights", weights},
+                              {shards ? "optimiser state (this replica's shards)" : "optimiser state", state},
+                              {"gradient accumulators", accumulators},
+                              {"running statistics", stats},
+                              {"constants and hyperparameters", planned.constBytes + other}};
   // Sharded optimiser state: the replica's fp32 copies of its weight shards, which it updates.
   if (shards) memory.insert(memory.begin() + 4, {"weight shards", shards});
-  return session::profileSummary(p, memory) + m.pipelineSummary() + session::passTimes(m.passRecords);
+  return memory;
+}
+
+std::string TrainingSession::profileSummary() const {
+  const Impl &m = *impl_;
+  if (!m.plan) throw error("profileSummary: the session has not run");
+  const auto &p = *m.plan;
+  return session::profileSummary(p, m.memoryParts(*m.graph, session::plannedMemory(p))) + m.pipelineSummary() +
+         session::passTimes(m.passRecords);
 }
 
 std::string TrainingSession::Impl::pipelineSummary() const {

@@ -39,7 +39,13 @@
 #include <limits>
 #include <type_traits>
 
+#ifdef __SANITIZE_THREAD__
+// ThreadSanitizer instruments the clones' resolver, which the dynamic loader runs before TSan's
+// runtime is ready (a crash at start-up): the default version alone in TSan builds.
+#define POPART_CLONES
+#else
 #define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 namespace popart::backend_cpu {
 

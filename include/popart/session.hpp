@@ -13,6 +13,8 @@
 namespace popart {
 
 /// Runs an ONNX model for inference.
+/// Threads (docs/threads.md): distinct sessions may be created, compiled and run on distinct threads
+/// at once; one session is not synchronised: its const calls may overlap, nothing else may.
 class InferenceSession {
 public:
   /// \p model is a path to an .onnx file or a serialized ModelProto.
@@ -81,6 +83,8 @@ struct WeightStatus {
 /// Trains an ONNX model: the backward graph of a scalar loss tensor, optimiser updates of every
 /// floating-point initializer that a gradient reaches (getWeightStatuses says what happens to each
 /// of the others and why), gradient accumulation, loss scaling and checkpoints.
+/// Threads (docs/threads.md): as InferenceSession, distinct sessions on distinct threads run at once;
+/// calls on one session must not overlap unless all of them are const.
 class TrainingSession {
 public:
   /// \p model is a path or serialized ModelProto; \p loss is a scalar (or one-element) tensor

@@ -210,6 +210,13 @@ struct SessionOptions {
   /// Training: which forward activations the backward pass recomputes (RecomputationType), on
   /// top of the ops annotated Recompute; results are the same bit for bit in every mode.
   RecomputationType autoRecomputation = RecomputationType::None;
+
+  /// The most memory prepareDevice may plan for, in bytes: the activation arena, the kernels,
+  /// weights, constants and optimiser state (profileSummary's "planned peak"). A plan above it is
+  /// refused with an error giving its size and parts, before its arena is allocated. 0 (the
+  /// default): the RAM available when the plan is made (MemAvailable in /proc/meminfo, or what
+  /// the cgroup's memory.max leaves if lower) plus what the session already holds.
+  int64_t memoryLimitBytes = 0;
 };
 
 /// Shapes of graph inputs given explicitly at session creation (PopART's InputShapeInfo).
