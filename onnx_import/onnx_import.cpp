@@ -17,6 +17,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace popart::onnx_import {
 
@@ -46,13 +47,24 @@ bool parseProto(google::protobuf::MessageLite &message, const std::string &bytes
 std::string readExternalData(const onnx::TensorProto &t, const std::string &baseDir) {
   std::string location;
   int64_t offset = 0, length = -1;
+  auto number = [&](const std::string &key, const std::string &value) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(value, &used);
+    } catch (const std::logic_error &) { // not a number, or out of range
+    }
+    if (v < 0 || used != value.size())
+      throw error("tensor '", t.name(), "': external data ", key, " '", value, "' is not a non-negative integer");
+    return v;
+  };
   for (const auto &kv : t.external_data()) {
     if (kv.key() == "location")
       location = kv.value();
     else if (kv.key() == "offset")
-      offset = std::stoll(kv.value());
+      offset = number("offset", kv.value());
     else if (kv.key() == "length")
-      length = std::stoll(kv.value());
+      length = number("length", kv.value());
   }
   if (location.empty()) throw error("tensor '", t.name(), "': external data has no location");
   fs::path rel(location);
@@ -69,7 +81,7 @@ std::string readExternalData(const onnx::TensorProto &t, const std::string &base
   in.seekg(0, std::ios::end);
   int64_t size = in.tellg();
   if (length < 0) length = size - offset;
-  if (offset < 0 || offset + length > size)
+  if (offset > size || length > size - offset)
     throw error("tensor '", t.name(), "': external data range [", offset, ", ", offset + length, ") is outside file '",
                 full.string(), "' of ", size, " bytes");
   std::string bytes(static_cast<size_t>(length), '\0');
@@ -88,8 +100,21 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   TensorInfo info(type, shapeFromDims(t.dims()));
   for (int64_t d : info.shape())
     if (d < 0) throw error("tensor '", t.name(), "' has a negative dimension in ", toString(info.shape()));
-  TensorData data(info);
   int64_t n = info.elementCount();
+  // Every element stored in the proto takes at least a byte of it: a shape that needs more is
+  // refused before its data is allocated. External data is checked against its file instead.
+  const auto stored = static_cast<int64_t>(t.ByteSizeLong());
+  if (t.data_location() != onnx::TensorProto::EXTERNAL && n > stored)
+    throw error("tensor '", t.name(), "': shape ", toString(info.shape()), " needs ", n,
+                " elements, but the tensor holds only ", stored, " bytes");
+  std::string external;
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    external = readExternalData(t, baseDir);
+    if (static_cast<int64_t>(external.size()) != info.byteCount())
+      throw error("tensor '", t.name(), "': external data has ", external.size(), " bytes, expected ",
+                  info.byteCount());
+  }
+  TensorData data(info);
   if (type == DataType::STRING) {
     if (t.string_data_size() != n)
       throw error("tensor '", t.name(), "': ", t.string_data_size(), " strings for shape ", toString(info.shape()));
@@ -103,10 +128,7 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
                   " needs ", n);
   };
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string bytes = readExternalData(t, baseDir);
-    if (static_cast<int64_t>(bytes.size()) != info.byteCount())
-      throw error("tensor '", t.name(), "': external data has ", bytes.size(), " bytes, expected ", info.byteCount());
-    std::memcpy(data.data(), bytes.data(), bytes.size());
+    std::memcpy(data.data(), external.data(), external.size());
   } else if (t.has_raw_data()) {
     if (static_cast<int64_t>(t.raw_data().size()) != info.byteCount())
       throw error("tensor '", t.name(), "': raw_data has ", t.raw_data().size(), " bytes, expected ", info.byteCount(),

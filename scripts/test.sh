@@ -10,6 +10,11 @@ echo "== unit tests under POPART_SANITIZE=address,undefined =="
 CCACHE_BASEDIR="$PWD" cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DPOPART_SANITIZE=address,undefined >/dev/null
 cmake --build build-asan -j2 --target unit_tests
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build-asan/tests/unit_tests --gtest_brief=1
+# The libFuzzer targets (docs/fuzzing.md): their regression inputs, then 30 s of fuzzing each, so
+# that the harnesses cannot rot.
+echo "== fuzzing (scripts/fuzz.sh 30) =="
+fuzz=0
+scripts/fuzz.sh 30 || fuzz=$?
 cd build
 set +e
 ctest --output-on-failure -j2 --timeout 1800 >ctest.log 2>&1
@@ -22,4 +27,5 @@ echo "== clang-tidy =="
 tidy=0
 scripts/tidy.sh build || tidy=$?
 if ((status == 0)); then status=$tidy; fi
+if ((status == 0)); then status=$fuzz; fi
 exit "$status"

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -273,19 +274,33 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       }
       values.push_back(std::move(v));
     }
+    // The step state too is read and checked before anything changes.
+    const auto step = header.at("step").get<int64_t>();
+    const auto skipped = header.at("skipped").get<int64_t>();
+    const auto goodSteps = header.at("goodSteps").get<int64_t>();
+    const auto lossScale = header.at("lossScale").get<float>();
+    // Checkpoints from before the histogram method of loss scaling start a new period.
+    const auto histogramBelow = header.value("histogramBelow", int64_t{0});
+    const auto histogramUpper = header.value("histogramUpper", int64_t{0});
+    const auto periodSteps = header.value("periodSteps", int64_t{0});
+    const auto seedText = header.at("seed").get<std::string>();
+    const auto rngCounter = header.at("rngCounter").get<int64_t>();
+    uint64_t seed = 0;
+    const auto parsed = std::from_chars(seedText.data(), seedText.data() + seedText.size(), seed);
+    if (parsed.ec != std::errc() || parsed.ptr != seedText.data() + seedText.size())
+      throw error("its seed '", seedText, "' is not an unsigned 64-bit integer");
     // Everything read and checked: only now change the session.
     for (size_t i = 0; i < ids.size(); ++i)
       std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));
-    m.step = header.at("step").get<int64_t>();
-    m.skipped = header.at("skipped").get<int64_t>();
-    m.goodSteps = header.at("goodSteps").get<int64_t>();
-    m.lossScale = header.at("lossScale").get<float>();
-    // Checkpoints from before the histogram method of loss scaling start a new period.
-    m.histogramBelow = header.value("histogramBelow", int64_t{0});
-    m.histogramUpper = header.value("histogramUpper", int64_t{0});
-    m.periodSteps = header.value("periodSteps", int64_t{0});
-    m.seed = std::stoull(header.at("seed").get<std::string>());
-    m.rngCounter = header.at("rngCounter").get<int64_t>();
+    m.step = step;
+    m.skipped = skipped;
+    m.goodSteps = goodSteps;
+    m.lossScale = lossScale;
+    m.histogramBelow = histogramBelow;
+    m.histogramUpper = histogramUpper;
+    m.periodSteps = periodSteps;
+    m.seed = seed;
+    m.rngCounter = rngCounter;
     if (written != replicas)
       logging::logger().info("loadCheckpoint: '{}' was written by {} replica(s) and resumes on {}: the weights, "
                              "running statistics and optimiser state are whole (a sharded session cuts its shards) and "
