@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 namespace popart::cli {
@@ -78,11 +79,15 @@ IdxArray readIdx(const std::string &path) {
     shape.push_back(static_cast<int64_t>(v));
   }
   IdxArray a{TensorInfo(type, shape), {}};
+  int64_t count = 0;
   try {
-    (void)a.info.byteCount();
+    count = a.info.elementCount();
   } catch (const error &e) {
     throw error("IDX file '", path, "': ", e.what());
   }
+  const auto elementBytes = static_cast<int64_t>(dataTypeSize(type));
+  if (count > std::numeric_limits<int64_t>::max() / elementBytes)
+    throw error("IDX file '", path, "': ", a.info.toString(), " has more than 2^63 bytes");
   // The buffer grows as the data arrives, so that a header announcing more than the file holds
   // (gzip hides the real size) is refused as truncated instead of allocating what it claims.
   const auto total = static_cast<size_t>(a.info.byteCount());

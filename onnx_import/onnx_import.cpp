@@ -110,9 +110,12 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   std::string external;
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
     external = readExternalData(t, baseDir);
-    if (static_cast<int64_t>(external.size()) != info.byteCount())
-      throw error("tensor '", t.name(), "': external data has ", external.size(), " bytes, expected ",
-                  info.byteCount());
+    // Compared in elements first: the shape's size in bytes may not fit in int64.
+    const auto width = static_cast<int64_t>(dataTypeSize(type));
+    const auto have = static_cast<int64_t>(external.size());
+    if (width == 0 || n > have / width || n * width != have)
+      throw error("tensor '", t.name(), "': external data has ", have, " bytes, shape ", toString(info.shape()), " of ",
+                  toString(type), " needs ", n, " elements");
   }
   TensorData data(info);
   if (type == DataType::STRING) {

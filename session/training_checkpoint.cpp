@@ -205,13 +205,17 @@ void TrainingSession::saveCheckpoint(const std::string &path) const {
 void TrainingSession::loadCheckpoint(const std::string &path) {
   Impl &m = *impl_;
   if (m.pipelineGroups) throw error("loadCheckpoint: checkpoints of pipelined sessions are not supported yet");
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw error("loadCheckpoint: cannot open '", path, "'");
+  const auto fileSize = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
   char magic[sizeof kCheckpointMagic];
   uint64_t n = 0;
   in.read(magic, sizeof magic);
   in.read(reinterpret_cast<char *>(&n), sizeof n);
-  if (!in || std::memcmp(magic, kCheckpointMagic, sizeof magic) != 0 || n > (1u << 30))
+  // A header length past the end of the file is refused before it is allocated.
+  if (!in || std::memcmp(magic, kCheckpointMagic, sizeof magic) != 0 || n > (1u << 30) ||
+      n > fileSize - sizeof magic - sizeof n)
     throw error("loadCheckpoint: '", path, "' is not a checkpoint");
   std::string h(n, '\0');
   in.read(h.data(), static_cast<std::streamsize>(n));
