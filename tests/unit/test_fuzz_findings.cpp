@@ -80,6 +80,21 @@ TEST(FuzzFindings, TensorProtoErrorsNameTheFileAndTheFault) {
     EXPECT_NE(errorOf(read, e.path()).find(e.path().string()), std::string::npos) << e.path();
 }
 
+TEST(FuzzFindings, ReshapeToTooManyElementsIsRefused) {
+  std::ifstream in(kRegressions / "model/reshape-element-count-overflows.onnx", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    SessionOptions options;
+    options.numThreads = 1;
+    InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), options)->prepareDevice();
+    ADD_FAILURE() << "the model was accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("Reshape #1: shape [1,72057593836601345,3,3,4,4] has too many elements"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 /// A checkpoint whose JSON header has \p from replaced by \p to.
 std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {
   uint64_t n = 0;
