@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <bit>
 #include <filesystem>
+#include <limits>
 #include <memory>
 
 namespace popart::cli {
@@ -21,8 +22,10 @@ struct GzCloser {
 };
 using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
-/// Reads exactly \p size bytes or throws naming \p path and \p what.
-void readExactly(gzFile f, void *data, size_t size, const std::string &path, const std::string &what) {
+/// Reads exactly \p size bytes or throws naming \p path and \p what; \p what is \p whole bytes long,
+/// of which \p before were read already (by earlier calls).
+void readExactly(gzFile f, void *data, size_t size, const std::string &path, const std::string &what, size_t before = 0,
+                 size_t whole = 0) {
   auto *out = static_cast<uint8_t *>(data);
   size_t done = 0;
   while (done < size) {
@@ -35,7 +38,8 @@ void readExactly(gzFile f, void *data, size_t size, const std::string &path, con
       throw error("IDX file '", path, "': read error in the ", what, ": ", msg ? msg : "unknown zlib error");
     }
     if (got == 0)
-      throw error("IDX file '", path, "' is truncated: the ", what, " needs ", size, " bytes, only ", done, " remain");
+      throw error("IDX file '", path, "' is truncated: the ", what, " needs ", std::max(whole, before + size),
+                  " bytes, only ", before + done, " remain");
     done += static_cast<size_t>(got);
   }
 }
@@ -75,8 +79,25 @@ IdxArray readIdx(const std::string &path) {
     shape.push_back(static_cast<int64_t>(v));
   }
   IdxArray a{TensorInfo(type, shape), {}};
-  a.bytes.resize(static_cast<size_t>(a.info.byteCount()));
-  readExactly(f.get(), a.bytes.data(), a.bytes.size(), path, "data of " + a.info.toString());
+  int64_t count = 0;
+  try {
+    count = a.info.elementCount();
+  } catch (const error &e) {
+    throw error("IDX file '", path, "': ", e.what());
+  }
+  const auto elementBytes = static_cast<int64_t>(dataTypeSize(type));
+  if (count > std::numeric_limits<int64_t>::max() / elementBytes)
+    throw error("IDX file '", path, "': ", a.info.toString(), " has more than 2^63 bytes");
+  // The buffer grows as the data arrives, so that a header announcing more than the file holds
+  // (gzip hides the real size) is refused as truncated instead of allocating what it claims.
+  const auto total = static_cast<size_t>(a.info.byteCount());
+  constexpr size_t kChunk = size_t{1} << 24;
+  while (a.bytes.size() < total) {
+    const size_t done = a.bytes.size();
+    a.bytes.resize(done + std::min(total - done, kChunk));
+    readExactly(f.get(), a.bytes.data() + done, a.bytes.size() - done, path, "data of " + a.info.toString(), done,
+                total);
+  }
   // IDX stores elements big-endian.
   static_assert(std::endian::native == std::endian::little, "IDX reading assumes a little-endian host");
   size_t width = dataTypeSize(type);

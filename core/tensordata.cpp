@@ -2,6 +2,7 @@
 #include "core/dispatch.hpp"
 
 #include <cstdlib>
+#include <limits>
 
 namespace popart {
 
@@ -21,6 +22,8 @@ std::unique_ptr<uint8_t, void (*)(uint8_t *)> alignedBytes(size_t bytes) {
 
 TensorData::TensorData(const TensorInfo &info) : info_(info) {
   if (info.elementCount() < 0) throw error("cannot allocate tensor of unknown shape ", info.toString());
+  if (info.isTensor() && info.elementCount() > std::numeric_limits<int64_t>::max() / 16)
+    throw error("cannot allocate tensor ", info.toString(), ": its size in bytes overflows");
   bytes_.reset(allocateAligned(static_cast<size_t>(info.byteCount())));
   if (info.dataType() == DataType::STRING) strings_.resize(static_cast<size_t>(info.elementCount()));
 }

@@ -8,7 +8,9 @@ namespace popart {
 int64_t shapeElementCount(const Shape &shape) {
   int64_t n = 1;
   for (int64_t d : shape)
-    n *= d;
+    // Shapes come from files and models: a product past int64 is an error, not a wrapped count.
+    if (__builtin_mul_overflow(n, d, &n))
+      throw error("shape ", toString(shape), " has too many elements (more than 2^63)");
   return n;
 }
 

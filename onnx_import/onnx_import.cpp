@@ -17,6 +17,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 namespace popart::onnx_import {
 
@@ -42,23 +43,35 @@ bool parseProto(google::protobuf::MessageLite &message, const std::string &bytes
   return message.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage();
 }
 
-/// Reads the \p bytes bytes of external-data tensor \p t straight into \p dst (its final buffer:
-/// a large initializer is not held twice), refusing paths that leave the model folder and ranges
-/// of another size.
-void readExternalData(const onnx::TensorProto &t, const std::string &baseDir, void *dst, int64_t bytes) {
+/// Where an external-data tensor's bytes are: a file in the model's folder and a range of it.
+struct ExternalRange {
+  fs::path file;
+  int64_t offset = 0, length = 0;
+};
+
+/// The external data range of \p t, checked against its file without reading it (so that a shape
+/// is checked against it before anything is allocated), refusing paths that leave the model folder.
+ExternalRange externalRange(const onnx::TensorProto &t, const std::string &baseDir) {
   std::string location;
   int64_t offset = 0, length = -1;
-  for (const auto &kv : t.external_data()) {
+  auto number = [&](const std::string &key, const std::string &value) {
+    size_t used = 0;
+    int64_t v = -1;
     try {
-      if (kv.key() == "location")
-        location = kv.value();
-      else if (kv.key() == "offset")
-        offset = std::stoll(kv.value());
-      else if (kv.key() == "length")
-        length = std::stoll(kv.value());
-    } catch (const std::logic_error &) {
-      throw error("tensor '", t.name(), "': external data ", kv.key(), " '", kv.value(), "' is not an integer");
+      v = std::stoll(value, &used);
+    } catch (const std::logic_error &) { // not a number, or out of range
     }
+    if (v < 0 || used != value.size())
+      throw error("tensor '", t.name(), "': external data ", key, " '", value, "' is not a non-negative integer");
+    return v;
+  };
+  for (const auto &kv : t.external_data()) {
+    if (kv.key() == "location")
+      location = kv.value();
+    else if (kv.key() == "offset")
+      offset = number("offset", kv.value());
+    else if (kv.key() == "length")
+      length = number("length", kv.value());
   }
   if (location.empty()) throw error("tensor '", t.name(), "': external data has no location");
   fs::path rel(location);
@@ -78,12 +91,19 @@ void readExternalData(const onnx::TensorProto &t, const std::string &baseDir, vo
   if (offset < 0 || length < 0 || offset > size || length > size - offset)
     throw error("tensor '", t.name(), "': external data range [", offset, ", ", offset + length, ") is outside file '",
                 full.string(), "' of ", size, " bytes");
-  if (length != bytes) throw error("tensor '", t.name(), "': external data has ", length, " bytes, expected ", bytes);
-  in.seekg(offset);
-  in.read(static_cast<char *>(dst), length);
-  if (in.gcount() != length)
-    throw error("tensor '", t.name(), "': read ", in.gcount(), " of ", length, " bytes of external data file '",
-                full.string(), "'");
+  return {full, offset, length};
+}
+
+/// Reads range \p r of external-data tensor \p t straight into \p dst (its final buffer: a large
+/// initializer is not held twice).
+void readExternalData(const onnx::TensorProto &t, const ExternalRange &r, void *dst) {
+  std::ifstream in(r.file, std::ios::binary);
+  if (!in) throw error("tensor '", t.name(), "': cannot open external data file '", r.file.string(), "'");
+  in.seekg(r.offset);
+  in.read(static_cast<char *>(dst), r.length);
+  if (in.gcount() != r.length)
+    throw error("tensor '", t.name(), "': read ", in.gcount(), " of ", r.length, " bytes of external data file '",
+                r.file.string(), "'");
 }
 
 Shape shapeFromDims(const google::protobuf::RepeatedField<int64_t> &dims) { return Shape(dims.begin(), dims.end()); }
@@ -96,8 +116,24 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   TensorInfo info(type, shapeFromDims(t.dims()));
   for (int64_t d : info.shape())
     if (d < 0) throw error("tensor '", t.name(), "' has a negative dimension in ", toString(info.shape()));
-  TensorData data(info);
   int64_t n = info.elementCount();
+  // Every element stored in the proto takes at least a byte of it: a shape that needs more is
+  // refused before its data is allocated. External data is checked against its file instead.
+  const auto stored = static_cast<int64_t>(t.ByteSizeLong());
+  if (t.data_location() != onnx::TensorProto::EXTERNAL && n > stored)
+    throw error("tensor '", t.name(), "': shape ", toString(info.shape()), " needs ", n,
+                " elements, but the tensor holds only ", stored, " bytes");
+  ExternalRange external;
+  if (t.data_location() == onnx::TensorProto::EXTERNAL) {
+    external = externalRange(t, baseDir);
+    // Compared in elements first: the shape's size in bytes may not fit in int64.
+    const auto width = static_cast<int64_t>(dataTypeSize(type));
+    const int64_t have = external.length;
+    if (width == 0 || n > have / width || n * width != have)
+      throw error("tensor '", t.name(), "': external data has ", have, " bytes, shape ", toString(info.shape()), " of ",
+                  toString(type), " needs ", n, " elements");
+  }
+  TensorData data(info);
   if (type == DataType::STRING) {
     if (t.string_data_size() != n)
       throw error("tensor '", t.name(), "': ", t.string_data_size(), " strings for shape ", toString(info.shape()));
@@ -111,7 +147,7 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
                   " needs ", n);
   };
   if (t.data_location() == onnx::TensorProto::EXTERNAL) {
-    readExternalData(t, baseDir, data.data(), info.byteCount());
+    readExternalData(t, external, data.data());
   } else if (t.has_raw_data()) {
     if (static_cast<int64_t>(t.raw_data().size()) != info.byteCount())
       throw error("tensor '", t.name(), "': raw_data has ", t.raw_data().size(), " bytes, expected ", info.byteCount(),

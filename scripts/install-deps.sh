@@ -7,7 +7,7 @@ packages=(cmake g++ make ccache libonnx-dev libprotobuf-dev protobuf-compiler li
   openmpi-bin libopenmpi-dev dpkg-dev file)
 if [[ "${1:-}" == "--test" ]]; then
   packages+=(libonnx-testdata python3-onnx python3-numpy python3-torch python3-torchvision libopenblas0-pthread
-    clang-tidy libomp-dev pkg-config)
+    clang-tidy libomp-dev pkg-config clang libfuzzer-14-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 
 namespace popart::npy {
 
@@ -34,8 +35,11 @@ std::string field(const std::string &header, const std::string &key, const std::
 } // namespace
 
 TensorData read(const std::string &path) {
-  std::ifstream in(path, std::ios::binary);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw error("cannot open .npy file '", path, "'");
+  // Sizes the header announces are checked against the file before anything is allocated.
+  const int64_t fileSize = in.tellg();
+  in.seekg(0);
   char magic[8];
   if (!in.read(magic, 8) || std::string(magic, 6) != "\x93NUMPY")
     throw error("'", path, "' is not a .npy file (bad magic)");
@@ -47,10 +51,12 @@ TensorData read(const std::string &path) {
   } else {
     in.read(reinterpret_cast<char *>(&headerLen), 4);
   }
+  if (!in || headerLen > fileSize) throw error(".npy file '", path, "' is truncated in its header");
   std::string header(headerLen, '\0');
   if (!in.read(header.data(), headerLen)) throw error(".npy file '", path, "' is truncated in its header");
   std::string descrPart = field(header, "descr", path);
-  size_t q1 = descrPart.find('\''), q2 = descrPart.find('\'', q1 + 1);
+  size_t q1 = descrPart.find('\''), q2 = q1 == std::string::npos ? q1 : descrPart.find('\'', q1 + 1);
+  if (q2 == std::string::npos) throw error(".npy file '", path, "': malformed 'descr' in the header");
   std::string descr = descrPart.substr(q1 + 1, q2 - q1 - 1);
   if (descr == "<b1") descr = "|b1";
   if (descr == "<i1") descr = "|i1";
@@ -61,15 +67,36 @@ TensorData read(const std::string &path) {
   if (fortran.find("True") < fortran.find(',')) throw error(".npy file '", path, "': Fortran order is not supported");
   std::string shapePart = field(header, "shape", path);
   size_t p1 = shapePart.find('('), p2 = shapePart.find(')');
+  if (p1 == std::string::npos || p2 == std::string::npos || p2 < p1)
+    throw error(".npy file '", path, "': malformed 'shape' in the header");
   std::string dims = shapePart.substr(p1 + 1, p2 - p1 - 1);
   Shape shape;
   std::stringstream ss(dims);
   std::string item;
   while (std::getline(ss, item, ',')) {
     if (item.find_first_not_of(' ') == std::string::npos) continue;
-    shape.push_back(std::stoll(item));
+    int64_t d = -1;
+    size_t used = 0;
+    try {
+      d = std::stoll(item, &used);
+    } catch (const std::logic_error &) { // not a number, or out of range
+    }
+    if (d < 0 || item.find_first_not_of(' ', used) != std::string::npos)
+      throw error(".npy file '", path, "': bad dimension '", item, "' in shape (", dims, ")");
+    shape.push_back(d);
   }
-  TensorData data{TensorInfo(it->second, shape)};
+  const TensorInfo info(it->second, shape);
+  int64_t count = 0;
+  try {
+    count = info.elementCount();
+  } catch (const error &e) {
+    throw error(".npy file '", path, "': ", e.what());
+  }
+  const int64_t remaining = fileSize - static_cast<int64_t>(in.tellg());
+  if (count > remaining / static_cast<int64_t>(dataTypeSize(info.dataType())))
+    throw error(".npy file '", path, "' is truncated: ", info.toString(), " needs ", count, " elements, the file has ",
+                remaining, " bytes after its header");
+  TensorData data{info};
   if (!in.read(static_cast<char *>(data.data()), data.byteCount()))
     throw error(".npy file '", path, "' is truncated: expected ", data.byteCount(), " bytes of data for ",
                 data.info().toString());

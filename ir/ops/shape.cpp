@@ -53,7 +53,8 @@ void setupReshape(Op &op) {
       s = in[i];
     }
     out[i] = s;
-    known *= s;
+    if (__builtin_mul_overflow(known, s, &known))
+      throw error(op.debugName(), ": shape ", toString(spec), " has too many elements (more than 2^63)");
   }
   int64_t total = shapeElementCount(in);
   if (inferred >= 0) {

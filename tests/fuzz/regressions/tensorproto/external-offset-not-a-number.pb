@@ -1,0 +1,3 @@
+Bextj
+locationinput.pbj
+offsetxp

@@ -1,0 +1,3 @@
+€Â×/Bextj
+locationinput.pbj
+offset0p

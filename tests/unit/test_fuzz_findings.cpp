@@ -1,0 +1,158 @@
+// The inputs fuzzing found (tests/fuzz/regressions, docs/fuzzing.md) end in a popart::error that
+// names the file and what is wrong; the fuzz_regressions_* ctests only check that nothing else
+// escapes. A checkpoint refused late must leave the session as it was.
+
+#include "cli/idx.hpp"
+#include "onnx_import/onnx_import.hpp"
+#include "session/npy.hpp"
+
+#include <popart/builder.hpp>
+#include <popart/error.hpp>
+#include <popart/session.hpp>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace popart;
+
+const fs::path kRegressions = fs::path(POPART_SOURCE_DIR) / "tests/fuzz/regressions";
+
+/// The message of the popart::error \p read throws on \p file (fails the test if none).
+std::string errorOf(const std::function<void(const std::string &)> &read, const fs::path &file) {
+  try {
+    read(file.string());
+  } catch (const error &e) {
+    return e.what();
+  }
+  ADD_FAILURE() << file << " was accepted";
+  return "";
+}
+
+TEST(FuzzFindings, NpyErrorsNameTheFileAndTheFault) {
+  auto read = [](const std::string &p) { npy::read(p); };
+  const fs::path d = kRegressions / "npy";
+  EXPECT_NE(errorOf(read, d / "shape-not-a-number.npy").find("bad dimension 'x'"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "shape-negative-dimension.npy").find("bad dimension '-3'"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "shape-dimension-out-of-range.npy").find("bad dimension"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "shape-element-count-overflows.npy").find("too many elements"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "shape-larger-than-file.npy").find("is truncated"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "header-length-larger-than-file.npy").find("truncated in its header"), std::string::npos);
+  for (const auto &e : fs::directory_iterator(d))
+    EXPECT_NE(errorOf(read, e.path()).find(e.path().string()), std::string::npos) << e.path();
+}
+
+TEST(FuzzFindings, IdxErrorsNameTheFileAndTheWholeSize) {
+  auto read = [](const std::string &p) { cli::readIdx(p); };
+  const fs::path d = kRegressions / "idx";
+  EXPECT_NE(errorOf(read, d / "dimensions-overflow.idx").find("too many elements"), std::string::npos);
+  // The size the header announces, not that of the first chunk read.
+  for (const char *f : {"dimensions-larger-than-file.idx", "gzip-dimensions-larger-than-data.idx.gz"})
+    EXPECT_NE(errorOf(read, d / f).find("UINT8[100000,100000] needs 10000000000 bytes"), std::string::npos) << f;
+  for (const auto &e : fs::directory_iterator(d))
+    EXPECT_NE(errorOf(read, e.path()).find(e.path().string()), std::string::npos) << e.path();
+}
+
+TEST(FuzzFindings, TensorProtoErrorsNameTheFileAndTheFault) {
+  auto read = [](const std::string &p) { onnx_import::readTensorProtoFile(p); };
+  const fs::path d = kRegressions / "tensorproto";
+  EXPECT_NE(errorOf(read, d / "shape-larger-than-data.pb").find("needs 10000000000 elements"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "strings-larger-than-data.pb").find("needs 1000000000 elements"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "shape-element-count-overflows.pb").find("too many elements"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "external-offset-not-a-number.pb").find("external data offset 'x'"), std::string::npos);
+  EXPECT_NE(errorOf(read, d / "external-length-out-of-range.pb").find("external data length"), std::string::npos);
+  // Its external data is the file itself under the name the fuzz harness writes: input.pb.
+  const fs::path copy = fs::temp_directory_path() / ("fuzz_findings_" + std::to_string(::getpid()));
+  fs::create_directories(copy);
+  fs::copy_file(d / "external-offset-overflows.pb", copy / "input.pb", fs::copy_options::overwrite_existing);
+  EXPECT_NE(errorOf(read, copy / "input.pb").find("range [9223372036854775807,"), std::string::npos);
+  fs::remove_all(copy);
+  for (const auto &e : fs::directory_iterator(d))
+    EXPECT_NE(errorOf(read, e.path()).find(e.path().string()), std::string::npos) << e.path();
+}
+
+TEST(FuzzFindings, ReshapeToTooManyElementsIsRefused) {
+  std::ifstream in(kRegressions / "model/reshape-element-count-overflows.onnx", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    SessionOptions options;
+    options.numThreads = 1;
+    InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), options)->prepareDevice();
+    ADD_FAILURE() << "the model was accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("Reshape #1: shape [1,72057593836601345,3,3,4,4] has too many elements"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+/// A checkpoint whose JSON header has \p from replaced by \p to.
+std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data() + 8, 8);
+  std::string header = bytes.substr(16, n);
+  const std::string data = bytes.substr(16 + n);
+  size_t at = header.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  header.replace(at, from.size(), to);
+  n = header.size();
+  std::string out = bytes.substr(0, 8);
+  out.append(reinterpret_cast<const char *>(&n), 8);
+  return out + header + data;
+}
+
+TEST(FuzzFindings, CheckpointRefusedLateLeavesTheSessionUnchanged) {
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  std::vector<float> w0{1.0f, 2.0f, 3.0f};
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {3}), "x");
+  TensorId w = b->addInitializedInputTensor(w0.data(), TensorInfo(DataType::FLOAT, {3}), "w");
+  b->addOutputTensor(ai.reducesum({ai.mul({w, x})}, std::nullopt, 0));
+  SGD sgd({{"defaultLearningRate", {0.5f, false}}});
+  auto s = TrainingSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, std::vector<TensorId>{}), "", sgd);
+  s->prepareDevice();
+  s->weightsFromHost();
+  const fs::path dir = fs::temp_directory_path() / ("fuzz_findings_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  s->saveCheckpoint((dir / "good.ckpt").string());
+  std::ifstream in(dir / "good.ckpt", std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One step moves w away from the checkpoint's values.
+  std::vector<float> xv{1.0f, 1.0f, 1.0f};
+  NDArrayWrapper<float> xa(xv.data(), {3});
+  std::map<TensorId, IArray &> inputs{{x, xa}}, anchors;
+  StepIO io(inputs, anchors);
+  s->run(io);
+  std::vector<float> before(3);
+  NDArrayWrapper<float> beforeArray(before.data(), {3});
+  WeightsIO read;
+  read.insert(w, beforeArray);
+  s->readWeights(read);
+  ASSERT_NE(before, w0);
+  for (const auto &[from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"seed\":\"0\"", "\"seed\":\"x\""}, {"\"step\":0,", ""}, {"\"rngCounter\":0", "\"rngCounter\":\"a\""}}) {
+    std::ofstream((dir / "bad.ckpt"), std::ios::binary) << editedCheckpoint(good, from, to);
+    EXPECT_THROW(s->loadCheckpoint((dir / "bad.ckpt").string()), error) << to;
+    std::vector<float> after(3);
+    NDArrayWrapper<float> afterArray(after.data(), {3});
+    WeightsIO again;
+    again.insert(w, afterArray);
+    s->readWeights(again);
+    EXPECT_EQ(after, before) << "a checkpoint with " << to << " changed the weights";
+    EXPECT_EQ(s->getStepCount(), 1);
+  }
+  s->loadCheckpoint((dir / "good.ckpt").string());
+  EXPECT_EQ(s->getStepCount(), 0);
+  fs::remove_all(dir);
+}
+
+} // namespace
