@@ -163,4 +163,14 @@ inline std::string inceptionBlock(int64_t batch, int64_t size, int64_t width, bo
   return g.serialize();
 }
 
+/// One large 3x3 convolution, x [batch, 256, 28, 28] to y of 256 channels: compute-bound work
+/// whose speed-up from 1 to more threads is what the machine's cores give (bench/multiconv's bound).
+inline std::string largeConvolution(int64_t batch) {
+  OnnxGraph g;
+  g.input("x", {batch, 256, 28, 28});
+  addConvs(g, {{"x", "y", 256, 256, 3, 1, 1}}, false, 31);
+  g.output("y", {batch, 256, 28, 28});
+  return g.serialize();
+}
+
 } // namespace multiconv_model
