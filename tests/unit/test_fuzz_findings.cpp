@@ -2,6 +2,7 @@
 // names the file and what is wrong; the fuzz_regressions_* ctests only check that nothing else
 // escapes. A checkpoint refused late must leave the session as it was.
 
+#include "checkpoint_test_helpers.hpp"
 #include "cli/idx.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "session/npy.hpp"
@@ -95,19 +96,16 @@ TEST(FuzzFindings, ReshapeToTooManyElementsIsRefused) {
   }
 }
 
-/// A checkpoint whose JSON header has \p from replaced by \p to.
+/// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
+/// (so that the loader reaches the checks of the header's values).
 std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data() + 8, 8);
-  std::string header = bytes.substr(16, n);
-  const std::string data = bytes.substr(16 + n);
+  const uint64_t n = test::wordAt(bytes, 24);
+  std::string header = bytes.substr(32, n);
   size_t at = header.find(from);
   EXPECT_NE(at, std::string::npos) << from;
+  if (at == std::string::npos) return bytes;
   header.replace(at, from.size(), to);
-  n = header.size();
-  std::string out = bytes.substr(0, 8);
-  out.append(reinterpret_cast<const char *>(&n), 8);
-  return out + header + data;
+  return test::checkpointBytes({nlohmann::json::parse(header), bytes.substr(32 + n, bytes.size() - 32 - n - 8)});
 }
 
 TEST(FuzzFindings, CheckpointRefusedLateLeavesTheSessionUnchanged) {
