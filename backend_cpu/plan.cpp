@@ -182,6 +182,29 @@ int64_t heapInUse() {
 ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &options, const KernelContext &context)
     : arena_(alignedBytes(1)), collectives_(context.collectives) {
   const int64_t heapAtStart = heapInUse();
+  // A plan whose largest tensor and stored data alone pass the limit is refused before any kernel
+  // is made: kernels size their tables and scratch from their tensors (a Tile of 10^18 elements
+  // failed in its constructor). The arena holds at least the largest tensor.
+  if (options.checkMemory) {
+    PlannedMemory lower;
+    const int64_t most = std::numeric_limits<int64_t>::max();
+    for (const auto &[id, t] : graph.tensors()) {
+      if (!t->info().isTensor()) continue;
+      if (!planned(*t)) {
+        if (t->data())
+          (t->kind() == ir::TensorKind::Variable ? lower.variableBytes : lower.constBytes) += t->data()->byteCount();
+        continue;
+      }
+      const int64_t n = shapeElementCount(t->info().shape());
+      const auto width = static_cast<int64_t>(dataTypeSize(t->info().dataType()));
+      const int64_t bytes = width > 0 && n > most / width ? most : n * width;
+      if (bytes > lower.arenaBytes) {
+        lower.arenaBytes = bytes;
+        lower.largestTensor = id;
+      }
+    }
+    options.checkMemory(lower);
+  }
   std::vector<ir::Op *> schedule = graph.schedule();
   std::vector<TensorId> pinned = graph.inputs();
   pinned.insert(pinned.end(), graph.outputs().begin(), graph.outputs().end());
@@ -255,7 +278,7 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
       (t->kind() == ir::TensorKind::Variable ? variableBytes_ : constBytes_) += t->data()->byteCount();
   if (options.checkMemory)
     options.checkMemory(
-        {memoryPlan_.arenaBytes, std::max<int64_t>(0, heapInUse() - heapAtStart), constBytes_, variableBytes_});
+        {memoryPlan_.arenaBytes, std::max<int64_t>(0, heapInUse() - heapAtStart), constBytes_, variableBytes_, {}});
   arena_ = alignedBytes(static_cast<size_t>(memoryPlan_.arenaBytes));
   for (const auto &[id, t] : graph.tensors()) {
     if (!t->info().isTensor()) {

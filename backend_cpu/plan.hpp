@@ -102,6 +102,9 @@ struct PlannedMemory {
   int64_t kernelBytes = 0;   ///< heap the kernels took as they were created (see kernelBytes())
   int64_t constBytes = 0;    ///< Const tensors, read where they are
   int64_t variableBytes = 0; ///< Variable tensors (weights, optimiser state...), read where they are
+  /// Set in the check before the kernels are made: arenaBytes is then this tensor's size alone (the
+  /// arena's lower bound) and kernelBytes 0.
+  TensorId largestTensor;
 };
 
 struct CompileOptions {
@@ -109,6 +112,7 @@ struct CompileOptions {
   /// Runs adjacent optimiser updates (kernels with Kernel::rangeElements) as one step.
   bool mergeUpdates = true;
   /// Called before the arena is allocated; throws to refuse the plan (SessionOptions::memoryLimitBytes).
+  /// Also called once before the kernels are made, with the largest planned tensor as the arena.
   std::function<void(const PlannedMemory &)> checkMemory = nullptr;
 };
 

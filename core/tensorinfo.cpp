@@ -6,6 +6,8 @@
 namespace popart {
 
 int64_t shapeElementCount(const Shape &shape) {
+  for (int64_t d : shape) // an empty tensor, however large its other dimensions
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape)
     // Shapes come from files and models: a product past int64 is an error, not a wrapped count.

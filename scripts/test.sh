@@ -18,9 +18,8 @@ cmake --build build-tsan -j2 --target concurrency_tests
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
   build-tsan/tests/concurrency_tests --gtest_brief=1
 # The libFuzzer targets (docs/fuzzing.md): their regression inputs, then 30 s of fuzzing each.
-# Opt-in for now (POPART_TEST_FUZZ=1): the clang build of every library takes long, and the model
-# target still finds two open allocation findings (tests/fuzz/open/). The gcc build's ctests
-# fuzz_regressions_* replay the harnesses on their seeds and regressions either way.
+# Opt-in for now (POPART_TEST_FUZZ=1): the clang build of every library takes long. The gcc
+# build's ctests fuzz_regressions_* replay the harnesses on their seeds and regressions either way.
 fuzz=0
 if [[ "${POPART_TEST_FUZZ:-0}" == 1 ]]; then
   echo "== fuzzing (scripts/fuzz.sh 30) =="

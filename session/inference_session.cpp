@@ -49,7 +49,7 @@ struct InferenceSession::Impl {
 
   /// The parts of the memory report and of the memory limit's check.
   static session::MemoryParts memoryParts(const backend_cpu::PlannedMemory &planned) {
-    return {{"activation arena", planned.arenaBytes},
+    return {{session::arenaPartName(planned), planned.arenaBytes},
             {"kernels", planned.kernelBytes},
             {"weights and constants", planned.constBytes + planned.variableBytes}};
   }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace popart::session {
@@ -70,16 +71,21 @@ int64_t availableMemoryBytes() {
 }
 
 backend_cpu::PlannedMemory plannedMemory(const backend_cpu::ExecutionPlan &plan) {
-  return {plan.memoryPlan().arenaBytes, plan.kernelBytes(), plan.constBytes(), plan.variableBytes()};
+  return {plan.memoryPlan().arenaBytes, plan.kernelBytes(), plan.constBytes(), plan.variableBytes(), {}};
+}
+
+std::string arenaPartName(const backend_cpu::PlannedMemory &planned) {
+  if (planned.largestTensor.empty()) return "activation arena";
+  return "tensor '" + planned.largestTensor + "' alone (the activation arena's least)";
 }
 
 void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model) {
   if (options.memoryLimitBytes < 0)
     throw error("SessionOptions.memoryLimitBytes must be 0 (the available RAM) or a byte count, got ",
                 options.memoryLimitBytes);
-  int64_t total = 0;
+  int64_t total = 0; // saturating: a tensor's size can be near 2^63
   for (const auto &part : parts)
-    total += part.second;
+    if (__builtin_add_overflow(total, part.second, &total)) total = std::numeric_limits<int64_t>::max();
   std::string limit;
   if (options.memoryLimitBytes > 0) {
     if (total <= options.memoryLimitBytes) return;

@@ -36,6 +36,9 @@ backend_cpu::PlannedMemory plannedMemory(const backend_cpu::ExecutionPlan &plan)
 /// Throws a popart::error if the sum of \p parts is above SessionOptions::memoryLimitBytes or, when
 /// that is 0, above availableMemoryBytes() plus \p held (the bytes of \p parts already allocated).
 /// The message names \p model, the planned size, its parts and the limit.
+/// The name of the arena's part of \p planned: "activation arena", or, in the check made before the
+/// kernels, "tensor 'T' alone (the arena's least)".
+std::string arenaPartName(const backend_cpu::PlannedMemory &planned);
 void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model);
 
 /// Reads \p model, a path to an .onnx file or a serialized ModelProto.

@@ -828,7 +828,7 @@ session::MemoryParts TrainingSession::Impl::memoryParts(const ir::Graph &g,
     if (!u.shard.empty()) shards += g.tensor(u.shard).data()->byteCount();
   }
   int64_t other = planned.variableBytes - weights - stats - state - accumulators - shards;
-  session::MemoryParts memory{{"activation arena", planned.arenaBytes},
+  session::MemoryParts memory{{session::arenaPartName(planned), planned.arenaBytes},
                               {"kernels", planned.kernelBytes},
                               {"weights", weights},
                               {shards ? "optimiser state (this replica's shards)" : "optimiser state", state},

@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
-#include <limits>
 
 namespace popart::backend_cpu {
 
@@ -140,6 +140,18 @@ struct Bytes16 {
 };
 
 /// Transpose, Slice, Expand, Tile, Pad, DepthToSpace, SpaceToDepth.
+/// Fills \p m.tables for the first \p rank axes with entry \p f(d, o) for output index o of axis
+/// d; none for an empty result, which walkMap does not walk (and whose other axes may be huge).
+template <typename F> void fillTables(IndexMap &m, size_t rank, F f) {
+  const bool empty = shapeElementCount(m.outShape) == 0;
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<int64_t> t(empty ? 0 : static_cast<size_t>(m.outShape[d]));
+    for (size_t o = 0; o < t.size(); ++o)
+      t[o] = f(d, static_cast<int64_t>(o));
+    m.tables.push_back(std::move(t));
+  }
+}
+
 class IndexMapKernel : public Kernel {
 public:
   IndexMapKernel(const ir::Op &op, IndexMap map)
@@ -243,12 +255,7 @@ std::unique_ptr<Kernel> createSlice(const ir::Op &op) {
   }
   IndexMap m;
   m.outShape = out;
-  for (size_t d = 0; d < in.size(); ++d) {
-    std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o)
-      t[static_cast<size_t>(o)] = (first[d] + o * step[d]) * strides[d];
-    m.tables.push_back(std::move(t));
-  }
+  fillTables(m, in.size(), [&](size_t d, int64_t o) { return (first[d] + o * step[d]) * strides[d]; });
   return std::make_unique<IndexMapKernel>(op, std::move(m));
 }
 
@@ -256,12 +263,7 @@ std::unique_ptr<Kernel> createExpand(const ir::Op &op) {
   IndexMap m;
   m.outShape = op.outInfo(0).shape();
   std::vector<int64_t> strides = broadcastStrides(op.inInfo(0).shape(), m.outShape);
-  for (size_t d = 0; d < m.outShape.size(); ++d) {
-    std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o)
-      t[static_cast<size_t>(o)] = o * strides[d];
-    m.tables.push_back(std::move(t));
-  }
+  fillTables(m, m.outShape.size(), [&](size_t d, int64_t o) { return o * strides[d]; });
   return std::make_unique<IndexMapKernel>(op, std::move(m));
 }
 
@@ -270,12 +272,7 @@ std::unique_ptr<Kernel> createTile(const ir::Op &op) {
   std::vector<int64_t> strides = rowMajorStrides(in);
   IndexMap m;
   m.outShape = op.outInfo(0).shape();
-  for (size_t d = 0; d < in.size(); ++d) {
-    std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o)
-      t[static_cast<size_t>(o)] = (o % in[d]) * strides[d];
-    m.tables.push_back(std::move(t));
-  }
+  fillTables(m, in.size(), [&](size_t d, int64_t o) { return (o % in[d]) * strides[d]; });
   return std::make_unique<IndexMapKernel>(op, std::move(m));
 }
 
@@ -306,14 +303,10 @@ std::unique_ptr<Kernel> createPad(const ir::Op &op) {
   std::vector<int64_t> strides = rowMajorStrides(in);
   IndexMap m;
   m.outShape = op.outInfo(0).shape();
-  for (size_t d = 0; d < in.size(); ++d) {
-    std::vector<int64_t> t(static_cast<size_t>(m.outShape[d]));
-    for (int64_t o = 0; o < m.outShape[d]; ++o) {
-      int64_t s = padSource(o - begin[d], in[d], mode);
-      t[static_cast<size_t>(o)] = s == kPad ? kPad : s * strides[d];
-    }
-    m.tables.push_back(std::move(t));
-  }
+  fillTables(m, in.size(), [&](size_t d, int64_t o) {
+    int64_t s = padSource(o - begin[d], in[d], mode);
+    return s == kPad ? kPad : s * strides[d];
+  });
   return std::make_unique<IndexMapKernel>(op, std::move(m));
 }
 
@@ -595,8 +588,7 @@ bool supportsRange(const ir::Op &op) { return op.outInfo(0).dataType() != DataTy
 } // namespace
 
 void registerReferenceShapeKernels(KernelRegistry &r) {
-  auto add = [&](const char *type, bool (*supports)(const ir::Op &),
-                 KernelFactory create) {
+  auto add = [&](const char *type, bool (*supports)(const ir::Op &), KernelFactory create) {
     r.add({"ai.onnx", type, KernelProvider::Reference, supports, create});
   };
   for (const char *t : {"Reshape", "Flatten", "Squeeze", "Unsqueeze"})

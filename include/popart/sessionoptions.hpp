@@ -213,7 +213,8 @@ struct SessionOptions {
 
   /// The most memory prepareDevice may plan for, in bytes: the activation arena, the kernels,
   /// weights, constants and optimiser state (profileSummary's "planned peak"). A plan above it is
-  /// refused with an error giving its size and parts, before its arena is allocated. 0 (the
+  /// refused with an error giving its size and parts, before its arena is allocated (and a plan
+  /// whose largest tensor alone is above it, before its kernels are made). 0 (the
   /// default): the RAM available when the plan is made (MemAvailable in /proc/meminfo, or what
   /// the cgroup's memory.max leaves if lower) plus what the session already holds.
   int64_t memoryLimitBytes = 0;

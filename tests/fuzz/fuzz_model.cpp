@@ -65,6 +65,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     popart::SessionOptions options;
     options.numThreads = 1;
     options.maxUnrolledOps = 256;
+    // Shapes known only after shape inference at compile (a Tile of a folded constant) can still
+    // be large: the plan is refused by the memory limit (item 6) before its arena is allocated.
+    options.memoryLimitBytes = int64_t{1} << 30;
     std::vector<popart::TensorId> anchors(graph->outputs().begin(), graph->outputs().end());
     auto session = popart::InferenceSession::createFromOnnxModel(bytes, popart::DataFlow(1, anchors), options);
     session->prepareDevice();

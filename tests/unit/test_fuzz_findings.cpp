@@ -96,6 +96,26 @@ TEST(FuzzFindings, ReshapeToTooManyElementsIsRefused) {
   }
 }
 
+TEST(FuzzFindings, AHugeTileIsRefusedByTheMemoryLimitBeforeItsKernelIsMade) {
+  // Tile's repeats, known only at compile, make an output of about 6 * 10^18 floats: its kernel
+  // once allocated index tables of its axes first (AddressSanitizer: allocation-size-too-big).
+  std::ifstream in(kRegressions / "model/tile-output-with-huge-dimension.onnx", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes.empty());
+  SessionOptions options;
+  options.numThreads = 1;
+  auto s = InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), options);
+  try {
+    s->prepareDevice();
+    ADD_FAILURE() << "the model was accepted";
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("tensor '2' alone (the activation arena's least)"), std::string::npos)
+        << e.what();
+  }
+  // An empty shape has no elements, however large its other dimensions (no overflow first).
+  EXPECT_EQ(shapeElementCount({int64_t{1} << 62, int64_t{1} << 62, 0}), 0);
+}
+
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
 /// (so that the loader reaches the checks of the header's values).
 std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {

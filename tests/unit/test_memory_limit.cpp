@@ -54,7 +54,9 @@ TEST(MemoryLimit, InferencePlanAboveTheLimitIsRefusedWithItsSize) {
   // The output alone is 8*16*64*64 floats: the arena holds at least that.
   ASSERT_GE(arena, int64_t{8} * 16 * 64 * 64 * 4);
 
-  const int64_t limit = arena / 2;
+  // Above the output and the weights alone (the check made before the kernels), below the plan.
+  const int64_t limit = int64_t{8} * 16 * 64 * 64 * 4 + 16 * 8 * 3 * 3 * 4 + 1024;
+  ASSERT_LT(limit, arena);
   auto limited = convSession(limit);
   const std::string msg = thrown([&] { limited->prepareDevice(); });
   std::smatch m;
@@ -69,6 +71,17 @@ TEST(MemoryLimit, InferencePlanAboveTheLimitIsRefusedWithItsSize) {
   EXPECT_NEAR(std::stod(m[2].str()), static_cast<double>(arena) / 1e6, 0.006) << msg;
   EXPECT_EQ(std::stoll(m[3].str()), limit) << msg;
   // Refused before compiling: nothing planned, and the session is not left half compiled.
+  EXPECT_EQ(limited->plannedArenaBytes(), 0);
+}
+
+TEST(MemoryLimit, ATensorAboveTheLimitIsRefusedBeforeTheKernelsAreMade) {
+  // The output alone, 8*16*64*64 floats, is above the limit: refused naming it, before any kernel.
+  auto limited = convSession(int64_t{1} << 20);
+  const std::string msg = thrown([&] { limited->prepareDevice(); });
+  EXPECT_NE(msg.find("needs 2.10 MB (2101760 bytes: tensor 'y:0' alone (the activation arena's least) 2.10 MB; "
+                     "weights and constants 0.00 MB), above the limit of 1.05 MB (1048576 bytes)"),
+            std::string::npos)
+      << msg;
   EXPECT_EQ(limited->plannedArenaBytes(), 0);
 }
 
