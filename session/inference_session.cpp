@@ -99,8 +99,7 @@ struct InferenceSession::Impl {
     streams.host = context.state<ir::StreamTypes>().host;
     backend_cpu::CompileOptions compile = session::compileOptions(options);
     compile.checkMemory = [&](const backend_cpu::PlannedMemory &planned) {
-      session::checkMemoryLimit(memoryParts(planned), planned.kernelBytes + planned.constBytes + planned.variableBytes,
-                                options, sourceName);
+      session::checkMemoryLimit(memoryParts(planned), planned, options, sourceName);
     };
     plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compile, kernelContext);
     if (pipelineGroups) // no backward: nothing to hold between runs

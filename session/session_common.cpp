@@ -79,7 +79,9 @@ std::string arenaPartName(const backend_cpu::PlannedMemory &planned) {
   return "tensor '" + planned.largestTensor + "' alone (the activation arena's least)";
 }
 
-void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model) {
+void checkMemoryLimit(const MemoryParts &parts, const backend_cpu::PlannedMemory &planned,
+                      const SessionOptions &options, const std::string &model) {
+  const int64_t held = planned.kernelBytes + planned.constBytes + planned.variableBytes;
   if (options.memoryLimitBytes < 0)
     throw error("SessionOptions.memoryLimitBytes must be 0 (the available RAM) or a byte count, got ",
                 options.memoryLimitBytes);

@@ -33,13 +33,15 @@ int64_t availableMemoryBytes();
 /// The memory of compiled \p plan as its compilation planned it.
 backend_cpu::PlannedMemory plannedMemory(const backend_cpu::ExecutionPlan &plan);
 
-/// Throws a popart::error if the sum of \p parts is above SessionOptions::memoryLimitBytes or, when
-/// that is 0, above availableMemoryBytes() plus \p held (the bytes of \p parts already allocated).
-/// The message names \p model, the planned size, its parts and the limit.
 /// The name of the arena's part of \p planned: "activation arena", or, in the check made before the
 /// kernels, "tensor 'T' alone (the arena's least)".
 std::string arenaPartName(const backend_cpu::PlannedMemory &planned);
-void checkMemoryLimit(const MemoryParts &parts, int64_t held, const SessionOptions &options, const std::string &model);
+/// Throws a popart::error if the sum of \p parts (of \p planned) is above
+/// SessionOptions::memoryLimitBytes or, when that is 0, above availableMemoryBytes() plus what of
+/// \p planned is already allocated (kernels, weights and constants). The message names \p model,
+/// the planned size, its parts and the limit.
+void checkMemoryLimit(const MemoryParts &parts, const backend_cpu::PlannedMemory &planned,
+                      const SessionOptions &options, const std::string &model);
 
 /// Reads \p model, a path to an .onnx file or a serialized ModelProto.
 ModelSource loadModel(const std::string &model);

@@ -363,9 +363,7 @@ void TrainingSession::Impl::compile() {
   resolveHyperParameters();
   backend_cpu::CompileOptions compile = session::compileOptions(options);
   compile.checkMemory = [&](const backend_cpu::PlannedMemory &planned) {
-    session::checkMemoryLimit(memoryParts(*g, planned),
-                              planned.kernelBytes + planned.constBytes + planned.variableBytes, options,
-                              model.sourceName);
+    session::checkMemoryLimit(memoryParts(*g, planned), planned, options, model.sourceName);
   };
   plan = std::make_unique<backend_cpu::ExecutionPlan>(*g, compile, kernelContext);
   if (options.enableFloatingPointChecks)
