@@ -25,6 +25,7 @@
 // vectorised count against the bits of the smallest value of that type at or above the edge.
 // AllFinite (the finite check of loss scaling) is the same count against inf's bits.
 
+#include "backend_cpu/fast/clones.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/kernel_families.hpp"
 #include "backend_cpu/reference/update_kernel.hpp"
@@ -38,14 +39,6 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
-
-#ifdef __SANITIZE_THREAD__
-// ThreadSanitizer instruments the clones' resolver, which the dynamic loader runs before TSan's
-// runtime is ready (a crash at start-up): the default version alone in TSan builds.
-#define POPART_CLONES
-#else
-#define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 
 namespace popart::backend_cpu {
 

@@ -1,19 +1,12 @@
 // Built with -fno-trapping-math (CMakeLists.txt) so that GCC if-converts the selects in
 // vecmath.hpp; nothing in the runtime reads floating-point exception flags.
 
+#include "backend_cpu/fast/clones.hpp"
 #include "backend_cpu/fast/vecloops.hpp"
 #include "backend_cpu/fast/vecmath.hpp"
 #include <algorithm>
 #include <bit>
 #include <cmath>
-
-#ifdef __SANITIZE_THREAD__
-// ThreadSanitizer instruments the clones' resolver, which the dynamic loader runs before TSan's
-// runtime is ready (a crash at start-up): the default version alone in TSan builds.
-#define POPART_CLONES
-#else
-#define POPART_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
 
 namespace popart::backend_cpu::vec {
 

@@ -34,8 +34,10 @@ POPART_VECMATH_INLINE float expReduced(float c, float &n) {
 /// e^x. Below -87.3 (where e^x is subnormal) it returns 0; above 88.7 +inf; NaN stays NaN.
 POPART_VECMATH_INLINE float exp(float x) {
   const float hi = 88.7228f, lo = -87.3365f;
-  float c = x > hi ? hi : x;
-  c = c < lo ? lo : c;
+  // Clamped so that a NaN x becomes hi (a comparison with NaN is false): converting a NaN n to
+  // int below would be undefined behaviour. The result is x for a NaN x, at the end.
+  float c = x < hi ? x : hi;
+  c = c > lo ? c : lo;
   float n;
   float p = expReduced(c, n);
   // 2^n from its exponent bits; n = 128 (x above ln FLT_MAX - ln 2) is 2^127 · 2.
@@ -49,13 +51,14 @@ POPART_VECMATH_INLINE float exp(float x) {
 }
 
 /// e^x for x <= 0 (softmax's x − max): exp without the overflow path. Below -87.3 it returns 0;
-/// NaN stays NaN (through the arithmetic); x > 0 is outside its contract.
+/// NaN stays NaN; x > 0 is outside its contract.
 POPART_VECMATH_INLINE float expNonPositive(float x) {
   const float lo = -87.3365f;
   float n;
-  float p = expReduced(x < lo ? lo : x, n);
+  float p = expReduced(x > lo ? x : lo, n); // a NaN x reduces lo: n stays a number (see exp)
   float y = p * bitsToFloat((static_cast<int32_t>(n) + 127) << 23);
-  return x < lo ? 0.f : y;
+  y = x < lo ? 0.f : y;
+  return x != x ? x : y;
 }
 
 /// erf(x): the Maclaurin series below |x| = 0.5, Abramowitz and Stegun 7.1.26 above.
