@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (tests/fuzz, clang, -DPOPART_FUZZ=ON in build-fuzz) and runs each one
-# for SECONDS (default 60): first its regression inputs, then fuzzing from the committed seeds, the
-# ONNX backend suite's files and the corpus earlier runs grew. Findings land in
-# build-fuzz/fuzz/artifacts/<target>/ and make the script fail. docs/fuzzing.md says more.
+# Builds the libFuzzer targets (tests/fuzz) in build-san (clang, ASan + UBSan, -DPOPART_FUZZ=ON;
+# scripts/sanitize-build.sh) and runs each one for SECONDS (default 60): first its regression
+# inputs, then fuzzing from the committed seeds, the ONNX backend suite's files and the corpus earlier
+# runs grew. Findings land in build-san/fuzz/artifacts/<target>/ and make the script fail.
+# POPART_FUZZ_SEED fixes libFuzzer's seed (scripts/test.sh: 1, so that a CI run can be repeated);
+# POPART_FUZZ_TIMEOUT is the seconds one input may take (default 10). docs/fuzzing.md says more.
 # Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (targets: model npy tensorproto checkpoint idx)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,11 +13,12 @@ shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then targets=(model npy tensorproto checkpoint idx); fi
 suite=/usr/share/libonnx-testdata/data
-work=build-fuzz/fuzz
+work=build-san/fuzz
+timeout=${POPART_FUZZ_TIMEOUT:-10}
+seed=()
+if [[ -n ${POPART_FUZZ_SEED:-} ]]; then seed=(-seed="$POPART_FUZZ_SEED"); fi
 
-CC=clang CXX=clang++ CCACHE_BASEDIR="$PWD" cmake -S . -B build-fuzz -DPOPART_FUZZ=ON -DPOPART_BUILD_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" >/dev/null
-cmake --build build-fuzz -j2 --target "${targets[@]/#/fuzz_}"
+scripts/sanitize-build.sh "${targets[@]/#/fuzz_}"
 
 # The suite's models and tensors as extra seeds (links, not copies; large files only slow the fuzzer).
 link_suite() { # $1: target, $2: file name pattern
@@ -34,14 +37,14 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 status=0
 summary=()
 for t in "${targets[@]}"; do
-  bin=build-fuzz/tests/fuzz/fuzz_$t
+  bin=build-san/tests/fuzz/fuzz_$t
   mkdir -p "$work/corpus/$t" "$work/artifacts/$t" "$work/suite/$t"
   # The checkpoint target's real checkpoint, in the format this build writes.
   if [[ $t == checkpoint ]]; then export POPART_FUZZ_WRITE_CHECKPOINT=$work/suite/checkpoint/current.ckpt; fi
   regressions=(tests/fuzz/regressions/"$t"/*)
   if [[ -e ${regressions[0]} ]]; then
     echo "== fuzz_$t: replaying ${#regressions[@]} regression input(s)"
-    if ! "$bin" -rss_limit_mb=2048 -timeout=10 "${regressions[@]}" >"$work/$t-regressions.log" 2>&1; then
+    if ! "$bin" -rss_limit_mb=2048 -timeout="$timeout" "${regressions[@]}" >"$work/$t-regressions.log" 2>&1; then
       echo "fuzz_$t: a regression input fails again (log: $work/$t-regressions.log)"
       tail -40 "$work/$t-regressions.log"
       status=1
@@ -51,7 +54,7 @@ for t in "${targets[@]}"; do
   fi
   echo "== fuzz_$t: fuzzing for ${seconds}s"
   set +e
-  "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+  "$bin" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout="$timeout" -print_final_stats=1 "${seed[@]}" \
     -artifact_prefix="$work/artifacts/$t/" "$work/corpus/$t" "$work/suite/$t" "tests/fuzz/corpus/$t" \
     >"$work/$t.log" 2>&1
   rc=$?
