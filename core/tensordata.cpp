@@ -1,12 +1,53 @@
 #include "core/tensordata.hpp"
 #include "core/dispatch.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <limits>
 
 namespace popart {
 
-void TensorData::Free::operator()(void *p) const { std::free(p); }
+void TensorData::Free::operator()(void *p) const {
+  if (mappedLength != 0)
+    ::munmap(static_cast<uint8_t *>(p) - mappedDelta, mappedLength);
+  else
+    std::free(p);
+}
+
+std::optional<TensorData> TensorData::mapFile(const TensorInfo &info, const std::string &file, int64_t offset) {
+  if (!info.isTensor() || info.dataType() == DataType::STRING || info.elementCount() <= 0)
+    throw error("cannot map tensor ", info.toString(), " from '", file, "': only non-empty numeric tensors are mapped");
+  const int64_t bytes = info.byteCount();
+  if (offset < 0 || offset % 64 != 0) return std::nullopt; // the kernels expect 64-byte aligned data
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return std::nullopt;
+  }
+  if (bytes > st.st_size || offset > st.st_size - bytes) {
+    ::close(fd);
+    throw error("cannot map tensor ", info.toString(), " from '", file, "': bytes [", offset, ", ", offset + bytes,
+                ") are outside the file of ", static_cast<int64_t>(st.st_size), " bytes");
+  }
+  const auto page = static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+  const int64_t start = offset / page * page;
+  const auto length = static_cast<size_t>(offset - start + bytes);
+  // Private and writable: a training step updates its weights in place, in memory only.
+  void *base = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, start);
+  ::close(fd); // the mapping keeps the file
+  if (base == MAP_FAILED) return std::nullopt;
+  TensorData data;
+  data.info_ = info;
+  data.bytes_ = std::unique_ptr<uint8_t, Free>(static_cast<uint8_t *>(base) + (offset - start),
+                                               Free{length, static_cast<size_t>(offset - start)});
+  return data;
+}
 
 static uint8_t *allocateAligned(size_t bytes) {
   size_t rounded = ((bytes == 0 ? 1 : bytes) + 63) / 64 * 64;

@@ -1,11 +1,12 @@
 #pragma once
-// Owned, 64-byte aligned host storage for one tensor's elements.
+// Owned, 64-byte aligned host storage for one tensor's elements: allocated, or mapped from a file.
 
 #include <popart/tensorinfo.hpp>
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,8 +51,21 @@ public:
   static TensorData fromInt64(const Shape &shape, const std::vector<int64_t> &values);
   static TensorData scalarFloat(float value);
 
+  /// \p info's elements mapped from bytes [offset, offset + info.byteCount()) of \p file,
+  /// copy-on-write: writes to the tensor stay in memory and never reach the file, and pages not
+  /// written remain the file's (the system can drop and re-read them). Nothing if the range cannot
+  /// be mapped 64-byte aligned (an offset that is not a multiple of 64) or the mapping fails: the
+  /// caller reads the file instead. Throws if the range is outside the file.
+  static std::optional<TensorData> mapFile(const TensorInfo &info, const std::string &file, int64_t offset);
+  /// Whether the bytes are mapped from a file (mapFile) rather than allocated.
+  bool mapped() const { return bytes_.get_deleter().mappedLength != 0; }
+
 private:
   struct Free {
+    constexpr Free() noexcept : mappedLength(0), mappedDelta(0) {}
+    constexpr Free(size_t length, size_t delta) noexcept : mappedLength(length), mappedDelta(delta) {}
+    size_t mappedLength; ///< non-zero: munmap this many bytes from the data minus mappedDelta
+    size_t mappedDelta;  ///< the data's offset into its mapping (the file offset's in-page part)
     void operator()(void *p) const;
   };
   TensorInfo info_;

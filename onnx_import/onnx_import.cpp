@@ -95,7 +95,7 @@ ExternalRange externalRange(const onnx::TensorProto &t, const std::string &baseD
 }
 
 /// Reads range \p r of external-data tensor \p t straight into \p dst (its final buffer: a large
-/// initializer is not held twice).
+/// initializer is not held twice), for ranges that TensorData::mapFile cannot map.
 void readExternalData(const onnx::TensorProto &t, const ExternalRange &r, void *dst) {
   std::ifstream in(r.file, std::ios::binary);
   if (!in) throw error("tensor '", t.name(), "': cannot open external data file '", r.file.string(), "'");
@@ -133,6 +133,14 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
       throw error("tensor '", t.name(), "': external data has ", have, " bytes, shape ", toString(info.shape()), " of ",
                   toString(type), " needs ", n, " elements");
   }
+  // External data of 64 KiB or more at a 64-byte aligned offset is mapped, not read: its pages stay
+  // the file's until written (a training step's update), so a large inference weight that a kernel
+  // packs into its own layout leaves only that layout in memory the system must keep. Smaller
+  // tensors are read: a mapping takes at least a page, and a process has a limited number of them.
+  constexpr int64_t kMapFromBytes = int64_t{64} << 10;
+  if (t.data_location() == onnx::TensorProto::EXTERNAL && type != DataType::STRING && n > 0 &&
+      external.length >= kMapFromBytes)
+    if (auto mapped = TensorData::mapFile(info, external.file.string(), external.offset)) return std::move(*mapped);
   TensorData data(info);
   if (type == DataType::STRING) {
     if (t.string_data_size() != n)

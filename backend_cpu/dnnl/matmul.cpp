@@ -159,6 +159,12 @@ constexpr MatMulOperands kTimedWays[] = {MatMulOperands::FlippedA,         MatMu
 /// ShiftedB's offset of B in the scratch: 16 bytes off oneDNN's 64-byte alignment.
 constexpr int64_t kShift = 16;
 
+/// The data of a stored tensor (a Const's or a Variable's) holding at least \p bytes, or null.
+const void *storedData(const ir::Tensor &t, size_t bytes) {
+  const auto &data = t.data();
+  return data && data->byteCount() >= 0 && static_cast<size_t>(data->byteCount()) >= bytes ? data->data() : nullptr;
+}
+
 class MatMulKernel : public Kernel {
 public:
   MatMulKernel(const ir::Op &op, const KernelContext &context) {
@@ -189,6 +195,8 @@ public:
       return matmul::primitive_desc(matmul::desc(src, weights, mdBias, mdY), attr, dnnl_util::engine());
     };
     bool constB = op.input(1).isConst();
+    storedA_ = storedData(op.input(0), mdA.get_size());
+    storedB_ = storedData(op.input(1), mdB.get_size());
     auto pd = make(mdA, constB ? dnnl_util::anyLayout(mdB) : mdB);
     if (constB && (dnnl_util::implIs(pd, "ref") || unblocked(pd.weights_desc()))) pd = make(mdA, mdB);
     prim_ = matmul(pd);
@@ -385,12 +393,15 @@ private:
     // 64-byte aligned like the arena and the variables: oneDNN's AVX2 gemm takes another path
     // for a B that is not (the MLP's dY·W ran in 3.2 ms with B 16 bytes off, 5.8 ms aligned), so
     // timing on malloc'd buffers chose wrongly.
+    // Operands with data of their own (weights, constants) are timed on it, not on a copy: a
+    // copy of a large weight doubled the compile's peak memory (a 268 MB MatMul weight).
     size_t bytesA = a_.get_desc().get_size(), bytesB = b_.get_desc().get_size(), bytesY = y_.get_desc().get_size();
-    auto bufA = alignedBytes(bytesA), bufB = alignedBytes(bytesB), bufY = alignedBytes(bytesY);
+    auto bufA = alignedBytes(storedA_ ? 1 : bytesA), bufB = alignedBytes(storedB_ ? 1 : bytesB),
+         bufY = alignedBytes(bytesY);
     auto bias = alignedBytes(hasBias_ ? bias_.get_desc().get_size() : 1),
          residual = alignedBytes(hasResidual_ ? bytesY : 1);
-    const void *ins[4] = {bufA.get(), bufB.get(), hasBias_ ? bias.get() : nullptr,
-                          hasResidual_ ? residual.get() : nullptr};
+    const void *ins[4] = {storedA_ ? storedA_ : bufA.get(), storedB_ ? storedB_ : bufB.get(),
+                          hasBias_ ? bias.get() : nullptr, hasResidual_ ? residual.get() : nullptr};
     void *outs[1] = {bufY.get()};
     KernelArgs args{ins, 4, outs, 1, nullptr};
     operands_ = MatMulOperands::AsStored;
@@ -507,6 +518,8 @@ private:
   memory a_, b_, y_, bias_, r_;
   MatMulOperands operands_ = MatMulOperands::AsStored;
   bool timed_ = false; ///< operands_ came from the timing (or the session's record of it)
+  /// A's and B's own data when they are stored tensors (timeOperands reads them; null: none).
+  const void *storedA_ = nullptr, *storedB_ = nullptr;
   primitive reordered_, reorder_;
   std::vector<dnnl_exec_arg_t> reorderedArgs_, reorderArgs_;
   memory scratchA_, scratchB_;

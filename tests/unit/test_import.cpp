@@ -1,7 +1,11 @@
 // Import and session errors on bad input (item 10 of the foundation issue), plus external data.
 
+#include "core/tensordata.hpp"
+#include "ir/graph.hpp"
 #include "onnx_import/onnx_import.hpp"
+#include <popart/builder.hpp>
 #include <popart/error.hpp>
+#include <popart/optimizer.hpp>
 #include <popart/session.hpp>
 
 #include <onnx/onnx_pb.h>
@@ -10,6 +14,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 
 namespace fs = std::filesystem;
 using namespace popart;
@@ -256,6 +262,90 @@ TEST(Import, ExternalDataLoadsInsideTheFolderAndIsRefusedOutside) {
   writeFile(dir.path / "short.onnx", makeModel("weights_missing.bin").SerializeAsString());
   msg = expectError([&] { onnx_import::importModelFile((dir.path / "short.onnx").string()); });
   EXPECT_NE(msg.find("cannot open external data file"), std::string::npos) << msg;
+}
+
+namespace {
+
+/// The bytes of file \p p.
+std::string fileBytes(const fs::path &p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+/// \p model (serialized) with initializer \p name moved to \p file at \p offset as external data.
+std::string withExternalInitializer(const std::string &model, const std::string &name, const fs::path &file,
+                                    int64_t offset) {
+  onnx::ModelProto m;
+  EXPECT_TRUE(m.ParseFromString(model));
+  for (auto &t : *m.mutable_graph()->mutable_initializer()) {
+    if (t.name() != name) continue;
+    EXPECT_TRUE(t.has_raw_data()) << name;
+    std::string bytes(static_cast<size_t>(offset), '\x7f'); // not a float anyone expects
+    bytes += t.raw_data();
+    bytes += std::string(8, '\x7f');
+    writeFile(file, bytes);
+    t.clear_raw_data();
+    t.set_data_location(onnx::TensorProto::EXTERNAL);
+    for (const auto &[key, value] : {std::pair<std::string, std::string>{"location", file.filename().string()},
+                                     {"offset", std::to_string(offset)},
+                                     {"length", std::to_string(bytes.size() - offset - 8)}}) {
+      auto *kv = t.add_external_data();
+      kv->set_key(key);
+      kv->set_value(value);
+    }
+  }
+  return m.SerializeAsString();
+}
+
+} // namespace
+
+TEST(Import, ExternalDataAtAlignedOffsetsIsMappedAndNeverWritten) {
+  TempDir dir;
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  constexpr int64_t n = 16384; // 64 KiB: external tensors this large are mapped
+  std::vector<float> w0(n), xv(n), stepped(n);
+  for (int64_t i = 0; i < n; ++i) {
+    w0[i] = static_cast<float>(i % 97) * 0.25f;
+    xv[i] = static_cast<float>(i % 13) - 6.f;
+    stepped[i] = w0[i] - 0.5f * xv[i]; // exact: quarters and halves of small integers
+  }
+  TensorId x = b->addInputTensor(TensorInfo(DataType::FLOAT, {n}), "x");
+  TensorId w = b->addInitializedInputTensor(w0.data(), TensorInfo(DataType::FLOAT, {n}), "w");
+  b->addOutputTensor(ai.reducesum({ai.mul({w, x})}, std::nullopt, 0));
+  // At offset 128 the weight is mapped; at 132 (not a multiple of 64) it is read.
+  for (int64_t offset : {128, 132}) {
+    SCOPED_TRACE("offset " + std::to_string(offset));
+    const fs::path model = dir.path / "model.onnx", weights = dir.path / "weights.bin";
+    writeFile(model, withExternalInitializer(b->getModelProto(), w, weights, offset));
+    const std::string stored = fileBytes(weights);
+    auto graph = onnx_import::importModelFile(model.string());
+    const auto &data = graph->tensor(w).data();
+    ASSERT_TRUE(data);
+    EXPECT_EQ(data->mapped(), offset % 64 == 0);
+    EXPECT_EQ(std::vector<float>(data->as<float>(), data->as<float>() + n), w0);
+    data->as<float>()[0] = 42.f; // copy-on-write: the file keeps its bytes
+    graph.reset();
+    EXPECT_EQ(fileBytes(weights), stored);
+
+    // A training step updates the weight in memory only.
+    SGD sgd({{"defaultLearningRate", {0.5f, false}}});
+    auto s = TrainingSession::createFromOnnxModel(model.string(), DataFlow(1, std::vector<TensorId>{}), "", sgd);
+    s->prepareDevice();
+    s->weightsFromHost();
+    NDArrayWrapper<float> xa(xv.data(), {n});
+    std::map<TensorId, IArray &> inputs{{x, xa}}, anchors;
+    StepIO io(inputs, anchors);
+    s->run(io);
+    std::vector<float> after(n);
+    NDArrayWrapper<float> afterArray(after.data(), {n});
+    WeightsIO read;
+    read.insert(w, afterArray);
+    s->readWeights(read);
+    EXPECT_EQ(after, stepped); // w - 0.5 x
+    s.reset();
+    EXPECT_EQ(fileBytes(weights), stored);
+  }
 }
 
 TEST(Import, TensorProtoFilesRoundTrip) {
