@@ -88,13 +88,14 @@ IdxArray readIdx(const std::string &path) {
   const auto elementBytes = static_cast<int64_t>(dataTypeSize(type));
   if (count > std::numeric_limits<int64_t>::max() / elementBytes)
     throw error("IDX file '", path, "': ", a.info.toString(), " has more than 2^63 bytes");
-  // The buffer grows as the data arrives, so that a header announcing more than the file holds
-  // (gzip hides the real size) is refused as truncated instead of allocating what it claims.
+  // The buffer grows as the data arrives, doubling from 64 KiB to chunks of 16 MiB, so that a
+  // header announcing more than the file holds (gzip hides the real size) is refused as truncated
+  // after allocating about what the file has, not what it claims.
   const auto total = static_cast<size_t>(a.info.byteCount());
-  constexpr size_t kChunk = size_t{1} << 24;
+  constexpr size_t kFirstChunk = size_t{1} << 16, kMaxChunk = size_t{1} << 24;
   while (a.bytes.size() < total) {
     const size_t done = a.bytes.size();
-    a.bytes.resize(done + std::min(total - done, kChunk));
+    a.bytes.resize(done + std::min(total - done, std::clamp(done, kFirstChunk, kMaxChunk)));
     readExactly(f.get(), a.bytes.data() + done, a.bytes.size() - done, path, "data of " + a.info.toString(), done,
                 total);
   }

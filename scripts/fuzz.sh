@@ -33,6 +33,8 @@ link_suite model model.onnx
 link_suite tensorproto '*.pb'
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+# The harnesses write each input to a file for the readers that take a path: in memory if possible.
+if [[ -z ${TMPDIR:-} && -d /dev/shm && -w /dev/shm ]]; then export TMPDIR=/dev/shm; fi
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 status=0
 summary=()
