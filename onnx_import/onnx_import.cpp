@@ -382,6 +382,65 @@ void addNodes(const onnx::GraphProto &g, ir::Graph &graph, const Scope *outer, c
   }
 }
 
+/// Calls \p f on every subgraph of the nodes of \p g (If branches, Loop and Scan bodies), nested ones too.
+void forEachSubgraph(const onnx::GraphProto &g, const std::function<void(const onnx::GraphProto &)> &f) {
+  for (const auto &node : g.node())
+    for (const auto &a : node.attribute()) {
+      if (a.has_g()) {
+        f(a.g());
+        forEachSubgraph(a.g(), f);
+      }
+      for (const auto &sg : a.graphs()) {
+        f(sg);
+        forEachSubgraph(sg, f);
+      }
+    }
+}
+
+/// True if a subgraph of \p g has an input or output without a declared type.
+bool hasUntypedSubgraphValues(const onnx::GraphProto &g) {
+  bool untyped = false;
+  forEachSubgraph(g, [&](const onnx::GraphProto &sg) {
+    for (const auto &v : sg.input())
+      untyped = untyped || !v.has_type() || v.type().value_case() == onnx::TypeProto::VALUE_NOT_SET;
+    for (const auto &v : sg.output())
+      untyped = untyped || !v.has_type() || v.type().value_case() == onnx::TypeProto::VALUE_NOT_SET;
+  });
+  return untyped;
+}
+
+/// Refuses a ConvTranspose whose X and W have declared shapes (graph inputs, initializers,
+/// value_info, in \p g and its subgraphs) of different ranks or W of rank below 3.
+void checkConvTransposeRanks(const onnx::GraphProto &main) {
+  std::map<std::string, int> ranks;
+  auto collect = [&](const onnx::GraphProto &g) {
+    for (const auto &t : g.initializer())
+      ranks[t.name()] = t.dims_size();
+    for (const auto *values : {&g.input(), &g.value_info(), &g.output()})
+      for (const auto &v : *values)
+        if (v.type().has_tensor_type() && v.type().tensor_type().has_shape())
+          ranks[v.name()] = v.type().tensor_type().shape().dim_size();
+  };
+  auto check = [&](const onnx::GraphProto &g) {
+    for (const auto &node : g.node()) {
+      if (node.op_type() != "ConvTranspose" || ir::canonicalDomain(node.domain()) != "ai.onnx" ||
+          node.input_size() < 2)
+        continue;
+      auto x = ranks.find(node.input(0)), w = ranks.find(node.input(1));
+      if (w == ranks.end()) continue;
+      if (w->second < 3 || (x != ranks.end() && x->second != w->second))
+        throw error(node.name().empty() ? std::string("a ConvTranspose node") : "node '" + node.name() + "' (ConvTranspose)",
+                    ": weights '", node.input(1), "' have rank ", w->second,
+                    x != ranks.end() ? ", X '" + node.input(0) + "' rank " + std::to_string(x->second) : std::string(),
+                    "; expected the same rank of 3 or more");
+    }
+  };
+  collect(main);
+  forEachSubgraph(main, collect);
+  check(main);
+  forEachSubgraph(main, check);
+}
+
 } // namespace
 
 std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std::string &baseDir,
@@ -402,10 +461,19 @@ std::unique_ptr<ir::Graph> importModelBytes(const std::string &bytes, const std:
         throw error("model '", sourceName, "' fails the ONNX checker: ", msg);
     }
   }
-  try {
-    onnx::shape_inference::InferShapes(model);
-  } catch (const std::exception &e) {
-    logging::logger().info("ONNX shape inference failed on '{}': {}", sourceName, e.what());
+  // ONNX's own shape inference runs only for what the import reads from it: the types of subgraph
+  // inputs and outputs that a model leaves undeclared (the IR infers and checks every op's shapes
+  // itself when the session is prepared). libonnx 1.12's inference dereferences null on some
+  // invalid models (a ConvTranspose whose weight has rank 2, found by the model fuzzer:
+  // tests/fuzz/regressions/model/), so it is not run on models that do not need it, and the
+  // ConvTranspose weights that it would crash on are refused before it.
+  if (hasUntypedSubgraphValues(model.graph())) {
+    checkConvTransposeRanks(model.graph());
+    try {
+      onnx::shape_inference::InferShapes(model);
+    } catch (const std::exception &e) {
+      logging::logger().info("ONNX shape inference failed on '{}': {}", sourceName, e.what());
+    }
   }
 
   auto graph = std::make_unique<ir::Graph>();
