@@ -330,7 +330,14 @@ void setupTile(Op &op) {
   Shape out = in;
   for (size_t i = 0; i < in.size(); ++i) {
     if (repeats[i] < 0) throw error(op.debugName(), ": repeats ", toString(repeats), " has a negative entry");
-    out[i] *= repeats[i];
+    if (__builtin_mul_overflow(out[i], repeats[i], &out[i])) // found by the model fuzzer
+      throw error(op.debugName(), ": repeats ", toString(repeats), " of input ", toString(in),
+                  " give a dimension past 2^63");
+  }
+  try {
+    (void)shapeElementCount(out);
+  } catch (const error &e) {
+    throw error(op.debugName(), ": ", e.what());
   }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
