@@ -107,14 +107,28 @@ void setupMaxUnpool(Op &op) {
     out = s->toInt64Vector();
     if (out.size() != x.size())
       throw error(op.debugName(), ": output_shape has rank ", out.size(), ", expected ", x.size());
+    for (int64_t d : out)
+      if (d < 0) throw error(op.debugName(), ": output_shape ", toString(out), " has a negative dimension");
   } else {
+    // Attribute sizes and the arithmetic are checked: found by the model fuzzer (strides shorter
+    // than kernel_shape were read past their end).
+    if (x.size() < 3) throw error(op.debugName(), ": X ", toString(x), " needs a batch, a channel and spatial axes");
     std::vector<int64_t> kernel = op.attrs.getInts("kernel_shape");
     size_t spatial = x.size() - 2;
     if (kernel.size() != spatial) throw error(op.debugName(), ": kernel_shape needs ", spatial, " values");
     std::vector<int64_t> strides = op.attrs.getInts("strides", std::vector<int64_t>(spatial, 1));
     std::vector<int64_t> pads = op.attrs.getInts("pads", std::vector<int64_t>(2 * spatial, 0));
-    for (size_t i = 0; i < spatial; ++i)
-      out[i + 2] = (x[i + 2] - 1) * strides[i] + kernel[i] - pads[i] - pads[spatial + i];
+    if (strides.size() != spatial) throw error(op.debugName(), ": strides needs ", spatial, " values");
+    if (pads.size() != 2 * spatial) throw error(op.debugName(), ": pads needs ", 2 * spatial, " values");
+    for (size_t i = 0; i < spatial; ++i) {
+      int64_t d = 0, padded = 0;
+      if (strides[i] < 1 || kernel[i] < 1 || pads[i] < 0 || pads[spatial + i] < 0 ||
+          __builtin_mul_overflow(x[i + 2] - 1, strides[i], &d) || __builtin_add_overflow(d, kernel[i], &d) ||
+          __builtin_add_overflow(pads[i], pads[spatial + i], &padded) || d - padded < 1)
+        throw error(op.debugName(), ": X ", toString(x), " with kernel_shape ", toString(kernel), ", strides ",
+                    toString(strides), " and pads ", toString(pads), " gives no valid output size on axis ", i + 2);
+      out[i + 2] = d - padded;
+    }
   }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
 }
