@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 namespace popart::backend_cpu {
 
@@ -263,10 +264,22 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
   });
 }
 
+/// \p x op \p y for op +, - or * (\p f), wrapping around for signed integers as numpy and ONNX
+/// Runtime do: signed overflow is undefined behaviour in C++ (found by the model fuzzer, an int64
+/// Add folded at compile). Unsigned arithmetic wraps; converting back is modular since C++20.
+template <typename C, typename F> C wrapping(C x, C y, F f) {
+  if constexpr (std::is_integral_v<C> && std::is_signed_v<C>) {
+    using U = std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, std::make_unsigned_t<C>>;
+    return static_cast<C>(f(static_cast<U>(x), static_cast<U>(y)));
+  } else {
+    return f(x, y);
+  }
+}
+
 template <typename C> C binaryValue(Code type, C x, C y, bool fmod) {
-  if (type == Code::Add || type == Code::Sum) return x + y;
-  if (type == Code::Sub) return x - y;
-  if (type == Code::Mul) return x * y;
+  if (type == Code::Add || type == Code::Sum) return wrapping(x, y, std::plus<>());
+  if (type == Code::Sub) return wrapping(x, y, std::minus<>());
+  if (type == Code::Mul) return wrapping(x, y, std::multiplies<>());
   if (type == Code::Div) {
     if constexpr (std::is_integral_v<C>) {
       if (y == 0) throw error("Div: integer division by zero");
