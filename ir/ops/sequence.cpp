@@ -167,14 +167,8 @@ void setupConcatFromSequence(Op &op) {
   const Shape &first = seq.elements()[0].shape();
   int64_t rank = static_cast<int64_t>(first.size()) + (newAxis ? 1 : 0);
   int64_t axis = normalizeAxis(op.attrs.getInt("axis"), rank, op);
-  Shape out = first;
-  if (newAxis) {
-    out.insert(out.begin() + axis, static_cast<int64_t>(seq.elements().size()));
-  } else {
-    out[static_cast<size_t>(axis)] = 0;
-    for (const TensorInfo &e : seq.elements())
-      out[static_cast<size_t>(axis)] += e.shape()[static_cast<size_t>(axis)];
-  }
+  // Every element's rank is checked before its size along the axis is read (the model fuzzer
+  // found an element of lower rank read past its shape's end), and the sum cannot overflow.
   for (const TensorInfo &e : seq.elements()) {
     Shape s = e.shape();
     if (s.size() != first.size()) throw error(op.debugName(), ": elements have different ranks");
@@ -182,6 +176,16 @@ void setupConcatFromSequence(Op &op) {
       if ((newAxis || static_cast<int64_t>(d) != axis) && s[d] != first[d])
         throw error(op.debugName(), ": element ", e.toString(), " does not match ", seq.elements()[0].toString(),
                     " outside axis ", axis);
+  }
+  Shape out = first;
+  if (newAxis) {
+    out.insert(out.begin() + axis, static_cast<int64_t>(seq.elements().size()));
+  } else {
+    out[static_cast<size_t>(axis)] = 0;
+    for (const TensorInfo &e : seq.elements())
+      if (__builtin_add_overflow(out[static_cast<size_t>(axis)], e.shape()[static_cast<size_t>(axis)],
+                                 &out[static_cast<size_t>(axis)]))
+        throw error(op.debugName(), ": the elements' sizes along axis ", axis, " add up past 2^63");
   }
   op.setOutInfo(0, TensorInfo(seq.dataType(), out));
 }
