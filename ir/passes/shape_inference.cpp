@@ -15,6 +15,25 @@ static bool allInputsConst(const Op &op) {
   return true;
 }
 
+/// Outputs larger than this in all are not folded: they are computed when the plan runs, after the
+/// plan's memory limit has been checked (the model fuzzer found a constant Tile whose folding
+/// asked for 2^44 bytes of index tables before any limit was checked).
+constexpr int64_t kMaxFoldedBytes = int64_t{256} << 20;
+
+static bool smallEnoughToFold(const Op &op) {
+  int64_t total = 0;
+  for (const Tensor *t : op.outputs) {
+    if (!t || !t->info().isTensor()) continue;
+    int64_t bytes = 0;
+    const auto width = static_cast<int64_t>(dataTypeSize(t->info().dataType()));
+    int64_t n = 1;
+    for (int64_t d : t->info().shape())
+      if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
+    if (__builtin_mul_overflow(n, width, &bytes) || __builtin_add_overflow(total, bytes, &total)) return false;
+  }
+  return total <= kMaxFoldedBytes;
+}
+
 static void fold(Graph &graph, Op &op, const ConstEvaluator &folder) {
   std::vector<TensorData> values = folder.evaluate(op);
   std::vector<Tensor *> outs = op.outputs;
@@ -86,7 +105,7 @@ void inferShapes(Graph &graph, const ConstEvaluator *folder) {
       graph.removeOp(*op);
       continue;
     }
-    if (folder && op->def->foldable && allInputsConst(*op) && folder->canEvaluate(*op)) {
+    if (folder && op->def->foldable && allInputsConst(*op) && smallEnoughToFold(*op) && folder->canEvaluate(*op)) {
       logging::logger().trace("folding {}", op->debugName());
       fold(graph, *op, *folder);
     }
