@@ -24,14 +24,18 @@ static bool smallEnoughToFold(const Op &op) {
   int64_t total = 0;
   for (const Tensor *t : op.outputs) {
     if (!t || !t->info().isTensor()) continue;
-    int64_t bytes = 0;
-    const auto width = static_cast<int64_t>(dataTypeSize(t->info().dataType()));
-    int64_t n = 1;
-    for (int64_t d : t->info().shape())
-      if (d < 0 || __builtin_mul_overflow(n, d, &n)) return false;
-    if (__builtin_mul_overflow(n, width, &bytes) || __builtin_add_overflow(total, bytes, &total)) return false;
+    if (!t->info().isKnown()) return false;
+    int64_t n = 0;
+    try {
+      n = t->info().elementCount(); // throws past 2^63 elements
+    } catch (const error &) {
+      return false;
+    }
+    const int64_t width = std::max<int64_t>(static_cast<int64_t>(dataTypeSize(t->info().dataType())), 1);
+    if (n > (kMaxFoldedBytes - total) / width) return false;
+    total += n * width;
   }
-  return total <= kMaxFoldedBytes;
+  return true;
 }
 
 static void fold(Graph &graph, Op &op, const ConstEvaluator &folder) {
