@@ -40,6 +40,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 
 namespace popart {
@@ -161,6 +162,53 @@ std::string withoutUniqueSuffix(const std::string &id) {
   for (size_t i = mark + 2; i < id.size(); ++i)
     if (id[i] < '0' || id[i] > '9') return id;
   return id.substr(0, mark);
+}
+
+/// \p value, named \p what in the error, if it is an integer in [lo, hi]. nlohmann's get<int>()
+/// converts whatever number the field holds, and a float out of the target's range makes that cast
+/// undefined behaviour (a fuzzed header held 4.6e60).
+int64_t integerValue(const nlohmann::json &value, const std::string &what, int64_t lo, int64_t hi) {
+  bool inRange = false;
+  int64_t v = 0;
+  if (value.is_number_unsigned()) {
+    const auto u = value.get<uint64_t>();
+    inRange = u <= static_cast<uint64_t>(hi);
+    v = inRange ? static_cast<int64_t>(u) : 0;
+  } else if (value.is_number_integer()) {
+    v = value.get<int64_t>();
+    inRange = true;
+  }
+  if (!inRange || v < lo || v > hi)
+    throw error("its ", what, " is ", value.dump(), ", expected an integer in [", lo, ", ", hi, "]");
+  return v;
+}
+
+int64_t headerInteger(const nlohmann::json &header, const std::string &key, int64_t lo = 0,
+                      int64_t hi = std::numeric_limits<int64_t>::max()) {
+  auto found = header.find(key);
+  if (found == header.end()) throw error("its field '", key, "' is missing");
+  return integerValue(*found, "field '" + key + "'", lo, hi);
+}
+
+/// The loss scale \p key of \p header: a positive number a float holds (a double past float's range
+/// would make the conversion undefined behaviour).
+float headerFloat(const nlohmann::json &header, const std::string &key) {
+  auto found = header.find(key);
+  if (found == header.end()) throw error("its field '", key, "' is missing");
+  const double v = found->is_number() ? found->get<double>() : -1.0;
+  if (!(v > 0.0 && v <= static_cast<double>(std::numeric_limits<float>::max())))
+    throw error("its field '", key, "' is ", found->dump(), ", expected a positive number a float holds");
+  return static_cast<float>(v);
+}
+
+/// The shape \p value of tensor \p id: an array of dimensions, each a non-negative integer.
+Shape headerShape(const nlohmann::json &value, const std::string &id) {
+  if (!value.is_array()) throw error("the shape of tensor '", id, "' is ", value.dump(), ", not an array");
+  Shape shape;
+  for (const auto &d : value)
+    shape.push_back(integerValue(d, "tensor '" + id + "' dimension " + std::to_string(shape.size()), 0,
+                                 std::numeric_limits<int64_t>::max()));
+  return shape;
 }
 
 /// Writes into \p out this replica's shard (\p l) of the whole state \p whole: its elements
@@ -348,9 +396,9 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
   // What the file is for, checked before the session recompiles for its MatMul ways (which resets
   // its state): a checkpoint of another model, optimiser or precision leaves the session as it was.
   withFileNamed([&] {
-    if (header.at("version").get<int>() != layout.version)
-      throw error("its header says format version ", header.at("version").get<int>(), ", its preamble ",
-                  layout.version);
+    const int64_t version = headerInteger(header, "version");
+    if (version != layout.version)
+      throw error("its header says format version ", version, ", its preamble ", layout.version);
     if (header.at("model").get<std::string>() != std::to_string(fingerprint(m.model.bytes)))
       throw error("it was written for a different model");
     if (header.at("optimizer").get<std::string>() != m.optimizer->name())
@@ -371,7 +419,8 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
   prepareDevice();
   withFileNamed([&] {
     // Checkpoints from before replication are those of one process.
-    const int written = header.value("replicas", 1);
+    const int64_t written =
+        header.contains("replicas") ? headerInteger(header, "replicas", 1, std::numeric_limits<int>::max()) : 1;
     const int replicas = m.kernelContext.communicator ? m.kernelContext.communicator->size() : 1;
     // The file holds whole optimiser state whatever wrote it: a sharded session cuts its shard out.
     const std::map<TensorId, session::StateShard> sharded = m.shardedState();
@@ -390,9 +439,10 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
       const std::string saved = t.at("id").get<std::string>();
       if (saved != ids[i] && withoutUniqueSuffix(saved) != withoutUniqueSuffix(ids[i]))
         throw error("tensor ", i, " is '", t.at("id").get<std::string>(), "', expected '", ids[i], "'");
-      if (t.at("shape").get<Shape>() != whole.shape() || t.at("type").get<std::string>() != toString(whole.dataType()))
-        throw error("tensor '", ids[i], "' is ", t.at("type").get<std::string>(), " ",
-                    toString(t.at("shape").get<Shape>()), ", the session has ", whole.toString());
+      const Shape shape = headerShape(t.at("shape"), ids[i]);
+      const std::string type = t.at("type").get<std::string>();
+      if (shape != whole.shape() || type != toString(whole.dataType()))
+        throw error("tensor '", ids[i], "' is ", type, " ", toString(shape), ", the session has ", whole.toString());
       TensorData v(whole);
       const auto bytes = static_cast<uint64_t>(v.byteCount());
       if (bytes > layout.dataEnd - at)
@@ -412,20 +462,21 @@ void TrainingSession::loadCheckpoint(const std::string &path) {
     if (at != layout.dataEnd)
       throw error("it has ", layout.dataEnd - at, " bytes after its last tensor (which ends at byte ", at, ")");
     // The step state, read whole before any of it is applied.
-    const int64_t step = header.at("step").get<int64_t>();
-    const int64_t skipped = header.at("skipped").get<int64_t>();
-    const int64_t goodSteps = header.at("goodSteps").get<int64_t>();
-    const auto lossScale = header.at("lossScale").get<float>();
+    const int64_t step = headerInteger(header, "step");
+    const int64_t skipped = headerInteger(header, "skipped");
+    const int64_t goodSteps = headerInteger(header, "goodSteps");
+    const float lossScale = headerFloat(header, "lossScale");
     // Checkpoints from before the histogram method of loss scaling start a new period.
-    const auto histogramBelow = header.value("histogramBelow", int64_t{0});
-    const auto histogramUpper = header.value("histogramUpper", int64_t{0});
-    const auto periodSteps = header.value("periodSteps", int64_t{0});
+    auto optionalInteger = [&](const char *key) { return header.contains(key) ? headerInteger(header, key) : 0; };
+    const int64_t histogramBelow = optionalInteger("histogramBelow");
+    const int64_t histogramUpper = optionalInteger("histogramUpper");
+    const int64_t periodSteps = optionalInteger("periodSteps");
     const std::string seedText = header.at("seed").get<std::string>();
     uint64_t seed = 0;
     const auto parsed = std::from_chars(seedText.data(), seedText.data() + seedText.size(), seed);
     if (parsed.ec != std::errc() || parsed.ptr != seedText.data() + seedText.size())
       throw error("its seed '", seedText, "' is not an unsigned 64-bit number");
-    const int64_t rngCounter = header.at("rngCounter").get<int64_t>();
+    const int64_t rngCounter = headerInteger(header, "rngCounter");
     // Everything read and checked: only now change the session.
     for (size_t i = 0; i < ids.size(); ++i)
       std::memcpy(m.variable(ids[i]).data(), values[i].data(), static_cast<size_t>(values[i].byteCount()));

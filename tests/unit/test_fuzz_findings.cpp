@@ -156,10 +156,31 @@ TEST(FuzzFindings, CheckpointRefusedLateLeavesTheSessionUnchanged) {
   read.insert(w, beforeArray);
   s->readWeights(read);
   ASSERT_NE(before, w0);
-  for (const auto &[from, to] : std::vector<std::pair<std::string, std::string>>{
-           {"\"seed\":\"0\"", "\"seed\":\"x\""}, {"\"step\":0,", ""}, {"\"rngCounter\":0", "\"rngCounter\":\"a\""}}) {
+  // Numbers where the loader wants integers once went through nlohmann's unchecked casts (a shape
+  // of 4.6e60 found by the checkpoint fuzzer: undefined behaviour).
+  struct Edit {
+    std::string from, to, message;
+  };
+  for (const auto &[from, to, message] : std::vector<Edit>{
+           {"\"seed\":\"0\"", "\"seed\":\"x\"", "its seed 'x' is not an unsigned 64-bit number"},
+           {"\"step\":0,", "", "its field 'step' is missing"},
+           {"\"rngCounter\":0", "\"rngCounter\":\"a\"", "its field 'rngCounter' is \"a\", expected an integer"},
+           {"\"shape\":[3]", "\"shape\":[4.6e60]", "its tensor 'w' dimension 0 is 4.6e+60, expected an integer"},
+           {"\"shape\":[3]", "\"shape\":[-3]", "its tensor 'w' dimension 0 is -3, expected an integer in [0,"},
+           {"\"shape\":[3]", "\"shape\":3", "the shape of tensor 'w' is 3, not an array"},
+           {"\"step\":0", "\"step\":1e60", "its field 'step' is 1e+60, expected an integer"},
+           {"\"step\":0", "\"step\":18446744073709551615", "its field 'step' is 18446744073709551615, expected"},
+           {"\"replicas\":1", "\"replicas\":1.5", "its field 'replicas' is 1.5, expected an integer in [1,"},
+           {"\"lossScale\":1.0", "\"lossScale\":1e60", "its field 'lossScale' is 1e+60, expected a positive number"},
+           {"\"lossScale\":1.0", "\"lossScale\":0", "its field 'lossScale' is 0, expected a positive number"}}) {
     std::ofstream((dir / "bad.ckpt"), std::ios::binary) << editedCheckpoint(good, from, to);
-    EXPECT_THROW(s->loadCheckpoint((dir / "bad.ckpt").string()), error) << to;
+    try {
+      s->loadCheckpoint((dir / "bad.ckpt").string());
+      ADD_FAILURE() << "a checkpoint with " << to << " was loaded";
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find((dir / "bad.ckpt").string()), std::string::npos) << e.what();
+    }
     std::vector<float> after(3);
     NDArrayWrapper<float> afterArray(after.data(), {3});
     WeightsIO again;
