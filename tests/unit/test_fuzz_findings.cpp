@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 
 #include <unistd.h>
 
@@ -81,18 +82,34 @@ TEST(FuzzFindings, TensorProtoErrorsNameTheFileAndTheFault) {
     EXPECT_NE(errorOf(read, e.path()).find(e.path().string()), std::string::npos) << e.path();
 }
 
-TEST(FuzzFindings, ReshapeToTooManyElementsIsRefused) {
-  std::ifstream in(kRegressions / "model/reshape-element-count-overflows.onnx", std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  try {
-    SessionOptions options;
-    options.numThreads = 1;
-    InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), options)->prepareDevice();
-    ADD_FAILURE() << "the model was accepted";
-  } catch (const error &e) {
-    EXPECT_NE(std::string(e.what()).find("Reshape #1: shape [1,72057593836601345,3,3,4,4] has too many elements"),
-              std::string::npos)
-        << e.what();
+TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
+  // As the fuzz harness runs them: one thread, a memory limit of 1 GiB.
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {"reshape-element-count-overflows.onnx",
+       "Reshape #1: shape [1,72057593836601345,3,3,4,4] has too many elements (more than 2^63)"},
+      {"tile-dimension-overflows.onnx",
+       "Tile #1: repeats [1,2,57016320,3097913593677479940] of input [1,2,3,4] give a dimension past 2^63"},
+      {"maxunpool-strides-shorter-than-kernel.onnx", "MaxUnpool #0: strides needs 2 values"},
+      {"concat-from-sequence-element-of-lower-rank.onnx", "ConcatFromSequence #1: elements have different ranks"},
+      {"convtranspose-weight-rank-2-onnx-inference-null.onnx",
+       "ConvTranspose #0: weights W have shape [2,3], expected rank 3 like X [1,1,3]"},
+      {"convtranspose-weight-rank-2-with-untyped-if-branch.onnx",
+       "a ConvTranspose node: weights 'W' have rank 2, X 'X' rank 3; expected the same rank of 3 or more"},
+      {"tile-folded-with-huge-output.onnx", "needs 1688849860.26 MB (1688849860264768 bytes: tensor '4' alone"},
+      {"compile-allocates-2.6GB.onnx", "needs 2642.41 MB (2642413856 bytes: tensor '2' alone"}};
+  for (const auto &[file, message] : cases) {
+    std::ifstream in(kRegressions / "model" / file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(bytes.empty()) << file;
+    try {
+      SessionOptions options;
+      options.numThreads = 1;
+      options.memoryLimitBytes = int64_t{1} << 30;
+      InferenceSession::createFromOnnxModel(bytes, DataFlow(1, std::vector<TensorId>{}), options)->prepareDevice();
+      ADD_FAILURE() << file << " was accepted";
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << file << ": " << e.what();
+    }
   }
 }
 
@@ -114,6 +131,32 @@ TEST(FuzzFindings, AHugeTileIsRefusedByTheMemoryLimitBeforeItsKernelIsMade) {
   }
   // An empty shape has no elements, however large its other dimensions (no overflow first).
   EXPECT_EQ(shapeElementCount({int64_t{1} << 62, int64_t{1} << 62, 0}), 0);
+}
+
+TEST(FuzzFindings, SignedIntegerAddSubMulWrapAroundAsNumpyDoes) {
+  // The fuzzer folded an int64 Add of two large constants: signed overflow in the reference kernel.
+  auto b = Builder::create();
+  auto ai = b->aiOnnxOpset13();
+  TensorId x = b->addInputTensor(TensorInfo(DataType::INT64, {3}), "x");
+  TensorId y = b->addInputTensor(TensorInfo(DataType::INT64, {3}), "y");
+  const std::vector<TensorId> outs{ai.add({x, y}), ai.sub({x, y}), ai.mul({x, y})};
+  for (const TensorId &o : outs)
+    b->addOutputTensor(o);
+  SessionOptions options;
+  options.numThreads = 1;
+  auto s = InferenceSession::createFromOnnxModel(b->getModelProto(), DataFlow(1, outs), options);
+  s->prepareDevice();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  std::vector<int64_t> xv{kMax, kMin, int64_t{1} << 62}, yv{1, 1, 4};
+  std::vector<std::vector<int64_t>> got(3, std::vector<int64_t>(3));
+  NDArrayWrapper<int64_t> xa(xv.data(), {3}), ya(yv.data(), {3}), a0(got[0].data(), {3}), a1(got[1].data(), {3}),
+      a2(got[2].data(), {3});
+  StepIO io({{x, xa}, {y, ya}}, {{outs[0], a0}, {outs[1], a1}, {outs[2], a2}});
+  s->run(io);
+  // Two's complement: the exact result modulo 2^64.
+  EXPECT_EQ(got[0], (std::vector<int64_t>{kMin, kMin + 1, (int64_t{1} << 62) + 4}));
+  EXPECT_EQ(got[1], (std::vector<int64_t>{kMax - 1, kMax, (int64_t{1} << 62) - 4}));
+  EXPECT_EQ(got[2], (std::vector<int64_t>{kMax, kMin, 0}));
 }
 
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
