@@ -90,12 +90,31 @@ double TensorData::valueAsDouble(int64_t i) const {
   });
 }
 
+namespace {
+/// \p v as int64, or an error naming the value and \p type if it is NaN or past int64's range.
+template <typename C> int64_t checkedInt64(C v, DataType type) {
+  if constexpr (std::is_floating_point_v<C>) {
+    constexpr double kTwo63 = 9223372036854775808.0;
+    if (!(static_cast<double>(v) >= -kTwo63 && static_cast<double>(v) < kTwo63))
+      throw error("a ", toString(type), " value ", static_cast<double>(v), " is read as an integer, which int64 cannot hold");
+  }
+  return static_cast<int64_t>(v);
+}
+} // namespace
+
+int64_t TensorData::valueAsInt64(int64_t i) const {
+  return dispatchAll(info_.dataType(), "TensorData::valueAsInt64", [&](auto tag) -> int64_t {
+    using T = typename decltype(tag)::type;
+    return checkedInt64(static_cast<compute_t<T>>(as<T>()[i]), info_.dataType());
+  });
+}
+
 std::vector<int64_t> TensorData::toInt64Vector() const {
   std::vector<int64_t> out(static_cast<size_t>(info_.elementCount()));
   dispatchAll(info_.dataType(), "TensorData::toInt64Vector", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for (size_t i = 0; i < out.size(); ++i)
-      out[i] = static_cast<int64_t>(static_cast<compute_t<T>>(as<T>()[i]));
+      out[i] = checkedInt64(static_cast<compute_t<T>>(as<T>()[i]), info_.dataType());
   });
   return out;
 }

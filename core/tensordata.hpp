@@ -37,7 +37,10 @@ public:
 
   /// Element \p i converted to double, whatever the type (for shape values, comparisons).
   double valueAsDouble(int64_t i) const;
-  /// All elements of an integer tensor as int64 (shape inputs: axes, sizes, pads).
+  /// Element \p i as int64: integer types exactly, floating ones truncated toward zero; a NaN or a
+  /// value past int64's range is an error (the cast would be undefined behaviour).
+  int64_t valueAsInt64(int64_t i) const;
+  /// All elements as int64, as valueAsInt64 (shape inputs: axes, sizes, pads).
   std::vector<int64_t> toInt64Vector() const;
   /// All elements as double.
   std::vector<double> toDoubleVector() const;

@@ -54,7 +54,7 @@ public:
     outLen_ = out[static_cast<size_t>(axis)];
     length_ = outLen_;
     if (op.hasInput(1))
-      length_ = static_cast<int64_t>(op.input(1).data()->valueAsDouble(0));
+      length_ = op.input(1).data()->valueAsInt64(0);
     else
       length_ = inLen_;
     outer_ = 1;
@@ -110,10 +110,10 @@ public:
     complexIn_ = in[2] == 2;
     frames_ = out[1];
     bins_ = out[2];
-    step_ = static_cast<int64_t>(op.input(1).data()->valueAsDouble(0));
+    step_ = op.input(1).data()->valueAsInt64(0);
     hasWindow_ = op.hasInput(2);
     windowType_ = hasWindow_ ? op.inInfo(2).dataType() : type_;
-    frame_ = hasWindow_ ? op.inInfo(2).dim(0) : static_cast<int64_t>(op.input(3).data()->valueAsDouble(0));
+    frame_ = hasWindow_ ? op.inInfo(2).dim(0) : op.input(3).data()->valueAsInt64(0);
   }
   void run(const KernelArgs &args) override {
     const double pi = 3.14159265358979323846;

@@ -201,7 +201,7 @@ void setupLoop(Op &op) {
     op.setOutInfo(i, info);
   }
   if (scans == 0) return;
-  int64_t trips = static_cast<int64_t>(op.constInput(0, "trip count M, which sizes the scan outputs").valueAsDouble(0));
+  int64_t trips = op.constInput(0, "trip count M, which sizes the scan outputs").valueAsInt64(0);
   for (size_t k = 0; k < scans; ++k) {
     TensorInfo e = (*out)[1 + carried + k];
     if (!e.isTensor()) throw error(op.debugName(), ": scan output ", k, " must be a tensor, got ", e.toString());

@@ -20,7 +20,7 @@ std::vector<std::array<int64_t, 3>> nonMaxSuppression(const TensorData &boxes, c
                 " must be [B,N,4] and [B,C,N]");
   int64_t batches = bs[0], count = bs[1], classes = ss[1];
   int64_t maxOut =
-      maxPerClass && maxPerClass->info().elementCount() ? static_cast<int64_t>(maxPerClass->valueAsDouble(0)) : 0;
+      maxPerClass && maxPerClass->info().elementCount() ? maxPerClass->valueAsInt64(0) : 0;
   double iouMax = iouThreshold && iouThreshold->info().elementCount() ? iouThreshold->valueAsDouble(0) : 0.0;
   bool useScore = scoreThreshold && scoreThreshold->info().elementCount();
   double scoreMin = useScore ? scoreThreshold->valueAsDouble(0) : 0.0;

@@ -107,7 +107,7 @@ void setupOneHot(Op &op) {
   if (depthData.info().elementCount() != 1) throw error(op.debugName(), ": depth must have one element");
   double depthValue = depthData.valueAsDouble(0);
   if (!(depthValue >= 1)) throw error(op.debugName(), ": depth must be positive, got ", depthValue);
-  auto depth = static_cast<int64_t>(depthValue);
+  const int64_t depth = depthData.valueAsInt64(0);
   if (op.inInfo(2).elementCount() != 2)
     throw error(op.debugName(), ": values must have two elements [off, on], got shape ",
                 toString(op.inInfo(2).shape()));

@@ -84,7 +84,7 @@ void setupCumSum(Op &op) {
   if (t == DataType::BOOL || t == DataType::STRING)
     throw error(op.debugName(), ": input type ", toString(t), " is not supported (numeric types only)");
   if (op.input(1).isConst())
-    normalizeAxis(static_cast<int64_t>(op.input(1).data()->valueAsDouble(0)), static_cast<int64_t>(op.inInfo(0).rank()),
+    normalizeAxis(op.input(1).data()->valueAsInt64(0), static_cast<int64_t>(op.inInfo(0).rank()),
                   op);
   setupSameAsInput0(op);
 }
@@ -109,7 +109,7 @@ void setupTopK(Op &op) {
   if (kd.info().elementCount() != 1 ||
       (kd.info().dataType() != DataType::INT64 && kd.info().dataType() != DataType::INT32))
     throw error(op.debugName(), ": K must be a 1-element INT64 tensor, got ", kd.info().toString());
-  int64_t k = static_cast<int64_t>(kd.valueAsDouble(0));
+  int64_t k = kd.valueAsInt64(0);
   int64_t n = in.shape()[static_cast<size_t>(axis)];
   if (k < 0 || k > n)
     throw error(op.debugName(), ": K = ", k, " is out of range for axis ", axis, " of size ", n, " (input shape ",

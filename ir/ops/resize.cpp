@@ -31,14 +31,19 @@ void setupResize(Op &op) {
     std::vector<int64_t> s = sizes->toInt64Vector();
     if (s.size() != in.size())
       throw error(op.debugName(), ": sizes has ", s.size(), " values for an input of rank ", in.size());
+    for (size_t i = 0; i < s.size(); ++i)
+      if (s[i] < 0) throw error(op.debugName(), ": size ", s[i], " on axis ", i, " is negative");
     out = s;
   } else if (scales && scales->info().elementCount() > 0) {
     std::vector<double> s = scales->toDoubleVector();
     if (s.size() != in.size())
       throw error(op.debugName(), ": scales has ", s.size(), " values for an input of rank ", in.size());
     for (size_t i = 0; i < in.size(); ++i) {
-      if (s[i] <= 0) throw error(op.debugName(), ": scale ", s[i], " on axis ", i, " must be positive");
-      out[i] = static_cast<int64_t>(std::floor(static_cast<double>(in[i]) * static_cast<float>(s[i])));
+      if (!(s[i] > 0)) throw error(op.debugName(), ": scale ", s[i], " on axis ", i, " must be positive");
+      const double size = std::floor(static_cast<double>(in[i]) * static_cast<float>(s[i]));
+      if (!(size < 9223372036854775808.0))
+        throw error(op.debugName(), ": scale ", s[i], " on axis ", i, " of size ", in[i], " gives a size past 2^63");
+      out[i] = static_cast<int64_t>(size);
     }
   } else {
     throw error(op.debugName(), ": needs scales or sizes");

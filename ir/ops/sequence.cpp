@@ -65,7 +65,7 @@ void setupSequenceInsert(Op &op) {
   if (seq.elementsKnown() && (!op.hasInput(2) || pos)) {
     std::vector<TensorInfo> e = seq.elements();
     int64_t n = static_cast<int64_t>(e.size());
-    int64_t p = pos ? normalizePosition(op, static_cast<int64_t>(pos->valueAsDouble(0)), n, true) : n;
+    int64_t p = pos ? normalizePosition(op, pos->valueAsInt64(0), n, true) : n;
     e.insert(e.begin() + p, t);
     op.setOutInfo(0, sequenceInfoOf(e, seq.dataType()));
     return;
@@ -80,7 +80,7 @@ void setupSequenceErase(Op &op) {
   if (seq.elementsKnown() && (!op.hasInput(1) || pos)) {
     std::vector<TensorInfo> e = seq.elements();
     int64_t n = static_cast<int64_t>(e.size());
-    int64_t p = pos ? normalizePosition(op, static_cast<int64_t>(pos->valueAsDouble(0)), n, false) : n - 1;
+    int64_t p = pos ? normalizePosition(op, pos->valueAsInt64(0), n, false) : n - 1;
     if (n == 0) throw error(op.debugName(), ": erases from an empty sequence");
     e.erase(e.begin() + p);
     op.setOutInfo(0, sequenceInfoOf(e, seq.dataType()));
@@ -96,7 +96,7 @@ void setupSequenceAt(Op &op) {
   if (seq.elementsKnown() && pos) {
     int64_t n = static_cast<int64_t>(seq.elements().size());
     op.setOutInfo(0, seq.elements()[static_cast<size_t>(
-                         normalizePosition(op, static_cast<int64_t>(pos->valueAsDouble(0)), n, false))]);
+                         normalizePosition(op, pos->valueAsInt64(0), n, false))]);
     return;
   }
   TensorInfo e = seq.elementInfo();

@@ -460,7 +460,7 @@ void setupRange(Op &op) {
   if (delta == 0) throw error(op.debugName(), ": delta is 0");
   double n = std::ceil((limit - start) / delta);
   if (!(n < 1e12)) throw error(op.debugName(), ": range (", start, ", ", limit, ", ", delta, ") is too long");
-  op.setOutInfo(0, TensorInfo(type, {std::max<int64_t>(0, static_cast<int64_t>(n))}));
+  op.setOutInfo(0, TensorInfo(type, {n > 0 ? static_cast<int64_t>(n) : 0}));
 }
 
 void setupEyeLike(Op &op) {

@@ -11,7 +11,7 @@ void setupWindow(Op &op) {
   requireInputCount(op, 1, 1);
   const TensorData &size = op.constInput(0, "size");
   if (size.info().elementCount() != 1) throw error(op.debugName(), ": size must be a scalar");
-  int64_t n = static_cast<int64_t>(size.valueAsDouble(0));
+  int64_t n = size.valueAsInt64(0);
   if (n < 0) throw error(op.debugName(), ": size ", n, " is negative");
   DataType type = dataTypeFromOnnx(static_cast<int>(op.attrs.getInt("output_datatype", 1)));
   op.setOutInfo(0, TensorInfo(type, {n}));
@@ -25,7 +25,7 @@ void setupDft(Op &op) {
   int64_t axis = normalizeAxis(op.attrs.getInt("axis", 1), static_cast<int64_t>(s.size()) - 1, op);
   if (axis == 0) throw error(op.debugName(), ": axis 0 is the batch axis");
   int64_t length = s[static_cast<size_t>(axis)];
-  if (const TensorData *l = op.optionalConstInput(1, "dft_length")) length = static_cast<int64_t>(l->valueAsDouble(0));
+  if (const TensorData *l = op.optionalConstInput(1, "dft_length")) length = l->valueAsInt64(0);
   if (length <= 0) throw error(op.debugName(), ": dft_length must be positive, got ", length);
   bool onesided = op.attrs.getInt("onesided", 0) != 0;
   s[static_cast<size_t>(axis)] = onesided ? length / 2 + 1 : length;
@@ -38,10 +38,10 @@ void setupStft(Op &op) {
   const Shape &s = op.inInfo(0).shape();
   if (s.size() != 3 || (s[2] != 1 && s[2] != 2))
     throw error(op.debugName(), ": signal must be [batch, length, 1 or 2], got ", toString(s));
-  int64_t step = static_cast<int64_t>(op.constInput(1, "frame_step").valueAsDouble(0));
+  int64_t step = op.constInput(1, "frame_step").valueAsInt64(0);
   int64_t frame = -1;
   if (op.hasInput(2)) frame = op.inInfo(2).dim(0);
-  if (const TensorData *l = op.optionalConstInput(3, "frame_length")) frame = static_cast<int64_t>(l->valueAsDouble(0));
+  if (const TensorData *l = op.optionalConstInput(3, "frame_length")) frame = l->valueAsInt64(0);
   if (frame <= 0 || step <= 0 || frame > s[1])
     throw error(op.debugName(), ": frame length ", frame, " and step ", step, " do not fit a signal of ", s[1]);
   bool onesided = op.attrs.getInt("onesided", 1) != 0;

@@ -23,7 +23,7 @@ Op *soleReader(const Graph &graph, const Tensor &t) {
 /// A constant integer input \p i of \p op with one entry; nullopt when absent or not that.
 std::optional<int64_t> oneInt(const Op &op, size_t i) {
   if (!op.hasInput(i) || !op.input(i).isConst() || op.inInfo(i).elementCount() != 1) return std::nullopt;
-  return static_cast<int64_t>(op.input(i).data()->valueAsDouble(0));
+  return op.input(i).data()->valueAsInt64(0);
 }
 
 /// The Slices that read \p t, keyed by their first channel, when they are its only readers and

@@ -29,7 +29,7 @@ struct Expansion {
   int64_t ops = 0;                 ///< ops the expansion adds (of the folded copies)
 };
 
-int64_t scalarInt(const Tensor &t) { return static_cast<int64_t>(t.data()->valueAsDouble(0)); }
+int64_t scalarInt(const Tensor &t) { return t.data()->valueAsInt64(0); }
 
 std::string limitObstacle(int64_t needed, int64_t steps, int64_t limit) {
   return "unrolling it needs at least " + std::to_string(needed) + " ops (" + std::to_string(steps) +

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 using namespace popart;
 
@@ -42,4 +43,26 @@ TEST(Core, TensorDataIsAlignedAndCopies) {
   EXPECT_EQ(a.as<int32_t>()[0], 1);
   EXPECT_EQ(b.toInt64Vector(), (std::vector<int64_t>{7, 2, 3}));
   EXPECT_THROW(a.reshape({2}), error);
+}
+
+TEST(Core, IntegerValuesAreExactAndFloatsPastInt64AreRefused) {
+  // int64 values past 2^53 read through a double once lost their low bits, and 2^63 - 3 rounded to
+  // 2^63, whose cast back to int64 is undefined behaviour (a SequenceErase position, found by fuzzing).
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  TensorData big = TensorData::fromInt64({3}, {kMax - 2, std::numeric_limits<int64_t>::min(), -7});
+  EXPECT_EQ(big.valueAsInt64(0), kMax - 2);
+  EXPECT_EQ(big.toInt64Vector(), (std::vector<int64_t>{kMax - 2, std::numeric_limits<int64_t>::min(), -7}));
+  TensorData floats = TensorData::fromDoubles(DataType::FLOAT, {4}, {-2.75, 1e30, std::nan(""), -9.2233720368547758e18});
+  EXPECT_EQ(floats.valueAsInt64(0), -2); // truncated toward zero, as a C++ cast
+  EXPECT_EQ(floats.valueAsInt64(3), std::numeric_limits<int64_t>::min());
+  for (int64_t i : {1, 2}) {
+    try {
+      floats.valueAsInt64(i);
+      ADD_FAILURE() << "element " << i << " was read as an integer";
+    } catch (const error &e) {
+      EXPECT_NE(std::string(e.what()).find("a FLOAT value"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("int64 cannot hold"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(floats.toInt64Vector(), error);
 }
