@@ -493,8 +493,9 @@ private:
     double lo = twiceLow / 2, span = (twiceHigh - twiceLow) / 2;
     v = std::fabs(v - lo);
     double extra = std::fmod(v, span);
-    auto flips = static_cast<int64_t>(std::floor(v / span));
-    return flips % 2 == 0 ? extra + lo : span - extra + lo;
+    // The parity of the number of flips, without converting a count past int64 (or NaN) to one.
+    const bool even = std::fmod(std::floor(v / span), 2.0) == 0;
+    return even ? extra + lo : span - extra + lo;
   }
   /// Border and reflection padding move a coordinate inside [0, size - 1].
   double pad(double v, int64_t size) const {

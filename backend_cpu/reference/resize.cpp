@@ -4,6 +4,7 @@
 #include "backend_cpu/kernel_families.hpp"
 #include "core/dispatch.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace popart::backend_cpu {
@@ -72,6 +73,9 @@ public:
           throw error(op.debugName(), ": coordinate_transformation_mode '", transform, "' is not supported");
         }
         outside_[axis].push_back(transform == "tf_crop_and_resize" && (xo < 0 || xo > lenIn - 1));
+        // A coordinate far outside the input (a roi or scale of 1e30, or NaN) has the same taps as
+        // one just outside it: clamped, the index casts below stay defined.
+        xo = std::isnan(xo) ? 0.0 : std::clamp(xo, -4.0, lenIn + 4.0);
         std::vector<Tap> taps;
         auto clampIndex = [&](int64_t i) { return std::min<int64_t>(std::max<int64_t>(i, 0), in_[axis] - 1); };
         if (mode == "nearest") {

@@ -3,6 +3,7 @@
 // escapes. A checkpoint refused late must leave the session as it was.
 
 #include "checkpoint_test_helpers.hpp"
+#include "op_runner.hpp"
 #include "cli/idx.hpp"
 #include "onnx_import/onnx_import.hpp"
 #include "session/npy.hpp"
@@ -13,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -159,6 +161,35 @@ TEST(FuzzFindings, SignedIntegerAddSubMulWrapAroundAsNumpyDoes) {
   EXPECT_EQ(got[0], (std::vector<int64_t>{kMin, kMin + 1, (int64_t{1} << 62) + 4}));
   EXPECT_EQ(got[1], (std::vector<int64_t>{kMax - 1, kMax, (int64_t{1} << 62) - 4}));
   EXPECT_EQ(got[2], (std::vector<int64_t>{kMax, kMin, 0}));
+}
+
+TEST(FuzzFindings, CoordinatesFarOutsideTheInputStayDefined) {
+  // Found auditing casts after the SequenceErase finding: Resize's roi and GridSample's grid come
+  // from the model or the data, and a coordinate of 1e30 or NaN was cast to int64 (UB).
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  TensorData x = TensorData::fromDoubles(DataType::FLOAT, {1, 1, 2, 2}, {1, 2, 3, 4});
+  TensorData grid = TensorData::fromDoubles(DataType::FLOAT, {1, 1, 3, 2}, {1e30, -1e30, 3e38, -3e38, 0.25, 0.5});
+  for (const char *padding : {"reflection", "border", "zeros"}) {
+    ir::Attributes a;
+    a.set("padding_mode", std::string(padding));
+    a.set("align_corners", int64_t{0});
+    TensorData y = op_runner::runOp("GridSample", 16, a, {{"x", x}, {"grid", grid}}, {})[0];
+    for (int64_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(y.valueAsDouble(i) >= 0 && y.valueAsDouble(i) <= 4) << padding << " " << i << ": " << y.valueAsDouble(i);
+  }
+  TensorData roi = TensorData::fromDoubles(DataType::FLOAT, {8}, {0, 0, -1e30, kNan, 1, 1, 1e30, 1});
+  for (const char *mode : {"nearest", "linear", "cubic"}) {
+    ir::Attributes a;
+    a.set("mode", std::string(mode));
+    a.set("coordinate_transformation_mode", std::string("tf_crop_and_resize"));
+    TensorData y = op_runner::runOp("Resize", 13, a, {{"x", x}},
+                                    {{"roi", roi},
+                                     {"scales", TensorData::fromDoubles(DataType::FLOAT, {0}, {})},
+                                     {"sizes", TensorData::fromInt64({4}, {1, 1, 3, 3})}})[0];
+    ASSERT_EQ(y.info().shape(), (Shape{1, 1, 3, 3}));
+    for (int64_t i = 0; i < 9; ++i)
+      EXPECT_TRUE(std::isfinite(y.valueAsDouble(i))) << mode << " " << i;
+  }
 }
 
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
