@@ -506,6 +506,15 @@ std::unique_ptr<Kernel> createClip(const ir::Op &op) {
   (void)hasMax;
 }
 
+/// Floating \p v as integer type \p T, saturated to T's range and NaN as 0 (as Rust and Java define
+/// the cast; ONNX leaves it undefined): a value T cannot hold would make the plain cast UB.
+template <typename T, typename C> T saturatingCast(C v) {
+  if (v != v) return T(0);
+  if (v <= static_cast<C>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
+  if (v >= static_cast<C>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
+
 std::unique_ptr<Kernel> createCast(const ir::Op &op) {
   int64_t n = op.inInfo(0).elementCount();
   DataType from = op.inInfo(0).dataType(), to = op.outInfo(0).dataType();
@@ -519,7 +528,9 @@ std::unique_ptr<Kernel> createCast(const ir::Op &op) {
         const F *x = a.in<F>(0);
         T *y = a.out<T>(0);
         for (int64_t i = 0; i < n; ++i) {
-          if constexpr (std::is_same_v<F, Half> || std::is_same_v<F, BFloat16>) {
+          if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_integral_v<F>) {
+            y[i] = saturatingCast<T>(static_cast<compute_t<F>>(x[i]));
+          } else if constexpr (std::is_same_v<F, Half> || std::is_same_v<F, BFloat16>) {
             y[i] = static_cast<T>(static_cast<compute_t<T>>(static_cast<float>(x[i])));
           } else if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
             y[i] = T(static_cast<float>(x[i]));

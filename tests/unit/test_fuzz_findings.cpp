@@ -20,6 +20,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <limits>
 
 #include <unistd.h>
@@ -190,6 +191,28 @@ TEST(FuzzFindings, CoordinatesFarOutsideTheInputStayDefined) {
     for (int64_t i = 0; i < 9; ++i)
       EXPECT_TRUE(std::isfinite(y.valueAsDouble(i))) << mode << " " << i;
   }
+}
+
+TEST(FuzzFindings, CastsOfFloatsAnIntegerTypeCannotHoldSaturate) {
+  // A constant Cast of NaN or 1e30 to an integer type, folded at compile, was a plain cast (UB;
+  // ONNX leaves the result undefined). Saturated, NaN as 0, as Rust's and Java's casts define it.
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> values{kNan, 1e30, -1e30, 2.75, -2.75, 300, -300};
+  auto cast = [&](DataType from, DataType to) {
+    ir::Attributes a;
+    a.set("to", static_cast<int64_t>(to)); // DataType numbers are ONNX's
+    return op_runner::runOp("Cast", 13, a, {{"x", TensorData::fromDoubles(from, {7}, values)}}, {})[0];
+  };
+  const std::map<DataType, std::vector<double>> expected{
+      {DataType::INT64, {0, 9223372036854775807.0, -9223372036854775808.0, 2, -2, 300, -300}},
+      {DataType::INT32, {0, 2147483647, -2147483648.0, 2, -2, 300, -300}},
+      {DataType::INT8, {0, 127, -128, 2, -2, 127, -128}},
+      {DataType::UINT8, {0, 255, 0, 2, 0, 255, 0}}};
+  for (DataType from : {DataType::FLOAT, DataType::DOUBLE, DataType::FLOAT16})
+    for (const auto &[to, want] : expected) {
+      TensorData y = cast(from, to);
+      EXPECT_EQ(y.toDoubleVector(), want) << toString(from) << " to " << toString(to);
+    }
 }
 
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
