@@ -19,7 +19,12 @@ int64_t shapeElementCount(const Shape &shape) {
 std::vector<int64_t> rowMajorStrides(const Shape &shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;)
-    s[i - 1] = s[i] * shape[i];
+    if (__builtin_mul_overflow(s[i], shape[i], &s[i - 1])) {
+      // Past int64: a shape with too many elements (an error), or an empty one, whose other
+      // dimensions are unbounded and which has no element to address.
+      if (shapeElementCount(shape) != 0) throw error("shape ", toString(shape), " has too many elements");
+      s[i - 1] = 0;
+    }
   return s;
 }
 

@@ -66,3 +66,12 @@ TEST(Core, IntegerValuesAreExactAndFloatsPastInt64AreRefused) {
   }
   EXPECT_THROW(floats.toInt64Vector(), error);
 }
+
+TEST(Core, StridesOfAnEmptyShapeWithHugeDimensionsDoNotOverflow) {
+  // A fuzzed model held an empty constant of shape [2,1,0,0,8064,0,1224934963022921727,12,64]:
+  // the Add folding it computed its strides in a product past int64 (UB).
+  const Shape empty{2, 0, int64_t{1} << 62, int64_t{1} << 62, 4};
+  EXPECT_EQ(rowMajorStrides(empty), (std::vector<int64_t>{0, 0, 0, 4, 1}));
+  EXPECT_EQ(rowMajorStrides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
+  EXPECT_THROW(rowMajorStrides({2, int64_t{1} << 62, int64_t{1} << 62}), error);
+}

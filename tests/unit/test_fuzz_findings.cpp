@@ -93,6 +93,8 @@ TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
       {"tile-dimension-overflows.onnx",
        "Tile #1: repeats [1,2,57016320,3097913593677479940] of input [1,2,3,4] give a dimension past 2^63"},
       {"maxunpool-strides-shorter-than-kernel.onnx", "MaxUnpool #0: strides needs 2 values"},
+      {"empty-constant-with-strides-past-int64.onnx",
+       "Tanh #2: input 0 ('3') has type UINT8, expected one of FLOAT, DOUBLE, FLOAT16, BFLOAT16"},
       {"sequence-erase-position-past-int64-as-double.onnx",
        "SequenceErase #1: position 9223372036854775805 is out of range for a sequence of 3 tensors"},
       {"concat-from-sequence-element-of-lower-rank.onnx", "ConcatFromSequence #1: elements have different ranks"},
