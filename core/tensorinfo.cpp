@@ -1,30 +1,30 @@
 #include <popart/error.hpp>
 #include <popart/tensorinfo.hpp>
 
+#include <algorithm>
 #include <ostream>
 
 namespace popart {
 
 int64_t shapeElementCount(const Shape &shape) {
-  for (int64_t d : shape) // an empty tensor, however large its other dimensions
-    if (d == 0) return 0;
+  // Shapes come from files and models: a product past int64 is an error, not a wrapped count. An
+  // empty shape is held to it too (the product of its other dimensions): the strides and the
+  // outer/inner sizes that kernels take from partial products of a shape then never overflow.
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
   int64_t n = 1;
   for (int64_t d : shape)
-    // Shapes come from files and models: a product past int64 is an error, not a wrapped count.
-    if (__builtin_mul_overflow(n, d, &n))
-      throw error("shape ", toString(shape), " has too many elements (more than 2^63)");
-  return n;
+    if (d != 0 && __builtin_mul_overflow(n, d, &n))
+      throw error("shape ", toString(shape),
+                  empty ? " is empty, but its other dimensions multiply past 2^63"
+                        : " has too many elements (more than 2^63)");
+  return empty ? 0 : n;
 }
 
 std::vector<int64_t> rowMajorStrides(const Shape &shape) {
+  (void)shapeElementCount(shape); // refuses dimensions that multiply past int64: no stride below overflows
   std::vector<int64_t> s(shape.size(), 1);
   for (size_t i = shape.size(); i-- > 1;)
-    if (__builtin_mul_overflow(s[i], shape[i], &s[i - 1])) {
-      // Past int64: a shape with too many elements (an error), or an empty one, whose other
-      // dimensions are unbounded and which has no element to address.
-      if (shapeElementCount(shape) != 0) throw error("shape ", toString(shape), " has too many elements");
-      s[i - 1] = 0;
-    }
+    s[i - 1] = s[i] * shape[i];
   return s;
 }
 

@@ -116,7 +116,12 @@ TensorData tensorFromProto(const onnx::TensorProto &t, const std::string &baseDi
   TensorInfo info(type, shapeFromDims(t.dims()));
   for (int64_t d : info.shape())
     if (d < 0) throw error("tensor '", t.name(), "' has a negative dimension in ", toString(info.shape()));
-  int64_t n = info.elementCount();
+  int64_t n = 0;
+  try {
+    n = info.elementCount();
+  } catch (const error &e) {
+    throw error("tensor '", t.name(), "': ", e.what());
+  }
   // Every element stored in the proto takes at least a byte of it: a shape that needs more is
   // refused before its data is allocated. External data is checked against its file instead.
   const auto stored = static_cast<int64_t>(t.ByteSizeLong());

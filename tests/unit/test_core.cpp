@@ -67,11 +67,20 @@ TEST(Core, IntegerValuesAreExactAndFloatsPastInt64AreRefused) {
   EXPECT_THROW(floats.toInt64Vector(), error);
 }
 
-TEST(Core, StridesOfAnEmptyShapeWithHugeDimensionsDoNotOverflow) {
+TEST(Core, ShapesWhoseDimensionsMultiplyPastInt64AreRefusedEvenWhenEmpty) {
   // A fuzzed model held an empty constant of shape [2,1,0,0,8064,0,1224934963022921727,12,64]:
   // the Add folding it computed its strides in a product past int64 (UB).
   const Shape empty{2, 0, int64_t{1} << 62, int64_t{1} << 62, 4};
-  EXPECT_EQ(rowMajorStrides(empty), (std::vector<int64_t>{0, 0, 0, 4, 1}));
+  for (const Shape &s : {empty, Shape{2, int64_t{1} << 62, int64_t{1} << 62}}) {
+    EXPECT_THROW(rowMajorStrides(s), error) << toString(s);
+    EXPECT_THROW(shapeElementCount(s), error) << toString(s);
+  }
+  try {
+    shapeElementCount(empty);
+  } catch (const error &e) {
+    EXPECT_NE(std::string(e.what()).find("is empty, but its other dimensions multiply past 2^63"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(rowMajorStrides({2, 0, 4}), (std::vector<int64_t>{0, 4, 1}));
   EXPECT_EQ(rowMajorStrides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
-  EXPECT_THROW(rowMajorStrides({2, int64_t{1} << 62, int64_t{1} << 62}), error);
 }
