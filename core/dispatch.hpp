@@ -6,6 +6,8 @@
 #include <popart/error.hpp>
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 namespace popart {
 
@@ -53,5 +55,15 @@ template <typename T> struct ComputeType { using type = T; };
 template <> struct ComputeType<Half> { using type = float; };
 template <> struct ComputeType<BFloat16> { using type = float; };
 template <typename T> using compute_t = typename ComputeType<T>::type;
+
+/// Floating \p v as integer type \p T, saturated to T's range and NaN as 0 (as Rust and Java define
+/// the cast; ONNX leaves it undefined): a value T cannot hold would make the plain cast UB.
+template <typename T, typename C> T saturatingCast(C v) {
+  static_assert(std::is_integral_v<T> && !std::is_integral_v<C>);
+  if (v != v) return T(0);
+  if (v <= static_cast<C>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
+  if (v >= static_cast<C>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+  return static_cast<T>(v);
+}
 
 } // namespace popart

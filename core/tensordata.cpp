@@ -145,7 +145,10 @@ TensorData TensorData::fromDoubles(DataType type, const Shape &shape, const std:
   dispatchAll(type, "TensorData::fromDoubles", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for (size_t i = 0; i < values.size(); ++i)
-      t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(values[i]));
+      if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>)
+        t.as<T>()[i] = saturatingCast<T>(values[i]); // NaN or out of range: no UB
+      else
+        t.as<T>()[i] = static_cast<T>(static_cast<compute_t<T>>(values[i]));
   });
   return t;
 }

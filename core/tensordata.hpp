@@ -49,7 +49,8 @@ public:
   /// Changes the shape without touching the bytes; the element count must match.
   void reshape(const Shape &shape);
 
-  /// A tensor of \p type holding \p values converted element by element.
+  /// A tensor of \p type holding \p values converted element by element (to an integer type
+  /// saturated, NaN as 0, as Cast does).
   static TensorData fromDoubles(DataType type, const Shape &shape, const std::vector<double> &values);
   static TensorData fromInt64(const Shape &shape, const std::vector<int64_t> &values);
   static TensorData scalarFloat(float value);

@@ -506,15 +506,6 @@ std::unique_ptr<Kernel> createClip(const ir::Op &op) {
   (void)hasMax;
 }
 
-/// Floating \p v as integer type \p T, saturated to T's range and NaN as 0 (as Rust and Java define
-/// the cast; ONNX leaves it undefined): a value T cannot hold would make the plain cast UB.
-template <typename T, typename C> T saturatingCast(C v) {
-  if (v != v) return T(0);
-  if (v <= static_cast<C>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
-  if (v >= static_cast<C>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
-  return static_cast<T>(v);
-}
-
 std::unique_ptr<Kernel> createCast(const ir::Op &op) {
   int64_t n = op.inInfo(0).elementCount();
   DataType from = op.inInfo(0).dataType(), to = op.outInfo(0).dataType();

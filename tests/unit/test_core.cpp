@@ -84,3 +84,12 @@ TEST(Core, ShapesWhoseDimensionsMultiplyPastInt64AreRefusedEvenWhenEmpty) {
   EXPECT_EQ(rowMajorStrides({2, 0, 4}), (std::vector<int64_t>{0, 4, 1}));
   EXPECT_EQ(rowMajorStrides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
 }
+
+TEST(Core, FromDoublesSaturatesIntegerTypesLikeCast) {
+  // Pad-2's float `value` attribute becomes an input of the data's type: NaN for a UINT16 Pad,
+  // found by fuzzing, was a plain cast (UB).
+  TensorData t = TensorData::fromDoubles(DataType::UINT16, {4}, {std::nan(""), 1e9, -5, 7.9});
+  EXPECT_EQ(t.toInt64Vector(), (std::vector<int64_t>{0, 65535, 0, 7}));
+  TensorData b = TensorData::fromDoubles(DataType::BOOL, {2}, {std::nan(""), 0});
+  EXPECT_EQ(b.toInt64Vector(), (std::vector<int64_t>{1, 0}));
+}
