@@ -152,6 +152,18 @@ UnaryParams unaryParams(const std::string &type, const ir::Attributes &a) {
           a.getFloat("bias", 0.f), a.getFloat("lambd", 0.5f)};
 }
 
+/// \p x op \p y for op +, - or * (\p f), wrapping around for signed integers as numpy and ONNX
+/// Runtime do: signed overflow is undefined behaviour in C++ (found by the model fuzzer, an int64
+/// Add folded at compile). Unsigned arithmetic wraps; converting back is modular since C++20.
+template <typename C, typename F> C wrapping(C x, C y, F f) {
+  if constexpr (std::is_integral_v<C> && std::is_signed_v<C>) {
+    using U = std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, std::make_unsigned_t<C>>;
+    return static_cast<C>(f(static_cast<U>(x), static_cast<U>(y)));
+  } else {
+    return f(x, y);
+  }
+}
+
 // Unary ops on the compute type C of element type T.
 template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
   if constexpr (std::is_floating_point_v<C>) {
@@ -211,13 +223,14 @@ template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
     }
     if (type == Code::HardSwish) return x * std::max(C(0), std::min(C(1), x / C(6) + C(0.5)));
   } else {
+    // The smallest signed value negates to itself, as in numpy (-x would overflow: UB).
     if (type == Code::Abs) {
       if constexpr (std::is_signed_v<C>)
-        return x < 0 ? static_cast<C>(-x) : x;
+        return x < 0 ? wrapping(C(0), x, std::minus<>()) : x;
       else
         return x;
     }
-    if (type == Code::Neg) return static_cast<C>(-x);
+    if (type == Code::Neg) return wrapping(C(0), x, std::minus<>());
     if (type == Code::Sign) return static_cast<C>((x > 0) - (x < C(0)));
     if (type == Code::Identity) return x;
     if (type == Code::Relu) return x > 0 ? x : C(0);
@@ -225,7 +238,11 @@ template <typename C> C unaryValue(Code type, C x, const UnaryParams &a) {
   if (type == Code::Shrink) {
     double bias = a.bias, lambd = a.lambd;
     double v = static_cast<double>(x);
-    return static_cast<C>(v < -lambd ? v + bias : v > lambd ? v - bias : 0.0);
+    const double r = v < -lambd ? v + bias : v > lambd ? v - bias : 0.0;
+    if constexpr (std::is_integral_v<C>)
+      return saturatingCast<C>(r); // a bias past the type's range
+    else
+      return static_cast<C>(r);
   }
   throw error("reference kernel: this unary op is not implemented for this type");
 }
@@ -264,18 +281,6 @@ std::unique_ptr<Kernel> createUnary(const ir::Op &op) {
   });
 }
 
-/// \p x op \p y for op +, - or * (\p f), wrapping around for signed integers as numpy and ONNX
-/// Runtime do: signed overflow is undefined behaviour in C++ (found by the model fuzzer, an int64
-/// Add folded at compile). Unsigned arithmetic wraps; converting back is modular since C++20.
-template <typename C, typename F> C wrapping(C x, C y, F f) {
-  if constexpr (std::is_integral_v<C> && std::is_signed_v<C>) {
-    using U = std::conditional_t<(sizeof(C) < sizeof(unsigned)), unsigned, std::make_unsigned_t<C>>;
-    return static_cast<C>(f(static_cast<U>(x), static_cast<U>(y)));
-  } else {
-    return f(x, y);
-  }
-}
-
 template <typename C> C binaryValue(Code type, C x, C y, bool fmod) {
   if (type == Code::Add || type == Code::Sum) return wrapping(x, y, std::plus<>());
   if (type == Code::Sub) return wrapping(x, y, std::minus<>());
@@ -283,6 +288,9 @@ template <typename C> C binaryValue(Code type, C x, C y, bool fmod) {
   if (type == Code::Div) {
     if constexpr (std::is_integral_v<C>) {
       if (y == 0) throw error("Div: integer division by zero");
+      // The smallest signed value over -1 overflows (UB; x86 traps): it wraps to itself, as in numpy.
+      if constexpr (std::is_signed_v<C>)
+        if (y == C(-1)) return wrapping(C(0), x, std::minus<>());
     }
     return x / y;
   }
@@ -304,6 +312,8 @@ template <typename C> C binaryValue(Code type, C x, C y, bool fmod) {
       return r;
     } else {
       if (y == 0) throw error("Mod: integer division by zero");
+      if constexpr (std::is_signed_v<C>)
+        if (y == C(-1)) return C(0); // the smallest value % -1 would trap
       C r = static_cast<C>(x % y);
       if (!fmod && r != 0 && ((r < 0) != (y < 0))) r = static_cast<C>(r + y);
       return r;
@@ -357,7 +367,10 @@ std::unique_ptr<Kernel> createPow(const ir::Op &op) {
         for (int64_t i = 0; i < n; ++i, w.next()) {
           double v = std::pow(static_cast<double>(static_cast<compute_t<T>>(x[w.offset(0)])),
                               static_cast<double>(static_cast<compute_t<Y>>(e[w.offset(1)])));
-          z[i] = static_cast<T>(static_cast<compute_t<T>>(v));
+          if constexpr (std::is_integral_v<T>)
+            z[i] = saturatingCast<T>(v); // an integer power past T's range
+          else
+            z[i] = static_cast<T>(static_cast<compute_t<T>>(v));
         }
       });
     });

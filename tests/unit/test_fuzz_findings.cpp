@@ -220,6 +220,24 @@ TEST(FuzzFindings, CastsOfFloatsAnIntegerTypeCannotHoldSaturate) {
     }
 }
 
+TEST(FuzzFindings, IntegerEdgeCasesOfDivModNegAbsPowAreDefined) {
+  // The smallest int64 over -1 traps on x86 (and is UB), as do its % -1, negation and Abs; an
+  // integer Pow past the type was a plain cast of the double result (UB). All reachable by folding
+  // constants at compile.
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  auto ints = [](const std::vector<int64_t> &v) { return TensorData::fromInt64({static_cast<int64_t>(v.size())}, v); };
+  auto binary = [&](const char *type, const std::vector<int64_t> &x, const std::vector<int64_t> &y) {
+    return op_runner::runOp(type, 13, {}, {{"x", ints(x)}, {"y", ints(y)}}, {})[0].toInt64Vector();
+  };
+  EXPECT_EQ(binary("Div", {kMin, 7, -7}, {-1, -1, 2}), (std::vector<int64_t>{kMin, -7, -3}));
+  EXPECT_EQ(binary("Mod", {kMin, 7, -7}, {-1, -1, 2}), (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(binary("Pow", {10, -10, 2}, {30, 31, 10}), (std::vector<int64_t>{kMax, kMin, 1024}));
+  for (const char *type : {"Neg", "Abs"})
+    EXPECT_EQ(op_runner::runOp(type, 13, {}, {{"x", ints({kMin, -3})}}, {})[0].toInt64Vector(),
+              (std::vector<int64_t>{kMin, 3}))
+        << type;
+}
+
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
 /// (so that the loader reaches the checks of the header's values).
 std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {
