@@ -61,6 +61,12 @@ public:
     std::vector<int64_t> pool = op.attrs.getInts("pool_int64s", {});
     weights_ = op.attrs.getFloats("weights", {});
     int64_t gram = 0;
+    // ngram_counts are the pool offsets where the n-grams of each length start: from the model,
+    // so checked before they index the pool (a fuzzed count past the pool read out of bounds).
+    for (size_t n = 0; n < counts.size(); ++n)
+      if (counts[n] < 0 || counts[n] > static_cast<int64_t>(pool.size()) || (n > 0 && counts[n] < counts[n - 1]))
+        throw error(op.debugName(), ": ngram_counts ", toString(counts), " must be non-decreasing offsets into a pool of ",
+                    pool.size(), " values");
     for (size_t n = 0; n < counts.size(); ++n) {
       int64_t begin = counts[n], end = n + 1 < counts.size() ? counts[n + 1] : static_cast<int64_t>(pool.size());
       int64_t len = static_cast<int64_t>(n) + 1;

@@ -93,6 +93,8 @@ TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
       {"tile-dimension-overflows.onnx",
        "Tile #1: repeats [1,2,57016320,3097913593677479940] of input [1,2,3,4] give a dimension past 2^63"},
       {"maxunpool-strides-shorter-than-kernel.onnx", "MaxUnpool #0: strides needs 2 values"},
+      {"tfidf-ngram-counts-past-pool.onnx",
+       "TfIdfVectorizer #0: ngram_counts [0,4] must be non-decreasing offsets into a pool of 2 values"},
       {"empty-constant-with-strides-past-int64.onnx",
        "tensor '0': shape [2,1,0,0,8064,0,1224934963022921727,12,64] is empty, but its other dimensions multiply "
        "past 2^63"},
