@@ -200,6 +200,27 @@ TEST(FuzzFindings, CoordinatesFarOutsideTheInputStayDefined) {
   }
 }
 
+TEST(FuzzFindings, ResizeRefusesNanScalesHugeScalesAndNegativeSizes) {
+  TensorData x = TensorData::fromDoubles(DataType::FLOAT, {1, 1, 2, 2}, {1, 2, 3, 4});
+  TensorData noRoi = TensorData::fromDoubles(DataType::FLOAT, {0}, {});
+  auto resize = [&](const TensorData &scales, const TensorData &sizes) {
+    try {
+      op_runner::runOp("Resize", 13, {}, {{"x", x}}, {{"roi", noRoi}, {"scales", scales}, {"sizes", sizes}});
+    } catch (const error &e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const TensorData noSizes = TensorData::fromInt64({0}, {});
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  std::string e = resize(TensorData::fromDoubles(DataType::FLOAT, {4}, {1, 1, kNan, 1}), noSizes);
+  EXPECT_NE(e.find("on axis 2 must be positive"), std::string::npos) << e;
+  e = resize(TensorData::fromDoubles(DataType::FLOAT, {4}, {1, 1, 3e38, 1}), noSizes);
+  EXPECT_NE(e.find("on axis 2 of size 2 gives a size past 2^63"), std::string::npos) << e;
+  e = resize(TensorData::fromDoubles(DataType::FLOAT, {0}, {}), TensorData::fromInt64({4}, {1, 1, -3, 2}));
+  EXPECT_NE(e.find("size -3 on axis 2 is negative"), std::string::npos) << e;
+}
+
 TEST(FuzzFindings, CastsOfFloatsAnIntegerTypeCannotHoldSaturate) {
   // A constant Cast of NaN or 1e30 to an integer type, folded at compile, was a plain cast (UB;
   // ONNX leaves the result undefined). Saturated, NaN as 0, as Rust's and Java's casts define it.
