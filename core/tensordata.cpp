@@ -1,5 +1,6 @@
 #include "core/tensordata.hpp"
 #include "core/dispatch.hpp"
+#include "core/int_range.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -94,8 +95,7 @@ namespace {
 /// \p v as int64, or an error naming the value and \p type if it is NaN or past int64's range.
 template <typename C> int64_t checkedInt64(C v, DataType type) {
   if constexpr (std::is_floating_point_v<C>) {
-    constexpr double kTwo63 = 9223372036854775808.0;
-    if (!(static_cast<double>(v) >= -kTwo63 && static_cast<double>(v) < kTwo63))
+    if (!fitsInt64(static_cast<double>(v)))
       throw error("a ", toString(type), " value ", static_cast<double>(v), " is read as an integer, which int64 cannot hold");
   }
   return static_cast<int64_t>(v);

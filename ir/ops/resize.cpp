@@ -1,5 +1,6 @@
 // Resize (opsets 10-17) and Upsample (7-9).
 
+#include "core/int_range.hpp"
 #include "ir/ops/families.hpp"
 #include "ir/ops/helpers.hpp"
 
@@ -41,7 +42,7 @@ void setupResize(Op &op) {
     for (size_t i = 0; i < in.size(); ++i) {
       if (!(s[i] > 0)) throw error(op.debugName(), ": scale ", s[i], " on axis ", i, " must be positive");
       const double size = std::floor(static_cast<double>(in[i]) * static_cast<float>(s[i]));
-      if (!(size < 9223372036854775808.0))
+      if (!fitsInt64(size))
         throw error(op.debugName(), ": scale ", s[i], " on axis ", i, " of size ", in[i], " gives a size past 2^63");
       out[i] = static_cast<int64_t>(size);
     }

@@ -261,6 +261,35 @@ TEST(FuzzFindings, IntegerEdgeCasesOfDivModNegAbsPowAreDefined) {
         << type;
 }
 
+TEST(FuzzFindings, RangeOfAHugeNegativeOrNanCountIsEmptyOrRefused) {
+  // Range's count ceil((limit - start) / delta) was cast to int64 before its sign was checked: a
+  // count of -1e30 (UB) is an empty range, as numpy.arange gives; NaN or past 1e12 is refused.
+  auto range = [](double start, double limit, double delta) {
+    auto scalar = [](double v) { return TensorData::fromDoubles(DataType::FLOAT, {}, {v}); };
+    try {
+      TensorData y = op_runner::runOp("Range", 11, {}, {},
+                                      {{"start", scalar(start)}, {"limit", scalar(limit)}, {"delta", scalar(delta)}})[0];
+      return "shape " + y.info().toString();
+    } catch (const error &e) {
+      return std::string(e.what());
+    }
+  };
+  const double kInf = std::numeric_limits<double>::infinity();
+  std::string e = range(0, -1e30, 1);
+  EXPECT_NE(e.find("shape"), std::string::npos) << e;
+  EXPECT_NE(e.find("[0]"), std::string::npos) << e;
+  e = range(5, 1, 2);
+  EXPECT_NE(e.find("[0]"), std::string::npos) << e;
+  e = range(1, 7, 2);
+  EXPECT_NE(e.find("[3]"), std::string::npos) << e;
+  for (double limit : {1e30, kInf}) {
+    e = range(0, limit, 1);
+    EXPECT_NE(e.find("is too long"), std::string::npos) << limit << ": " << e;
+  }
+  e = range(kInf, kInf, 1); // inf - inf is NaN
+  EXPECT_NE(e.find("is too long"), std::string::npos) << e;
+}
+
 /// A checkpoint whose JSON header has \p from replaced by \p to, its size and checksum made to fit
 /// (so that the loader reaches the checks of the header's values).
 std::string editedCheckpoint(const std::string &bytes, const std::string &from, const std::string &to) {
