@@ -195,7 +195,10 @@ ExecutionPlan::ExecutionPlan(const ir::Graph &graph, const CompileOptions &optio
           (t->kind() == ir::TensorKind::Variable ? lower.variableBytes : lower.constBytes) += t->data()->byteCount();
         continue;
       }
-      const int64_t n = shapeElementCount(t->info().shape());
+      const Shape &shape = t->info().shape();
+      if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; }))
+        throw error("tensor '", id, "' has shape ", toString(shape), ": a dimension is unknown (negative) at compile");
+      const int64_t n = shapeElementCount(shape);
       const auto width = static_cast<int64_t>(dataTypeSize(t->info().dataType()));
       const int64_t bytes = width > 0 && n > most / width ? most : n * width;
       if (bytes > lower.arenaBytes) {

@@ -11,6 +11,7 @@
 #include "core/log.hpp"
 #include <popart/error.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -253,7 +254,7 @@ public:
 
   void run(const KernelArgs &args) override {
     const bool hasTrips = args.hasInput(0);
-    const int64_t trips = hasTrips ? *args.in<int64_t>(0) : 0;
+    const int64_t trips = hasTrips ? std::max<int64_t>(0, *args.in<int64_t>(0)) : 0; // negative: no iteration
     bool cond = args.hasInput(1) ? *args.in<bool>(1) : true;
     for (size_t i = 0; i < carried_; ++i) {
       if (!args.hasInput(2 + i)) throw error(name_, ": loop-carried input ", i, " is missing");

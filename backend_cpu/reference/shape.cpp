@@ -529,7 +529,8 @@ public:
     batches_ = rows_ * cols_ == 0 ? 0 : op.inInfo(0).elementCount() / (rows_ * cols_);
   }
   void run(const KernelArgs &a) override {
-    int64_t k = a.hasInput(1) ? *a.in<int64_t>(1) : 0;
+    // Past either corner every row keeps all or none of its columns: clamped, i + k cannot overflow.
+    const int64_t k = std::clamp<int64_t>(a.hasInput(1) ? *a.in<int64_t>(1) : 0, -rows_ - 1, cols_);
     const auto *x = static_cast<const uint8_t *>(a.inputs[0]);
     auto *y = static_cast<uint8_t *>(a.outputs[0]);
     for (int64_t b = 0; b < batches_; ++b)

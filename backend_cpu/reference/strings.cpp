@@ -77,7 +77,11 @@ public:
       }
     }
     gramIndex_ = indexes;
-    key_.reserve(static_cast<size_t>(maxGram_));
+    // From the model, so bounded by what can match before they size or drive a loop: no n-gram
+    // of the pool is longer than counts.size(), and a skip past the row leaves no window.
+    maxGram_ = std::min(maxGram_, static_cast<int64_t>(counts.size()));
+    maxSkip_ = std::min(maxSkip_, cols_);
+    key_.reserve(static_cast<size_t>(std::max<int64_t>(maxGram_, 0)));
     counts_.resize(static_cast<size_t>(width_));
   }
 

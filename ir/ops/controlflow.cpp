@@ -201,7 +201,8 @@ void setupLoop(Op &op) {
     op.setOutInfo(i, info);
   }
   if (scans == 0) return;
-  int64_t trips = op.constInput(0, "trip count M, which sizes the scan outputs").valueAsInt64(0);
+  // A negative trip count runs no iteration (the loop runs while the iteration number is below it).
+  int64_t trips = std::max<int64_t>(0, op.constInput(0, "trip count M, which sizes the scan outputs").valueAsInt64(0));
   for (size_t k = 0; k < scans; ++k) {
     TensorInfo e = (*out)[1 + carried + k];
     if (!e.isTensor()) throw error(op.debugName(), ": scan output ", k, " must be a tensor, got ", e.toString());

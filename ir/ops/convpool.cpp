@@ -58,17 +58,31 @@ Shape windowOutput(const Op &op, const Shape &in, const std::vector<int64_t> &ke
   std::string ap = autoPad(op);
   auto pads = explicitPads(op, nsp);
   Shape out(nsp);
+  int64_t windowSize = 1; // the kernels loop over it: a pool's kernel_shape is not a tensor's shape
   for (size_t i = 0; i < nsp; ++i) {
-    int64_t dk = (kernel[i] - 1) * dil[i] + 1;
+    // Attributes and dimensions come from the model: every sum and product is checked.
+    const std::string axis = "spatial axis " + std::to_string(i) + ":";
+    windowSize = checkedMul(op, windowSize, kernel[i], axis + " the window's size");
+    int64_t dk = checkedAdd(op, checkedMul(op, kernel[i] - 1, dil[i], axis + " the dilated kernel"), 1,
+                            axis + " the dilated kernel");
     if (ap == "SAME_UPPER" || ap == "SAME_LOWER") {
-      out[i] = (in[i] + strides[i] - 1) / strides[i];
+      out[i] = checkedAdd(op, in[i], strides[i] - 1, axis + " the input rounded up to the stride") / strides[i];
+      // The padding the kernels derive, (out - 1) * stride + dilated kernel - input.
+      checkedAdd(op, (out[i] - 1) * strides[i], dk, axis + " the padded extent");
     } else {
       int64_t pb = ap == "VALID" ? 0 : pads[i], pe = ap == "VALID" ? 0 : pads[i + nsp];
-      int64_t span = in[i] + pb + pe - dk;
+      const int64_t padded = checkedAdd(op, checkedAdd(op, in[i], pb, axis + " the padded input"), pe,
+                                        axis + " the padded input");
+      // The kernels step back from a window's start by up to a dilation.
+      checkedAdd(op, padded, dil[i], axis + " the padded input and a dilation");
+      int64_t span = padded - dk;
       if (span < 0)
         throw error(op.debugName(), ": window of extent ", dk, " on spatial axis ", i,
-                    " is larger than the padded input (", in[i] + pb + pe, ")");
-      out[i] = (ceilMode ? (span + strides[i] - 1) / strides[i] : span / strides[i]) + 1;
+                    " is larger than the padded input (", padded, ")");
+      out[i] = (ceilMode ? checkedAdd(op, span, strides[i] - 1, axis + " the span rounded up to the stride") /
+                               strides[i]
+                         : span / strides[i]) +
+               1;
       // A window may not start in the end padding (as in PyTorch).
       if (ceilMode && (out[i] - 1) * strides[i] >= in[i] + pb) --out[i];
     }
@@ -90,9 +104,10 @@ void setupConv(Op &op) {
                 toString(op.inInfo(0).dataType()));
   int64_t group = op.attrs.getInt("group", 1);
   if (group < 1) throw error(op.debugName(), ": group ", group, " must be >= 1");
-  if (x[1] != w[1] * group)
+  const int64_t channels = checkedMul(op, w[1], group, "the input channels, W's channels times group,");
+  if (x[1] != channels)
     throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " with group ", group, " expects ",
-                w[1] * group);
+                channels);
   if (w[0] % group != 0) throw error(op.debugName(), ": ", w[0], " output channels are not divisible by group ", group);
   size_t nsp = x.size() - 2;
   std::vector<int64_t> kernel(w.begin() + 2, w.end());
@@ -131,7 +146,7 @@ void setupConvTranspose(Op &op) {
   if (group < 1) throw error(op.debugName(), ": group ", group, " must be >= 1");
   if (x[1] != w[0]) throw error(op.debugName(), ": X has ", x[1], " channels but W ", toString(w), " expects ", w[0]);
   if (w[0] % group != 0) throw error(op.debugName(), ": ", w[0], " input channels are not divisible by group ", group);
-  int64_t m = w[1] * group;
+  int64_t m = checkedMul(op, w[1], group, "the output channels, W's channels times group,");
   if (op.hasInput(2) && op.inInfo(2).shape() != Shape{m})
     throw error(op.debugName(), ": bias B has shape ", toString(op.inInfo(2).shape()), ", expected [", m, "]");
   size_t nsp = x.size() - 2;
@@ -145,6 +160,17 @@ void setupConvTranspose(Op &op) {
   std::string ap = autoPad(op);
   auto pads = explicitPads(op, nsp);
   Shape out(nsp);
+  // Attributes and dimensions come from the model: every sum and product is checked.
+  std::vector<int64_t> natural(nsp); // stride * (input - 1) + output padding + dilated kernel
+  for (size_t i = 0; i < nsp; ++i) {
+    const std::string axis = "spatial axis " + std::to_string(i) + ":";
+    int64_t dk = checkedAdd(op, checkedMul(op, kernel[i] - 1, dil[i], axis + " the dilated kernel"), 1,
+                            axis + " the dilated kernel");
+    natural[i] = checkedAdd(op, checkedAdd(op, checkedMul(op, strides[i], x[i + 2] - 1, axis + " the strided input"),
+                                           outPad[i], axis + " the output size"),
+                            dk, axis + " the output size");
+    checkedAdd(op, natural[i], dil[i], axis + " the output size and a dilation"); // the kernels step by one
+  }
   if (op.attrs.has("output_shape")) {
     std::vector<int64_t> os = op.attrs.getInts("output_shape");
     if (os.size() == nsp + 2) os.erase(os.begin(), os.begin() + 2);
@@ -152,17 +178,20 @@ void setupConvTranspose(Op &op) {
     out = os;
   } else {
     for (size_t i = 0; i < nsp; ++i) {
-      int64_t dk = (kernel[i] - 1) * dil[i] + 1;
       if (ap == "SAME_UPPER" || ap == "SAME_LOWER")
-        out[i] = x[i + 2] * strides[i];
+        out[i] = checkedMul(op, x[i + 2], strides[i], "spatial axis " + std::to_string(i) + ": the strided input");
       else {
         int64_t pb = ap == "VALID" ? 0 : pads[i], pe = ap == "VALID" ? 0 : pads[i + nsp];
-        out[i] = strides[i] * (x[i + 2] - 1) + outPad[i] + dk - pb - pe;
+        const std::string what = "spatial axis " + std::to_string(i) + ": the output size less the pads";
+        out[i] = checkedAdd(op, checkedAdd(op, natural[i], -pb, what), -pe, what); // pads are >= 0
       }
     }
   }
-  for (int64_t o : out)
-    if (o < 0) throw error(op.debugName(), ": output spatial shape ", toString(out), " is negative");
+  for (size_t i = 0; i < nsp; ++i) {
+    if (out[i] < 0) throw error(op.debugName(), ": output spatial shape ", toString(out), " is negative");
+    // The padding the kernels derive from output_shape.
+    checkedAdd(op, natural[i], -out[i], "spatial axis " + std::to_string(i) + ": the padding");
+  }
   Shape y{x[0], m};
   y.insert(y.end(), out.begin(), out.end());
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), y));

@@ -126,7 +126,7 @@ void setupMaxUnpool(Op &op) {
           __builtin_mul_overflow(x[i + 2] - 1, strides[i], &d) || __builtin_add_overflow(d, kernel[i], &d) ||
           __builtin_add_overflow(pads[i], pads[spatial + i], &padded) || d - padded < 1)
         throw error(op.debugName(), ": X ", toString(x), " with kernel_shape ", toString(kernel), ", strides ",
-                    toString(strides), " and pads ", toString(pads), " gives no valid output size on axis ", i + 2);
+                    intsToString(strides), " and pads ", intsToString(pads), " gives no valid output size on axis ", i + 2);
       out[i + 2] = d - padded;
     }
   }

@@ -35,6 +35,25 @@ std::vector<int64_t> normalizeAxes(const std::vector<int64_t> &axes, int64_t ran
   return out;
 }
 
+std::string intsToString(const std::vector<int64_t> &v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+int64_t checkedAdd(const Op &op, int64_t a, int64_t b, const std::string &what) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) throw error(op.debugName(), ": ", what, " ", a, " + ", b, " is past int64");
+  return r;
+}
+
+int64_t checkedMul(const Op &op, int64_t a, int64_t b, const std::string &what) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) throw error(op.debugName(), ": ", what, " ", a, " * ", b, " is past int64");
+  return r;
+}
+
 void setupSameAsInput0(Op &op) { op.setOutInfo(0, op.inInfo(0)); }
 
 void setupSameShape(Op &op, DataType type) { op.setOutInfo(0, TensorInfo(type, op.inInfo(0).shape())); }

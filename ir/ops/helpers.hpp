@@ -5,6 +5,7 @@
 #include "ir/op.hpp"
 #include <popart/error.hpp>
 
+#include <string>
 #include <vector>
 
 namespace popart::ir {
@@ -15,6 +16,16 @@ Shape broadcastShapes(const Shape &a, const Shape &b, const Op &op);
 int64_t normalizeAxis(int64_t axis, int64_t rank, const Op &op);
 /// Each axis normalised; duplicates are an error.
 std::vector<int64_t> normalizeAxes(const std::vector<int64_t> &axes, int64_t rank, const Op &op);
+
+/// Shape arithmetic on values a model sets (attributes, dimensions): \p a + \p b, \p a * \p b, or
+/// an error naming \p op, \p what and the operands if the result is past int64 (signed overflow is
+/// undefined behaviour).
+int64_t checkedAdd(const Op &op, int64_t a, int64_t b, const std::string &what);
+int64_t checkedMul(const Op &op, int64_t a, int64_t b, const std::string &what);
+
+/// \p v as "[a,b,c]" with negative values as they are (toString(Shape) shows them as "?", an unknown
+/// dimension): for pads, starts, steps, Reshape's spec and other lists of integers in messages.
+std::string intsToString(const std::vector<int64_t> &v);
 
 /// setup(): output 0 has the info of input 0.
 void setupSameAsInput0(Op &op);

@@ -23,7 +23,7 @@ StridedShape matMulOperand(const Op &op, size_t i) {
   const std::vector<int64_t> &perm = i == 0 ? op.fusion.permA : op.fusion.permB;
   if (!perm.empty()) {
     if (!isPermutation(perm, stored.size()))
-      throw error(op.debugName(), ": fusion field ", i == 0 ? "permA" : "permB", " ", toString(perm),
+      throw error(op.debugName(), ": fusion field ", i == 0 ? "permA" : "permB", " ", intsToString(perm),
                   " is not a permutation of input ", i, "'s ", stored.size(), " axes");
     StridedShape p{stored, s.strides};
     for (size_t j = 0; j < perm.size(); ++j) {

@@ -49,6 +49,9 @@ void setupResize(Op &op) {
   } else {
     throw error(op.debugName(), ": needs scales or sizes");
   }
+  for (size_t i = 0; i < in.size(); ++i)
+    if (in[i] == 0 && out[i] != 0) // no value to sample (the kernels read past the empty input)
+      throw error(op.debugName(), ": axis ", i, " of the input is empty but resized to ", out[i]);
   std::string mode = op.attrs.getString("mode", "nearest");
   if (mode != "nearest" && mode != "linear" && mode != "cubic" && mode != "bilinear")
     throw error(op.debugName(), ": mode '", mode, "' is not one of nearest, linear, cubic");

@@ -40,13 +40,11 @@ std::pair<TensorInfo, TensorInfo> recurrentInfos(const Op &op) {
   int64_t hidden = op.attrs.getInt("hidden_size", r[2]);
   bool batchFirst = op.attrs.getInt("layout", 0) != 0;
   int64_t seq = batchFirst ? x[1] : x[0], batch = batchFirst ? x[0] : x[1];
-  int64_t gates = gateCount(op.type);
-  if (w[0] != dirs || w[1] != gates * hidden || w[2] != x[2])
-    throw error(op.debugName(), ": W has shape ", toString(w), ", expected [", dirs, ",", gates * hidden, ",", x[2],
-                "]");
-  if (r[0] != dirs || r[1] != gates * hidden || r[2] != hidden)
-    throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gates * hidden, ",", hidden,
-                "]");
+  const int64_t gateRows = checkedMul(op, gateCount(op.type), hidden, "the gates' rows, gates times hidden_size,");
+  if (w[0] != dirs || w[1] != gateRows || w[2] != x[2])
+    throw error(op.debugName(), ": W has shape ", toString(w), ", expected [", dirs, ",", gateRows, ",", x[2], "]");
+  if (r[0] != dirs || r[1] != gateRows || r[2] != hidden)
+    throw error(op.debugName(), ": R has shape ", toString(r), ", expected [", dirs, ",", gateRows, ",", hidden, "]");
   DataType t = op.inInfo(0).dataType();
   Shape state = batchFirst ? Shape{batch, dirs, hidden} : Shape{dirs, batch, hidden};
   return {TensorInfo(t, batchFirst ? Shape{batch, seq, dirs, hidden} : Shape{seq, dirs, batch, hidden}),
@@ -59,9 +57,38 @@ TensorInfo savedInfo(const Op &op) {
   return TensorInfo(DataType::UINT8, {bytes});
 }
 
+/// Checks the optional inputs B, sequence_lens, initial_h, initial_c and P against X, W and R: the
+/// kernels read them by those shapes (an empty B was read past its end).
+void requireRecurrentInputs(const Op &op, const TensorInfo &state) {
+  const bool lstm = op.type == "LSTM";
+  const DataType t = op.inInfo(0).dataType();
+  const int64_t dirs = op.inInfo(1).dim(0), gateRows = op.inInfo(1).dim(1), hidden = op.inInfo(2).dim(2);
+  const bool batchFirst = op.attrs.getInt("layout", 0) != 0;
+  const int64_t batch = op.inInfo(0).dim(batchFirst ? 0 : 1);
+  auto expect = [&](size_t i, const TensorInfo &info, const char *name) {
+    if (op.hasInput(i) && op.inInfo(i) != info)
+      throw error(op.debugName(), ": ", name, " is ", op.inInfo(i).toString(), ", expected ", info.toString());
+  };
+  for (size_t i = 1; i < op.inputCount(); ++i)
+    if (i != 4 && op.hasInput(i) && op.inInfo(i).dataType() != t)
+      throw error(op.debugName(), ": input ", i, " has type ", toString(op.inInfo(i).dataType()), ", expected ",
+                  toString(t), " like X");
+  expect(3, TensorInfo(t, {dirs, checkedMul(op, gateRows, 2, "B's width, twice the gates' rows,")}), "B");
+  if (op.hasInput(4) && op.inInfo(4).dataType() == DataType::INT64)
+    expect(4, TensorInfo(DataType::INT64, {batch}), "sequence_lens");
+  else
+    expect(4, TensorInfo(DataType::INT32, {batch}), "sequence_lens");
+  expect(5, state, "initial_h");
+  if (lstm) {
+    expect(6, state, "initial_c");
+    expect(7, TensorInfo(t, {dirs, checkedMul(op, hidden, 3, "P's width, three times hidden_size,")}), "P");
+  }
+}
+
 void setupRecurrent(Op &op) {
   requireInputCount(op, 3, op.type == "LSTM" ? 8 : 6);
   auto [y, state] = recurrentInfos(op);
+  requireRecurrentInputs(op, state);
   op.setOutInfo(0, y);
   op.setOutInfo(1, state);
   if (op.type == "LSTM") op.setOutInfo(2, state);

@@ -143,8 +143,10 @@ void setupSplitToSequence(Op &op) {
         sizes.push_back(std::min(chunk, len - at));
     }
     int64_t total = 0;
-    for (int64_t s : sizes)
-      total += s;
+    for (int64_t s : sizes) {
+      if (s < 0) throw error(op.debugName(), ": split size ", s, " is negative");
+      total = checkedAdd(op, total, s, "the sum of the split sizes");
+    }
     if (total != len) throw error(op.debugName(), ": split sizes add up to ", total, " but axis ", axis, " has ", len);
     for (int64_t s : sizes)
       e.push_back(piece(s, true));

@@ -41,34 +41,34 @@ void setupReshape(Op &op) {
   for (size_t i = 0; i < spec.size(); ++i) {
     int64_t s = spec[i];
     if (s == -1) {
-      if (inferred >= 0) throw error(op.debugName(), ": shape ", toString(spec), " has more than one -1");
+      if (inferred >= 0) throw error(op.debugName(), ": shape ", intsToString(spec), " has more than one -1");
       inferred = static_cast<int64_t>(i);
       continue;
     }
-    if (s < -1) throw error(op.debugName(), ": shape ", toString(spec), " has invalid dimension ", s);
+    if (s < -1) throw error(op.debugName(), ": shape ", intsToString(spec), " has invalid dimension ", s);
     if (s == 0 && !allowZero) {
       if (i >= in.size())
-        throw error(op.debugName(), ": shape ", toString(spec), " copies dimension ", i, " (0) but the input ",
+        throw error(op.debugName(), ": shape ", intsToString(spec), " copies dimension ", i, " (0) but the input ",
                     toString(in), " has rank ", in.size());
       s = in[i];
     }
     out[i] = s;
     if (__builtin_mul_overflow(known, s, &known))
-      throw error(op.debugName(), ": shape ", toString(spec), " has too many elements (more than 2^63)");
+      throw error(op.debugName(), ": shape ", intsToString(spec), " has too many elements (more than 2^63)");
   }
   int64_t total = shapeElementCount(in);
   if (inferred >= 0) {
     if (known == 0) {
       if (total != 0)
-        throw error(op.debugName(), ": cannot infer the -1 of shape ", toString(spec), " for input ", toString(in));
+        throw error(op.debugName(), ": cannot infer the -1 of shape ", intsToString(spec), " for input ", toString(in));
       out[static_cast<size_t>(inferred)] = 0;
     } else {
       if (total % known != 0)
-        throw error(op.debugName(), ": input ", toString(in), " cannot be reshaped to ", toString(spec));
+        throw error(op.debugName(), ": input ", toString(in), " cannot be reshaped to ", intsToString(spec));
       out[static_cast<size_t>(inferred)] = total / known;
     }
   } else if (known != total) {
-    throw error(op.debugName(), ": input ", toString(in), " has ", total, " elements, shape ", toString(spec), " has ",
+    throw error(op.debugName(), ": input ", toString(in), " has ", total, " elements, shape ", intsToString(spec), " has ",
                 known);
   }
   op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), out));
@@ -140,7 +140,7 @@ void setupTranspose(Op &op) {
   if (op.attrs.has("perm")) {
     perm = op.attrs.getInts("perm");
     if (static_cast<int64_t>(perm.size()) != rank)
-      throw error(op.debugName(), ": perm ", toString(perm), " has ", perm.size(), " entries for input of rank ", rank);
+      throw error(op.debugName(), ": perm ", intsToString(perm), " has ", perm.size(), " entries for input of rank ", rank);
     perm = normalizeAxes(perm, rank, op);
   } else {
     for (int64_t i = rank - 1; i >= 0; --i)
@@ -218,14 +218,14 @@ std::vector<int64_t> splitSizes(const Op &op, int64_t dim) {
   if (op.hasInput(1)) {
     sizes = intsInput(op, 1, "split");
     if (sizes.size() != n)
-      throw error(op.debugName(), ": split ", toString(sizes), " has ", sizes.size(), " entries for ", n, " outputs");
+      throw error(op.debugName(), ": split ", intsToString(sizes), " has ", sizes.size(), " entries for ", n, " outputs");
     int64_t sum = 0;
     for (int64_t s : sizes) {
-      if (s < 0) throw error(op.debugName(), ": split ", toString(sizes), " has a negative size");
-      sum += s;
+      if (s < 0) throw error(op.debugName(), ": split ", intsToString(sizes), " has a negative size");
+      sum = checkedAdd(op, sum, s, "the sum of split " + intsToString(sizes) + ",");
     }
     if (sum != dim)
-      throw error(op.debugName(), ": split ", toString(sizes), " sums to ", sum, " but the axis has size ", dim);
+      throw error(op.debugName(), ": split ", intsToString(sizes), " sums to ", sum, " but the axis has size ", dim);
     return sizes;
   }
   int64_t count = static_cast<int64_t>(n);
@@ -267,7 +267,7 @@ void setupSlice(Op &op) {
   int64_t rank = static_cast<int64_t>(in.size());
   std::vector<int64_t> starts = intsInput(op, 1, "starts"), ends = intsInput(op, 2, "ends");
   if (starts.size() != ends.size())
-    throw error(op.debugName(), ": starts ", toString(starts), " and ends ", toString(ends), " differ in length");
+    throw error(op.debugName(), ": starts ", intsToString(starts), " and ends ", intsToString(ends), " differ in length");
   std::vector<int64_t> axes;
   if (op.hasInput(3))
     axes = intsInput(op, 3, "axes");
@@ -291,13 +291,15 @@ void setupSlice(Op &op) {
     if (step > 0) {
       s = std::clamp<int64_t>(s, 0, dim);
       e = std::clamp<int64_t>(e, 0, dim);
-      count = e > s ? (e - s + step - 1) / step : 0;
+      count = e > s ? (e - s - 1) / step + 1 : 0; // not (e - s + step - 1) / step: step may be near 2^63
     } else if (dim == 0) {
       count = 0;
     } else {
       s = std::clamp<int64_t>(s, 0, dim - 1);
       e = std::clamp<int64_t>(e, -1, dim - 1);
-      count = s > e ? (s - e + (-step) - 1) / (-step) : 0;
+      // s - e <= dim: a step of magnitude dim or more takes one element (and -step may overflow).
+      const int64_t magnitude = step <= -dim ? dim : -step;
+      count = s > e ? (s - e - 1) / magnitude + 1 : 0;
     }
     out[static_cast<size_t>(axes[i])] = count;
   }
@@ -325,13 +327,13 @@ void setupTile(Op &op) {
   const Shape &in = op.inInfo(0).shape();
   std::vector<int64_t> repeats = intsInput(op, 1, "repeats");
   if (repeats.size() != in.size())
-    throw error(op.debugName(), ": repeats ", toString(repeats), " must have one entry per dimension of input ",
+    throw error(op.debugName(), ": repeats ", intsToString(repeats), " must have one entry per dimension of input ",
                 toString(in));
   Shape out = in;
   for (size_t i = 0; i < in.size(); ++i) {
-    if (repeats[i] < 0) throw error(op.debugName(), ": repeats ", toString(repeats), " has a negative entry");
+    if (repeats[i] < 0) throw error(op.debugName(), ": repeats ", intsToString(repeats), " has a negative entry");
     if (__builtin_mul_overflow(out[i], repeats[i], &out[i])) // found by the model fuzzer
-      throw error(op.debugName(), ": repeats ", toString(repeats), " of input ", toString(in),
+      throw error(op.debugName(), ": repeats ", intsToString(repeats), " of input ", toString(in),
                   " give a dimension past 2^63");
   }
   try {
@@ -357,7 +359,7 @@ void setupPad(Op &op) {
     for (int64_t i = 0; i < rank; ++i)
       axes.push_back(i);
   if (pads.size() != 2 * axes.size())
-    throw error(op.debugName(), ": pads ", toString(pads), " must have ", 2 * axes.size(), " entries for input ",
+    throw error(op.debugName(), ": pads ", intsToString(pads), " must have ", 2 * axes.size(), " entries for input ",
                 toString(in));
   if (op.hasInput(2) && op.inInfo(2).elementCount() != 1)
     throw error(op.debugName(), ": constant_value must be a single value, got ", op.inInfo(2).toString());
@@ -366,9 +368,13 @@ void setupPad(Op &op) {
   for (size_t i = 0; i < n; ++i) {
     size_t a = static_cast<size_t>(axes[i]);
     int64_t begin = pads[i], end = pads[i + n];
-    out[a] = in[a] + begin + end;
+    // Either pad alone may not remove more than the axis holds (the kernels index from the start
+    // of the input less the begin pad), and the padded size is checked against int64.
+    if (begin < -in[a] || end < -in[a])
+      throw error(op.debugName(), ": pads ", intsToString(pads), " remove more than the ", in[a], " elements of axis ", a);
+    out[a] = checkedAdd(op, checkedAdd(op, in[a], begin, "the padded axis"), end, "the padded axis");
     if (out[a] < 0)
-      throw error(op.debugName(), ": pads ", toString(pads), " remove more than the ", in[a], " elements of axis ", a);
+      throw error(op.debugName(), ": pads ", intsToString(pads), " remove more than the ", in[a], " elements of axis ", a);
     bool padded = begin > 0 || end > 0;
     if (padded && mode != "constant" && in[a] == 0)
       throw error(op.debugName(), ": mode '", mode, "' cannot pad empty axis ", a);
@@ -483,9 +489,11 @@ void setupDepthToSpace(Op &op) {
   if (b <= 0) throw error(op.debugName(), ": blocksize ", b, " must be positive");
   std::string mode = op.attrs.getString("mode", "DCR");
   if (mode != "DCR" && mode != "CRD") throw error(op.debugName(), ": mode '", mode, "' is not DCR or CRD");
-  if (in[1] % (b * b) != 0)
-    throw error(op.debugName(), ": channels ", in[1], " are not divisible by blocksize^2 = ", b * b);
-  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {in[0], in[1] / (b * b), in[2] * b, in[3] * b}));
+  const int64_t bb = checkedMul(op, b, b, "blocksize^2");
+  if (in[1] % bb != 0)
+    throw error(op.debugName(), ": channels ", in[1], " are not divisible by blocksize^2 = ", bb);
+  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {in[0], in[1] / bb, checkedMul(op, in[2], b, "the height"),
+                                                        checkedMul(op, in[3], b, "the width")}));
 }
 
 void setupSpaceToDepth(Op &op) {
@@ -496,7 +504,8 @@ void setupSpaceToDepth(Op &op) {
   if (b <= 0) throw error(op.debugName(), ": blocksize ", b, " must be positive");
   if (in[2] % b != 0 || in[3] % b != 0)
     throw error(op.debugName(), ": spatial dimensions of ", toString(in), " are not divisible by blocksize ", b);
-  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {in[0], in[1] * b * b, in[2] / b, in[3] / b}));
+  const int64_t channels = checkedMul(op, checkedMul(op, in[1], b, "the channels"), b, "the channels");
+  op.setOutInfo(0, TensorInfo(op.inInfo(0).dataType(), {in[0], channels, in[2] / b, in[3] / b}));
 }
 
 void setupTrilu(Op &op) {

@@ -66,7 +66,10 @@ void setupTfIdf(Op &op) {
   if (s.empty() || s.size() > 2) throw error(op.debugName(), ": input must be [C] or [N,C], got ", toString(s));
   std::vector<int64_t> indexes = op.attrs.getInts("ngram_indexes");
   if (indexes.empty()) throw error(op.debugName(), ": ngram_indexes is empty");
-  int64_t width = *std::max_element(indexes.begin(), indexes.end()) + 1;
+  // Each is an output column: from the model, so checked before it sizes the output.
+  for (int64_t i : indexes)
+    if (i < 0) throw error(op.debugName(), ": ngram_indexes has a negative index ", i);
+  int64_t width = checkedAdd(op, *std::max_element(indexes.begin(), indexes.end()), 1, "the output width");
   std::string mode = op.attrs.getString("mode");
   if (mode != "TF" && mode != "IDF" && mode != "TFIDF")
     throw error(op.debugName(), ": mode '", mode, "' is not TF, IDF or TFIDF");

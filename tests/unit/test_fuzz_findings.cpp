@@ -21,6 +21,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <tuple>
 #include <limits>
 
 #include <unistd.h>
@@ -106,7 +107,36 @@ TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
       {"convtranspose-weight-rank-2-with-untyped-if-branch.onnx",
        "a ConvTranspose node: weights 'W' have rank 2, X 'X' rank 3; expected the same rank of 3 or more"},
       {"tile-folded-with-huge-output.onnx", "needs 1688849860.26 MB (1688849860264768 bytes: tensor '4' alone"},
-      {"compile-allocates-2.6GB.onnx", "needs 2642.41 MB (2642413856 bytes: tensor '2' alone"}};
+      {"compile-allocates-2.6GB.onnx", "needs 2642.41 MB (2642413856 bytes: tensor '2' alone"},
+      // Found by the sweeps of extreme attributes and folded inputs (docs/fuzzing.md).
+      {"conv-pads-past-int64.onnx",
+       "Conv #0: spatial axis 0: the padded input 4611686018427387911 + 4611686018427387904 is past int64"},
+      {"conv-same-stride-int64-max.onnx",
+       "Conv #0: spatial axis 0: the input rounded up to the stride 5 + 9223372036854775806 is past int64"},
+      {"maxpool-same-window-size-past-int64.onnx",
+       "MaxPool #0: spatial axis 1: the window's size 4294967297 * 4294967297 is past int64"},
+      {"convtranspose-strides-past-int64.onnx",
+       "ConvTranspose #0: spatial axis 0: the strided input 4611686018427387904 * 2 is past int64"},
+      {"convtranspose-output-padding-int64-max.onnx",
+       "ConvTranspose 'test': spatial axis 0: the output size 6 + 9223372036854775807 is past int64"},
+      {"depthtospace-blocksize-squared-past-int64.onnx",
+       "DepthToSpace #0: blocksize^2 4294967297 * 4294967297 is past int64"},
+      {"lstm-hidden-size-past-int64.onnx",
+       "LSTM #0: the gates' rows, gates times hidden_size, 4 * 4611686018427387904 is past int64"},
+      {"pad-folded-pad-int64-max.onnx", "Pad #0: the padded axis 1 + 9223372036854775807 is past int64"},
+      {"pad-folded-pads-int64-min.onnx",
+       "Pad #0: pads [-9223372036854775808,-9223372036854775808,-9223372036854775808,-9223372036854775808,"
+       "-9223372036854775808,-9223372036854775808,-9223372036854775808,-9223372036854775808] remove more than the 1 "
+       "elements of axis 0"},
+      {"split-folded-sizes-past-int64.onnx",
+       "Split #0: the sum of split [9223372036854775807,4], 9223372036854775807 + 4 is past int64"},
+      {"splittosequence-sizes-past-int64.onnx",
+       "SplitToSequence #0: the sum of the split sizes 9223372036854775807 + 9223372036854775807 is past int64"},
+      {"lstm-empty-bias.onnx", "LSTM #0: B is FLOAT[1,0], expected FLOAT[1,24]"},
+      {"resize-empty-axis-to-nine.onnx", "Resize #0: axis 2 of the input is empty but resized to 9"},
+      {"tfidf-negative-ngram-index.onnx", "TfIdfVectorizer #0: ngram_indexes has a negative index -9223372036854775808"},
+      {"tfidf-ngram-index-int64-max.onnx",
+       "TfIdfVectorizer #0: the output width 9223372036854775807 + 1 is past int64"}};
   for (const auto &[file, message] : cases) {
     std::ifstream in(kRegressions / "model" / file, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -121,6 +151,53 @@ TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << file << ": " << e.what();
     }
   }
+}
+
+TEST(FuzzFindings, ModelsOnceUndefinedCompileToNumpysShapes) {
+  // Inputs that overflowed or cast NaN but are valid: a Loop's negative trip count runs no
+  // iteration, a Slice step near +-2^63 takes one element, Trilu's k near 2^63, a NaN one-hot
+  // index and a max_gram_length of 2^31 - 1. The shapes are numpy's for the same slices.
+  const std::vector<std::tuple<std::string, TensorId, Shape>> cases{
+      {"loop-negative-trip-count-sizes-scan-output.onnx", "res_scan", {0, 1}},
+      {"slice-folded-step-int64-max.onnx", "y", {1, 10, 5}},
+      {"slice-folded-step-int64-min.onnx", "y", {1, 3, 2}},
+      {"trilu-folded-k-int64-max.onnx", "y", {4, 5}},
+      {"onehot-folded-nan-index.onnx", "y", {2, 10, 2}},
+      {"tfidf-max-gram-length-int32-max.onnx", "Y", {2, 7}}};
+  for (const auto &[file, output, shape] : cases) {
+    std::ifstream in(kRegressions / "model" / file, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_FALSE(bytes.empty()) << file;
+    SessionOptions options;
+    options.numThreads = 1;
+    auto session = InferenceSession::createFromOnnxModel(bytes, DataFlow(1, {output}), options);
+    EXPECT_NO_THROW(session->prepareDevice()) << file;
+    EXPECT_EQ(session->getInfo(output).shape(), shape) << file;
+  }
+}
+
+TEST(FuzzFindings, TriluAndOneHotOfExtremeValuesAreDefined) {
+  // Trilu's i + k overflowed for k near +-2^63; past either corner a row keeps all or none.
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min(), kMax = std::numeric_limits<int64_t>::max();
+  const TensorData x = TensorData::fromDoubles(DataType::FLOAT, {2, 3}, {1, 2, 3, 4, 5, 6});
+  const std::vector<double> all{1, 2, 3, 4, 5, 6}, none(6, 0.0);
+  for (int64_t upper : {0, 1})
+    for (int64_t k : {kMin, kMax}) {
+      ir::Attributes a;
+      a.set("upper", upper);
+      TensorData y = op_runner::runOp("Trilu", 14, a, {{"x", x}}, {{"k", TensorData::fromInt64({}, {k})}})[0];
+      EXPECT_EQ(y.toDoubleVector(), (upper == 0) == (k == kMax) ? all : none) << "upper " << upper << " k " << k;
+    }
+  // OneHot's float indices were cast to int64 as they are (UB for NaN and 1e30): out of range,
+  // they give a row of off values, as a too-large integer index does; -1 counts from the end.
+  const double kNan = std::numeric_limits<double>::quiet_NaN();
+  ir::Attributes a;
+  a.set("axis", int64_t{-1});
+  TensorData y =
+      op_runner::runOp("OneHot", 11, a, {{"indices", TensorData::fromDoubles(DataType::FLOAT, {5}, {kNan, 1e30, -1e30, 1, -1})}},
+                       {{"depth", TensorData::fromDoubles(DataType::FLOAT, {}, {3})},
+                        {"values", TensorData::fromDoubles(DataType::FLOAT, {2}, {0, 7})}})[0];
+  EXPECT_EQ(y.toDoubleVector(), (std::vector<double>{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 7}));
 }
 
 TEST(FuzzFindings, AHugeTileIsRefusedByTheMemoryLimitBeforeItsKernelIsMade) {
