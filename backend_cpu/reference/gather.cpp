@@ -298,11 +298,9 @@ public:
       for (int64_t o = 0; o < outer_; ++o)
         for (int64_t i = 0; i < inner_; ++i) {
           const auto x = static_cast<compute_t<T>>(ind[o * inner_ + i]);
-          int64_t v = depth_; // a float index int64 cannot hold (NaN, 1e30) is out of range too
-          if constexpr (std::is_integral_v<compute_t<T>>)
-            v = static_cast<int64_t>(x);
-          else if (fitsInt64(static_cast<double>(x)))
-            v = static_cast<int64_t>(x);
+          // A float index that int64 cannot hold (NaN, 1e30) is out of range too.
+          const bool fits = std::is_integral_v<compute_t<T>> || fitsInt64(static_cast<double>(x));
+          int64_t v = fits ? static_cast<int64_t>(x) : depth_;
           if (v < 0) v += depth_; // out-of-range values give an all-off row, as the spec says
           for (int64_t d = 0; d < depth_; ++d)
             std::memcpy(y + ((o * depth_ + d) * inner_ + i) * static_cast<int64_t>(size_),

@@ -264,6 +264,45 @@ TEST(Import, ExternalDataLoadsInsideTheFolderAndIsRefusedOutside) {
   EXPECT_NE(msg.find("cannot open external data file"), std::string::npos) << msg;
 }
 
+TEST(Import, TheCheckerChecksEveryNodeOfAModelWithExternalData) {
+  // The checker resolves external files against the working directory: the import checks a copy
+  // whose external tensors are inline and empty, so that their files (its own checks) do not stop
+  // the checker before the nodes. A missing file and a bad node are each refused.
+  TempDir dir;
+  auto makeModel = [](const std::string &location, bool badNode) {
+    onnx::ModelProto m = reluModel();
+    auto *g = m.mutable_graph();
+    g->mutable_node(0)->set_op_type("Add");
+    g->mutable_node(0)->add_input("w");
+    if (badNode) {
+      auto *a = g->mutable_node(0)->add_attribute();
+      a->set_name("external_axis");
+      a->set_type(onnx::AttributeProto::INT);
+      a->set_i(1);
+    }
+    auto *w = g->add_initializer();
+    w->set_name("w");
+    w->set_data_type(onnx::TensorProto::FLOAT);
+    w->add_dims(3);
+    w->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto *kv = w->add_external_data();
+    kv->set_key("location");
+    kv->set_value(location);
+    return m;
+  };
+  const float weights[3] = {1.f, 2.f, 3.f};
+  writeFile(dir.path / "weights.bin", std::string(reinterpret_cast<const char *>(weights), sizeof weights));
+  writeFile(dir.path / "good.onnx", makeModel("weights.bin", false).SerializeAsString());
+  EXPECT_NO_THROW(onnx_import::importModelFile((dir.path / "good.onnx").string()));
+  for (const char *location : {"weights.bin", "missing.bin"}) {
+    writeFile(dir.path / "bad.onnx", makeModel(location, true).SerializeAsString());
+    std::string msg = expectError([&] { onnx_import::importModelFile((dir.path / "bad.onnx").string()); });
+    EXPECT_NE(msg.find("fails the ONNX checker: Unrecognized attribute: external_axis for operator Add"),
+              std::string::npos)
+        << location << ": " << msg;
+  }
+}
+
 namespace {
 
 /// The bytes of file \p p.
