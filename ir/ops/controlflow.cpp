@@ -321,7 +321,18 @@ ScanLayout scanLayout(const Op &op) {
     if (j == 0) l.length = len;
     if (len != l.length)
       throw error(op.debugName(), ": scan inputs have different lengths (", l.length, " and ", len, ")");
-    if (l.batched) l.batch = in.shape()[0];
+    if (l.batched) {
+      if (j > 0 && in.shape()[0] != l.batch)
+        throw error(op.debugName(), ": scan inputs have different batch sizes (", l.batch, " and ", in.shape()[0], ")");
+      l.batch = in.shape()[0];
+    }
+  }
+  // Scan-8's states carry the batch axis first too (setup drops it: a scalar state was erased from).
+  for (size_t i = 0; l.batched && i < l.states; ++i) {
+    const TensorInfo &state = op.inInfo(l.firstState + i);
+    if (state.rank() < 1 || state.shape()[0] != l.batch)
+      throw error(op.debugName(), ": state ", i, " is ", state.toString(), ", expected the batch axis (", l.batch,
+                  ") first");
   }
   if (l.batched && op.hasInput(0))
     throw error(op.debugName(), ": sequence_lens is not supported (every batch entry runs the full length)");

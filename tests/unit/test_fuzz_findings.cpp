@@ -138,7 +138,8 @@ TEST(FuzzFindings, ModelsEndInAnErrorNamingTheOpAndTheFault) {
       {"tfidf-ngram-index-int64-max.onnx",
        "TfIdfVectorizer #0: the output width 9223372036854775807 + 1 is past int64"},
       {"scan-attribute-name-containing-external.onnx",
-       "fails the ONNX checker: Unrecognized attribute: num_externaluts for operator Scan"}};
+       "fails the ONNX checker: Unrecognized attribute: num_externaluts for operator Scan"},
+      {"scan8-scalar-state-without-batch-axis.onnx", "Scan #0: state 0 is FLOAT[], expected the batch axis (1) first"}};
   for (const auto &[file, message] : cases) {
     std::ifstream in(kRegressions / "model" / file, std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
