@@ -225,22 +225,32 @@ TEST(Session, MissingInputWrongShapeAndWrongTypeAreNamed) {
   EXPECT_NE(msg.find("input 'x' has type INT32 but the model expects FLOAT"), std::string::npos) << msg;
 }
 
+namespace {
+
+/// The Relu model made an Add of x and "w", a FLOAT[3] initializer stored externally at \p location.
+onnx::ModelProto addOfExternalWeight(const std::string &location) {
+  onnx::ModelProto m = reluModel();
+  auto *g = m.mutable_graph();
+  g->mutable_node(0)->set_op_type("Add");
+  g->mutable_node(0)->add_input("w");
+  auto *w = g->add_initializer();
+  w->set_name("w");
+  w->set_data_type(onnx::TensorProto::FLOAT);
+  w->add_dims(3);
+  w->set_data_location(onnx::TensorProto::EXTERNAL);
+  auto *kv = w->add_external_data();
+  kv->set_key("location");
+  kv->set_value(location);
+  return m;
+}
+
+} // namespace
+
 TEST(Import, ExternalDataLoadsInsideTheFolderAndIsRefusedOutside) {
   TempDir dir;
   auto makeModel = [](const std::string &location) {
-    onnx::ModelProto m = reluModel();
-    auto *g = m.mutable_graph();
-    g->mutable_node(0)->set_op_type("Add");
-    g->mutable_node(0)->add_input("w");
-    auto *w = g->add_initializer();
-    w->set_name("w");
-    w->set_data_type(onnx::TensorProto::FLOAT);
-    w->add_dims(3);
-    w->set_data_location(onnx::TensorProto::EXTERNAL);
-    auto *kv = w->add_external_data();
-    kv->set_key("location");
-    kv->set_value(location);
-    kv = w->add_external_data();
+    onnx::ModelProto m = addOfExternalWeight(location);
+    auto *kv = m.mutable_graph()->mutable_initializer(0)->add_external_data();
     kv->set_key("offset");
     kv->set_value("4");
     return m;
@@ -270,24 +280,13 @@ TEST(Import, TheCheckerChecksEveryNodeOfAModelWithExternalData) {
   // the checker before the nodes. A missing file and a bad node are each refused.
   TempDir dir;
   auto makeModel = [](const std::string &location, bool badNode) {
-    onnx::ModelProto m = reluModel();
-    auto *g = m.mutable_graph();
-    g->mutable_node(0)->set_op_type("Add");
-    g->mutable_node(0)->add_input("w");
+    onnx::ModelProto m = addOfExternalWeight(location);
     if (badNode) {
-      auto *a = g->mutable_node(0)->add_attribute();
+      auto *a = m.mutable_graph()->mutable_node(0)->add_attribute();
       a->set_name("external_axis");
       a->set_type(onnx::AttributeProto::INT);
       a->set_i(1);
     }
-    auto *w = g->add_initializer();
-    w->set_name("w");
-    w->set_data_type(onnx::TensorProto::FLOAT);
-    w->add_dims(3);
-    w->set_data_location(onnx::TensorProto::EXTERNAL);
-    auto *kv = w->add_external_data();
-    kv->set_key("location");
-    kv->set_value(location);
     return m;
   };
   const float weights[3] = {1.f, 2.f, 3.f};
