@@ -448,51 +448,33 @@ void checkConvTransposeRanks(const onnx::GraphProto &main) {
 }
 
 /// Calls \p f on every TensorProto of \p g that may hold external data: initializers (dense and
-/// sparse) and tensor attributes, in \p g and all its subgraphs.
-void forEachTensor(onnx::GraphProto &g, const std::function<void(onnx::TensorProto &)> &f) {
-  for (auto &t : *g.mutable_initializer())
+/// sparse) and tensor attributes, in \p g and all its subgraphs. Only tensors that are present are
+/// visited (never a field's shared default instance), so a caller that owns \p g may modify them.
+void forEachTensor(const onnx::GraphProto &g, const std::function<void(const onnx::TensorProto &)> &f) {
+  auto sparse = [&](const onnx::SparseTensorProto &s) {
+    if (s.has_values()) f(s.values());
+    if (s.has_indices()) f(s.indices());
+  };
+  for (const auto &t : g.initializer())
     f(t);
-  for (auto &sparse : *g.mutable_sparse_initializer()) {
-    f(*sparse.mutable_values());
-    f(*sparse.mutable_indices());
-  }
-  for (auto &node : *g.mutable_node())
-    for (auto &a : *node.mutable_attribute()) {
-      if (a.has_t()) f(*a.mutable_t());
-      for (auto &t : *a.mutable_tensors())
+  for (const auto &s : g.sparse_initializer())
+    sparse(s);
+  for (const auto &node : g.node())
+    for (const auto &a : node.attribute()) {
+      if (a.has_t()) f(a.t());
+      for (const auto &t : a.tensors())
         f(t);
-      if (a.has_sparse_tensor()) {
-        f(*a.mutable_sparse_tensor()->mutable_values());
-        f(*a.mutable_sparse_tensor()->mutable_indices());
-      }
-      if (a.has_g()) forEachTensor(*a.mutable_g(), f);
-      for (auto &sg : *a.mutable_graphs())
+      if (a.has_sparse_tensor()) sparse(a.sparse_tensor());
+      if (a.has_g()) forEachTensor(a.g(), f);
+      for (const auto &sg : a.graphs())
         forEachTensor(sg, f);
     }
 }
 
 /// True if a tensor of \p g (see forEachTensor) or of its subgraphs is stored externally.
-bool hasExternalData(const onnx::GraphProto &main) {
+bool hasExternalData(const onnx::GraphProto &g) {
   bool external = false;
-  auto check = [&](const onnx::TensorProto &t) { external = external || t.data_location() == onnx::TensorProto::EXTERNAL; };
-  auto visit = [&](const onnx::GraphProto &g) {
-    for (const auto &t : g.initializer())
-      check(t);
-    for (const auto &sparse : g.sparse_initializer()) {
-      check(sparse.values());
-      check(sparse.indices());
-    }
-    for (const auto &node : g.node())
-      for (const auto &a : node.attribute()) {
-        check(a.t());
-        for (const auto &t : a.tensors())
-          check(t);
-        check(a.sparse_tensor().values());
-        check(a.sparse_tensor().indices());
-      }
-  };
-  visit(main);
-  forEachSubgraph(main, visit);
+  forEachTensor(g, [&](const onnx::TensorProto &t) { external = external || t.data_location() == onnx::TensorProto::EXTERNAL; });
   return external;
 }
 
@@ -506,8 +488,10 @@ void checkModel(const onnx::ModelProto &model, const std::string &sourceName) {
   std::optional<onnx::ModelProto> inline_;
   if (hasExternalData(model.graph())) {
     inline_.emplace(model);
-    forEachTensor(*inline_->mutable_graph(), [](onnx::TensorProto &t) {
-      if (t.data_location() != onnx::TensorProto::EXTERNAL) return;
+    forEachTensor(inline_->graph(), [](const onnx::TensorProto &present) {
+      if (present.data_location() != onnx::TensorProto::EXTERNAL) return;
+      // inline_ is this function's own copy and forEachTensor visits only present tensors.
+      auto &t = const_cast<onnx::TensorProto &>(present);
       t.clear_data_location();
       t.clear_external_data();
       t.clear_dims();

@@ -2,6 +2,11 @@
 // allocated, with the planned size and its parts in the message; the default limit (the available
 // RAM) lets normal models through.
 
+#include "backend_cpu/kernel.hpp"
+#include "backend_cpu/plan.hpp"
+#include "ir/graph.hpp"
+#include "ir/op.hpp"
+#include "ir/tensor.hpp"
 #include "session/session_common.hpp"
 #include "thrown.hpp"
 
@@ -127,6 +132,27 @@ TEST(MemoryLimit, DefaultIsTheAvailableMemory) {
   ASSERT_GT(kb, 0);
   // Other processes allocate and free meanwhile: allow them 256 MB.
   EXPECT_LE(available, kb * 1024 + (int64_t{256} << 20));
+}
+
+
+TEST(MemoryLimit, ATensorWhoseShapeIsStillUnknownAtCompileIsRefusedByName) {
+  // The sessions' passes leave no unknown dimension; the planner still refuses one by name rather
+  // than sizing the arena from a negative count (a safeguard, reached here by a graph made by hand).
+  ir::registerBuiltinOps();
+  backend_cpu::registerBuiltinKernels();
+  ir::Graph g;
+  g.opsets()["ai.onnx"] = 13;
+  g.addTensor("x", ir::TensorKind::Stream, TensorInfo(DataType::FLOAT, {2, 3}));
+  g.addOp("Relu", "", 13, "relu", {}, {"x"}, {"y"});
+  g.tensor("y").setInfo(TensorInfo(DataType::FLOAT, {-1, 3}));
+  g.addInput("x");
+  g.addOutput("y");
+  backend_cpu::CompileOptions options;
+  int checks = 0;
+  options.checkMemory = [&](const backend_cpu::PlannedMemory &) { ++checks; };
+  EXPECT_EQ(thrown([&] { backend_cpu::ExecutionPlan plan(g, options); }),
+            "tensor 'y' has shape [?,3]: a dimension is unknown (negative) at compile");
+  EXPECT_EQ(checks, 0);
 }
 
 } // namespace
