@@ -429,13 +429,13 @@ void checkConvTransposeRanks(const onnx::GraphProto &main) {
   };
   auto check = [&](const onnx::GraphProto &g) {
     for (const auto &node : g.node()) {
-      if (node.op_type() != "ConvTranspose" || ir::canonicalDomain(node.domain()) != "ai.onnx" ||
-          node.input_size() < 2)
+      if (node.op_type() != "ConvTranspose" || ir::canonicalDomain(node.domain()) != "ai.onnx" || node.input_size() < 2)
         continue;
       auto x = ranks.find(node.input(0)), w = ranks.find(node.input(1));
       if (w == ranks.end()) continue;
       if (w->second < 3 || (x != ranks.end() && x->second != w->second))
-        throw error(node.name().empty() ? std::string("a ConvTranspose node") : "node '" + node.name() + "' (ConvTranspose)",
+        throw error(node.name().empty() ? std::string("a ConvTranspose node")
+                                        : "node '" + node.name() + "' (ConvTranspose)",
                     ": weights '", node.input(1), "' have rank ", w->second,
                     x != ranks.end() ? ", X '" + node.input(0) + "' rank " + std::to_string(x->second) : std::string(),
                     "; expected the same rank of 3 or more");
@@ -474,7 +474,8 @@ void forEachTensor(const onnx::GraphProto &g, const std::function<void(const onn
 /// True if a tensor of \p g (see forEachTensor) or of its subgraphs is stored externally.
 bool hasExternalData(const onnx::GraphProto &g) {
   bool external = false;
-  forEachTensor(g, [&](const onnx::TensorProto &t) { external = external || t.data_location() == onnx::TensorProto::EXTERNAL; });
+  forEachTensor(
+      g, [&](const onnx::TensorProto &t) { external = external || t.data_location() == onnx::TensorProto::EXTERNAL; });
   return external;
 }
 

@@ -134,7 +134,6 @@ TEST(MemoryLimit, DefaultIsTheAvailableMemory) {
   EXPECT_LE(available, kb * 1024 + (int64_t{256} << 20));
 }
 
-
 TEST(MemoryLimit, ATensorWhoseShapeIsStillUnknownAtCompileIsRefusedByName) {
   // The sessions' passes leave no unknown dimension; the planner still refuses one by name rather
   // than sizing the arena from a negative count (a safeguard, reached here by a graph made by hand).
