@@ -236,6 +236,41 @@ TEST(ControlFlow, ScanRunsOverAnAxisInEitherDirection) {
   }
 }
 
+TEST(ControlFlow, Scan8InputsAndStatesOfAnotherBatchSizeAreNamed) {
+  // Scan-8 carries a batch axis first in every state and scan input; the body sees neither it nor
+  // the scan axis. Inputs of two batch sizes, or a state without the batch axis, are refused.
+  setup();
+  auto body = std::make_shared<Graph>();
+  body->opsets()["ai.onnx"] = 13;
+  input(*body, "s", kF2);
+  input(*body, "row", kF2);
+  input(*body, "zrow", kF2);
+  body->addOp("Sum", "ai.onnx", 13, "", {}, {"s", "row", "zrow"}, {"s_out"});
+  body->addOutput("s_out");
+  auto scan = [&](const Shape &init, const Shape &zs) {
+    Graph g;
+    input(g, "init", TensorInfo(DataType::FLOAT, init));
+    input(g, "xs", TensorInfo(DataType::FLOAT, {1, 3, 2}));
+    input(g, "zs", TensorInfo(DataType::FLOAT, zs));
+    Attributes a;
+    a.set("body", std::shared_ptr<const Graph>(body));
+    a.set("num_scan_inputs", int64_t{2});
+    g.addOp("Scan", "ai.onnx", 8, "scan8", a, {"", "init", "xs", "zs"}, {"total"});
+    try {
+      inferShapes(g, nullptr);
+    } catch (const error &e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(scan({1, 2}, {1, 3, 2}), ""); // the consistent layout is accepted
+  std::string m = scan({1, 2}, {2, 3, 2});
+  EXPECT_NE(m.find("scan8"), std::string::npos) << m;
+  EXPECT_NE(m.find("scan inputs have different batch sizes (1 and 2)"), std::string::npos) << m;
+  m = scan({2}, {1, 3, 2});
+  EXPECT_NE(m.find("state 0 is FLOAT[2], expected the batch axis (1) first"), std::string::npos) << m;
+}
+
 TEST(Sequences, ConstructInsertEraseAtLengthConcat) {
   setup();
   Graph g;
