@@ -141,6 +141,16 @@ def _shufflenet_v2():
     return torchvision.models.shufflenet_v2_x1_0(num_classes=10)
 
 
+def _squeezenet():
+    import torchvision
+    return torchvision.models.squeezenet1_1(num_classes=10)
+
+
+def _regnet():
+    import torchvision
+    return torchvision.models.regnet_x_400mf(num_classes=10)
+
+
 def _vit_small():
     from torchvision.models.vision_transformer import VisionTransformer
     return VisionTransformer(image_size=16, patch_size=4, num_layers=2, num_heads=2,
@@ -197,6 +207,10 @@ ZOO = {
                                ("sgd-momentum",)),
     "efficientnet_b0": Spec(_efficientnet_b0, image(3, 64), 8, 10, False,
                             "torchvision efficientnet_b0, 64x64, no dropout/stochastic depth"),
+    "squeezenet1_1": Spec(_squeezenet, image(3, 64), 8, 10, False,
+                          "torchvision squeezenet1_1, 64x64 (fire modules: Concat of two convolutions)"),
+    "regnet_x_400mf": Spec(_regnet, image(3, 64), 8, 10, False,
+                           "torchvision regnet_x_400mf, 64x64 (grouped convolutions)"),
     "vit": Spec(_vit_small, image(3, 16), 4, 10, False,
                 "torchvision VisionTransformer: 16x16 images, 4x4 patches, 2 layers, dim 32"),
     "swin": Spec(_swin_small, image(3, 16), 4, 10, False,
